@@ -1,0 +1,3 @@
+"""pytest plugin entry point (work in progress: options and fixtures land here)."""
+
+from __future__ import annotations

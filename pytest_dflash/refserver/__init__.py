@@ -1,0 +1,1 @@
+"""The embedded reference host: a CPU test double of an SGLang DFlash server."""
