@@ -1,0 +1,141 @@
+"""Errors raised by pytest-dflash.
+
+    DflashError
+     ├── InventoryError        a host profile is malformed (names file, key, expectation)
+     ├── TransportError        a command could not run on a host, or hit its deadline
+     │    └── HostUnreachable  ssh could not connect at all
+     ├── ReadOnlyViolation     a state-changing command was attempted in attach mode
+     ├── ServiceError          a service could not be started, stopped or reached
+     │    ├── ServiceCrashed    the process / unit died (exit status, log tail)
+     │    ├── ServiceRestarted  systemd restarted it behind our back (NRestarts grew)
+     │    ├── ServiceNotReady   readiness budget spent without a real generation
+     │    └── ServiceBusy       another run holds the host-side lock
+     └── ApiError              an HTTP call failed: status, body excerpt, or a dropped connection
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class DflashError(Exception):
+    """Base class of every error this plugin raises on purpose."""
+
+
+class InventoryError(DflashError):
+    """A host profile (or fleet inventory) is invalid."""
+
+    def __init__(self, source: str, key: str, expected: str) -> None:
+        self.source, self.key, self.expected = source, key, expected
+        where = f"{source}: {key}" if key else source
+        super().__init__(f"{where}: {expected}")
+
+
+class TransportError(DflashError):
+    """A command could not be run on a host, or ran past its deadline."""
+
+
+class HostUnreachable(TransportError):
+    """The host did not accept a connection (ssh error text attached)."""
+
+
+class ReadOnlyViolation(DflashError):
+    """Attach mode promises to change nothing on a host; something tried to."""
+
+
+class ServiceError(DflashError):
+    """A service could not be started, stopped or reached."""
+
+
+@dataclass
+class Death:
+    """How a service process ended, as far as the service manager can tell."""
+
+    exit_status: int | None = None  # 0-255, as a shell reports it (137 = SIGKILL)
+    signal: str | None = None  # "KILL", "TERM", … when killed by a signal
+    result: str | None = None  # systemd Result= ("exit-code", "signal", "oom-kill", …)
+    restarts: int = 0
+    detail: str = ""
+
+    def describe(self) -> str:
+        parts = []
+        if self.signal:
+            parts.append(f"killed by SIG{self.signal}")
+        elif self.exit_status is not None:
+            parts.append(f"exited with status {self.exit_status}")
+        if self.result and self.result not in ("success",):
+            parts.append(f"Result={self.result}")
+        if self.restarts:
+            parts.append(f"NRestarts={self.restarts}")
+        if self.detail:
+            parts.append(self.detail)
+        return ", ".join(parts) or "ended"
+
+
+@dataclass(eq=False)
+class ServiceCrashed(ServiceError):
+    """The service died; carries how it ended and the end of its log."""
+
+    service: str
+    death: Death
+    log_tail: str = ""
+    phase: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        where = f" during {self.phase}" if self.phase else ""
+        return f"service {self.service} died{where}: {self.death.describe()}"
+
+
+@dataclass(eq=False)
+class ServiceRestarted(ServiceError):
+    """systemd restarted the unit: it crashed even if it is 'active' right now."""
+
+    service: str
+    before: int
+    after: int
+    log_tail: str = ""
+
+    def __str__(self) -> str:
+        return (
+            f"service {self.service} restarted {self.after - self.before} time(s) "
+            f"(NRestarts {self.before} -> {self.after}) although systemd may call it active"
+        )
+
+
+@dataclass(eq=False)
+class ServiceNotReady(ServiceError):
+    """The readiness budget ran out without a successful greedy and sampled generation."""
+
+    service: str
+    waited_s: float
+    last_problem: str
+    log_tail: str = ""
+
+    def __str__(self) -> str:
+        return f"service {self.service} not ready after {self.waited_s:.0f}s: {self.last_problem}"
+
+
+class ServiceBusy(ServiceError):
+    """Another run holds the host-side lock for this host."""
+
+
+@dataclass(eq=False)
+class ApiError(DflashError):
+    """An HTTP call to a service failed; `status` is None when no HTTP answer came at all."""
+
+    service: str
+    endpoint: str
+    status: int | None
+    message: str
+    body: str = ""
+
+    def __str__(self) -> str:
+        status = f"HTTP {self.status}" if self.status is not None else "no HTTP response"
+        body = f": {self.body[:300]}" if self.body else ""
+        return f"{self.service} {self.endpoint}: {status}: {self.message}{body}"
+
+    @property
+    def dropped(self) -> bool:
+        """True when the server closed the connection without answering (it likely died)."""
+        return self.status is None
