@@ -46,8 +46,11 @@ teardown() {
   leader=$(state_get "$dir" LEADER_PID); lstart=$(state_get "$dir" LEADER_START)
   if [[ -n $nspid ]] && same_proc "$nspid" "$nsstart" && [[ $(comm_of "$nspid") == systemd-nspawn ]]; then
     if [[ -z $leader ]]; then                  # up was killed before it recorded the guest PID 1
-      leader=$(cut -d' ' -f1 "/proc/$nspid/task/$nspid/children" 2>/dev/null)
-      [[ -n $leader ]] && lstart=$(starttime "$leader")
+      local kid kids=()
+      read -r -a kids <"/proc/$nspid/task/$nspid/children" 2>/dev/null
+      for kid in "${kids[@]}"; do
+        grep -q "/ci-$name/payload" "/proc/$kid/cgroup" 2>/dev/null && { leader=$kid; lstart=$(starttime "$kid"); }
+      done
     fi
     # nspawn turns SIGTERM into a poweroff request for the guest's systemd.
     local i

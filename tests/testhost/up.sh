@@ -238,11 +238,21 @@ state_set "$STATE" NSPAWN_PID "$NSPID"
 state_set "$STATE" NSPAWN_START "$(starttime "$NSPID" || echo gone)"
 
 ssh_ok() { timeout 5 ssh -F "$STATE/ssh_config" "$NAME" true 2>/dev/null; }
-record_leader() {  # guest PID 1 = nspawn's child; recorded as early as possible for down.sh
-  [[ -n $(state_get "$STATE" LEADER_PID) ]] && return 0
+# Guest PID 1 = the child of nspawn that sits in ci-NAME/payload (nspawn briefly has another child
+# during setup). Recorded as early as possible, so that down.sh can reach an orphaned guest even
+# if this script is killed; re-checked once booted.
+leader_now() {
+  local l kids=()
+  read -r -a kids <"/proc/$NSPID/task/$NSPID/children" 2>/dev/null || true
+  for l in "${kids[@]}"; do
+    grep -q "/ci-$NAME/payload" "/proc/$l/cgroup" 2>/dev/null && { echo "$l"; return 0; }
+  done
+  return 1
+}
+record_leader() {
   local l
-  l=$(cut -d' ' -f1 "/proc/$NSPID/task/$NSPID/children" 2>/dev/null || true)
-  [[ -n $l ]] || return 0
+  l=$(leader_now) || return 0
+  [[ $l == "$(state_get "$STATE" LEADER_PID)" ]] && return 0
   state_set "$STATE" LEADER_PID "$l"
   state_set "$STATE" LEADER_START "$(starttime "$l")"
 }
