@@ -1,0 +1,1 @@
+"""Reports: pytest-html integration, plots, fleet summaries."""

@@ -1,0 +1,1 @@
+"""Service managers (systemd units, local processes, external URLs) and readiness."""

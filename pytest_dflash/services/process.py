@@ -1,0 +1,236 @@
+"""Services that are plain processes on this machine (the embedded refservers of hosts/local.toml).
+
+Each started process gets its own session (process group) and a marker file recording its PID,
+command line and owning run. A run killed with SIGKILL leaves the marker behind; the next run
+finds it (`reap_stale`) and stops the orphan — but only if /proc still shows the same command
+line, so a recycled PID is never killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ServiceError
+from ..inventory import ServiceSpec, render
+from .base import LogMark, ServiceState, death_from_returncode
+
+
+def state_root() -> Path:
+    """Per-user directory for markers, locks and logs of this machine's runs."""
+    base = os.environ.get("DFLASH_STATE_DIR") or os.path.join(
+        os.environ.get("XDG_RUNTIME_DIR") or "/tmp", f"pytest-dflash-{os.getuid()}"
+    )
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start_ticks(pid: int) -> int:
+    """The process start time in clock ticks since boot (tells a recycled PID from the original)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def cmdline_of(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return [part.decode(errors="replace") for part in handle.read().split(b"\0") if part]
+    except OSError:
+        return []
+
+
+def kill_group(pgid: int, *, grace_s: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after `grace_s`."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class ProcessService:
+    """A service run as a child process of this pytest run."""
+
+    spec: ServiceSpec
+    host: str
+    run_id: str
+    python: str
+    log_dir: Path
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    _proc: subprocess.Popen[bytes] | None = None
+    _port: int | None = None
+    _log_path: Path | None = None
+    _marker: Path | None = None
+    _command: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def provisioned(self) -> bool:
+        return self._proc is not None
+
+    @property
+    def url(self) -> str:
+        return self.spec.url.replace("{port}", str(self.port))
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            self._port = self.spec.port or free_port()
+        return self._port
+
+    @property
+    def log_path(self) -> Path:
+        if self._log_path is None:
+            self._log_path = self.log_dir / f"{self.host}.{self.name}.{self.run_id}.log"
+        return self._log_path
+
+    def values(self) -> dict[str, str]:
+        return {"python": self.python, "port": str(self.port), "service": self.name, "host": self.host,
+                "run_id": self.run_id, **self.spec.vars}
+
+    def start(self) -> None:
+        if self._proc is not None:
+            return
+        where = f"services.{self.name}.command"
+        try:
+            self._command = [render(part, self.values(), where=where) for part in self.spec.command]
+        except ValueError as exc:
+            raise ServiceError(str(exc)) from None
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env, **self.spec.env}
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns the descriptor after fork
+        try:
+            self._proc = subprocess.Popen(
+                self._command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,  # own process group: stop() can kill the whole tree
+            )
+        except OSError as exc:
+            raise ServiceError(f"{self.host}/{self.name}: cannot start {self._command[0]!r}: {exc}") from None
+        finally:
+            log.close()
+        self._marker = state_root() / "markers" / f"{self.host}.{self.name}.{self._proc.pid}.json"
+        self._marker.parent.mkdir(parents=True, exist_ok=True)
+        self._marker.write_text(json.dumps({
+            "host": self.host, "service": self.name, "pid": self._proc.pid, "pgid": self._proc.pid,
+            "cmdline": self._command, "run_id": self.run_id, "owner_pid": os.getpid(),
+            "owner_start": start_ticks(os.getpid()), "started": time.time(), "log": str(self.log_path),
+        }))
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            kill_group(self._proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+        else:
+            kill_group(self._proc.pid, grace_s=2)  # children of a dead leader
+        if self._marker is not None:
+            self._marker.unlink(missing_ok=True)
+
+    def state(self) -> ServiceState:
+        if self._proc is None:
+            return ServiceState(running=False, properties={"state": "not started"})
+        returncode = self._proc.poll()
+        if returncode is None:
+            return ServiceState(running=True, pid=self._proc.pid)
+        return ServiceState(running=False, death=death_from_returncode(returncode), pid=self._proc.pid)
+
+    def log_mark(self) -> LogMark:
+        try:
+            offset = self.log_path.stat().st_size
+        except OSError:
+            offset = 0
+        return LogMark(time.time(), offset)
+
+    def logs_since(self, mark: LogMark | None, lines: int) -> str:
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(mark.offset if mark else 0)
+                data = handle.read()
+        except OSError:
+            return ""
+        text = data.decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def describe(self) -> dict[str, str]:
+        info = {"kind": "process", "command": " ".join(self._command) or " ".join(self.spec.command),
+                "log": str(self.log_path), "url": self.url}
+        if self._proc is not None:
+            info["pid"] = str(self._proc.pid)
+            info["state"] = self.state().summary()
+        return info
+
+
+def reap_stale(host: str) -> list[str]:
+    """Stop processes left behind by runs that died without cleaning up; returns what was done."""
+    done: list[str] = []
+    markers = state_root() / "markers"
+    for marker in sorted(markers.glob(f"{host}.*.json")) if markers.is_dir() else []:
+        try:
+            info: dict[str, Any] = json.loads(marker.read_text())
+        except (OSError, json.JSONDecodeError):
+            marker.unlink(missing_ok=True)
+            continue
+        owner = int(info.get("owner_pid", 0))
+        if owner and pid_alive(owner) and start_ticks(owner) == info.get("owner_start"):
+            continue  # its run is still alive: not stale
+        pid = int(info["pid"])
+        if pid_alive(pid) and cmdline_of(pid) == list(info.get("cmdline", [])):
+            kill_group(int(info.get("pgid", pid)), grace_s=5)
+            done.append(f"stopped stale {info['service']} (pid {pid}) left by run {info.get('run_id')} "
+                        f"(owner pid {info.get('owner_pid')} is gone)")
+        marker.unlink(missing_ok=True)
+    return done

@@ -1,0 +1,217 @@
+"""Services that are systemd units on a host, reached through the transport (ssh or local).
+
+Provisioning renders a unit template, marks it with `X-PytestDflash-Run=<run id>` (systemd ignores
+X- keys), installs it under /etc/systemd/system, reloads and starts it. Teardown stops, removes and
+reloads. A unit left behind by a killed run still carries its marker; `reap_stale_units` finds it.
+
+State is read with one `systemctl show` call. Death is judged from ActiveState/Result/ExecMain*,
+never from `is-active` (which says "active" for a process about to crash).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..errors import Death, ServiceError, TransportError
+from ..inventory import ServiceSpec, render
+from ..transport import Transport
+from .base import LogMark, ServiceState
+
+UNIT_DIR = "/etc/systemd/system"
+MARKER_KEY = "X-PytestDflash-Run"
+SHOW_PROPERTIES = (
+    "LoadState", "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "ExecMainPID",
+    "MainPID", "NRestarts", "ActiveEnterTimestamp", "InactiveEnterTimestamp", "FragmentPath",
+)
+DESCRIBE_PROPERTIES = (*SHOW_PROPERTIES, "Restart", "ExecStart", "Environment", "WorkingDirectory", "User",
+                       "MemoryCurrent", "TasksCurrent")
+# ExecMainCode is a CLD_* value from waitid(2).
+CLD_KILLED, CLD_DUMPED = 2, 3
+SIGNAL_NAMES = {1: "HUP", 2: "INT", 3: "QUIT", 6: "ABRT", 9: "KILL", 11: "SEGV", 15: "TERM"}
+
+
+def parse_show(text: str) -> dict[str, str]:
+    """`systemctl show -p A,B unit` output (KEY=VALUE lines) to a dict."""
+    props: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props[key.strip()] = value.strip()
+    return props
+
+
+def death_from_properties(props: Mapping[str, str]) -> Death:
+    code = _int(props.get("ExecMainCode"))
+    status = _int(props.get("ExecMainStatus"))
+    restarts = _int(props.get("NRestarts")) or 0
+    result = props.get("Result") or None
+    if code in (CLD_KILLED, CLD_DUMPED) and status:
+        name = SIGNAL_NAMES.get(status, str(status))
+        return Death(exit_status=128 + status, signal=name, result=result, restarts=restarts,
+                     detail=f"status={status}/{name}")
+    return Death(exit_status=status, result=result, restarts=restarts,
+                 detail=f"status={status}" if status is not None else "")
+
+
+def state_from_properties(props: Mapping[str, str], *, expect_running: bool) -> ServiceState:
+    """Interpret unit properties. `expect_running`: the unit should be up (we started it, or attach found it)."""
+    active = props.get("ActiveState", "")
+    sub = props.get("SubState", "")
+    pid = _int(props.get("MainPID")) or None
+    restarts = _int(props.get("NRestarts")) or 0
+    if props.get("LoadState") == "not-found":
+        return ServiceState(running=False, death=Death(detail="unit not found on the host"), properties=dict(props))
+    if active == "failed" or (expect_running and active == "inactive"):
+        return ServiceState(running=False, death=death_from_properties(props), restarts=restarts,
+                            properties=dict(props))
+    running = active in ("active", "activating", "reloading") and sub != "auto-restart"
+    return ServiceState(running=running, restarts=restarts, pid=pid, properties=dict(props))
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value not in (None, "", "[not set]") else None
+    except ValueError:
+        return None
+
+
+@dataclass
+class SystemdService:
+    """A systemd unit on a host."""
+
+    spec: ServiceSpec
+    transport: Transport
+    host: str
+    run_id: str
+    python: str
+    _provisioned: bool = False
+    _expect_running: bool = False
+    _unit_text: str = ""
+    _extra_values: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def unit(self) -> str:
+        assert self.spec.unit
+        return self.spec.unit
+
+    @property
+    def provisioned(self) -> bool:
+        return self._provisioned
+
+    @property
+    def url(self) -> str:
+        return self.spec.url.replace("{port}", str(self.spec.port or ""))
+
+    def values(self) -> dict[str, str]:
+        gpus = ",".join(str(g) for g in self.spec.gpus)
+        return {"python": self.python, "port": str(self.spec.port or ""), "service": self.name,
+                "unit": self.unit, "host": self.host, "run_id": self.run_id,
+                "gpu": gpus.split(",")[0] if gpus else "", "gpus": gpus, **self.spec.vars,
+                **self._extra_values}
+
+    def render_unit(self) -> str:
+        if self.spec.template is None:
+            raise ServiceError(f"{self.host}/{self.name}: --provision needs services.{self.name}.template")
+        try:
+            text = self.spec.template.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ServiceError(f"{self.host}/{self.name}: cannot read template {self.spec.template}: {exc}") from None
+        try:
+            text = render(text, self.values(), where=str(self.spec.template))
+        except ValueError as exc:
+            raise ServiceError(str(exc)) from None
+        env_lines = "".join(f"Environment={shlex.quote(f'{k}={v}')}\n" for k, v in self.spec.env.items())
+        marker = f"{MARKER_KEY}={self.run_id} controller={socket.gethostname()}:{os.getpid()}\n"
+        if "[Unit]" not in text or "[Service]" not in text:
+            raise ServiceError(f"{self.spec.template}: a unit template needs [Unit] and [Service] sections")
+        text = text.replace("[Unit]\n", "[Unit]\n" + marker, 1)
+        if env_lines:
+            text = text.replace("[Service]\n", "[Service]\n" + env_lines, 1)
+        return text
+
+    def start(self) -> None:
+        path = f"{UNIT_DIR}/{self.unit}"
+        self._unit_text = self.render_unit()
+        existing = self.transport.run("cat %s", path, timeout_s=10)
+        if existing.ok and MARKER_KEY not in existing.stdout:
+            raise ServiceError(
+                f"{self.host}: {path} exists and was not installed by pytest-dflash; refusing to overwrite it "
+                "(attach to it instead, or give the profile another unit name)"
+            )
+        self.transport.write_file(path, self._unit_text)
+        self._provisioned = True
+        self.transport.check("systemctl daemon-reload", mutating=True, timeout_s=60)
+        self.transport.run("systemctl reset-failed %s", self.unit, mutating=True, timeout_s=30)
+        self.transport.check("systemctl start --no-block %s", self.unit, mutating=True, timeout_s=60)
+        self._expect_running = True
+
+    def attach(self) -> None:
+        """Attach mode: expect the unit to be running already; change nothing."""
+        self._expect_running = True
+
+    def stop(self) -> None:
+        if not self._provisioned:
+            return
+        path = f"{UNIT_DIR}/{self.unit}"
+        errors = []
+        for command in (f"systemctl stop {shlex.quote(self.unit)}", f"rm -f {shlex.quote(path)}",
+                        "systemctl daemon-reload", f"systemctl reset-failed {shlex.quote(self.unit)}"):
+            try:
+                self.transport.run(command, mutating=True, timeout_s=120)
+            except TransportError as exc:
+                errors.append(str(exc))
+        self._provisioned = False
+        if errors:
+            raise ServiceError(f"{self.host}/{self.name}: teardown incomplete: {'; '.join(errors)}")
+
+    def properties(self, names: tuple[str, ...] = SHOW_PROPERTIES) -> dict[str, str]:
+        out = self.transport.check("systemctl show -p %s %s", ",".join(names), self.unit, timeout_s=15)
+        return parse_show(out)
+
+    def state(self) -> ServiceState:
+        return state_from_properties(self.properties(), expect_running=self._expect_running)
+
+    def log_mark(self) -> LogMark:
+        return LogMark(time.time() + self.transport.clock_offset())
+
+    def logs_since(self, mark: LogMark | None, lines: int) -> str:
+        since = f"--since @{int(mark.wall_time) - 1}" if mark else ""
+        result = self.transport.run(
+            f"journalctl -u {shlex.quote(self.unit)} {since} -n {int(lines)} --no-pager 2>&1", timeout_s=20
+        )
+        return result.stdout
+
+    def describe(self) -> dict[str, str]:
+        try:
+            props = self.properties(DESCRIBE_PROPERTIES)
+        except TransportError as exc:
+            return {"unit": self.unit, "error": str(exc)}
+        return {"unit": self.unit, **{k: v for k, v in props.items() if v}}
+
+
+def reap_stale_units(transport: Transport, run_id: str) -> list[str]:
+    """Stop and remove units installed by other (dead) runs. Call only while holding the host lock."""
+    out = transport.run(f"grep -l '^{MARKER_KEY}=' {UNIT_DIR}/*.service 2>/dev/null", timeout_s=15)
+    done = []
+    for path in out.stdout.split():
+        unit = path.rsplit("/", 1)[-1]
+        marker = transport.run(f"grep -m1 '^{MARKER_KEY}=' {shlex.quote(path)}", timeout_s=10).stdout.strip()
+        owner = marker.partition("=")[2]
+        if owner.split(" ")[0] == run_id:
+            continue
+        for command in (f"systemctl stop {shlex.quote(unit)}", f"rm -f {shlex.quote(path)}",
+                        f"systemctl reset-failed {shlex.quote(unit)}"):
+            transport.run(command, mutating=True, timeout_s=120)
+        done.append(f"removed stale unit {unit} left by run {owner or '?'}")
+    if done:
+        transport.run("systemctl daemon-reload", mutating=True, timeout_s=60)
+    return done
