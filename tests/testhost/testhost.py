@@ -77,6 +77,7 @@ class TestHost:
     veth: str  # host side of the veth pair
     blackhole_ip: str  # see unused_ip()
     cgroups: tuple[Path, ...]
+    checkout: Path  # bind-mounted read-only at /opt/pytest-dflash in the guest
     up_seconds: float | None = None
 
     @property
@@ -113,6 +114,7 @@ class TestHost:
             veth=env["VETH"],
             blackhole_ip=env["BLACKHOLE_IP"],
             cgroups=cgroups,
+            checkout=Path(env.get("CHECKOUT", CHECKOUT)),
             up_seconds=float(up_s) if up_s else None,
         )
 
