@@ -43,6 +43,9 @@ GATE_HELP = ("comma-separated layers that must pass on every host for exit code 
              "'host,service,generation,parity' (see docs/gating.md)")
 LOCK_WAIT_HELP = "how long to wait for another run's host lock before failing (default 10m)"
 
+# Layer modules that add their own options and hooks register here (pytest loads them with this plugin).
+pytest_plugins: list[str] = []
+
 RUN_KEY = pytest.StashKey[DflashRun]()
 BUILDER_KEY = pytest.StashKey[VerdictBuilder]()
 INFO_KEY = pytest.StashKey["ItemInfo"]()
