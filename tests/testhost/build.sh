@@ -11,7 +11,8 @@
 #
 # Usage: build.sh [--force-venv] [--force]       (--force: new debootstrap)
 # Env:   DFLASH_TESTHOST_ROOTFS, DFLASH_TESTHOST_CACHE, DFLASH_TESTHOST_MIRROR,
-#        DFLASH_TESTHOST_VENV_PKGS (default below), DFLASH_TESTHOST_PIP (host pip command)
+#        DFLASH_TESTHOST_VENV_PKGS (default: pyproject's refserver extra + numpy httpx),
+#        DFLASH_TESTHOST_VENV_IMPORTS (smoke-test imports), DFLASH_TESTHOST_PIP (host pip command)
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,9 +24,20 @@ MIRROR=${DFLASH_TESTHOST_MIRROR:-http://deb.debian.org/debian}
 SUITE=bookworm
 # python3 (not python3-minimal: that lacks http.server); python3-venv for the guest venv.
 APT_INCLUDE=systemd,systemd-sysv,dbus,openssh-server,iproute2,procps,python3,python3-venv,ca-certificates
-# The refserver's runtime dependencies (see pyproject [refserver]) + httpx. torch is pinned: an
-# unpinned torch drags CUDA wheels in. Changing this set rebuilds only the venv.
-VENV_PKGS=${DFLASH_TESTHOST_VENV_PKGS:-torch==2.13.0 fastapi uvicorn numpy httpx}
+# The guest venv: the refserver's runtime dependencies, read from the checkout's pyproject.toml
+# (the `refserver` extra, so the venv follows it when it changes), plus numpy (a core dependency
+# the refserver imports) and httpx (clients in the guest). torch is pinned there: an unpinned torch
+# drags CUDA wheels in. Any change of this set rebuilds only the venv (stamp), not the rootfs.
+refserver_deps() {
+  # tomllib: python >= 3.11; spaces dropped so that each requirement is one word
+  python3 - "$here/../../pyproject.toml" <<'PY' 2>/dev/null
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    deps = tomllib.load(f)["project"]["optional-dependencies"]["refserver"]
+print(" ".join(d.replace(" ", "") for d in deps))
+PY
+}
+VENV_PKGS=${DFLASH_TESTHOST_VENV_PKGS:-$(refserver_deps || echo "torch==2.13.0 fastapi uvicorn soundfile") numpy httpx}
 # Bumped whenever configure_rootfs() changes what it writes.
 CONFIG_VERSION=3
 
@@ -72,7 +84,7 @@ instances_using_rootfs() {
   for d in "$DFLASH_TESTHOST_RUNDIR"/*/; do
     [[ -f $d/instance.env ]] || continue
     [[ $(state_get "$d" ROOTFS) == "$ROOTFS" ]] || continue
-    alive "$(state_get "$d" NSPAWN_PID)" && basename "$d"
+    running "$(state_get "$d" NSPAWN_PID)" && basename "$d"
   done
   return 0
 }

@@ -22,8 +22,44 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/lib.sh"
 need_root
 
-# wait_gone PID TENTHS: true once PID has exited (polls every 0.1 s)
-wait_gone() { local i; for ((i = 0; i < $2; i++)); do alive "$1" || return 0; sleep 0.1; done; ! alive "$1"; }
+# wait_gone PID TENTHS: true once PID has exited (a zombie has; polls every 0.1 s)
+wait_gone() { local i; for ((i = 0; i < $2; i++)); do running "$1" || return 0; sleep 0.1; done; ! running "$1"; }
+# wait_reaped PID TENTHS: give the parent time to reap the zombie. nspawn's parent is this machine's
+# PID 1 once up.sh has exited, and that one reaps orphans only every second or so.
+wait_reaped() { local i; for ((i = 0; i < $2; i++)); do alive "$1" || return 0; sleep 0.1; done; return 0; }
+
+# Commands entered into the guest from outside (nsenter, i.e. exec_in_guest) live in the guest's PID
+# namespace but not in its cgroups, so the guest's systemd cannot stop them. At poweroff
+# systemd-shutdown SIGSTOPs every process of the namespace; nsenter, outside and waiting with
+# WUNTRACED, then stops ITSELF for good and never reaps its child: shutdown hangs 90 s on that
+# zombie, and the stopped nsenter stays on the host. A killed pytest leaves such commands behind.
+# So before the poweroff: SIGKILL every process of the guest's PID namespace that is outside the
+# guest's cgroups, and SIGCONT its nsenter parent so that it reaps it (the parent, being outside
+# the namespace, is the only one that can: killing it first would hand the zombie to the host's
+# PID 1). An nsenter that does not then exit gets SIGKILL.
+kill_entered() {
+  local name=$1 leader=$2 ns p pid ppid i victims=() parents=()
+  ns=$(readlink "/proc/$leader/ns/pid") || return 0
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [[ $(readlink "$p/ns/pid" 2>/dev/null) == "$ns" ]] || continue
+    grep -q "/ci-$name/" "$p/cgroup" 2>/dev/null && continue
+    victims+=("$pid")
+    ppid=$(ppid_of "$pid")
+    if [[ -n $ppid && $(comm_of "$ppid") == nsenter && $(readlink "/proc/$ppid/ns/pid") != "$ns" ]]; then
+      parents+=("$ppid")
+    fi
+  done
+  ((${#victims[@]})) || return 0
+  log "killing ${#victims[@]} process(es) entered into the guest from outside (nsenter): ${victims[*]}"
+  for pid in "${victims[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  for ppid in "${parents[@]}"; do kill -CONT "$ppid" 2>/dev/null; done
+  for pid in "${victims[@]}"; do   # until reaped (a zombie still counts for the guest's shutdown)
+    for ((i = 0; i < 30; i++)); do [[ -e /proc/$pid ]] || break; sleep 0.1; done
+  done
+  for ppid in "${parents[@]}"; do running "$ppid" && kill -KILL "$ppid" 2>/dev/null; done
+  return 0
+}
 
 teardown() {
   local dir=${1%/} name rundir t rc=0 lockfd
@@ -44,14 +80,19 @@ teardown() {
   local nspid nsstart leader lstart
   nspid=$(state_get "$dir" NSPAWN_PID); nsstart=$(state_get "$dir" NSPAWN_START)
   leader=$(state_get "$dir" LEADER_PID); lstart=$(state_get "$dir" LEADER_START)
-  if [[ -n $nspid ]] && same_proc "$nspid" "$nsstart" && [[ $(comm_of "$nspid") == systemd-nspawn ]]; then
-    if [[ -z $leader ]]; then                  # up was killed before it recorded the guest PID 1
-      local kid kids=()
-      read -r -a kids <"/proc/$nspid/task/$nspid/children" 2>/dev/null
-      for kid in "${kids[@]}"; do
-        grep -q "/ci-$name/payload" "/proc/$kid/cgroup" 2>/dev/null && { leader=$kid; lstart=$(starttime "$kid"); }
-      done
-    fi
+  local nspawn_ours=0 leader_ours=0
+  [[ -n $nspid ]] && same_proc "$nspid" "$nsstart" && [[ $(comm_of "$nspid") == systemd-nspawn ]] && nspawn_ours=1
+  if ((nspawn_ours)) && [[ -z $leader ]]; then   # up was killed before it recorded the guest PID 1
+    local kid kids=()
+    read -r -a kids <"/proc/$nspid/task/$nspid/children" 2>/dev/null
+    for kid in "${kids[@]}"; do
+      grep -q "/ci-$name/payload" "/proc/$kid/cgroup" 2>/dev/null && { leader=$kid; lstart=$(starttime "$kid"); }
+    done
+  fi
+  [[ -n $leader ]] && same_proc "$leader" "$lstart" && grep -q "/ci-$name/payload" "/proc/$leader/cgroup" 2>/dev/null &&
+    leader_ours=1
+  ((leader_ours)) && kill_entered "$name" "$leader"
+  if ((nspawn_ours)); then
     # nspawn turns SIGTERM into a poweroff request for the guest's systemd.
     local i
     for i in 1 2 3 4 5 6; do
@@ -59,13 +100,15 @@ teardown() {
       wait_gone "$nspid" 50 && break
       log "nspawn $nspid still running after SIGTERM #$i (lost early in boot?), resending"
     done
-    if alive "$nspid"; then log "nspawn $nspid ignored SIGTERM for 30 s: SIGKILL"; kill -KILL "$nspid"; wait_gone "$nspid" 30; fi
+    if running "$nspid"; then log "nspawn $nspid ignored SIGTERM for 30 s: SIGKILL"; kill -KILL "$nspid"; wait_gone "$nspid" 30; fi
   fi
-  if [[ -n $leader ]] && same_proc "$leader" "$lstart" && grep -q "/ci-$name/payload" "/proc/$leader/cgroup" 2>/dev/null; then
+  if ((leader_ours)) && same_proc "$leader" "$lstart"; then
     log "guest PID 1 ($leader) orphaned: poweroff"
     kill -s RTMIN+4 "$leader" 2>/dev/null
     wait_gone "$leader" 200 || { log "guest PID 1 ($leader) still up after 20 s: SIGKILL"; kill -KILL "$leader"; wait_gone "$leader" 50; }
   fi
+  [[ -n $nspid ]] && ((nspawn_ours)) && wait_reaped "$nspid" 50
+  [[ -n $leader ]] && ((leader_ours)) && wait_reaped "$leader" 50
 
   # 2) cgroups: only the recorded ci-NAME dirs; whatever still runs in them is the instance's own
   local d procs p

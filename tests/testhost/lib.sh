@@ -42,9 +42,26 @@ starttime() {
   set -- $stat
   printf '%s' "${20}"                        # field 22 overall = 20th after pid and comm
 }
-# same_proc PID STARTTIME: true if PID is alive and is the very process we recorded
-same_proc() { alive "$1" && [[ $(starttime "$1") == "$2" ]]; }
+# running PID: alive and not a zombie (with a PID 1 that is slow to reap, a killed process can
+# linger as one, and kill -0 still succeeds on it)
+running() {
+  local stat
+  alive "$1" || return 1
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [[ ${stat:0:1} != Z ]]
+}
+# same_proc PID STARTTIME: true if PID runs and is the very process we recorded
+same_proc() { running "$1" && [[ $(starttime "$1") == "$2" ]]; }
 comm_of() { cat "/proc/$1/comm" 2>/dev/null; }
+ppid_of() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  # shellcheck disable=SC2086
+  set -- $stat
+  printf '%s' "$2"
+}
 
 # --- cgroups -----------------------------------------------------------------------------------
 # The only layout this is tested on: hybrid v1 + name=systemd + cgroup2 at /sys/fs/cgroup/unified,

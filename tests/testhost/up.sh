@@ -259,7 +259,7 @@ record_leader() {
 deadline=$(( $(date +%s) + BOOT_TIMEOUT ))
 until ssh_ok; do
   record_leader
-  alive "$NSPID" || { log "nspawn exited during boot:"; tail -30 "$STATE/console.log" >&2; false; }
+  running "$NSPID" || { log "nspawn exited during boot:"; tail -30 "$STATE/console.log" >&2; false; }
   (( $(date +%s) < deadline )) || { log "no ssh after ${BOOT_TIMEOUT}s:"; tail -30 "$STATE/console.log" >&2; false; }
   sleep 0.1
 done
