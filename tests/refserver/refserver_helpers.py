@@ -1,0 +1,54 @@
+"""Helpers shared by the refserver tests (a module, not conftest, so tests can import them)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_dflash.refserver.scheduler import Output, Request, Scheduler
+from pytest_dflash.refserver.spec import Engine, SamplingParams
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "sglang-0.5.17-h200"
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    params: SamplingParams
+    seed: int = 0
+
+
+def run_jobs(engine: Engine, jobs: list[Job], *, timeout_s: float = 120.0) -> list[Output]:
+    """Run jobs through a real Scheduler thread (interleaved, stop rules and all); final outputs."""
+    sched = Scheduler(
+        engine,
+        max_running_requests=64,
+        decode_log_interval=10**9,
+        sampling_backend="pytorch",
+        context_length=engine.target.config.context_length,
+    )
+    results: list[Output | None] = [None] * len(jobs)
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def deliver_for(i: int) -> Any:
+        def deliver(out: Output) -> None:
+            if out.finish is not None:
+                with lock:
+                    results[i] = out
+                    if all(r is not None for r in results):
+                        done.set()
+
+        return deliver
+
+    sched.start()
+    try:
+        for i, job in enumerate(jobs):
+            sched.submit(Request(f"job-{i}", job.prompt, job.params, job.seed, deliver_for(i)))
+        assert done.wait(timeout_s), "the scheduler did not finish every job in time"
+    finally:
+        sched.shutdown()
+        sched.join(timeout=10)
+    return [r for r in results if r is not None]
