@@ -1,0 +1,1 @@
+"""FlashInfer's JIT: a module spec is built (ninja + nvcc) on first use and cached."""

@@ -1,0 +1,276 @@
+"""``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` in SGLang 0.5.17's shapes."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pytest_dflash.refserver.model import apply_chat_template
+from pytest_dflash.refserver.scheduler import Output
+from pytest_dflash.refserver.server import BadRequest, Batch, Gen, ServerState, corrupt, dumps, parse_sampling_params
+from pytest_dflash.refserver.spec import SamplingParams
+
+__all__ = ["add_routes"]
+
+OPENAI_SAMPLING = {
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "stop": "stop",
+    "stop_token_ids": "stop_token_ids", "seed": "sampling_seed", "ignore_eos": "ignore_eos",
+    "skip_special_tokens": "skip_special_tokens", "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty",
+}  # fmt: skip
+
+
+def openai_error(message: str, status: int = 400) -> JSONResponse:
+    """The OpenAI-style error body SGLang returns on /v1/*."""
+    return JSONResponse(
+        {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": status},
+        status_code=status,
+    )
+
+
+def missing_field(body: dict[str, Any], field: str, func: str, path: str) -> JSONResponse:
+    """Pydantic's 'Field required', worded as SGLang 0.5.17 reports it."""
+    err = {"type": "missing", "loc": ("body", field), "msg": "Field required", "input": body}
+    where = f'  File "{__file__}", line 1, in {func}\n    POST {path} {[err]}'
+    return openai_error(f"1 validation error:\n  {err}\n\n{where}")
+
+
+def add_routes(app: FastAPI, state: ServerState) -> None:
+    """Register the OpenAI-compatible routes on ``app``."""
+    model_id = state.args.served_model_name or state.args.model_path
+
+    @app.get("/v1/models")
+    async def available_models() -> Response:
+        card = {
+            "id": model_id,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "sglang",
+            "root": model_id,
+            "parent": None,
+            "max_model_len": state.context_length,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.post("/v1/completions")
+    async def openai_v1_completions(request: Request) -> Response:
+        hang = state.count_generation(request)
+        try:
+            body = await request.json()
+        except ValueError as e:
+            return openai_error(f"Invalid JSON: {e}")
+        if not isinstance(body, dict) or body.get("prompt") is None:
+            body = body if isinstance(body, dict) else {}
+            return missing_field(body, "prompt", "openai_v1_completions", "/v1/completions")
+        raw = body["prompt"]
+        if isinstance(raw, str):
+            prompts = [state.tokenizer.encode(raw)]
+        elif raw and all(isinstance(p, str) for p in raw):
+            prompts = [state.tokenizer.encode(p) for p in raw]
+        elif raw and all(isinstance(t, int) for t in raw):
+            prompts = [list(raw)]
+        elif raw and all(isinstance(p, list) for p in raw):
+            prompts = [list(p) for p in raw]
+        else:
+            return openai_error("prompt must be a string, a list of strings or a list of token ids.")
+        return await _complete(state, request, body, prompts, chat=False, hang=hang, default_max=16)
+
+    @app.post("/v1/chat/completions")
+    async def openai_v1_chat_completions(request: Request) -> Response:
+        hang = state.count_generation(request)
+        try:
+            body = await request.json()
+        except ValueError as e:
+            return openai_error(f"Invalid JSON: {e}")
+        if not isinstance(body, dict) or body.get("messages") is None:
+            body = body if isinstance(body, dict) else {}
+            return missing_field(body, "messages", "openai_v1_chat_completions", "/v1/chat/completions")
+        messages = body["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            return openai_error("messages must be a list of objects.")
+        prompt = state.tokenizer.encode(apply_chat_template(messages))
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        return await _complete(state, request, {**body, "max_tokens": max_tokens}, [prompt], chat=True, hang=hang,
+                               default_max=None)  # fmt: skip
+
+
+async def _complete(
+    state: ServerState,
+    request: Request,
+    body: dict[str, Any],
+    prompts: list[list[int]],
+    *,
+    chat: bool,
+    hang: bool,
+    default_max: int | None,
+) -> Response:
+    """Both OpenAI endpoints: n choices per prompt, stream or not, usage, logprobs on NONE."""
+    raw = {dst: body[src] for src, dst in OPENAI_SAMPLING.items() if body.get(src) is not None}
+    raw["max_new_tokens"] = body.get("max_tokens", default_max) if "max_tokens" in body else default_max
+    n = body.get("n") or 1
+    want_logprobs = bool(body.get("logprobs"))
+    top_n = int(body.get("top_logprobs") or 0) if chat else int(body.get("logprobs") or 0)
+    try:
+        if not isinstance(n, int) or n < 1:
+            raise BadRequest(f"n must be at least 1, got {n}.")
+        if want_logprobs and state.spec:
+            raise BadRequest(f"{state.engine.algorithm} speculative decoding does not support return_logprob yet.")
+        all_prompts, all_params = [], []
+        for prompt in prompts:
+            if not prompt:
+                raise BadRequest("The input is empty.")
+            params = parse_sampling_params(raw, context_length=state.context_length, prompt_len=len(prompt))
+            for i in range(n):
+                seed = state.seed_for(params.sampling_seed, i)
+                all_prompts.append(prompt)
+                all_params.append(SamplingParams(**{**params.__dict__, "sampling_seed": seed}))
+    except BadRequest as e:
+        return openai_error(str(e))
+    batch = state.new_batch(all_prompts, all_params, hang=hang, top_logprobs_num=top_n if want_logprobs else -1)
+    meta = {
+        "id": uuid.uuid4().hex,
+        "created": int(time.time()),
+        "model": body.get("model", "default"),
+        "chat": chat,
+        "n": n,
+        "include_usage": bool((body.get("stream_options") or {}).get("include_usage")),
+    }
+    if body.get("stream"):
+        batch.streaming = True
+        return StreamingResponse(_stream(state, batch, meta), media_type="text/event-stream")
+    await batch.wait()
+    choices = []
+    for i, gen in enumerate(batch.gens):
+        assert gen.last is not None
+        text = state.text_of(gen, gen.last, final=True)
+        choice: dict[str, Any] = {"index": i}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+        else:
+            choice["text"] = text
+        choice["logprobs"] = _logprobs(state, gen, chat) if want_logprobs else None
+        choice["finish_reason"], choice["matched_stop"] = _finish(gen.last)
+        choices.append(choice)
+    usage = _usage(batch, n, details=True)
+    obj = "chat.completion" if chat else "text_completion"
+    response = {"id": meta["id"], "object": obj, "created": meta["created"], "model": meta["model"],
+                "choices": choices, "usage": usage, "metadata": {"weight_version": "default"}}  # fmt: skip
+    payload = dumps(response)
+    if "bad-json" in state.faults:
+        payload = corrupt(payload)
+    return Response(payload, media_type="application/json")
+
+
+async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> AsyncIterator[str]:
+    """OpenAI SSE chunks; chat opens each choice with a role chunk; usage last if asked; [DONE]."""
+    chat = meta["chat"]
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    sent = [""] * len(batch.gens)
+    truncate = "truncated-stream" in state.faults
+
+    def event(choices: list[dict[str, Any]], usage: object = None, with_usage_key: bool = not chat) -> str:
+        chunk: dict[str, Any] = {"id": meta["id"], "object": obj, "created": meta["created"], "model": meta["model"],
+                                 "choices": choices}  # fmt: skip
+        if with_usage_key or usage is not None:
+            chunk["usage"] = usage
+        payload = dumps(chunk)
+        return f"data: {corrupt(payload) if 'bad-json' in state.faults else payload}\n\n"
+
+    try:
+        if chat:
+            for i in range(len(batch.gens)):
+                delta = {"reasoning_content": None, "role": "assistant", "content": ""}
+                yield event([_chunk_choice(i, delta, None, None, chat)])
+        async for i, out in batch.events():
+            gen = batch.gens[i]
+            final = out.finish is not None
+            if truncate and (final or len(out.output_ids) * 2 >= gen.req.params.max_new_tokens):
+                return  # the truncated-stream fault: no final chunk, no [DONE]
+            text = state.text_of(gen, out, final=final)
+            text = text if final else _hold_back(text, gen)
+            delta_text = text[len(sent[i]) :] if text.startswith(sent[i]) else ""
+            sent[i] = text if text.startswith(sent[i]) else sent[i]
+            reason, matched = _finish(out) if final else (None, None)
+            if chat:
+                if delta_text or not final:
+                    delta = {"reasoning_content": None, "content": delta_text}
+                    yield event([_chunk_choice(i, delta, None, None, chat)])
+                if final:
+                    yield event([_chunk_choice(i, {"reasoning_content": None}, reason, matched, chat)])
+            else:
+                yield event([_chunk_choice(i, delta_text, reason, matched, chat)])
+        if meta["include_usage"]:
+            yield event([], _usage(batch, meta["n"], details=chat), with_usage_key=True)
+        yield "data: [DONE]\n\n"
+    finally:
+        batch.abort()
+
+
+def _chunk_choice(i: int, delta: object, reason: str | None, matched: object, chat: bool) -> dict[str, Any]:
+    if chat:
+        return {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason, "matched_stop": matched}
+    return {"index": i, "text": delta, "logprobs": None, "finish_reason": reason, "matched_stop": matched}
+
+
+def _hold_back(text: str, gen: Gen) -> str:
+    """Never stream text that may turn out to be (the start of) a stop string."""
+    for stop in gen.req.params.stop:
+        if stop and (pos := text.find(stop)) != -1:
+            text = text[:pos]
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                text = text[:-k]
+                break
+    return text
+
+
+def _finish(out: Output) -> tuple[str | None, object]:
+    finish = out.finish or {}
+    kind = finish.get("type")
+    reason = {"stop": "stop", "length": "length", "abort": "abort"}.get(str(kind)) if kind else None
+    return reason, finish.get("matched")
+
+
+def _usage(batch: Batch, n: int, *, details: bool) -> dict[str, Any]:
+    prompt = sum(g.prompt_tokens for g in batch.gens[::n])
+    completion = sum(len(g.last.output_ids) for g in batch.gens if g.last is not None)
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion}
+    usage["completion_tokens"] = completion
+    if details:
+        usage["prompt_tokens_details"] = None
+    usage["reasoning_tokens"] = 0
+    return usage
+
+
+def _logprobs(state: ServerState, gen: Gen, chat: bool) -> dict[str, Any]:
+    """OpenAI logprobs (NONE servers only): per token, and its top alternatives."""
+
+    def piece(tok: int) -> str:
+        return state.tokenizer.decode([tok], skip_special_tokens=False)
+
+    if chat:
+        content = [
+            {
+                "token": piece(tok),
+                "logprob": lp,
+                "bytes": list(piece(tok).encode()),
+                "top_logprobs": [{"token": piece(t), "logprob": v, "bytes": list(piece(t).encode())} for v, t in top],
+            }
+            for lp, tok, top in gen.logprobs
+        ]
+        return {"content": content}
+    offsets, pos = [], 0
+    for _, tok, _ in gen.logprobs:
+        offsets.append(pos)
+        pos += len(piece(tok))
+    return {
+        "tokens": [piece(tok) for _, tok, _ in gen.logprobs],
+        "token_logprobs": [lp for lp, _, _ in gen.logprobs],
+        "top_logprobs": [{piece(t): v for v, t in top} for _, _, top in gen.logprobs],
+        "text_offset": offsets,
+    }

@@ -1,0 +1,236 @@
+"""Command-line flags with SGLang's names, and ServerArgs (logged at start-up, served by /server_info).
+
+SGLang flags a real unit file carries are accepted and logged even where a CPU server has no use for
+them, so unit templates can be tried here unchanged. Validation errors are raised as SGLang raises
+them (a ValueError out of ServerArgs.__post_init__: traceback, exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# SGLang 0.5.17 imports its function-call parsers (and with them xgrammar) before parsing arguments,
+# so a broken xgrammar kills it whatever --grammar-backend says. Same order here.
+from pytest_dflash.refserver import grammar  # noqa: F401
+from pytest_dflash.refserver.faults import parse_inject
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "DEFAULT_DDTREE_BUDGET", "ServerArgs", "build_parser", "prepare_server_args"]
+
+DEFAULT_MODEL_PATH = "refserver/tiny-target"
+DEFAULT_CONTEXT_LENGTH = 2048
+MAX_CONTEXT_LENGTH = 32768  # the "derived" context length of the built-in model
+DEFAULT_BLOCK_SIZE = 8  # SGLang takes DFlash's from the draft model's config (16 on the H200 record)
+DEFAULT_DDTREE_BUDGET = 32
+ATTENTION_BACKENDS = (
+    "triton", "flashinfer", "fa3", "fa4", "flashmla", "cutlass_mla", "trtllm_mha", "trtllm_mla",
+    "torch_native", "aiter", "wave", "intel_amx", "ascend",
+)  # fmt: skip
+
+
+@dataclass
+class ServerArgs:
+    """The subset of SGLang's ServerArgs the refserver has, in SGLang's field order."""
+
+    model_path: str = DEFAULT_MODEL_PATH
+    tokenizer_path: str | None = None
+    tokenizer_mode: str = "auto"
+    skip_tokenizer_init: bool = False
+    load_format: str = "auto"
+    trust_remote_code: bool = False
+    context_length: int | None = None
+    is_embedding: bool = False
+    revision: str | None = None
+    dtype: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    max_queued_requests: int | None = None
+    max_total_tokens: int | None = None
+    chunked_prefill_size: int = 8192
+    max_prefill_tokens: int = 16384
+    schedule_policy: str = "fcfs"
+    page_size: int | None = None
+    disable_radix_cache: bool = True  # the refserver keeps no prefix cache
+    tp_size: int = 1
+    dp_size: int = 1
+    device: str = "cpu"
+    random_seed: int | None = None
+    watchdog_timeout: float = 300
+    host: str = "127.0.0.1"
+    port: int = 30000
+    skip_server_warmup: bool = False
+    api_key: str | None = field(default=None, repr=False)
+    served_model_name: str | None = None
+    weight_version: str = "default"
+    chat_template: str | None = None
+    log_level: str = "info"
+    log_requests: bool = False
+    enable_metrics: bool = False
+    decode_log_interval: int = 40
+    attention_backend: str | None = None
+    sampling_backend: str | None = None
+    grammar_backend: str | None = None
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
+    disable_overlap_schedule: bool = False
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_draft_tokens: int | None = None
+    speculative_dflash_block_size: int | None = None
+    speculative_ddtree_budget: int | None = None
+    enable_deterministic_inference: bool = False
+    # refserver-only
+    model_seed: int = 0
+    inject: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
+        attrs = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{attr: getattr(args, attr) for attr in attrs})
+
+    def __post_init__(self) -> None:
+        self.tokenizer_path = self.tokenizer_path or self.model_path
+        self.served_model_name = self.served_model_name or self.model_path
+        if self.random_seed is None:
+            self.random_seed = random.randint(0, 1 << 30)
+        if self.context_length is not None and self.context_length > MAX_CONTEXT_LENGTH:
+            raise ValueError(
+                f"Warning: User-specified context_length ({self.context_length}) is greater than the derived "
+                f"context_length ({MAX_CONTEXT_LENGTH}). This may lead to incorrect model outputs or CUDA "
+                "errors. Note that the derived context_length may differ from max_position_embeddings in "
+                "the model's config. To allow overriding this maximum, set the env var "
+                "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"
+            )
+        self.sampling_backend = self.sampling_backend or "flashinfer"
+        self.attention_backend = self.attention_backend or "triton"
+        self.grammar_backend = self.grammar_backend or "xgrammar"
+        self.page_size = self.page_size or 1
+        self.speculative_algorithm = (self.speculative_algorithm or "NONE").upper()
+        if self.speculative_algorithm != "NONE":
+            _handle_speculative(self)
+        elif self.max_running_requests is None:
+            self.max_running_requests = 4096
+
+    @property
+    def effective_context_length(self) -> int:
+        return self.context_length or DEFAULT_CONTEXT_LENGTH
+
+    @property
+    def block_size(self) -> int:
+        return self.speculative_num_draft_tokens or DEFAULT_BLOCK_SIZE
+
+    @property
+    def ddtree_budget(self) -> int:
+        return self.speculative_ddtree_budget or DEFAULT_DDTREE_BUDGET
+
+    def as_dict(self) -> dict[str, Any]:
+        """server_args as /server_info shows them (the API key's value is never shown)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "inject"}
+        out["api_key"] = None if self.api_key is None else "<redacted>"
+        out["inject"] = ",".join(_describe(self.inject)) or None
+        return out
+
+    def log_line(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
+        return f"server_args=ServerArgs({shown})"
+
+
+def _describe(inject: dict[str, float]) -> list[str]:
+    return [name if value == 0 else f"{name}={value:g}" for name, value in inject.items()]
+
+
+def _handle_speculative(server_args: ServerArgs) -> None:
+    """Block size / budget checks, in SGLang's words where SGLang has them."""
+    algo = server_args.speculative_algorithm
+    if (
+        server_args.speculative_num_draft_tokens is not None
+        and server_args.speculative_dflash_block_size is not None
+        and server_args.speculative_num_draft_tokens != server_args.speculative_dflash_block_size
+    ):
+        raise ValueError(
+            "Both --speculative-num-draft-tokens and --speculative-dflash-block-size are set but they "
+            "differ. For DFLASH they must match. "
+            f"speculative_num_draft_tokens={server_args.speculative_num_draft_tokens}, "
+            f"speculative_dflash_block_size={server_args.speculative_dflash_block_size}."
+        )
+    block = server_args.speculative_num_draft_tokens or server_args.speculative_dflash_block_size
+    server_args.speculative_num_draft_tokens = block or DEFAULT_BLOCK_SIZE
+    if server_args.speculative_num_draft_tokens < 2:
+        raise ValueError(f"{algo} needs a block of at least 2 tokens, got {server_args.speculative_num_draft_tokens}.")
+    if algo == "DDTREE":
+        if server_args.page_size != 1:
+            raise ValueError("DDTREE speculative decoding requires --page-size 1.")
+        server_args.speculative_ddtree_budget = server_args.speculative_ddtree_budget or DEFAULT_DDTREE_BUDGET
+        if server_args.speculative_ddtree_budget < 1:
+            raise ValueError(f"--speculative-ddtree-budget must be >= 1, got {server_args.speculative_ddtree_budget}.")
+    if server_args.max_running_requests is None:
+        server_args.max_running_requests = 48
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pytest_dflash.refserver",
+        description="A CPU test double of an SGLang 0.5.17 DFlash/DDTree server.",
+    )
+    a = p.add_argument
+    a("--model-path", default=DEFAULT_MODEL_PATH, help="a label: the model id in /v1/models")
+    a("--tokenizer-path", default=None)
+    a("--served-model-name", default=None)
+    a("--host", default="127.0.0.1")
+    a("--port", type=int, default=30000, help="0 picks a free port (logged in 'Uvicorn running on')")
+    a("--context-length", type=int, default=None, help=f"default {DEFAULT_CONTEXT_LENGTH}")
+    a("--random-seed", type=int, default=None, help="seeds unseeded sampled requests")
+    a("--model-seed", type=int, default=0, help="refserver only: seeds the model weights")
+    a("--speculative-algorithm", type=str.upper, choices=("NONE", "DFLASH", "DDTREE"), default=None)
+    a("--speculative-draft-model-path", default=None, help="accepted; the drafter is built in")
+    a("--speculative-num-draft-tokens", type=int, default=None, help=f"block size, default {DEFAULT_BLOCK_SIZE}")
+    a("--speculative-dflash-block-size", type=int, default=None, help="alias of --speculative-num-draft-tokens")
+    a("--speculative-ddtree-budget", type=int, default=None, help=f"tree nodes, default {DEFAULT_DDTREE_BUDGET}")
+    a("--enable-metrics", action="store_true", help="serve /metrics (404 without, as SGLang)")
+    a("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"))
+    a("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    # Accepted and logged, like a real unit file would pass them.
+    a("--attention-backend", choices=ATTENTION_BACKENDS, default=None)
+    a("--sampling-backend", choices=("flashinfer", "pytorch", "ascend"), default=None)
+    a("--grammar-backend", choices=("xgrammar", "outlines", "llguidance", "none"), default=None)
+    a("--mem-fraction-static", type=float, default=None)
+    a("--page-size", type=int, default=None)
+    a("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    a("--dp-size", "--dp", dest="dp_size", type=int, default=1)
+    a("--disable-cuda-graph", action="store_true")
+    a("--cuda-graph-max-bs", type=int, default=None)
+    a("--max-running-requests", type=int, default=None)
+    a("--trust-remote-code", action="store_true")
+    a("--dtype", choices=("auto", "half", "float16", "bfloat16", "float", "float32"), default="auto")
+    a("--disable-overlap-schedule", action="store_true")
+    a("--enable-deterministic-inference", action="store_true")
+    a("--skip-server-warmup", action="store_true")
+    a(
+        "--inject",
+        type=parse_inject,
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE][,...]",
+        help="fault injection, see docs/refserver.md",
+    )
+    return p
+
+
+def prepare_server_args(argv: Sequence[str]) -> ServerArgs:
+    """Parse flags (bad flag: exit 2) and validate them (bad combination: ValueError)."""
+    raw = build_parser().parse_args(list(argv))
+    merged: dict[str, float] = {}
+    for part in raw.inject:
+        merged.update(part)
+    raw.inject = merged
+    for f in dataclasses.fields(ServerArgs):
+        if not hasattr(raw, f.name):
+            default: Any = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            setattr(raw, f.name, default)
+    return ServerArgs.from_cli_args(raw)
