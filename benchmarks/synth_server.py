@@ -18,7 +18,8 @@ native, cumulative ``text``/``output_ids``, ``meta_info`` with ``completion_toke
 last event, ``spec_verify_ct``/``spec_accept_length``), ``GET /v1/models``, ``GET /health``,
 ``GET /server_info`` (``internal_states[0].avg_spec_accept_length``, cumulative since the last
 ``POST /flush_cache``), ``GET /stats`` (``/stats/raw``: every TTFT in
-arrival order), ``POST /stats/reset``, ``GET /counters``.
+arrival order), ``POST /stats/reset[?skip=N]`` (the next N generation requests
+are served but not recorded: a client's warm-up), ``GET /counters``.
 
 Faults for the client's error-path tests (``--fault MODE --fault-every N``: every N-th request,
 counting from the first, gets the fault): ``http500``, ``drop_before`` (close without an answer),
@@ -37,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib
 import ipaddress
 import json
 import math
@@ -98,6 +101,7 @@ class Stats:
     t_last_token_ns: int = 0
     ttft_ns: list[int] = field(default_factory=list)
     itl_ns: list[int] = field(default_factory=list)
+    skip: int = 0  # the next `skip` generation requests are served but not recorded (client warm-up)
 
     def summary(self) -> dict[str, Any]:
         ttft = sorted(v / 1e6 for v in self.ttft_ns)
@@ -217,6 +221,7 @@ class Server:
         self.stats = Stats()
         self._encoded: dict[tuple[str, int], Encoded] = {}
         self.request_index = 0
+        self.tokens_total = 0  # every token written, recorded or not (GET /counters)
         self.spec_tokens = 0
         self.spec_verify = 0
         self.connections: set[Conn] = set()
@@ -282,9 +287,12 @@ class Conn(asyncio.Protocol):
             self.buf = self.buf[end + 4 + length :]
             t_read = time.perf_counter_ns()
             keep_alive = headers.get("connection", "").lower() != "close"
-            self._route(method, target.split("?", 1)[0], body, t_read, keep_alive)
+            path, _, qs = target.partition("?")
+            query = dict(kv.partition("=")[::2] for kv in qs.split("&") if kv)
+            self._route(method, path, query, body, t_read, keep_alive)
 
-    def _route(self, method: str, path: str, body: bytes, t_read: int, keep_alive: bool) -> None:
+    def _route(self, method: str, path: str, query: dict[str, str], body: bytes, t_read: int,
+               keep_alive: bool) -> None:
         srv = self.server
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions", "/generate"):
             endpoint = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(path, "generate")
@@ -314,10 +322,10 @@ class Conn(asyncio.Protocol):
         elif method == "GET" and path == "/stats/raw":
             self._send(_json_response(200, {"ttft_ms": [v / 1e6 for v in srv.stats.ttft_ns]}))
         elif method == "POST" and path == "/stats/reset":
-            srv.stats = Stats()
+            srv.stats = Stats(skip=int(query.get("skip", "0")))
             self._send(_json_response(200, {"ok": True}))
         elif method == "GET" and path == "/counters":
-            self._send(_json_response(200, {"requests": srv.stats.requests, "tokens": srv.stats.tokens}))
+            self._send(_json_response(200, {"requests": srv.request_index, "tokens": srv.tokens_total}))
         else:
             self._send(_json_response(404, {"detail": "Not Found"}))
         if not keep_alive:
@@ -329,6 +337,9 @@ class Conn(asyncio.Protocol):
         index = srv.request_index
         srv.request_index += 1
         stats = srv.stats
+        if stats.skip > 0:  # served, but recorded in a throw-away Stats
+            stats.skip -= 1
+            stats = Stats()
         stats.requests += 1
         if stats.t_first_request_ns == 0:
             stats.t_first_request_ns = t_read
@@ -351,7 +362,7 @@ class Conn(asyncio.Protocol):
         stream = bool(req.get("stream", False))
         enc = srv.encoded(endpoint, n)
         if not stream:
-            self._non_stream(endpoint, n, prompt_tokens, enc, t_read, keep_alive)
+            self._non_stream(endpoint, n, prompt_tokens, enc, t_read, keep_alive, stats)
             return
         self.busy = True
         self._send(SSE_HEADERS)
@@ -371,7 +382,7 @@ class Conn(asyncio.Protocol):
         ttft_s = cfg.ttft_ms / 1e3
         itl_s = cfg.itl_ms / 1e3
         t0 = self.loop.time()
-        state = _Stream(first=first, rest=rest, tail=tail + done + END_CHUNK, fault=fault,
+        state = _Stream(stats=stats, first=first, rest=rest, tail=tail + done + END_CHUNK, fault=fault,
                         event_tokens=enc.event_tokens, t_read=t_read, keep_alive=keep_alive,
                         base=t0 + ttft_s, itl_s=itl_s)
         if ttft_s <= 0:
@@ -380,8 +391,8 @@ class Conn(asyncio.Protocol):
             self.timer = self.loop.call_at(state.base, self._emit, state)
 
     def _non_stream(self, endpoint: str, n: int, prompt_tokens: int, enc: Encoded, t_read: int,
-                    keep_alive: bool) -> None:
-        cfg, stats = self.server.cfg, self.server.stats
+                    keep_alive: bool, stats: Stats) -> None:
+        cfg = self.server.cfg
         text = TOKEN_TEXT * n
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
         if endpoint == "generate":
@@ -407,6 +418,7 @@ class Conn(asyncio.Protocol):
             self._send(_json_response(200, obj, keep_alive=keep_alive))
             stats.ttft_ns.append(now - t_read) if len(stats.ttft_ns) < MAX_RECORDS else None
             stats.tokens += n
+            self.server.tokens_total += n
             stats.t_last_token_ns = now
             if not keep_alive:
                 self._close()
@@ -422,13 +434,14 @@ class Conn(asyncio.Protocol):
         self.timer = None
         if self.closed:
             return
-        stats = self.server.stats
+        stats = st.stats
         now = time.perf_counter_ns()
         if st.sent == 0:
             self._send(st.first)
             if len(stats.ttft_ns) < MAX_RECORDS:
                 stats.ttft_ns.append(now - st.t_read)
             stats.tokens += st.event_tokens[0]
+            self.server.tokens_total += st.event_tokens[0]
             st.sent = 1
             st.last_ns = now
             if st.fault == "stall":
@@ -441,6 +454,7 @@ class Conn(asyncio.Protocol):
             if st.itl_s <= 0 or not st.rest:
                 self._send(b"".join(st.rest) + st.tail)
                 stats.tokens += sum(st.event_tokens[1:])
+                self.server.tokens_total += sum(st.event_tokens[1:])
                 stats.t_last_token_ns = time.perf_counter_ns()
                 self._finish(st)
                 return
@@ -452,6 +466,7 @@ class Conn(asyncio.Protocol):
                 stats.itl_ns.append(now - st.last_ns)
             st.last_ns = now
             stats.tokens += st.event_tokens[st.sent]
+            self.server.tokens_total += st.event_tokens[st.sent]
             st.sent += 1
             if last:
                 stats.t_last_token_ns = now
@@ -482,6 +497,7 @@ class Conn(asyncio.Protocol):
 
 @dataclass
 class _Stream:
+    stats: Stats
     first: bytes
     rest: list[bytes]
     tail: bytes
@@ -526,10 +542,8 @@ async def serve(cfg: Config, host: str = "127.0.0.1", port: int = 0,
         on_listening(bound)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
+        with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
-        except (RuntimeError, ValueError):  # not the main thread
-            pass
     try:
         await stop.wait()
     finally:
@@ -560,9 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"LISTENING {port}", flush=True)
 
     if a.loop == "uvloop":
-        import uvloop  # optional
-
-        uvloop.run(serve(cfg, a.host, a.port, listening))
+        importlib.import_module("uvloop").run(serve(cfg, a.host, a.port, listening))  # optional
     else:
         asyncio.run(serve(cfg, a.host, a.port, listening))
     return 0

@@ -59,6 +59,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 import httpx
@@ -1740,3 +1741,44 @@ def tokens_over_time(records: Iterable[RequestRecord], *, bin_s: float = 1.0) ->
         return []
     lo, hi = min(counts), max(counts)
     return [(b * bin_s, counts.get(b, 0.0) / bin_s) for b in range(lo, hi + 1)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pytest_dflash.load URL …``: one run, a summary on stdout, JSON to ``--out``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m pytest_dflash.load", description=main.__doc__)
+    ap.add_argument("base_url")
+    ap.add_argument("--endpoint", choices=sorted(ENDPOINT_PATHS), default="chat")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--concurrency", type=int, default=None)
+    ap.add_argument("--request-rate", type=float, default=None)
+    ap.add_argument("--num-requests", type=int, default=None)
+    ap.add_argument("--duration", type=float, default=None)
+    ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--dataset", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--request-timeout", type=float, default=120.0)
+    ap.add_argument("--server-accept-length", action="store_true")
+    ap.add_argument("--stock-httpx", action="store_true", help="httpx's own transport (httpcore + h11)")
+    ap.add_argument("--out", default=None, help="write LoadResult JSON here")
+    ap.add_argument("--no-records", action="store_true", help="leave per-request records out of --out")
+    a = ap.parse_args(argv)
+    spec = LoadSpec(endpoint=a.endpoint, model=a.model, concurrency=a.concurrency, request_rate=a.request_rate,
+                    num_requests=a.num_requests, duration_s=a.duration, warmup_requests=a.warmup,
+                    prompt_len=a.prompt_len, output_len=a.output_len, dataset=a.dataset, seed=a.seed,
+                    temperature=a.temperature, request_timeout_s=a.request_timeout,
+                    server_accept_length=a.server_accept_length)
+    coro = run_load_async(a.base_url, spec, _stamped=not a.stock_httpx)
+    result = asyncio.run(coro)
+    print(result.summary())
+    if a.out:
+        Path(a.out).write_text(result.to_json(records=not a.no_records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
