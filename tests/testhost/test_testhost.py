@@ -309,3 +309,49 @@ def test_up_reaps_instances_of_dead_owners(testhost_factory: Factory) -> None:
     assert leftovers(stale), "instance should still be up before the next up"
     testhost_factory()  # reaps `stale` before it creates its own
     _assert_gone(stale)
+
+
+def _nsenters_into(pid: int) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (
+                proc.name.isdigit()
+                and (proc / "comm").read_text().strip() == "nsenter"
+                and f"\0-t\0{pid}\0" in (proc / "cmdline").read_text()
+            ):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def _like_a_background_job() -> None:
+    # what a non-interactive shell (CI's .ci/run) gives its background jobs and their children
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+
+def test_down_with_a_command_left_in_the_guest(testhost_factory: Factory) -> None:
+    """A killed run can leave a command entered with nsenter running in the guest. With SIGINT and
+    SIGQUIT ignored (as in a background job of a shell script), the guest's systemd-shutdown then
+    waits ~60 s for it while its nsenter stops itself for good and stays on this machine. down
+    must kill such commands first: fast poweroff, no stopped nsenter left."""
+    th = testhost_factory()
+    entered = subprocess.Popen(
+        ["nsenter", "-t", str(th.leader_pid), "-m", "-u", "-i", "-n", "-p", "-C", "-r", "-w", "--",
+         "sleep", "307"],
+        start_new_session=True, stdin=subprocess.DEVNULL, preexec_fn=_like_a_background_job,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: exec_in_guest(th, "pgrep -x sleep").returncode == 0, 15, "the entered command")
+        t0 = time.monotonic()
+        down(th)
+        assert time.monotonic() - t0 < 10
+        assert entered.wait(timeout=10) != 0
+        assert _nsenters_into(th.leader_pid) == []
+    finally:
+        if entered.poll() is None:
+            entered.kill()
+            entered.wait(timeout=10)
+    _assert_gone(th)
