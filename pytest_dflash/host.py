@@ -265,12 +265,23 @@ class HostContext:
     def teardown(self) -> list[str]:
         """Stop what this run started (unless --keep) and release the lock; returns problems."""
         problems: list[str] = []
+
+        def stop(handle: ServiceHandle) -> None:
+            try:
+                handle.manager.stop()
+            except (DflashError, OSError) as exc:
+                problems.append(f"{handle.label}: {exc}")
+
+        # In parallel: a real SGLang takes seconds to drain and exit after SIGTERM.
+        stoppers = [threading.Thread(target=stop, args=(h,), name=f"stop-{h.label}")
+                    for h in self.services.values() if h.manager.provisioned and not self.run.options.keep]
+        for thread in stoppers:
+            thread.start()
+        for thread in stoppers:
+            thread.join(timeout=180)
+            if thread.is_alive():
+                problems.append(f"{thread.name}: still stopping after 180s")
         for handle in self.services.values():
-            if handle.manager.provisioned and not self.run.options.keep:
-                try:
-                    handle.manager.stop()
-                except (DflashError, OSError) as exc:
-                    problems.append(f"{handle.label}: {exc}")
             if handle._client is not None:
                 handle._client.close()
         if self._lock is not None:

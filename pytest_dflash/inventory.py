@@ -289,6 +289,11 @@ def _service(name: str, table: _Table, host: HostProfile, profile_dir: Path) -> 
     if url is None:
         raise table.fail("url", "missing required key (expected an http(s) URL)")
     url = _check_url(table, "url", url)
+    if "{address}" in url:
+        # Fleet profiles share one file: the URL follows the host's address.
+        if not (host.address or host.is_local):
+            raise table.fail("url", "{address} needs an ssh:// or local:// connection")
+        url = url.replace("{address}", host.address or "127.0.0.1")
     if kind == "systemd":
         if not unit:
             raise table.fail("unit", "missing required key for kind = \"systemd\" (expected a unit name)")

@@ -467,6 +467,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                     report.longrepr = f"the test passed but {death}"
                 break
     if report.failed:
+        if call.excinfo is not None and isinstance(call.excinfo.value, DflashError):
+            report.longrepr = _concise(item, call.excinfo)
         _attach_evidence(item, report, run, host, info, handles)
     elif report.skipped and report.when in ("setup", "call"):
         message = _skip_message(report)
@@ -474,6 +476,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     info_dict = _report_info(item, run, host, info, handles)
     report.user_properties.append(("dflash", info_dict))
     return report
+
+
+def _concise(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    """A service/transport/API failure needs its message and the service log, not plugin internals."""
+    where = ""
+    path = str(getattr(item, "path", ""))
+    for entry in reversed(excinfo.traceback):
+        if str(entry.path) == path:
+            where = f"{entry.path}:{entry.lineno + 1}: "
+            break
+    return f"{where}{type(excinfo.value).__name__}: {_failure_text(excinfo.value)}"
 
 
 def _skip_message(report: pytest.TestReport) -> str:

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,27 +73,43 @@ def cmdline_of(pid: int) -> list[str]:
         return []
 
 
-def kill_group(pgid: int, *, grace_s: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after `grace_s`."""
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def kill_group(pgid: int, *, grace_s: float = 10.0, reap: Callable[[float], None] | None = None) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after `grace_s`.
+
+    `reap` waits for our own child (the group leader) so that it does not linger as a zombie,
+    which would make the group look alive.
+    """
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if not _group_alive(pgid):
+        if reap is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                reap(0.05)
+        if not group_members(pgid):
             return
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    if reap is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            reap(5.0)
 
 
 @dataclass
@@ -171,12 +187,13 @@ class ProcessService:
     def stop(self) -> None:
         if self._proc is None:
             return
-        if self._proc.poll() is None:
-            kill_group(self._proc.pid)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
-        else:
-            kill_group(self._proc.pid, grace_s=2)  # children of a dead leader
+        proc = self._proc
+
+        def reap(timeout: float) -> None:
+            proc.wait(timeout=timeout)
+
+        # Also when the leader already died: its children may still hold the port.
+        kill_group(proc.pid, grace_s=10.0 if proc.poll() is None else 2.0, reap=reap)
         if self._marker is not None:
             self._marker.unlink(missing_ok=True)
 

@@ -24,6 +24,11 @@ POLL_S = 0.25
 # (real SGLang: 5.2 s from RemoteDisconnected to exit 137).
 DEATH_GRACE_S = 15.0
 PROGRESS_EVERY_S = 10.0
+PHASES = {
+    "http": "readiness: waiting for the HTTP server",
+    "greedy": "readiness: first greedy generation",
+    "sampled": "readiness: first sampled generation (temperature 0.8, top_k 20, top_p 0.9)",
+}
 
 Progress = Callable[[str], None]
 
@@ -96,7 +101,7 @@ class ReadinessWatcher:
             # journald may need a moment to receive the last lines of a dying process.
             time.sleep(0.2)
             raise ServiceCrashed(self.service.name, state.death,
-                                 self.service.logs_since(self.log_mark, self.log_lines), phase)
+                                 self.service.logs_since(self.log_mark, self.log_lines), PHASES.get(phase, phase))
         if state.restarts > self._base_restarts:
             raise ServiceRestarted(self.service.name, self._base_restarts, state.restarts,
                                    self.service.logs_since(self.log_mark, self.log_lines))

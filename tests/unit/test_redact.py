@@ -33,6 +33,7 @@ def test_secrets_are_masked(text: str, secret: str) -> None:
         "max_new_tokens=64, stop_token_ids=[1, 2]",
         '"eos_token": "<|im_end|>"',
         "Decode batch, #running-req: 1, #token: 64, accept len: 1.00",
+        "Prefill batch, #new-seq: 1, #new-token: 3, #cached-token: 1, #pending-token: 0",
     ],
 )
 def test_token_counts_are_not_secrets(text: str) -> None:
