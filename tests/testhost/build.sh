@@ -46,7 +46,7 @@ for a in "$@"; do
   case $a in
     --force) force_base=1 ;;
     --force-venv) force_venv=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) die "unknown argument: $a" ;;
   esac
 done

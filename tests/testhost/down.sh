@@ -157,7 +157,7 @@ rundir=$DFLASH_TESTHOST_RUNDIR
 targets=(); mode=list
 case ${1:-} in
   --stale|--all) mode=${1#--} ;;
-  ""|-h|--help) sed -n '2,19p' "$0"; exit 2 ;;
+  ""|-h|--help) usage; exit 2 ;;
   *) for a in "$@"; do
        if [[ $a == */* ]]; then targets+=("$a"); else targets+=("$rundir/$a"); fi
      done ;;

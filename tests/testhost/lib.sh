@@ -28,6 +28,8 @@ now() { printf '%s' "$EPOCHREALTIME"; }
 # elapsed START -> "1.23" seconds since START (an EPOCHREALTIME value)
 elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }'; }
 
+# usage: the script's header comment (up to its first non-comment or shellcheck line)
+usage() { awk 'NR == 1 { next } /^# shellcheck/ || !/^#/ { exit } { sub(/^# ?/, ""); print }' "$0"; }
 need_root() { [[ $EUID -eq 0 ]] || die "must run as root (netns, cgroups, systemd-nspawn)"; }
 
 # --- processes ---------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 #   --name      instance name (netns, machine/hostname, cgroup ci-NAME); default dfl-<random>
 #   --subnet    the instance's /24 (10.X.Y.0/24); default: a free one, chosen here
 #   --owner     the process whose death makes the instance "stale" (reaped by the next up.sh or
-#               by `down.sh --stale`); default: the caller ($PPID); "none": never reaped
+#               by `down.sh --stale`); default: the caller ($PPID, or the shell above sudo/su);
+#               "none": never reaped
 #   --checkout  directory bind-mounted READ-ONLY at /opt/pytest-dflash (default: this checkout)
 # Prints DFLASH_TESTHOST_STATE=<state dir> on stdout when the guest is booted
 # (systemctl is-system-running = running|degraded) and ssh works; logs go to stderr.
@@ -24,13 +25,15 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/lib.sh"
 
 NAME=; SUBNET=; OWNER=$PPID; CHECKOUT=$(cd "$here/../.." && pwd)
+# `sudo up.sh` from a terminal: sudo exits right after us, the shell that ran it is the owner.
+while [[ $(comm_of "$OWNER") =~ ^(sudo|su|doas)$ ]]; do OWNER=$(ppid_of "$OWNER"); done
 while (($#)); do
   case $1 in
     --name) NAME=$2; shift 2 ;;
     --subnet) SUBNET=$2; shift 2 ;;
     --owner) OWNER=$2; shift 2 ;;
     --checkout) CHECKOUT=$(cd "$2" && pwd); shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
