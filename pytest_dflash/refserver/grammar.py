@@ -9,7 +9,11 @@ old xgrammar in fault_site/.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pytest_dflash.refserver import faults
 
-if "xgrammar-structural-tag" in faults.active():
-    from xgrammar import StructuralTag  # type: ignore[import-not-found]  # noqa: F401
+if "xgrammar-structural-tag" in faults.active() and not TYPE_CHECKING:
+    from xgrammar import StructuralTag
+
+    STRUCTURAL_TAG = StructuralTag

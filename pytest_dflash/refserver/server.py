@@ -144,6 +144,7 @@ class Gen:
     received: float
     last: Output | None = None
     first_token_at: float | None = None
+    first_sent: float | None = None  # when the first streamed event went out
     logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
 
     @property
@@ -268,8 +269,8 @@ class ServerState:
             text = text[:pos]
         return text
 
-    def meta_info(self, gen: Gen, out: Output, *, final: bool, logprobs: bool) -> dict[str, Any]:
-        """meta_info in the field order of the recorded SGLang 0.5.17 responses."""
+    def meta_info(self, gen: Gen, out: Output, *, final: bool, logprobs: bool, stream: bool = False) -> dict[str, Any]:
+        """meta_info in the field order of the recorded SGLang 0.5.17 responses (streamed ones too)."""
         stats = out.stats
         meta: dict[str, Any] = {
             "id": gen.req.rid,
@@ -294,9 +295,12 @@ class ServerState:
             cached_tokens_details=None,
             dp_rank=None,
         )
-        if not final:
-            return meta
         now = time.time()
+        if not final:
+            if stream and gen.first_sent is None:  # SGLang stamps the first streamed event only
+                gen.first_sent = now
+                meta["response_sent_to_client_ts"] = now
+            return meta
         meta["e2e_latency"] = now - gen.received
         if self.spec and stats.verify_ct > 0:
             meta.update(
@@ -310,14 +314,13 @@ class ServerState:
                 spec_correct_drafts_histogram=list(stats.histogram),
                 spec_accept_histogram=list(stats.histogram),
             )
-        decode_s = max(now - out.prefill_finished, 1e-9)
-        meta.update(
-            request_received_ts=gen.received,
-            api_server_dispatch_finish_ts=gen.received,
-            request_finished_ts=now,
-            decode_throughput=max(len(out.output_ids) - 1, 0) / decode_s,
-            response_sent_to_client_ts=now,
-        )
+        meta.update(request_received_ts=gen.received, api_server_dispatch_finish_ts=gen.received)
+        if stream:
+            meta["response_sent_to_client_ts"] = gen.first_sent or now
+        meta["request_finished_ts"] = now
+        meta["decode_throughput"] = max(len(out.output_ids) - 1, 0) / max(now - out.prefill_finished, 1e-9)
+        if not stream:
+            meta["response_sent_to_client_ts"] = now
         return meta
 
     async def graceful_exit(self) -> None:
@@ -448,6 +451,7 @@ def build_app(state: ServerState) -> FastAPI:
                 "kvcache": 0.0,
                 "token_capacity": state.scheduler.max_running * state.context_length,
             },
+            "startup_time": state.startup_seconds,
             "effective_max_running_requests_per_dp": state.scheduler.max_running,
         }
         if state.spec:
@@ -579,7 +583,7 @@ async def _generate_stream(state: ServerState, batch: Batch, single: bool, logpr
             item: dict[str, Any] = {
                 "text": state.text_of(gen, out, final=final),
                 "output_ids": out.output_ids,
-                "meta_info": state.meta_info(gen, out, final=final, logprobs=logprobs),
+                "meta_info": state.meta_info(gen, out, final=final, logprobs=logprobs, stream=True),
             }
             if not single:
                 item["index"] = i
