@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Literal
@@ -125,9 +125,9 @@ class Sample:
         return math.ceil(self.n / self.block) if self.n else 0
 
     @classmethod
-    def of(cls, values: Iterable[float], statistic: str = "mean", *, block: int = 1, unit: str = "") -> Sample:
+    def of(cls, values: npt.ArrayLike, statistic: str = "mean", *, block: int = 1, unit: str = "") -> Sample:
         """One value per request (e.g. TTFT in ms)."""
-        return cls(statistic, np.asarray(list(values), dtype=np.float64), block=block, unit=unit)
+        return cls(statistic, np.asarray(values, dtype=np.float64).ravel(), block=block, unit=unit)
 
     @classmethod
     def pooled(cls, per_request: Sequence[Sequence[float]], statistic: str = "p99", *, unit: str = "") -> Sample:
@@ -137,7 +137,7 @@ class Sample:
         return cls(statistic, vals, groups=groups, unit=unit)
 
     @classmethod
-    def throughput(cls, tokens: Sequence[float], e2e_s: Sequence[float], duration_s: float, *,
+    def throughput(cls, tokens: npt.ArrayLike, e2e_s: npt.ArrayLike, duration_s: float, *,
                    block: int = 1, unit: str = "tok/s") -> Sample:
         """Output tok/s as ``L · Σ tokens / Σ e2e`` with ``L = Σ e2e / duration`` held fixed."""
         tok = np.asarray(tokens, dtype=np.float64)
