@@ -1,0 +1,241 @@
+"""Performance plots as standalone SVG strings (hand-written SVG, no plotting dependency).
+
+* :func:`latency_cdf_svg` — empirical CDFs of latency series (TTFT, e2e …), log x axis when the
+  values span more than a decade and a half;
+* :func:`tokens_over_time_svg` — output tokens/s over the run, per time bin;
+* :func:`accept_length_histogram_svg` — per-request speculative accept lengths;
+* :func:`plots_for_result` — the three for a :class:`~pytest_dflash.load.LoadResult`.
+
+Every function returns one ``<svg>`` element (valid XML, ``xmlns`` set, a ``<title>`` for screen
+readers) that can be embedded in HTML as is or written to a ``.svg`` file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+from xml.sax.saxutils import escape
+
+if TYPE_CHECKING:
+    from pytest_dflash.load import LoadResult
+
+__all__ = ["accept_length_histogram_svg", "latency_cdf_svg", "plots_for_result", "tokens_over_time_svg"]
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
+_W, _H = 640, 360
+_M_LEFT, _M_RIGHT, _M_TOP, _M_BOTTOM = 64, 20, 36, 52
+
+
+def _nice_step(span: float, target: int = 6) -> float:
+    """A 1/2/5 x 10^k step giving about ``target`` ticks over ``span``."""
+    if span <= 0 or not math.isfinite(span):
+        return 1.0
+    raw = span / target
+    mag = 10.0 ** math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if raw <= m * mag:
+            return float(m * mag)
+    return 10.0 * mag
+
+
+def _linear_ticks(lo: float, hi: float) -> tuple[float, float, list[float]]:
+    if hi <= lo:
+        hi = lo + (abs(lo) or 1.0)
+    step = _nice_step(hi - lo)
+    start = math.floor(lo / step) * step
+    end = math.ceil(hi / step) * step
+    n = round((end - start) / step)
+    return start, end, [start + i * step for i in range(n + 1)]
+
+
+def _log_ticks(lo: float, hi: float) -> tuple[float, float, list[float]]:
+    lo_e, hi_e = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    ticks = [m * 10.0**e for e in range(lo_e, hi_e + 1) for m in (1, 2, 5) if lo_e <= e]
+    ticks = [t for t in ticks if 10.0**lo_e <= t <= 10.0**hi_e]
+    return 10.0**lo_e, 10.0**hi_e, ticks
+
+
+def _fmt(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 10000:
+        return f"{v / 1000:g}k"
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.3g}"
+
+
+class _Canvas:
+    """Plot area with data -> pixel mapping, axes, ticks and labels."""
+
+    def __init__(self, title: str, xlabel: str, ylabel: str, width: int, height: int) -> None:
+        self.w, self.h = width, height
+        self.x0, self.x1 = _M_LEFT, width - _M_RIGHT
+        self.y0, self.y1 = height - _M_BOTTOM, _M_TOP  # pixel y of data min / max
+        self.title, self.xlabel, self.ylabel = title, xlabel, ylabel
+        self.parts: list[str] = []
+        self.xlo = self.xhi = self.ylo = self.yhi = 0.0
+        self.log_x = False
+
+    def set_x(self, lo: float, hi: float, *, log: bool = False) -> list[float]:
+        self.log_x = log
+        self.xlo, self.xhi, ticks = _log_ticks(lo, hi) if log else _linear_ticks(lo, hi)
+        return ticks
+
+    def set_y(self, lo: float, hi: float) -> list[float]:
+        self.ylo, self.yhi, ticks = _linear_ticks(lo, hi)
+        return ticks
+
+    def px(self, x: float) -> float:
+        if self.log_x:
+            x = math.log10(max(x, self.xlo))
+            lo, hi = math.log10(self.xlo), math.log10(self.xhi)
+        else:
+            lo, hi = self.xlo, self.xhi
+        return self.x0 + (x - lo) / ((hi - lo) or 1.0) * (self.x1 - self.x0)
+
+    def py(self, y: float) -> float:
+        return self.y0 - (y - self.ylo) / ((self.yhi - self.ylo) or 1.0) * (self.y0 - self.y1)
+
+    def axes(self, xticks: Sequence[float], yticks: Sequence[float]) -> None:
+        p = self.parts
+        for t in yticks:
+            y = self.py(t)
+            p.append(f'<line x1="{self.x0}" y1="{y:.1f}" x2="{self.x1}" y2="{y:.1f}" stroke="#e5e5e5"/>')
+            p.append(f'<text x="{self.x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(_fmt(t))}</text>')
+        for t in xticks:
+            x = self.px(t)
+            p.append(f'<line x1="{x:.1f}" y1="{self.y0}" x2="{x:.1f}" y2="{self.y0 + 5}" stroke="#333"/>')
+            p.append(f'<text x="{x:.1f}" y="{self.y0 + 18}" text-anchor="middle">{escape(_fmt(t))}</text>')
+        p.append(f'<line x1="{self.x0}" y1="{self.y0}" x2="{self.x1}" y2="{self.y0}" stroke="#333"/>')
+        p.append(f'<line x1="{self.x0}" y1="{self.y0}" x2="{self.x0}" y2="{self.y1}" stroke="#333"/>')
+        p.append(f'<text x="{(self.x0 + self.x1) / 2:.1f}" y="{self.h - 12}" text-anchor="middle">'
+                 f'{escape(self.xlabel)}</text>')
+        cy = (self.y0 + self.y1) / 2
+        p.append(f'<text x="16" y="{cy:.1f}" text-anchor="middle" transform="rotate(-90 16 {cy:.1f})">'
+                 f'{escape(self.ylabel)}</text>')
+
+    def legend(self, names: Sequence[str]) -> None:
+        for i, name in enumerate(names):
+            x, y = self.x0 + 10 + i * 150, self.y1 - 10
+            color = PALETTE[i % len(PALETTE)]
+            self.parts.append(f'<rect x="{x}" y="{y - 8}" width="12" height="8" fill="{color}"/>')
+            self.parts.append(f'<text x="{x + 16}" y="{y}">{escape(name)}</text>')
+
+    def svg(self) -> str:
+        head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.w}" height="{self.h}" '
+                f'viewBox="0 0 {self.w} {self.h}" role="img" font-family="sans-serif" font-size="11">')
+        title = (f'<title>{escape(self.title)}</title><rect width="100%" height="100%" fill="#fff"/>'
+                 f'<text x="{self.w / 2:.1f}" y="16" text-anchor="middle" font-size="13" font-weight="bold">'
+                 f'{escape(self.title)}</text>')
+        return head + title + "".join(self.parts) + "</svg>"
+
+
+def _empty(title: str, width: int, height: int, why: str) -> str:
+    c = _Canvas(title, "", "", width, height)
+    c.parts.append(f'<text x="{width / 2:.1f}" y="{height / 2:.1f}" text-anchor="middle" fill="#666">'
+                   f'{escape(why)}</text>')
+    return c.svg()
+
+
+def latency_cdf_svg(series: Mapping[str, Sequence[float]], *, title: str = "Latency CDF",
+                    xlabel: str = "latency (ms)", log_x: bool | None = None, width: int = _W,
+                    height: int = _H) -> str:
+    """Empirical CDFs (step lines) of one or more latency series, with p50/p99 in the legend."""
+    data = {k: sorted(float(v) for v in vs if math.isfinite(v)) for k, vs in series.items()}
+    data = {k: v for k, v in data.items() if v}
+    if not data:
+        return _empty(title, width, height, "no successful requests")
+    lo = min(v[0] for v in data.values())
+    hi = max(v[-1] for v in data.values())
+    if log_x is None:
+        log_x = lo > 0 and hi / lo > 30
+    if log_x and lo <= 0:
+        log_x = False
+    c = _Canvas(title, xlabel + (" (log scale)" if log_x else ""), "fraction of requests", width, height)
+    xticks = c.set_x(lo, hi, log=log_x)
+    yticks = c.set_y(0.0, 1.0)
+    c.axes(xticks, yticks)
+    names = []
+    for i, (name, vals) in enumerate(data.items()):
+        n = len(vals)
+        pts = [f"{c.px(vals[0]):.1f},{c.py(0.0):.1f}"]
+        for j, v in enumerate(vals):
+            x = c.px(v)
+            pts.append(f"{x:.1f},{c.py(j / n):.1f}")
+            pts.append(f"{x:.1f},{c.py((j + 1) / n):.1f}")
+        color = PALETTE[i % len(PALETTE)]
+        c.parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{" ".join(pts)}"/>')
+        p50 = vals[min(n - 1, int(0.5 * n))]
+        p99 = vals[min(n - 1, int(0.99 * n))]
+        names.append(f"{name} p50 {_fmt(p50)} p99 {_fmt(p99)}")
+    c.legend(names)
+    return c.svg()
+
+
+def tokens_over_time_svg(points: Sequence[tuple[float, float]], *, title: str = "Output tokens/s over time",
+                         width: int = _W, height: int = _H) -> str:
+    """A line of (time s, tokens/s) points, e.g. from :func:`pytest_dflash.load.tokens_over_time`."""
+    pts = [(float(t), float(v)) for t, v in points if math.isfinite(t) and math.isfinite(v)]
+    if not pts:
+        return _empty(title, width, height, "no token timing data")
+    c = _Canvas(title, "time since start (s)", "output tokens/s", width, height)
+    xticks = c.set_x(min(t for t, _ in pts), max(t for t, _ in pts))
+    yticks = c.set_y(0.0, max(v for _, v in pts) * 1.05 or 1.0)
+    c.axes(xticks, yticks)
+    path = " ".join(f"{c.px(t):.1f},{c.py(v):.1f}" for t, v in pts)
+    c.parts.append(f'<polyline fill="none" stroke="{PALETTE[0]}" stroke-width="1.5" points="{path}"/>')
+    mean = sum(v for _, v in pts) / len(pts)
+    y = c.py(mean)
+    c.parts.append(f'<line x1="{c.x0}" y1="{y:.1f}" x2="{c.x1}" y2="{y:.1f}" stroke="{PALETTE[1]}" '
+                   f'stroke-dasharray="4 3"/>')
+    c.legend(["tokens/s per bin", f"mean {_fmt(mean)}"])
+    return c.svg()
+
+
+def accept_length_histogram_svg(values: Sequence[float], *, title: str = "Accept length per request",
+                                bins: int | None = None, width: int = _W, height: int = _H) -> str:
+    """Histogram of per-request accept lengths (tokens per verify step)."""
+    vals = [float(v) for v in values if math.isfinite(v)]
+    if not vals:
+        return _empty(title, width, height, "no accept-length data (native /generate with speculation only)")
+    lo, hi = min(vals), max(vals)
+    if bins is None:
+        bins = max(1, min(30, int(math.sqrt(len(vals))) + 1))
+    if hi == lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)]
+    counts = [0] * bins
+    for v in vals:
+        counts[min(int((v - lo) / (hi - lo) * bins), bins - 1)] += 1
+    c = _Canvas(title, "accept length (tokens per verify step)", "requests", width, height)
+    xticks = c.set_x(lo, hi)
+    yticks = c.set_y(0.0, max(counts) * 1.1)
+    c.axes(xticks, yticks)
+    for i, n in enumerate(counts):
+        x1, x2 = c.px(edges[i]), c.px(edges[i + 1])
+        y = c.py(n)
+        c.parts.append(f'<rect x="{x1 + 0.5:.1f}" y="{y:.1f}" width="{max(x2 - x1 - 1, 0.5):.1f}" '
+                       f'height="{c.y0 - y:.1f}" fill="{PALETTE[2]}"><title>{escape(_fmt(edges[i]))}–'
+                       f'{escape(_fmt(edges[i + 1]))}: {n}</title></rect>')
+    mean = sum(vals) / len(vals)
+    c.legend([f"n={len(vals)} requests, mean {mean:.3f}"])
+    return c.svg()
+
+
+def plots_for_result(result: LoadResult, *, bin_s: float | None = None) -> dict[str, str]:
+    """``{"latency_cdf", "tokens_over_time", "accept_length"}`` SVGs for one load run."""
+    from pytest_dflash.load import tokens_over_time
+
+    ok = result.successful
+    duration = float(result.metrics.get("duration") or 0.0)
+    if bin_s is None:
+        bin_s = max(0.1, duration / 60) if duration > 0 else 1.0
+    return {
+        "latency_cdf": latency_cdf_svg({"TTFT": [r.ttft_ms for r in ok if r.ttft_ms is not None],
+                                        "e2e": [r.e2e_ms for r in ok if r.e2e_ms is not None]},
+                                       title="Latency CDF (TTFT, end to end)"),
+        "tokens_over_time": tokens_over_time_svg(tokens_over_time(ok, bin_s=bin_s)),
+        "accept_length": accept_length_histogram_svg([r.accept_length for r in ok if r.accept_length is not None]),
+    }
