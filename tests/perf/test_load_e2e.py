@@ -40,7 +40,7 @@ def test_metrics_match_the_server_timing(synth: SynthFactory) -> None:
     assert 29.0 < m["p50_ttft_ms"] < 40.0
     assert m["concurrency"] == pytest.approx(4.0, rel=0.1)
     assert all(len(rec.itl_ms) == 31 for rec in r.records)
-    assert not r.client_saturated, r.saturation
+    assert r.saturation.loop_cpu < 0.5, r.saturation  # light load: the client is far from saturated
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "generate"])
