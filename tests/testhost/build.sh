@@ -197,6 +197,12 @@ if ((force_venv)) || [[ ! -f $venv_stamp || $(cat "$venv_stamp") != "$venv_spec"
   plats=()
   for v in $(seq 36 -1 17); do plats+=(--platform "manylinux_2_${v}_x86_64"); done
   plats+=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
+  # Before downloading anything: without a local CPU torch wheel pip would fetch the CUDA build.
+  if [[ " ${pkgs[*]} " == *" torch"* ]] &&
+     ! compgen -G "$wheels/torch-*+cpu-*.whl" >/dev/null && ! compgen -G "/opt/wheels/torch-*+cpu-*.whl" >/dev/null
+  then
+    die "no torch CPU wheel in /opt/wheels or $wheels: put one there (pip would fetch the CUDA build)"
+  fi
   t=$(now)
   # (grep: this machine's pip config names local index dirs that lack most packages; pip warns
   # once per package about that, which is noise.)
@@ -204,6 +210,10 @@ if ((force_venv)) || [[ ! -f $venv_stamp || $(cat "$venv_stamp") != "$venv_spec"
     --only-binary=:all: "${plats[@]}" --python-version "$guest_py" --implementation cp \
     "${pkgs[@]}" pip 2> >(grep -v '^WARNING: Location .* is ignored' >&2)
   log "step venv-download: $(elapsed "$t")s ($(du -sh "$wheels" | cut -f1) of wheels in $wheels)"
+  # The guest must get the CPU torch: a CUDA one (PyPI's default Linux build) is GBs of nvidia-*
+  # wheels for a guest without a GPU. It comes from this machine's find-links (/opt/wheels).
+  cuda=$(find "$wheels" -maxdepth 1 \( -name 'nvidia_*' -o -name 'triton-*' -o -name 'torch-*+cu*' \) -printf '%f ')
+  [[ -z $cuda ]] || die "CUDA wheels were pulled for the guest venv (no local torch CPU wheel?): $cuda"
 
   t=$(now)
   rm -f "$venv_stamp"                          # no stamp = incomplete, even if killed below
