@@ -47,6 +47,11 @@ need_root
 cg_roots=$(cgroup_roots) || die "unsupported cgroup layout"
 for c in systemd-nspawn ip ssh ssh-keygen flock setsid; do
   command -v "$c" >/dev/null || die "$c missing (run build.sh)"; done
+# Shared lock on the rootfs until nspawn runs (and is recorded): build.sh takes it exclusively,
+# so it never rebuilds the venv under an instance that is about to boot.
+[[ -e $ROOTFS.lock ]] || die "no rootfs at $ROOTFS (run build.sh)"
+exec {rlock}>>"$ROOTFS.lock"
+flock -s -w 1800 "$rlock" || die "build.sh held $ROOTFS.lock for 30 min"
 [[ -x $ROOTFS/lib/systemd/systemd && -f $ROOTFS/etc/dflash-testhost/config.stamp ]] ||
   die "no rootfs at $ROOTFS (run build.sh)"
 [[ -f $ROOTFS$GUEST_VENV/.dflash-deps ]] || die "rootfs has no complete venv at $GUEST_VENV (run build.sh)"
@@ -72,7 +77,7 @@ for d in "$RUNDIR"/*/; do
   [[ -d $d ]] || continue
   owner_alive "$d" && continue
   log "reaping stale instance $(basename "$d") (owner $(state_get "$d" OWNER_PID) is gone)"
-  "$here/down.sh" "$d" {glock}>&- >&2 || log "WARN: reaping $(basename "$d") failed"
+  "$here/down.sh" "$d" {glock}>&- {rlock}>&- >&2 || log "WARN: reaping $(basename "$d") failed"
 done
 
 exists() {      # anything at all carrying this name? then it is not ours to take
@@ -235,10 +240,11 @@ setsid bash -c 'for f in $1; do echo $$ >"$f"; done; shift; exec "$@"' nspawn-la
     --resolv-conf=off --timezone=off \
     --bind-ro="$CHECKOUT:$GUEST_CHECKOUT" \
     --bind-ro="$STATE/authorized_keys:/root/.ssh/authorized_keys" \
-  </dev/null >"$STATE/console.log" 2>&1 {ilock}>&- &
+  </dev/null >"$STATE/console.log" 2>&1 {ilock}>&- {rlock}>&- &
 NSPID=$!
 state_set "$STATE" NSPAWN_PID "$NSPID"
 state_set "$STATE" NSPAWN_START "$(starttime "$NSPID" || echo gone)"
+exec {rlock}>&-                                # recorded: build.sh now sees the instance
 
 ssh_ok() { timeout 5 ssh -F "$STATE/ssh_config" "$NAME" true 2>/dev/null; }
 # Guest PID 1 = the child of nspawn that sits in ci-NAME/payload (nspawn briefly has another child
