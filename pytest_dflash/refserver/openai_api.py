@@ -131,7 +131,8 @@ async def _complete(
                 all_params.append(SamplingParams(**{**params.__dict__, "sampling_seed": seed}))
     except BadRequest as e:
         return openai_error(str(e))
-    batch = state.new_batch(all_prompts, all_params, hang=hang, top_logprobs_num=top_n if want_logprobs else -1)
+    top = top_n if want_logprobs else -1
+    batch = state.new_batch(all_prompts, all_params, hang=hang, top_logprobs_num=top, stream=bool(body.get("stream")))
     meta = {
         "id": uuid.uuid4().hex,
         "created": int(time.time()),

@@ -39,9 +39,10 @@ class Output:
     output_ids: list[int]
     new_count: int
     finish: dict[str, Any] | None
-    logprobs: list[tuple[float, int, list[tuple[float, int]]]]  # for the new tokens (NONE only)
+    logprobs: list[tuple[float, int, list[tuple[float, int]]]]  # every token so far (if asked for)
     stats: SpecStats
     prefill_finished: float
+    first_token_time: float
 
 
 @dataclass(eq=False)
@@ -56,9 +57,12 @@ class Request:
     log_metrics: bool = True
     hang: bool = False
     top_logprobs_num: int = -1  # -1: no logprobs
+    stream: bool = True  # False: deliver only the final output (the HTTP side waits for it anyway)
     aborted: bool = False  # set by the HTTP side: client gone, health probe timed out
     seq: Sequence | None = None
     prefill_finished: float = 0.0
+    first_token_time: float = 0.0
+    logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
 
 
 @dataclass
@@ -112,6 +116,7 @@ class Scheduler(threading.Thread):
         self.totals = SpecTotals()
         self.verify_calls_total = 0  # /metrics: never reset
         self.last_gen_throughput = 0.0
+        self.last_output = 0.0  # wall time of the last token out: what /health_generate watches
         self._window = _Window()
         self._last_prefill = time.monotonic()
         active = faults.active()
@@ -294,13 +299,18 @@ class Scheduler(threading.Thread):
             if (finish := self._check_finished(seq)) is not None:
                 break
         self._window.tokens += kept
-        logprobs = []
+        self.last_output = now = time.time()
+        if kept and not req.first_token_time:
+            req.first_token_time = now
         if req.top_logprobs_num >= 0:
             for tok, row in zip(seq.output[len(seq.output) - kept :], rows, strict=False):
                 lp = log_softmax(row if params.is_greedy else row / params.temperature)
                 top = np.argsort(-lp, kind="stable")[: req.top_logprobs_num]
-                logprobs.append((float(lp[tok]), tok, [(float(lp[t]), int(t)) for t in top]))
-        req.deliver(Output(list(seq.output), kept, finish, logprobs, _copy(seq.stats), req.prefill_finished))
+                req.logprobs.append((float(lp[tok]), tok, [(float(lp[t]), int(t)) for t in top]))
+        if req.stream or finish is not None:
+            out = Output(list(seq.output), kept, finish, list(req.logprobs), _copy(seq.stats), req.prefill_finished,
+                         req.first_token_time)  # fmt: skip
+            req.deliver(out)
         if finish is not None:
             if req in self.running:
                 self.running.remove(req)

@@ -164,10 +164,9 @@ class Batch:
         while not all(g.done for g in self.gens):
             i, out = await self.queue.get()
             gen = self.gens[i]
-            if gen.first_token_at is None and out.output_ids:
-                gen.first_token_at = time.time()
+            gen.first_token_at = out.first_token_time or None
             gen.last = out
-            gen.logprobs.extend(out.logprobs)
+            gen.logprobs = out.logprobs
             if out.finish is not None and gen.req.log_metrics:
                 self.state.record_finished(gen, streaming=self.streaming)
             yield i, out
@@ -193,7 +192,6 @@ class ServerState:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ready = False  # set by the warm-up; /health_generate is 503 before
         self.gracefully_exit = False
-        self.last_receive = 0.0
         self.created = int(time.time())
         self.startup_seconds: dict[str, float] = {}
         self.generation_requests = 0  # the hang fault counts these
@@ -210,6 +208,7 @@ class ServerState:
         log_metrics: bool = True,
         hang: bool = False,
         top_logprobs_num: int = -1,
+        stream: bool = False,
     ) -> Batch:
         """Submit one sequence per (prompt, params) pair to the scheduler."""
         assert self.loop is not None
@@ -224,15 +223,19 @@ class ServerState:
                     loop.call_soon_threadsafe(self._received, queue, i, out)
 
             req = GenRequest(
-                uuid.uuid4().hex, prompt, p, seed, deliver, log_metrics, hang, top_logprobs_num=top_logprobs_num
+                uuid.uuid4().hex, prompt, p, seed, deliver, log_metrics, hang, top_logprobs_num, stream=stream
             )
             gens.append(Gen(req, len(prompt), now))
         for g in gens:
             self.scheduler.submit(g.req)
         return Batch(self, gens, queue)
 
+    @property
+    def last_receive(self) -> float:
+        """When the scheduler last produced a token (SGLang's tokenizer manager: last_receive_tstamp)."""
+        return self.scheduler.last_output
+
     def _received(self, queue: asyncio.Queue[tuple[int, Output]], i: int, out: Output) -> None:
-        self.last_receive = time.time()  # what /health_generate watches, as SGLang's tokenizer manager
         queue.put_nowait((i, out))
 
     def count_generation(self, request: Request) -> bool:
@@ -517,7 +520,7 @@ def build_app(state: ServerState) -> FastAPI:
             return error_json(str(e))
         except (ValueError, TypeError) as e:
             return error_json(f"Invalid request: {e}")
-        batch = state.new_batch(prompts, params, hang=hang, top_logprobs_num=top_n)
+        batch = state.new_batch(prompts, params, hang=hang, top_logprobs_num=top_n, stream=bool(body.get("stream")))
         if body.get("stream"):
             batch.streaming = True
             return StreamingResponse(_generate_stream(state, batch, single, top_n >= 0), media_type="text/event-stream")
