@@ -53,6 +53,15 @@ done
 need_root
 t_all=$(now)
 
+# One builder at a time, from the host packages on (parallel apt-get runs would fail on apt's
+# locks). The lock file sits next to the rootfs (not inside it) so it survives a rebuild; up.sh
+# holds it shared while it boots.
+mkdir -p "$(dirname "$ROOTFS")" "$DFLASH_TESTHOST_CACHE"
+exec {lockfd}>>"$ROOTFS.lock"
+t=$(now)
+flock -w 1800 "$lockfd" || die "could not get $ROOTFS.lock within 30 min"
+log "step lock: $(elapsed "$t")s"
+
 # --- 1. host packages ---------------------------------------------------------------------------
 t=$(now)
 missing=()
@@ -69,14 +78,6 @@ if ((${#missing[@]})); then
   timeout 600 apt-get -o DPkg::Lock::Timeout=240 install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 log "step host-packages: $(elapsed "$t")s"
-
-# Everything below mutates the shared rootfs: one builder at a time. The lock file sits next to
-# the rootfs (not inside it) so it survives a rebuild.
-mkdir -p "$(dirname "$ROOTFS")" "$DFLASH_TESTHOST_CACHE"
-exec {lockfd}>"$ROOTFS.lock"
-t=$(now)
-flock -w 1800 "$lockfd" || die "could not get $ROOTFS.lock within 30 min"
-log "step lock: $(elapsed "$t")s"
 
 # Refuse to change the rootfs while instances run on it (it is their overlay lower layer).
 instances_using_rootfs() {

@@ -176,7 +176,7 @@ def _script(argv: Sequence[str], *, timeout: float, log: Callable[[str], None] |
     try:
         res = _run(argv, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        raise TestHostError(f"{Path(argv[0]).name} ran over {timeout:.0f}s") from e
+        raise TestHostError(f"{Path(argv[0]).name} ran over {timeout:g}s") from e
     secs = time.monotonic() - t0
     if log is not None:
         for line in res.stderr.splitlines():
@@ -253,7 +253,11 @@ def up(
         # up.sh cleans up after its own failures; this covers it being killed (timeout, Ctrl-C).
         # Only an instance recorded as owned by `owner` is ours: a name clash made up.sh stop
         # before it created anything, and the other instance of that name is left alone.
-        if (state_dir / "instance.env").exists() and read_state(state_dir).get("OWNER_PID") == str(owner):
+        try:
+            ours = read_state(state_dir).get("OWNER_PID") == str(owner)
+        except OSError:  # nothing recorded (or up.sh already removed it)
+            ours = False
+        if ours:
             _run([str(DOWN_SH), str(state_dir)], timeout=180)
         raise
     m = re.search(r"^DFLASH_TESTHOST_STATE=(.+)$", out, re.M)
