@@ -101,8 +101,11 @@ class Scheduler(threading.Thread):
         decode_log_interval: int,
         sampling_backend: str,
         context_length: int,
+        die_on_error: bool = True,
     ) -> None:
         super().__init__(name="scheduler", daemon=True)
+        self.die_on_error = die_on_error  # False in-process (tests): keep the error, do not kill the process
+        self.error: BaseException | None = None
         self.engine = engine
         self.tokenizer = ByteTokenizer()
         self.max_running = max_running_requests
@@ -186,9 +189,11 @@ class Scheduler(threading.Thread):
     def run(self) -> None:
         try:
             self.event_loop()
-        except Exception:
+        except Exception as e:
             logger.error("Scheduler hit an exception: %s", traceback.format_exc())
-            faults.scheduler_died_at_runtime(faults.active().values.get("flashinfer-sm120", 3.0))
+            self.error = e
+            if self.die_on_error:
+                faults.scheduler_died_at_runtime(faults.active().values.get("flashinfer-sm120", 3.0))
 
     def event_loop(self) -> None:
         # Warm-up (slow-load, cold-jit): the scheduler is busy and silent; requests queue up.

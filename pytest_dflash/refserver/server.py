@@ -100,15 +100,15 @@ def parse_sampling_params(raw: object, *, context_length: int, prompt_len: int) 
         raise BadRequest(
             f"The input ({prompt_len} tokens) is longer than the model's context length ({context_length} tokens)."
         )
-    if max_new is None:
-        max_new = context_length - prompt_len
-    elif max_new + prompt_len >= context_length:
+    if raw.get("max_new_tokens") is not None and max_new + prompt_len >= context_length:  # only if asked for
         raise BadRequest(
             f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
             f"You requested a total of {max_new + prompt_len} tokens: {prompt_len} tokens from the input "
             f"messages and {max_new} tokens for the completion. Please reduce the number of tokens in the "
             "input messages or the completion to fit within the limit."
         )
+    if max_new is None:  # OpenAI chat without max_tokens: up to the context length
+        max_new = context_length - prompt_len
     stop = raw.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     stop_ids = raw.get("stop_token_ids") or []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ def run_jobs(engine: Engine, jobs: list[Job], *, timeout_s: float = 120.0) -> li
         decode_log_interval=10**9,
         sampling_backend="pytorch",
         context_length=engine.target.config.context_length,
+        die_on_error=False,
     )
     results: list[Output | None] = [None] * len(jobs)
     done = threading.Event()
@@ -43,11 +45,14 @@ def run_jobs(engine: Engine, jobs: list[Job], *, timeout_s: float = 120.0) -> li
 
         return deliver
 
+    deadline = time.monotonic() + timeout_s
     sched.start()
     try:
         for i, job in enumerate(jobs):
             sched.submit(Request(f"job-{i}", job.prompt, job.params, job.seed, deliver_for(i)))
-        assert done.wait(timeout_s), "the scheduler did not finish every job in time"
+        while not done.wait(0.05):
+            assert sched.error is None, f"the scheduler died: {sched.error!r}"
+            assert time.monotonic() < deadline, "the scheduler did not finish every job in time"
     finally:
         sched.shutdown()
         sched.join(timeout=10)

@@ -121,6 +121,13 @@ def test_errors_have_sglang_shapes(dflash_server: RefServerProcess, recorded: di
     assert (r.status_code, r.json()) == (400, {"error": {"message": message}})
     assert re.fullmatch(r"The input \(\d+ tokens\) is longer .*\(\d+ tokens\)\.", recorded["dflash/err_too_long"]
                         ["body_json"]["error"]["message"])  # fmt: skip
+    r = post(dflash_server, "/generate", {"text": "x" * 2000, "sampling_params": {"max_new_tokens": 100}})
+    assert r.json()["error"]["message"].startswith(
+        "Requested token count exceeds the model's maximum context length of 2048 tokens. You requested a total of "
+        "2100 tokens: 2000 tokens from the input messages and 100 tokens for the completion."
+    )
+    r = post(dflash_server, "/generate", {"text": "x" * 2000, "sampling_params": {"temperature": 0}})  # default 128
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 48  # stops at the context length
     real = recorded["dflash/err_chat_no_messages"]
     r = post(dflash_server, "/v1/chat/completions", real["request"])
     assert r.status_code == 400
