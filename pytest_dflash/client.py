@@ -19,7 +19,7 @@ import httpx
 from .errors import ApiError
 
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
-DROPPED = "no HTTP response: connection dropped"
+DROPPED = "connection dropped"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from .client import InferenceClient
 from .errors import (
     ApiError,
@@ -47,6 +49,7 @@ class RunOptions:
     report_dir: Path = Path("reports")
     ready_timeout_s: float | None = None
     lock_wait_s: float = 600.0
+    request_timeout_s: float = 60.0
 
 
 @dataclass
@@ -79,7 +82,9 @@ class ServiceHandle:
     def client(self) -> InferenceClient:
         if self._client is None:
             api_key = os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
-            self._client = InferenceClient(self.url, service=self.label, api_key=api_key, model=self.spec.model)
+            timeout = httpx.Timeout(self.host.run.options.request_timeout_s, connect=5.0)
+            self._client = InferenceClient(self.url, service=self.label, api_key=api_key, model=self.spec.model,
+                                           timeout=timeout)
         return self._client
 
     @property

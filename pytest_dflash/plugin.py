@@ -42,9 +42,10 @@ READY_TIMEOUT_HELP = "override every service's readiness budget (e.g. 90s, 15m)"
 GATE_HELP = ("comma-separated layers that must pass on every host for exit code 0, e.g. "
              "'host,service,generation,parity' (see docs/gating.md)")
 LOCK_WAIT_HELP = "how long to wait for another run's host lock before failing (default 10m)"
+REQUEST_TIMEOUT_HELP = "timeout of one HTTP request made by a test (default 60s; readiness has its own budgets)"
 
 # Layer modules that add their own options and hooks register here (pytest loads them with this plugin).
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["pytest_dflash.gpu.hooks"]
 
 RUN_KEY = pytest.StashKey[DflashRun]()
 BUILDER_KEY = pytest.StashKey[VerdictBuilder]()
@@ -86,6 +87,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=READY_TIMEOUT_HELP)
     group.addoption("--gate", dest="dflash_gate", default=None, metavar="LAYERS", help=GATE_HELP)
     group.addoption("--lock-wait", dest="dflash_lock_wait", default=None, metavar="DURATION", help=LOCK_WAIT_HELP)
+    group.addoption("--request-timeout", dest="dflash_request_timeout", default=None, metavar="DURATION",
+                    help=REQUEST_TIMEOUT_HELP)
     parser.addini("dflash_hosts", HOST_HELP, type="linelist", default=[])
     parser.addini("dflash_attach", ATTACH_HELP, type="linelist", default=[])
     parser.addini("dflash_provision", PROVISION_HELP, type="bool", default=False)
@@ -96,6 +99,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("dflash_ready_timeout", READY_TIMEOUT_HELP, default="")
     parser.addini("dflash_gate", GATE_HELP, default="")
     parser.addini("dflash_lock_wait", LOCK_WAIT_HELP, default="10m")
+    parser.addini("dflash_request_timeout", REQUEST_TIMEOUT_HELP, default="60s")
 
 
 def _option(config: pytest.Config, name: str) -> Any:
@@ -173,6 +177,7 @@ def pytest_configure(config: pytest.Config) -> None:
         report_dir=_report_dir(config),
         ready_timeout_s=_duration_option(config, "dflash_ready_timeout", "--ready-timeout"),
         lock_wait_s=_duration_option(config, "dflash_lock_wait", "--lock-wait") or 600.0,
+        request_timeout_s=_duration_option(config, "dflash_request_timeout", "--request-timeout") or 60.0,
     )
     for profile in profiles.values():
         if options.provision and profile.provision == "never":
@@ -184,7 +189,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[BUILDER_KEY] = VerdictBuilder(run.run_id)
     config._dflash_gate = gate  # type: ignore[attr-defined]
     if profiles:
-        _arm_cleanup(run)
+        _arm_cleanup(config, run)
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(_XdistHooks(run), "dflash-xdist")
             if getattr(config.option, "dist", "no") == "load":
@@ -216,17 +221,31 @@ def _progress_printer(config: pytest.Config) -> Callable[[str], None]:
     return progress
 
 
-def _arm_cleanup(run: DflashRun) -> None:
+PREVIOUS_SIGTERM_KEY = pytest.StashKey[Any]()
+
+
+def _arm_cleanup(config: pytest.Config, run: DflashRun) -> None:
     """Whatever happens (session end, Ctrl-C, SIGTERM, interpreter exit), provisioned services go away."""
     atexit.register(run.cleanup)
     if threading_is_main():
         previous = signal.getsignal(signal.SIGTERM)
+        config.stash[PREVIOUS_SIGTERM_KEY] = previous
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
-            signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
             raise KeyboardInterrupt("SIGTERM")  # pytest then tears down like Ctrl-C
 
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run = config.stash.get(RUN_KEY, None)
+    if run is not None:
+        run.cleanup()
+        atexit.unregister(run.cleanup)
+    previous = config.stash.get(PREVIOUS_SIGTERM_KEY, None)
+    if previous is not None and threading_is_main():
+        signal.signal(signal.SIGTERM, previous)
 
 
 def threading_is_main() -> bool:
@@ -299,7 +318,9 @@ def _item_info(item: pytest.Item) -> ItemInfo | None:
     layer_mark = next((m.name for m in item.iter_markers() if m.name in LAYERS), None)
     for name in ("dflash_pair", "dflash_service", "dflash_service_raw", "dflash_host"):
         if name in callspec.params:
-            param = str(callspec.params[name])
+            if not isinstance(callspec.params[name], str):
+                return None  # an empty parameter set (e.g. no [parity] table): pytest skips it itself
+            param = callspec.params[name]
             if name == "dflash_pair":
                 host, _, pair = param.partition("/")
                 services: tuple[str, ...] = tuple(pair.split("~"))

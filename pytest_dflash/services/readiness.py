@@ -171,7 +171,9 @@ class ReadinessWatcher:
                         # Real SGLang drops in-flight requests when its scheduler dies, then exits ~5 s later.
                         dropped_at = now
                         self._say(f"{phase} request got no HTTP response; watching for the process to die")
-                    elif error.status is not None and 400 <= error.status < 500 and error.status not in (408, 429):
+                    elif error.status is not None and (error.status < 300 or (
+                            400 <= error.status < 500 and error.status not in (408, 429))):
+                        # A 200 with a garbage body, or a 4xx: waiting longer will not fix it.
                         raise ServiceNotReady(self.service.name, now - started,
                                               f"{phase} request rejected: {error}",
                                               self.service.logs_since(self.log_mark, self.log_lines))

@@ -1,0 +1,24 @@
+"""End-to-end self-tests: real pytest runs (pytester) of the real suites against real refserver processes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from e2e_helpers import SUITES
+
+
+@pytest.fixture
+def run_suite(pytester: pytest.Pytester, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Run a suite in a real pytest subprocess: run_suite("smoke", "--host", profile, ...) -> (RunResult, report dir)."""
+    reports = tmp_path / "reports"
+
+    def run(suite: str | Sequence[str], *args: str) -> pytest.RunResult:
+        suites = [suite] if isinstance(suite, str) else list(suite)
+        paths = [str(SUITES / s) for s in suites]
+        return pytester.runpytest_subprocess(*paths, "-p", "no:cacheprovider", f"--dflash-report={reports}",
+                                  "--request-timeout=20s", *args)
+
+    run.reports = reports  # type: ignore[attr-defined]
+    return run
