@@ -56,7 +56,7 @@ import socket
 import ssl
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
@@ -1405,13 +1405,12 @@ class _Monitor:
     """Ticks every ``interval_s``: loop lag, progress line. Reads loop-thread and process CPU."""
 
     def __init__(self, *, interval_s: float = 0.01, progress: bool, total: int | None,
-                 duration_s: float | None, records: list[RequestRecord]) -> None:
+                 duration_s: float | None) -> None:
         self.interval_s = interval_s
         self.lags_ms: list[float] = []
         self.progress = progress
         self.total = total
         self.duration_s = duration_s
-        self.records = records
         self._task: asyncio.Task[None] | None = None
         self._t0_wall = 0.0
         self._t0_thread = 0.0
@@ -1419,6 +1418,14 @@ class _Monitor:
         self.loop_cpu = 0.0
         self.process_cpu = 0.0
         self._shown = False
+        self.done = self.errors = self.tokens = 0  # measured requests finished (kept incrementally)
+
+    def finished(self, rec: RequestRecord) -> None:
+        """Count one finished request for the progress line (O(1): no scan of the records)."""
+        if not rec.warmup:
+            self.done += 1
+            self.errors += rec.error is not None
+            self.tokens += rec.output_tokens or 0
 
     def start(self) -> None:
         self._t0_wall = time.perf_counter()
@@ -1446,10 +1453,7 @@ class _Monitor:
         if elapsed < 2.0 and not self._shown:
             return
         self._shown = True
-        measured = [r for r in self.records if not r.warmup and r.end_s is not None]
-        done = len(measured)
-        errs = sum(1 for r in measured if r.error is not None)
-        toks = sum(r.output_tokens or 0 for r in measured)
+        done, errs, toks = self.done, self.errors, self.tokens
         if self.total:
             frac = min(done / self.total, 1.0)
         elif self.duration_s:
@@ -1565,8 +1569,7 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
     if spec.server_accept_length and not await flush_cache(base_url, headers=headers):
         notes.append("/flush_cache refused (server busy): server_accept_length includes earlier requests")
 
-    monitor = _Monitor(progress=_want_progress(progress), total=spec.num_requests, duration_s=spec.duration_s,
-                       records=records)
+    monitor = _Monitor(progress=_want_progress(progress), total=spec.num_requests, duration_s=spec.duration_s)
     start_wall = end_wall = time.time()
     async with make_client(base_url, limit=limit, timeout=timeout, headers=headers, stamped=_stamped) as client:
         t0_ns = time.perf_counter_ns()
@@ -1584,6 +1587,7 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
         async def send(rec: RequestRecord, body: bytes) -> None:
             await _one_request(client, path, spec.endpoint, body, rec, t0_ns, spec.strict_json,
                                keep_token_times, spec.request_timeout_s)
+            monitor.finished(rec)
 
         async def guarded(run: Callable[[], Awaitable[None]]) -> None:
             try:
@@ -1705,7 +1709,12 @@ def run_load(base_url: str, spec: LoadSpec, *, headers: Mapping[str, str] | None
     force it. ``keep_token_times`` records each token event's arrival (for tokens/s-over-time plots).
     Uses uvloop when ``PYTEST_DFLASH_UVLOOP=1`` and uvloop is importable.
     """
-    coro = run_load_async(base_url, spec, headers=headers, progress=progress, keep_token_times=keep_token_times)
+    return _run_coro(run_load_async(base_url, spec, headers=headers, progress=progress,
+                                    keep_token_times=keep_token_times))
+
+
+def _run_coro(coro: Coroutine[Any, Any, LoadResult]) -> LoadResult:
+    """asyncio.run, or uvloop.run when PYTEST_DFLASH_UVLOOP=1 and uvloop is installed."""
     if os.environ.get("PYTEST_DFLASH_UVLOOP") == "1":
         try:
             uvloop = importlib.import_module("uvloop")  # optional
@@ -1772,8 +1781,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     prompt_len=a.prompt_len, output_len=a.output_len, dataset=a.dataset, seed=a.seed,
                     temperature=a.temperature, request_timeout_s=a.request_timeout,
                     server_accept_length=a.server_accept_length)
-    coro = run_load_async(a.base_url, spec, _stamped=not a.stock_httpx)
-    result = asyncio.run(coro)
+    result = _run_coro(run_load_async(a.base_url, spec, _stamped=not a.stock_httpx))
     print(result.summary())
     if a.out:
         Path(a.out).write_text(result.to_json(records=not a.no_records))
