@@ -68,9 +68,6 @@ class Faults:
     def value(self, name: str) -> float:
         return self.values[name]
 
-    def describe(self) -> list[str]:
-        return [n if FAULTS[n].value == "" else f"{n}={self.values[n]:g}" for n in self.values]
-
 
 def parse_inject(raw: str) -> dict[str, float]:
     """'hang=2,bad-json' -> {'hang': 2.0, 'bad-json': 0.0}; argparse shows the error and exits 2."""
@@ -115,12 +112,16 @@ def activate_from_argv(argv: Sequence[str]) -> Faults:
     values: dict[str, float] = {}
     args = list(argv)
     for i, arg in enumerate(args):
-        raw = args[i + 1] if arg == "--inject" and i + 1 < len(args) else arg.partition("=")[2]
-        if arg == "--inject" or arg.startswith("--inject="):
-            try:
-                values.update(parse_inject(raw))
-            except argparse.ArgumentTypeError:
-                continue
+        if arg == "--inject" and i + 1 < len(args):
+            raw = args[i + 1]
+        elif arg.startswith("--inject="):
+            raw = arg.partition("=")[2]
+        else:
+            continue
+        try:
+            values.update(parse_inject(raw))
+        except argparse.ArgumentTypeError:
+            continue
     _active = Faults(values)
     if "missing-soundfile" in _active:
         time.sleep(_active.value("missing-soundfile"))  # real: ~29 s of imports before it fails

@@ -103,7 +103,11 @@ class RefServerProcess:
 
     def stop(self) -> None:
         """SIGKILL the whole process group and reap the child (idempotent)."""
-        if self.proc is None:
+        if self.proc is None:  # never started: just drop the log file
+            if not self._log_file.closed:
+                self._log_file.close()
+                self._final_log = ""
+                self.log_path.unlink(missing_ok=True)
             return
         if self.proc.poll() is None:
             self.signal(signal.SIGKILL)

@@ -1,7 +1,7 @@
 """The scheduler thread: admits requests, prefills them, then interleaves one decode (or draft +
 verify) step per running request per iteration, so concurrent streams progress together.
 
-It owns every faults that live "inside the scheduler" in real SGLang: a silent block while warming
+It owns the faults that live "inside the scheduler" in real SGLang: a silent block while warming
 up (slow-load, cold-jit), the FlashInfer sampling JIT on the first top-k/top-p/min-p request
 (cold-jit blocks, flashinfer-sm120 raises), requests that never finish (hang), slow decoding. An
 exception here is fatal, as in SGLang: "Scheduler hit an exception: Traceback ...", then the main

@@ -100,11 +100,12 @@ def parse_sampling_params(raw: object, *, context_length: int, prompt_len: int) 
         raise BadRequest(
             f"The input ({prompt_len} tokens) is longer than the model's context length ({context_length} tokens)."
         )
-    if raw.get("max_new_tokens") is not None and max_new + prompt_len >= context_length:  # only if asked for
+    asked = raw.get("max_new_tokens")  # SGLang checks the total only when max_new_tokens was given
+    if asked is not None and asked + prompt_len >= context_length:
         raise BadRequest(
             f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
-            f"You requested a total of {max_new + prompt_len} tokens: {prompt_len} tokens from the input "
-            f"messages and {max_new} tokens for the completion. Please reduce the number of tokens in the "
+            f"You requested a total of {asked + prompt_len} tokens: {prompt_len} tokens from the input "
+            f"messages and {asked} tokens for the completion. Please reduce the number of tokens in the "
             "input messages or the completion to fit within the limit."
         )
     if max_new is None:  # OpenAI chat without max_tokens: up to the context length
@@ -220,7 +221,7 @@ class ServerState:
 
             def deliver(out: Output, i: int = i) -> None:
                 with contextlib.suppress(RuntimeError):  # the loop is gone: shutting down
-                    loop.call_soon_threadsafe(self._received, queue, i, out)
+                    loop.call_soon_threadsafe(queue.put_nowait, (i, out))
 
             req = GenRequest(
                 uuid.uuid4().hex, prompt, p, seed, deliver, log_metrics, hang, top_logprobs_num, stream=stream
@@ -235,9 +236,6 @@ class ServerState:
         """When the scheduler last produced a token (SGLang's tokenizer manager: last_receive_tstamp)."""
         return self.scheduler.last_output
 
-    def _received(self, queue: asyncio.Queue[tuple[int, Output]], i: int, out: Output) -> None:
-        queue.put_nowait((i, out))
-
     def count_generation(self, request: Request) -> bool:
         """Count a user generation request; True if it is the one the hang fault swallows."""
         if request.headers.get(WARMUP_HEADER):
@@ -246,6 +244,7 @@ class ServerState:
         return "hang" in self.faults and self.generation_requests == int(self.faults.value("hang"))
 
     def seed_for(self, seed: int | None, i: int) -> int | None:
+        """The seed of the i-th of n samples: seed, seed + 1, ... so that they differ."""
         return None if seed is None else seed + i
 
     def record_finished(self, gen: Gen, *, streaming: bool) -> None:
