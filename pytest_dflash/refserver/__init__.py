@@ -1,1 +1,8 @@
-"""The embedded reference host: a CPU test double of an SGLang DFlash server."""
+"""The embedded reference host: a CPU test double of an SGLang 0.5.17 DFlash/DDTree server.
+
+``python -m pytest_dflash.refserver [flags]``; docs/refserver.md lists every flag and fault. Modules:
+``model`` (tiny transformer, drafter, tokenizer), ``spec`` (sampling, NONE/DFLASH/DDTREE steps),
+``scheduler`` (the thread that runs requests), ``server`` + ``openai_api`` (HTTP), ``metrics``,
+``logs``, ``server_args`` (flags), ``faults`` (+ ``fault_site/``, ``grammar``, ``transcription``:
+import chains shaped like SGLang's), ``launch`` (``RefServerProcess`` for tests).
+"""

@@ -243,10 +243,10 @@ def test_greedy_fallback_logs_the_sglang_line_and_ignores_temperature() -> None:
 
 def test_slow_decode_cuts_throughput(none_server: RefServerProcess) -> None:
     params = {"temperature": 0, "max_new_tokens": 96}
-    fast = generate(none_server, params).json()["meta_info"]["e2e_latency"]
+    fast = min(generate(none_server, params).json()["meta_info"]["e2e_latency"] for _ in range(3))
     with RefServerProcess("--inject", "slow-decode=5") as server:
-        slow = generate(server, params).json()["meta_info"]["e2e_latency"]
-    assert slow > 2.5 * fast, (slow, fast)
+        slow = min(generate(server, params).json()["meta_info"]["e2e_latency"] for _ in range(3))
+    assert slow > 2.5 * fast, (slow, fast)  # best of 3 each: other jobs on the machine only add noise
 
 
 # --- not ready yet -----------------------------------------------------------------------------------
