@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import shlex
 import threading
 import time
@@ -118,8 +119,12 @@ class Transport:
         entry = SentCommand(text, mutating)
         self.sent.append(entry)
         started = time.monotonic()
-        raw = self._call_with_watchdog(wrapped, limit + KILL_GRACE_S + self.profile.connect_timeout_s + 5)
-        entry.rc, entry.duration_s = raw.rc, time.monotonic() - started
+        try:
+            raw = self._call_with_watchdog(wrapped, limit + KILL_GRACE_S + self.profile.connect_timeout_s + 5)
+        finally:
+            entry.duration_s = time.monotonic() - started
+            _audit(self.name, self.read_only, entry)
+        entry.rc = raw.rc
         if raw.rc == 124:
             raise TransportError(f"{self.name}: command timed out after {limit:g}s: {_short(text)}")
         return CommandResult(text, raw.rc, raw.stdout, raw.stderr, entry.duration_s)
@@ -231,6 +236,17 @@ class Transport:
             # On timeout the master dies on its own after ControlPersist.
             with contextlib.suppress(subprocess.TimeoutExpired):
                 subprocess.run(cmd, capture_output=True, timeout=10, check=False)
+
+
+def _audit(host: str, read_only: bool, entry: SentCommand) -> None:
+    """Append the command to $DFLASH_COMMAND_LOG (JSON lines), so a run can prove what it sent to a host."""
+    path = os.environ.get("DFLASH_COMMAND_LOG")
+    if not path:
+        return
+    record = {"host": host, "read_only": read_only, "mutating": entry.mutating, "command": entry.command,
+              "time": time.time()}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
 
 
 def parse_probe_output(result: CommandResult, *, host: str) -> dict[str, Any]:
