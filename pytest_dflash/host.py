@@ -219,6 +219,15 @@ class HostContext:
             self.services[name] = ServiceHandle(spec, self, self._manager(spec))
         return self.services[name]
 
+    def add_service(self, spec: ServiceSpec) -> ServiceHandle:
+        """A service the run derives itself (e.g. a plain server for tie triage); provisioned like the others."""
+        if spec.name in self.profile.services or spec.name in self.services:
+            raise ServiceError(f"{self.name}: a service named {spec.name!r} already exists")
+        handle = ServiceHandle(spec, self, self._manager(spec))
+        self.services[spec.name] = handle
+        self.needed.add(spec.name)
+        return handle
+
     def _manager(self, spec: ServiceSpec) -> ServiceManager:
         if spec.kind == "external":
             return ExternalService(spec)
