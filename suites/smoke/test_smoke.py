@@ -53,6 +53,8 @@ def test_greedy_parity(dflash_pair: tuple[ServiceHandle, ServiceHandle]) -> None
 def test_accept_length_reported(dflash_service: ServiceHandle) -> None:
     if not dflash_service.native:
         pytest.skip("accept length needs SGLang's native /generate meta_info")
+    if dflash_service.algorithm == "NONE":
+        pytest.skip(f"{dflash_service.label} does not use speculative decoding")
     value = generation.accept_length(dflash_service.client, parity.SMOKE_PROMPTS)
     dflash_service.host.facts[f"accept_length:{dflash_service.name}"] = value
     assert value >= 1.0, f"accept length {value:.2f} < 1: the verify step emits at least one token"

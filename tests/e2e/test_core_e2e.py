@@ -1,0 +1,166 @@
+"""The plugin's own guarantees, end to end: usage errors, attach mode, teardown on signals, stale cleanup,
+host lock, redaction. Real pytest subprocesses, real refserver processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from e2e_helpers import SUITES, assert_no_crash, verdict, write_profile
+
+from pytest_dflash.refserver.launch import RefServerProcess
+from pytest_dflash.services.process import pid_alive, state_root
+
+
+def pytest_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def markers(host: str) -> list[dict[str, object]]:
+    folder = state_root() / "markers"
+    return [json.loads(p.read_text()) for p in folder.glob(f"{host}.*.json")] if folder.is_dir() else []
+
+
+@pytest.mark.parametrize(
+    ("profile_text", "message"),
+    [
+        ('[host]\nconnection = "local://"\n[services.x]\nalgorithm = "DFLASH"\nkind = "process"\ncommand = ["x"]\n'
+         'url = "htp:/x"\n', "services.x.url: expected an http(s) URL, got 'htp:/x'"),
+        ('[host]\nconnection = "local://"\nbogus = 1\n[services.x]\nalgorithm = "NONE"\nkind = "process"\n'
+         'command = ["x"]\n', "host.bogus: unknown key"),
+        ('[host]\nconnection = "local://"\n[services.x]\nkind = "process"\ncommand = ["x"]\n',
+         "services.x.algorithm: missing required key"),
+        ("[host\n", "not valid TOML"),
+    ],
+)
+def test_malformed_profile_is_a_one_line_usage_error(pytester: pytest.Pytester, tmp_path: Path, profile_text: str,
+                                                     message: str) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text(profile_text)
+    result = pytester.runpytest_subprocess(str(SUITES / "smoke"), "--host", str(path), "-p", "no:cacheprovider")
+    assert result.ret == 4
+    errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
+    assert errors == [f"ERROR: {path}: {message}"] or (len(errors) == 1 and message in errors[0]), result.stderr.lines
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
+def test_no_target_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(str(SUITES / "smoke"), "-p", "no:cacheprovider")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["ERROR: *no target was given: pass --host NAME|PATH*"])
+
+
+def test_unknown_host_name_lists_the_known_ones(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(str(SUITES / "smoke"), "--host", "nope", "-p", "no:cacheprovider")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["ERROR: nope: no host profile named 'nope' in * (known: *local*)"])
+
+
+def test_attach_mode_tests_a_running_server_without_host_access(run_suite) -> None:  # type: ignore[no-untyped-def]
+    with RefServerProcess("--speculative-algorithm", "DFLASH") as server:
+        result = run_suite("smoke", "--attach", server.url)
+        assert_no_crash(result)
+        result.stdout.fnmatch_lines(["SKIPPED *: attached by URL: no host access"])
+        outcomes = result.parseoutcomes()
+        assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) >= 5, outcomes
+        name = f"127.0.0.1_{server.port}"  # ":" is not kept in file names
+        data = verdict(run_suite.reports, name)
+        assert data["layers"]["host"]["outcome"] == "skipped"
+        assert data["services"]["attached"]["algorithm"] == "DFLASH"  # detected from /server_info
+        assert data["services"]["attached"]["provisioned"] is False
+        assert server.proc is not None and server.proc.poll() is None, "attach mode must not stop the server"
+
+
+def _start_run(profile: Path, tmp_path: Path, *extra: str) -> subprocess.Popen[bytes]:
+    log = open(tmp_path / f"run-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
+    return subprocess.Popen(pytest_cmd(str(SUITES / "smoke"), "--host", str(profile), f"--dflash-report={tmp_path}",
+                                       *extra),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupted_run_still_stops_what_it_started(tmp_path: Path, sig: signal.Signals) -> None:
+    name = f"interrupt-{sig.name.lower()}"
+    profile = write_profile(tmp_path, name, {"dflash": ("DFLASH", ["--inject", "slow-load=60"])})
+    run = _start_run(profile, tmp_path)
+    try:
+        wait_for(lambda: bool(markers(name)), 60, "the service to be started")
+        pid = int(markers(name)[0]["pid"])  # type: ignore[arg-type]
+        assert pid_alive(pid)
+        run.send_signal(sig)
+        assert run.wait(timeout=60) == 2  # pytest: interrupted
+        wait_for(lambda: not pid_alive(pid), 10, "the refserver to be stopped")
+        assert not markers(name), "the marker must be removed with the process"
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+
+
+def test_next_run_cleans_up_after_a_sigkilled_run(tmp_path: Path) -> None:
+    name = "killed"
+    profile = write_profile(tmp_path, name, {"dflash": ("DFLASH", ["--inject", "slow-load=60"])})
+    run = _start_run(profile, tmp_path)
+    try:
+        wait_for(lambda: bool(markers(name)), 60, "the service to be started")
+        pid = int(markers(name)[0]["pid"])  # type: ignore[arg-type]
+        run.send_signal(signal.SIGKILL)  # no teardown at all
+        run.wait(timeout=30)
+        assert pid_alive(pid), "the orphan must still be running for this test to mean anything"
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    clean = write_profile(tmp_path, name, {"dflash": ("DFLASH", [])})
+    result = subprocess.run(pytest_cmd(str(SUITES / "smoke"), "--host", str(clean), "-m", "service",
+                                       f"--dflash-report={tmp_path}"), capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert not pid_alive(pid), "the stale refserver was not stopped"
+    assert any(f"stopped stale dflash (pid {pid})" in note for note in verdict(tmp_path, name)["notes"])
+    assert "note: stopped stale dflash" in result.stdout
+
+
+def test_second_run_on_the_same_host_waits_for_the_lock_then_fails_clearly(tmp_path: Path) -> None:
+    name = "locked"
+    profile = write_profile(tmp_path, name, {"dflash": ("DFLASH", ["--inject", "slow-load=40"])})
+    first = _start_run(profile, tmp_path)
+    try:
+        wait_for(lambda: bool(markers(name)), 60, "the first run to provision")
+        second = subprocess.run(pytest_cmd(str(SUITES / "smoke"), "--host", str(profile), "-m", "service",
+                                           "--lock-wait=2s", f"--dflash-report={tmp_path / 'second'}"),
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1
+        assert "waiting for another run to release the host (run=" in second.stdout
+        assert "another run holds the host lock (run=" in second.stdout
+        assert f"pid={first.pid}" in second.stdout
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.wait(timeout=60)
+
+
+def test_secrets_never_reach_the_terminal_the_html_or_the_verdict(run_suite, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    secret = "sk-test-0123456789abcdefSECRET"
+    monkeypatch.setenv("DFLASH_E2E_KEY", secret)
+    profile = write_profile(tmp_path, "secret", {"dflash": ("DFLASH", ["--api-key", secret, "--inject", "flashinfer-sm120"])},
+                            service_extra={"dflash": 'api_key_env = "DFLASH_E2E_KEY"'})
+    html = tmp_path / "secret.html"
+    result = run_suite("smoke", "--host", str(profile), f"--html={html}")
+    assert_no_crash(result)
+    assert result.ret == 1  # the injected crash: evidence was collected
+    result.stdout.fnmatch_lines(["*--api-key ***REDACTED****"])
+    assert secret not in result.stdout.str() + result.stderr.str()
+    assert secret not in html.read_text()
+    assert secret not in (run_suite.reports / "secret.verdict.json").read_text()
