@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from . import fleet
 from .errors import DflashError, InventoryError, ServiceCrashed, ServiceRestarted
 from .evidence import gather
 from .host import DflashRun, HostContext, RunOptions, ServiceHandle, readiness_error_summary
@@ -48,6 +49,7 @@ REQUEST_TIMEOUT_HELP = "timeout of one HTTP request made by a test (default 60s;
 pytest_plugins: list[str] = ["pytest_dflash.gpu.hooks"]
 
 RUN_KEY = pytest.StashKey[DflashRun]()
+EMPTY_SHARD_KEY = pytest.StashKey[str]()
 BUILDER_KEY = pytest.StashKey[VerdictBuilder]()
 INFO_KEY = pytest.StashKey["ItemInfo"]()
 MARKS_KEY = pytest.StashKey[dict[str, LogMark]]()
@@ -89,6 +91,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--lock-wait", dest="dflash_lock_wait", default=None, metavar="DURATION", help=LOCK_WAIT_HELP)
     group.addoption("--request-timeout", dest="dflash_request_timeout", default=None, metavar="DURATION",
                     help=REQUEST_TIMEOUT_HELP)
+    group.addoption("--fleet", action="append", dest="dflash_fleet", default=None, metavar="DIR|FILE[:GROUP]",
+                    help=fleet.FLEET_HELP)
+    group.addoption("--shard", dest="dflash_shard", default=None, metavar="I/N", help=fleet.SHARD_HELP)
     parser.addini("dflash_hosts", HOST_HELP, type="linelist", default=[])
     parser.addini("dflash_attach", ATTACH_HELP, type="linelist", default=[])
     parser.addini("dflash_provision", PROVISION_HELP, type="bool", default=False)
@@ -100,6 +105,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("dflash_gate", GATE_HELP, default="")
     parser.addini("dflash_lock_wait", LOCK_WAIT_HELP, default="10m")
     parser.addini("dflash_request_timeout", REQUEST_TIMEOUT_HELP, default="60s")
+    parser.addini("dflash_fleet", fleet.FLEET_HELP, type="linelist", default=[])
+    parser.addini("dflash_shard", fleet.SHARD_HELP, default="")
 
 
 def _option(config: pytest.Config, name: str) -> Any:
@@ -155,8 +162,23 @@ def _load_profiles(config: pytest.Config) -> dict[str, HostProfile]:
         for index, url in enumerate(_option(config, "dflash_attach") or []):
             profile = attach_profile(url, index)
             profiles[profile.name] = profile
+        for spec in _option(config, "dflash_fleet") or []:
+            for profile in fleet.load_fleet(str(spec), hosts_dir):
+                if profile.name in profiles:
+                    raise InventoryError(str(spec), profile.name, "this host name is already used by another profile")
+                profiles[profile.name] = profile
     except InventoryError as exc:
         raise pytest.UsageError(str(exc)) from None
+    shard = str(_option(config, "dflash_shard") or "")
+    if shard:
+        try:
+            index, count = fleet.parse_shard(shard)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        selected = fleet.select_shard(profiles, index, count)
+        if profiles and not selected:
+            config.stash[EMPTY_SHARD_KEY] = f"shard {index}/{count} holds none of the {len(profiles)} hosts"
+        profiles = selected
     return profiles
 
 
@@ -339,6 +361,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     run = config.stash.get(RUN_KEY, None)
     uses_dflash = [item for item in items if any(f in getattr(item, "fixturenames", ()) for f in DFLASH_FIXTURES)]
     if run is None or not uses_dflash:
+        return
+    if not run.profiles and EMPTY_SHARD_KEY in config.stash:
+        config.hook.pytest_deselected(items=uses_dflash)
+        items[:] = [item for item in items if item not in uses_dflash]
         return
     if not run.profiles:
         raise pytest.UsageError(
@@ -605,6 +631,8 @@ def _message(report: pytest.TestReport) -> str:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    if EMPTY_SHARD_KEY in config.stash and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK  # an empty shard of a small fleet is not a failure
     run = config.stash.get(RUN_KEY, None)
     if run is None or not run.profiles:
         return
