@@ -600,6 +600,8 @@ def _report_info(item: pytest.Item, run: DflashRun, host: HostContext, info: Ite
         "service_facts": facts,
         "notes": notes,
         "metrics": dict(host.facts.get("metrics", {})),
+        # host.facts["export"]: facts a layer wants in the verdict (env snapshot, driver, JIT cache, …)
+        "facts": dict(host.facts.get("export", {})),
     }
 
 

@@ -59,6 +59,7 @@ class HostVerdict:
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)  # e.g. "env": the host's serving-stack snapshot
 
     def tally(self, layer: str) -> LayerTally:
         return self.layers.setdefault(layer, LayerTally())
@@ -92,6 +93,7 @@ class HostVerdict:
             "blocked": self.blocked,
             "skipped": self.skipped,
             "metrics": self.metrics,
+            "facts": self.facts,
             "notes": self.notes,
             "gate": dict(gate) if gate else None,
         }
@@ -122,6 +124,8 @@ class VerdictBuilder:
                 verdict.notes.append(note)
         for key, value in (info.get("metrics") or {}).items():
             verdict.metrics[key] = value
+        for key, value in (info.get("facts") or {}).items():
+            verdict.facts[key] = value
         layer = str(info.get("layer", "service"))
         tally = verdict.tally(layer)
         entry = {"test": nodeid, "layer": layer, "services": info.get("services", []), "message": message,
