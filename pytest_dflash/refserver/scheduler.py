@@ -102,6 +102,7 @@ class Scheduler(threading.Thread):
         sampling_backend: str,
         context_length: int,
         die_on_error: bool = True,
+        step_floor_s: float = 0.0,
     ) -> None:
         super().__init__(name="scheduler", daemon=True)
         self.die_on_error = die_on_error  # False in-process (tests): keep the error, do not kill the process
@@ -127,6 +128,9 @@ class Scheduler(threading.Thread):
             active.values.get("slow-load", 0.0), active.values.get("cold-jit", 0.0)
         )
         self.slow_factor = active.values.get("slow-decode", 1.0)
+        # GPU cost model (--gpu-step-ms): on a GPU one pass costs about the same for 1 or 64 tokens and
+        # for 1 or many sequences (memory-bound), which is what makes speculative decoding pay off.
+        self.step_floor_s = step_floor_s
         self.sampling_kernel = _sampling_kernel(sampling_backend)
         self.init_memory_pool()
 
@@ -204,8 +208,10 @@ class Scheduler(threading.Thread):
             self._admit()
             if self.running:
                 self.run_batch()
-                if self.slow_factor > 1:
-                    time.sleep((self.slow_factor - 1) * (time.monotonic() - started))
+                spent = time.monotonic() - started
+                step = max(spent, self.step_floor_s) * self.slow_factor
+                if step > spent:
+                    time.sleep(step - spent)
 
     def _drain_inbox(self, *, block: bool) -> None:
         try:

@@ -670,6 +670,7 @@ def launch_server(args: ServerArgs) -> None:
             decode_log_interval=args.decode_log_interval,
             sampling_backend=args.sampling_backend,
             context_length=args.effective_context_length,
+            step_floor_s=gpu_step_seconds(args.gpu_step_ms, args.gpu_draft_ms, algo),
         )
     except Exception:
         logger.error("Scheduler hit an exception: %s", traceback.format_exc())
@@ -757,3 +758,11 @@ def _avail_mem_gb() -> float:
 def _weights_gb(model: TinyLM) -> float:
     tensors = [model.embed, model.unembed, model.bigram, *(w for layer in model.layers for w in layer.values())]
     return sum(t.numel() * t.element_size() for t in tensors) / 2**30
+
+
+def gpu_step_seconds(step_ms: float, draft_ms: float | None, algorithm: str) -> float:
+    """Floor of one scheduler iteration under the GPU cost model: a target pass, plus a draft pass if speculative."""
+    if step_ms <= 0:
+        return 0.0
+    draft = step_ms / 8 if draft_ms is None else draft_ms
+    return (step_ms + (draft if algorithm != "NONE" else 0.0)) / 1000

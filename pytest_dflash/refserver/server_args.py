@@ -87,6 +87,8 @@ class ServerArgs:
     enable_deterministic_inference: bool = False
     # refserver-only
     model_seed: int = 0
+    gpu_step_ms: float = 0.0
+    gpu_draft_ms: float | None = None
     inject: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -187,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--context-length", type=int, default=None, help=f"default {DEFAULT_CONTEXT_LENGTH}")
     a("--random-seed", type=int, default=None, help="seeds unseeded sampled requests")
     a("--model-seed", type=int, default=0, help="refserver only: seeds the model weights")
+    a("--gpu-step-ms", type=float, default=0.0,
+      help="refserver only: emulate a GPU's cost model — a scheduler iteration (one decode or verify pass for "
+           "every running request) takes at least this long whatever the batch size; 0 = CPU speed")
+    a("--gpu-draft-ms", type=float, default=None,
+      help="refserver only: the drafter's pass in that model (default: --gpu-step-ms / 8)")
     a("--speculative-algorithm", type=str.upper, choices=("NONE", "DFLASH", "DDTREE"), default=None)
     a("--speculative-draft-model-path", default=None, help="accepted; the drafter is built in")
     a("--speculative-num-draft-tokens", type=int, default=None, help=f"block size, default {DEFAULT_BLOCK_SIZE}")
