@@ -1,0 +1,68 @@
+"""fleet-junit.xml: one testcase per host x layer, for CI systems that render JUnit.
+
+    classname = "dflash.<host>", name = "<layer>"
+    failed  -> <failure type="<diagnosis ids | failed>" message="<diagnosis title or first message>">details
+    blocked -> <skipped type="blocked" message="<root failure>">   (the root failure is its own testcase)
+    skipped -> <skipped message="all tests of the layer skipped">
+    not-run -> <skipped type="not-run" message="no test of the layer was selected">
+    passed  -> an empty testcase
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+from xml.etree import ElementTree as ET
+
+# Characters XML 1.0 cannot carry at all (ANSI escapes in a log line would make the whole file invalid).
+INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def clean(text: str) -> str:
+    return INVALID_XML.sub("\ufffd", text)
+
+
+def render_junit(summary: Mapping[str, Any]) -> str:
+    hosts: Mapping[str, Mapping[str, Any]] = summary["hosts"]
+    root = ET.Element("testsuites", {"name": "pytest-dflash fleet"})
+    counts = {"tests": 0, "failures": 0, "skipped": 0}
+    suite = ET.SubElement(root, "testsuite", {"name": "dflash-fleet", "timestamp": str(summary["generated"]),
+                                              "errors": "0"})
+    for name, entry in hosts.items():
+        for layer, outcome in entry["layers"].items():
+            case = ET.SubElement(suite, "testcase", {"classname": clean(f"dflash.{name}"), "name": layer,
+                                                     "time": "0"})
+            counts["tests"] += 1
+            if outcome == "failed":
+                counts["failures"] += 1
+                failures = [f for f in entry["failures"] if f["layer"] == layer]
+                ids = sorted({d["id"] for f in failures for d in f["diagnosis"]})
+                titles = [d["title"] for f in failures for d in f["diagnosis"]]
+                message = titles[0] if titles else (failures[0]["message"] if failures else "failed")
+                element = ET.SubElement(case, "failure", {"type": ",".join(ids) or "failed", "message": clean(message)})
+                element.text = clean("\n\n".join(_failure_text(f) for f in failures) or "failed")
+            elif outcome == "blocked":
+                counts["skipped"] += 1
+                roots = [b["message"] for b in entry["blocked"] if layer in b.get("layers", [])]
+                ET.SubElement(case, "skipped", {"type": "blocked", "message": clean(roots[0]) if roots else "blocked"})
+            elif outcome == "skipped":
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", {"message": "every test of the layer was skipped"})
+            elif outcome == "not-run":
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", {"type": "not-run", "message": "no test of the layer was selected"})
+    for element in (suite, root):
+        for key, value in counts.items():
+            element.set(key, str(value))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _failure_text(failure: Mapping[str, Any]) -> str:
+    lines = [f"{failure['test']} ({failure['phase']}): {failure['message']}"]
+    for diagnosis in failure["diagnosis"]:
+        lines.append(f"diagnosis [{diagnosis['id']}]: {diagnosis['title']}")
+        if diagnosis["remedy"]:
+            lines.append(f"remedy: {diagnosis['remedy']}")
+    return "\n".join(lines)
