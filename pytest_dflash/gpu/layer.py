@@ -87,6 +87,10 @@ class GpuHost:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
+    def export(self, key: str, value: Any) -> None:
+        """Put a JSON-able fact into the host's verdict (host.facts["export"])."""
+        self.host.facts.setdefault("export", {})[key] = value
+
     # ---- what runs on the host --------------------------------------------------------------------------
 
     @cached_property

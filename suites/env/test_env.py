@@ -30,7 +30,7 @@ from pytest_dflash.gpu.checks import (
 from pytest_dflash.gpu.cuda import check_driver, driver_api_to_release
 from pytest_dflash.gpu.hooks import SNAPSHOT_PROPERTY
 from pytest_dflash.gpu.layer import REQUIRERS
-from pytest_dflash.gpu.packages import diff, read_baseline, snapshot
+from pytest_dflash.gpu.packages import diff, is_serving, read_baseline, snapshot
 from pytest_dflash.gpu.report import explain
 from pytest_dflash.gpu.services import ProbeGroup
 
@@ -102,6 +102,7 @@ def test_torch_initialises_cuda(dflash_gpu: GpuHost) -> None:
         facts = _torch(dflash_gpu, group)
         if not dflash_gpu.has_gpu:
             pytest.skip(dflash_gpu.no_gpu_reason() + f" (torch {facts['version']}, CUDA {facts['cuda']})")
+        dflash_gpu.export("torch", {k: facts.get(k) for k in ("version", "cuda", "arch_list", "devices")})
         evidence = "\n".join([str(w) for w in facts.get("warnings") or []] + [str(facts.get("cuda_error") or "")])
         assert facts["cuda"], explain(f"torch {facts['version']} is a CPU build on a GPU host", evidence)
         assert facts["cuda_available"], explain(
@@ -212,6 +213,7 @@ def test_flashinfer_toolkit_supports_gpu_arch(dflash_gpu: GpuHost) -> None:
     for group in _with_flashinfer(dflash_gpu):
         report = dflash_gpu.toolkit(group)
         raw = dflash_gpu.cuda_toolkit(group)
+        dflash_gpu.export("jit_toolkit", report.summary())
         evidence = (f"{report.summary()}\nnvcc --version: {(raw.get('nvcc') or {}).get('text', '')}\n"
                     f"other toolkits: {', '.join(report.other_toolkits) or 'none'}")
         assert report.home, explain(f"FlashInfer finds no CUDA toolkit: {raw['resolution'].get('error')}", evidence)
@@ -277,6 +279,8 @@ def test_serving_stack_matches_baseline(dflash_gpu: GpuHost, request: pytest.Fix
     driver = dflash_gpu.inventory.driver if dflash_gpu.has_gpu else None
     current = snapshot(packages, driver=driver, torch_cuda=torch.get("cuda"))
     request.node.user_properties.append((SNAPSHOT_PROPERTY, {"host": dflash_gpu.host.name, "snapshot": current}))
+    dflash_gpu.export("serving_stack", {name: version for name, version in current["packages"].items()
+                                        if is_serving(name)})
     baseline_path = dflash_gpu.options.baseline
     if baseline_path is None:
         pytest.skip("no --env-baseline given (this host's snapshot is recorded for --save-env-snapshot)")

@@ -65,10 +65,10 @@ def test_gpu_identity_reported(dflash_gpu: GpuHost) -> None:
     """Name, compute capability, driver and memory are known for every GPU (recorded in the verdict)."""
     _gpus(dflash_gpu)
     inventory = dflash_gpu.inventory
-    dflash_gpu.host.facts["gpu"] = {
+    dflash_gpu.export("gpus", {
         "driver": inventory.driver, "driver_cuda": inventory.driver_cuda,
-        "gpus": [dataclasses.asdict(g) for g in inventory.gpus],
-    }
+        "gpus": [{k: v for k, v in dataclasses.asdict(g).items() if k != "processes"} for g in inventory.gpus],
+    })
     incomplete = [g.label for g in inventory.gpus
                   if not g.name or g.capability is None or not g.driver or not g.memory_total_mib]
     assert not incomplete, explain(f"nvidia-smi does not report name / compute_cap / driver / memory for "

@@ -58,11 +58,13 @@ def _record(request: pytest.FixtureRequest, gpu: GpuHost, module: str, result: d
         outcome, build_s = "not built (--jit-objects)", None
     if result.get("mode") == "compile":
         outcome += f" (compile only, {result.get('env', {}).get('FLASHINFER_CUDA_ARCH_LIST')})"
-    request.node.user_properties.append((KERNELS_PROPERTY, {
-        "host": gpu.host.name, "module": module, "outcome": outcome, "build_s": build_s,
-        "objects": compile_.get("objects") or [], "run_s": run.get("first_call_s"),
-        "flashinfer": (inner.get("flashinfer") or {}).get("version"),
-    }))
+    entry = {"host": gpu.host.name, "module": module, "outcome": outcome, "build_s": build_s,
+             "objects": compile_.get("objects") or [], "run_s": run.get("first_call_s"),
+             "flashinfer": (inner.get("flashinfer") or {}).get("version")}
+    request.node.user_properties.append((KERNELS_PROPERTY, entry))
+    builds = dict(gpu.host.facts.get("export", {}).get("jit_builds", {}))
+    builds[module] = {k: v for k, v in entry.items() if k != "host"}
+    gpu.export("jit_builds", builds)
 
 
 def _build_failure(result: dict[str, Any]) -> str | None:
@@ -186,6 +188,8 @@ def test_service_does_not_rely_on_warm_jit_cache(dflash_gpu: GpuHost, request: p
     summary = (f"warm cache {cache.get('base')}/.cache/flashinfer ({cache.get('base_source')}): "
                f"{', '.join(held) or 'empty'}; cold builds: {cold}")
     request.node.add_report_section("call", "warm JIT cache", summary)
+    dflash_gpu.export("warm_jit_cache", {"base": cache.get("base"), "modules": held, "relied": report.relied,
+                                         "unverified": report.unverified})
     if report.unverified:
         warnings.warn(WarmCacheWarning(f"{dflash_gpu.host.name}: the service's warm cache holds modules this layer "
                                        f"does not build cold: {', '.join(report.unverified)}"), stacklevel=1)
