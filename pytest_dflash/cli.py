@@ -115,7 +115,8 @@ def merge(args: argparse.Namespace) -> int:
     try:
         summary, outputs = fleet.summarize(
             verdicts, out, previous_path=previous, history_dir=args.history or out / fleet.HISTORY,
-            gate_layers=gate, excluded=excluded, prometheus=args.prometheus, perf_threshold_pct=args.perf_threshold)
+            gate_layers=gate, excluded=excluded, exclude_patterns=args.exclude, prometheus=args.prometheus,
+            perf_threshold_pct=args.perf_threshold)
     except OSError as exc:
         print(f"pytest-dflash merge: error: cannot write the summary: {exc}", file=sys.stderr)
         return EXIT_OUTPUT

@@ -445,6 +445,7 @@ def _bad_layers(layers: Mapping[str, str]) -> set[str]:
 
 def build_trend(hosts: Mapping[str, dict[str, Any]], previous: Mapping[str, Any], *, source: str | None,
                 excluded: Sequence[str], threshold_pct: float) -> dict[str, Any]:
+    """`excluded`: host names or globs left out on purpose (they did not disappear)."""
     before: Mapping[str, Mapping[str, Any]] = previous.get("hosts", {})
     new_failures: list[dict[str, Any]] = []
     fixed: list[dict[str, Any]] = []
@@ -480,7 +481,8 @@ def build_trend(hosts: Mapping[str, dict[str, Any]], previous: Mapping[str, Any]
         "fixed": fixed,
         "still_failing": still_failing,
         "new_hosts": sorted(set(hosts) - set(before)),
-        "disappeared": sorted(set(before) - set(hosts) - set(excluded)),
+        "disappeared": sorted(name for name in set(before) - set(hosts)
+                              if not any(fnmatch.fnmatchcase(name, pattern) for pattern in excluded)),
         "perf_threshold_pct": threshold_pct,
         "perf": perf,
     }
@@ -510,8 +512,9 @@ def gate_layers_of(verdicts: Sequence[LoadedVerdict]) -> list[str]:
 
 def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, Any] | None = None,
                   previous_source: str | None = None, history: History | None = None,
-                  gate_layers: Sequence[str] = (), excluded: Sequence[str] = (), perf_threshold_pct: float = 5.0,
-                  now: float | None = None) -> dict[str, Any]:
+                  gate_layers: Sequence[str] = (), excluded: Sequence[str] = (), exclude_patterns: Sequence[str] = (),
+                  perf_threshold_pct: float = 5.0, now: float | None = None) -> dict[str, Any]:
+    """`excluded`: the hosts left out of the inputs; `exclude_patterns`: the globs that left them out."""
     now = time.time() if now is None else now
     hosts = {v.host: host_entry(v) for v in sorted(verdicts, key=lambda v: v.host)}
     by_host = {v.host: v for v in verdicts}
@@ -532,8 +535,8 @@ def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, A
             entry["failing_since"], entry["failing_since_ts"] = entry["finished"], entry["finished_ts"]
         if entry["last_good"] is None and old.get("last_good"):
             entry["last_good"] = old["last_good"]
-    trend = (build_trend(hosts, previous, source=previous_source, excluded=excluded, threshold_pct=perf_threshold_pct)
-             if previous is not None else None)
+    trend = (build_trend(hosts, previous, source=previous_source, excluded=[*excluded, *exclude_patterns],
+                         threshold_pct=perf_threshold_pct) if previous is not None else None)
     layer_totals = {layer: {o: 0 for o in ("passed", "failed", "blocked", "skipped", "not-run")} for layer in LAYERS}
     diagnoses: dict[str, dict[str, Any]] = {}
     for name, entry in hosts.items():
@@ -607,13 +610,14 @@ def write_outputs(summary: Mapping[str, Any], out_dir: Path, *, prometheus: Path
 
 def summarize(inputs: Sequence[LoadedVerdict], out_dir: Path, *, previous_path: Path | None,
               history_dir: Path | None, gate_layers: Sequence[str] = (), excluded: Sequence[str] = (),
-              prometheus: Path | None = None, perf_threshold_pct: float = 5.0) -> tuple[dict[str, Any], Outputs]:
+              exclude_patterns: Sequence[str] = (), prometheus: Path | None = None,
+              perf_threshold_pct: float = 5.0) -> tuple[dict[str, Any], Outputs]:
     """Build the summary, write every output, then record this run's good verdicts in the history."""
     previous = read_summary(previous_path) if previous_path is not None else None
     history = History(history_dir) if history_dir is not None else None
     summary = build_summary(inputs, previous=previous, previous_source=str(previous_path) if previous_path else None,
                             history=history, gate_layers=gate_layers, excluded=excluded,
-                            perf_threshold_pct=perf_threshold_pct)
+                            exclude_patterns=exclude_patterns, perf_threshold_pct=perf_threshold_pct)
     outputs = write_outputs(summary, out_dir, prometheus=prometheus)
     if history is not None:
         outputs.history = history.record(inputs)

@@ -1,0 +1,175 @@
+"""`pytest-dflash merge`: shards -> one summary (JSON, HTML, JUnit, Prometheus), exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+from fleet_helpers import BROKEN, GREEN, make_verdict
+from promparse import parse
+
+from pytest_dflash.cli import main
+
+CLI = [sys.executable, "-m", "pytest_dflash.cli"]
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Path:
+    """Two CI shards' artifacts, one folder each: gpu-a + gpu-b green, gpu-c broken (FlashInfer)."""
+    root = tmp_path / "artifacts"
+    make_verdict(root / "shard-1", "gpu-a", GREEN, run_id="shard1")
+    make_verdict(root / "shard-1", "gpu-c", BROKEN, run_id="shard1")
+    make_verdict(root / "shard-2", "gpu-b", GREEN, run_id="shard2")
+    return root
+
+
+def test_merge_of_shards_writes_every_output(shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "fleet"
+    assert main(["merge", str(shards / "shard-1"), str(shards / "shard-2"), "--out", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "3 verdicts from 2 run(s)" in printed and "fleet: 2/3 hosts pass" in printed
+    summary = json.loads((out / "fleet-summary.json").read_text())
+    assert summary["schema"] == "pytest-dflash/fleet-summary/1"
+    assert summary["run_ids"] == ["shard1", "shard2"]
+    assert {h: e["verdict"] for h, e in summary["hosts"].items()} == {"gpu-a": "pass", "gpu-b": "pass",
+                                                                       "gpu-c": "fail"}
+    assert summary["hosts"]["gpu-c"]["layers"] == {"host": "passed", "env": "not-run", "kernels": "not-run",
+                                                   "service": "failed", "generation": "blocked",
+                                                   "parity": "not-run", "perf": "not-run"}
+    (failure,) = summary["hosts"]["gpu-c"]["failures"]
+    assert failure["layer"] == "service" and failure["diagnosis"][0]["id"] == "flashinfer-sm12x-nvcc"
+    assert summary["diagnoses"] == {"flashinfer-sm12x-nvcc": {"title": "FlashInfer JIT cannot build for SM 12.x",
+                                                              "hosts": ["gpu-c"]}}
+    assert summary["totals"]["layers"]["service"] == {"passed": 2, "failed": 1, "blocked": 0, "skipped": 0,
+                                                      "not-run": 0}
+    # JUnit: one testcase per host x layer
+    suites = ET.parse(out / "fleet-junit.xml").getroot()
+    cases = suites.findall("./testsuite/testcase")
+    assert len(cases) == 3 * 7 and suites.get("tests") == "21" and suites.get("failures") == "1"
+    (failed,) = [c for c in cases if c.find("failure") is not None]
+    assert (failed.get("classname"), failed.get("name")) == ("dflash.gpu-c", "service")
+    assert failed.find("failure").get("type") == "flashinfer-sm12x-nvcc"  # type: ignore[union-attr]
+    blocked = [c for c in cases if (s := c.find("skipped")) is not None and s.get("type") == "blocked"]
+    assert [(c.get("classname"), c.get("name")) for c in blocked] == [("dflash.gpu-c", "generation")]
+    # HTML: the matrix, the failing cell links to the host section with the diagnosis
+    page = (out / "fleet-summary.html").read_text()
+    assert "<script src" not in page and "<link" not in page and "http://" not in page.replace(
+        "http://127.0.0.1:30001", "")
+    assert 'href="#h-gpu-c"' in page and '<article id="h-gpu-c">' in page
+    assert "flashinfer-sm12x-nvcc" in page and "remedy: install CUDA 12.9+" in page
+    assert page.index('data-host="gpu-c"') < page.index('data-host="gpu-a"'), "failing hosts first"
+    # Prometheus
+    families = parse((out / "fleet.prom").read_text())
+    assert {s["host"]: families["dflash_host_pass"].value(**s) for s in families["dflash_host_pass"].series()} == {
+        "gpu-a": 1, "gpu-b": 1, "gpu-c": 0}
+    # history: the good verdicts are kept for "what changed"
+    assert sorted(p.parent.name for p in (out / "history").glob("*/last-good.verdict.json")) == ["gpu-a", "gpu-b"]
+
+
+def test_folder_is_searched_recursively_but_not_its_history(shards: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fleet"
+    assert main(["merge", str(shards), "--out", str(out), "-q"]) == 1
+    # merging the output folder itself (verdicts copied in, history/ and summaries beside them) is fine
+    for path in shards.rglob("*.verdict.json"):
+        shutil.copy(path, out)
+    assert main(["merge", str(out), "--out", str(out), "-q"]) == 1
+    summary = json.loads((out / "fleet-summary.json").read_text())
+    assert sorted(summary["hosts"]) == ["gpu-a", "gpu-b", "gpu-c"]
+
+
+def test_gate_exclude_and_exit_codes(shards: Path, tmp_path: Path) -> None:
+    out = str(tmp_path / "fleet")
+    assert main(["merge", str(shards), "--out", out, "-q", "--gate", "service,generation"]) == 1
+    assert main(["merge", str(shards), "--out", out, "-q", "--gate", "host"]) == 0
+    assert main(["merge", str(shards), "--out", out, "-q", "--gate", "service,generation", "--exclude", "gpu-c"]) == 0
+    summary = json.loads((tmp_path / "fleet" / "fleet-summary.json").read_text())
+    assert sorted(summary["hosts"]) == ["gpu-a", "gpu-b"] and summary["excluded"] == ["gpu-c"]
+    assert summary["gate"] == {"layers": ["service", "generation"], "passed": True, "hosts": 2, "failing": {}}
+    assert main(["merge", str(shards), "--out", out, "-q", "--exclude", "gpu-?"]) == 2  # nothing left
+    assert main(["merge", str(shards), "--out", out, "-q", "--exclude", "gpu-c", "--expect-hosts", "3"]) == 1
+    assert main(["merge", str(shards), "--out", out, "-q", "--gate", "parity"]) == 1  # not-run never passes a gate
+
+
+def test_gate_defaults_to_the_one_the_runs_used(tmp_path: Path) -> None:
+    make_verdict(tmp_path / "in", "gpu-a", GREEN, gate=["host", "service"])
+    make_verdict(tmp_path / "in", "gpu-b", {"host": "passed", "service": "passed", "perf": "failed"},
+                 gate=["host", "service"])
+    assert main(["merge", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "-q"]) == 0
+    summary = json.loads((tmp_path / "out" / "fleet-summary.json").read_text())
+    assert summary["gate"]["layers"] == ["host", "service"] and summary["gate"]["passed"]
+    assert summary["totals"]["fail"] == 1
+
+
+def test_identical_duplicates_collapse_conflicting_ones_are_an_error(shards: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    copy = tmp_path / "again"
+    shutil.copytree(shards / "shard-2", copy)
+    out = str(tmp_path / "fleet")
+    assert main(["merge", str(shards), str(copy), "--out", out, "-q"]) == 1  # the same artifact twice
+    make_verdict(tmp_path / "rerun", "gpu-b", BROKEN, run_id="rerun", finished=4102444800)  # year 2100
+    capsys.readouterr()
+    assert main(["merge", str(shards), str(tmp_path / "rerun"), "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "conflicting verdicts for host 'gpu-b'" in err and "shard-2/gpu-b.verdict.json" in err
+    assert "rerun/gpu-b.verdict.json" in err and "--latest" in err
+    assert main(["merge", str(shards), str(tmp_path / "rerun"), "--out", out, "-q", "--latest"]) == 1
+    summary = json.loads((tmp_path / "fleet" / "fleet-summary.json").read_text())
+    assert summary["hosts"]["gpu-b"]["run_id"] == "rerun"
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda d: None, "no such file or folder"),
+    (lambda d: d.mkdir(), "no *.verdict.json files in this folder"),
+    (lambda d: d.write_text("{not json"), "not a pytest-dflash verdict (not JSON"),
+    (lambda d: d.write_text('{"schema": "junit"}'), "not a pytest-dflash verdict (schema 'junit'"),
+    (lambda d: d.write_text('[1, 2]'), "not a pytest-dflash verdict (schema 'list'"),
+    (lambda d: d.write_text('{"schema": "pytest-dflash/verdict/1", "host": "x", "verdict": "maybe", "layers": {}}'),
+     "invalid verdict: 'verdict' must be 'pass' or 'fail'"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.verdict.json" if "json" in message or "verdict" in message else tmp_path / "bad"
+    make(bad)
+    out = tmp_path / "out"
+    result = subprocess.run([*CLI, "merge", str(bad), "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result
+    assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"pytest-dflash merge: error: {bad}") and message in result.stderr
+    assert not out.exists()
+
+
+def test_bad_previous_and_usage_errors(shards: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (tmp_path / "prev.json").write_text('{"schema": "something else"}')
+    for args, text in [(["--previous", str(tmp_path / "nope.json")], "--previous"),
+                       (["--previous", str(tmp_path / "prev.json")], "not a fleet summary")]:
+        result = subprocess.run([*CLI, "merge", str(shards), "--out", str(out), *args], capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 2 and text in result.stderr and result.stderr.count("\n") == 1, result.stderr
+        assert not out.exists()
+    result = subprocess.run([*CLI, "merge", str(shards), "--out", str(out), "--gate", "hosts"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and "unknown layer 'hosts'" in result.stderr
+    (tmp_path / "file").write_text("")
+    assert main(["merge", str(shards), "--out", str(tmp_path / "file"), "-q"]) == 2
+
+
+def test_console_script_is_installed(shards: Path, tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("pytest-dflash")
+    if not script.exists():
+        pytest.skip("the console script is not installed in this environment (pip install -e .)")
+    result = subprocess.run([str(script), "merge", str(shards), "--out", str(tmp_path / "o"), "--gate", "host"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "wrote" in result.stdout and "gate host: PASSED" in result.stdout
+
+
+def test_unwritable_output_is_exit_3(shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    assert main(["merge", str(shards), "--out", str(tmp_path / "file" / "sub"), "-q"]) == 3
+    assert "cannot write the summary" in capsys.readouterr().err
