@@ -67,7 +67,7 @@ def test_gpu_identity_reported(dflash_gpu: GpuHost) -> None:
     inventory = dflash_gpu.inventory
     dflash_gpu.export("gpus", {
         "driver": inventory.driver, "driver_cuda": inventory.driver_cuda,
-        "gpus": [{k: v for k, v in dataclasses.asdict(g).items() if k != "processes"} for g in inventory.gpus],
+        "gpus": [dataclasses.asdict(g) for g in inventory.gpus],  # processes on each GPU included
     })
     incomplete = [g.label for g in inventory.gpus
                   if not g.name or g.capability is None or not g.driver or not g.memory_total_mib]

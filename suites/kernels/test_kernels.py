@@ -102,6 +102,8 @@ def _assert_built(gpu: GpuHost, module: str, request: pytest.FixtureRequest) -> 
     where = (f"FlashInfer {fi.get('version')} JIT of {inner.get('spec_name') or module} for "
              f"{fi.get('target_archs')} with CUDA {fi.get('cuda_home')} ({fi.get('cuda_version')}) in an empty "
              f"workspace (services {_group(gpu).label})")
+    if failure is not None:
+        request.node.add_report_section("call", f"JIT build log ({module})", failure)  # whole, not truncated
     assert failure is None, explain(f"cold build failed: {where}", failure, values={"python": gpu.host.profile.python})
     assert result.get("workspace_removed"), f"the temporary workspace {result.get('workspace')} was not removed"
     return result
