@@ -166,6 +166,8 @@ class Bound:
     units: int  # resampling units (requests or blocks)
     n_boot: int
     unit: str = ""
+    method: str = "bootstrap"  # or "order-statistic" (exact, distribution-free)
+    min_n: int = 0  # fewest requests for which both bounds can be finite (order statistics)
 
 
 def _indices(n: int, n_boot: int, block: int, rng: np.random.Generator) -> IntArray:
@@ -252,14 +254,74 @@ def _level(confidence: float, n: int) -> float:
     return NormalDist().cdf(z)
 
 
+def _order_stat_bounds(values: FloatArray, q: float, confidence: float) -> tuple[float, float, int]:
+    """Exact distribution-free bounds of the q-quantile (0 < q < 1) from order statistics.
+
+    ``P(X_(k) <= xi_q) = P(Binom(n, q) >= k)``: the lower bound is the largest order statistic with
+    that probability >= confidence, the upper bound the smallest ``X_(j)`` with
+    ``P(Binom(n, q) <= j - 1) >= confidence``; ``-inf``/``inf`` when n is too small for one.
+    Also returns the fewest n for which both exist.
+    """
+    x = np.sort(values)
+    n = len(x)
+    k = np.arange(n, dtype=np.float64)
+    log_ratio = np.log((n - k) / (k + 1)) + math.log(q) - math.log1p(-q)
+    logpmf = np.concatenate(([n * math.log1p(-q)], n * math.log1p(-q) + np.cumsum(log_ratio)))
+    pmf = np.exp(logpmf - logpmf.max())
+    cdf = np.cumsum(pmf) / pmf.sum()  # cdf[k] = P(B <= k), k = 0..n
+    at_least = 1.0 - np.concatenate(([0.0], cdf[:-1]))  # at_least[k] = P(B >= k)
+    ks = np.nonzero(at_least[1:] >= confidence)[0]  # candidates k = 1..n (index k-1)
+    lower = float(x[ks[-1]]) if len(ks) else -math.inf
+    js = np.nonzero(cdf[:n] >= confidence)[0]  # j - 1 = 0..n-1
+    upper = float(x[js[0]]) if len(js) else math.inf
+    need_hi = math.ceil(math.log(1 - confidence) / math.log(q))  # 1 - q^n >= c
+    need_lo = math.ceil(math.log(1 - confidence) / math.log1p(-q))  # 1 - (1-q)^n >= c
+    return lower, upper, max(need_hi, need_lo)
+
+
+def _bootstrap_t_mean(sample: Sample, confidence: float, n_boot: int, rng: np.random.Generator) -> Bound:
+    """Studentized (bootstrap-t) bounds of a mean: calibrated on skewed data where percentiles are not."""
+    x = sample.values
+    n = len(x)
+    mean = float(x.mean())
+    se = float(x.std(ddof=1)) / math.sqrt(n)
+    lo = hi = mean
+    if se > 0:
+        vals = x[_indices(n, n_boot, 1, rng)]
+        se_b = vals.std(axis=1, ddof=1) / math.sqrt(n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = (vals.mean(axis=1) - mean) / se_b
+        t = t[np.isfinite(t)]
+        if len(t):
+            t_hi, t_lo = (float(v) for v in np.quantile(t, [confidence, 1.0 - confidence]))
+            lo, hi = mean - t_hi * se, mean - t_lo * se
+    return Bound(statistic="mean", point=mean, lower=lo, upper=hi, confidence=confidence, n=n, units=n,
+                 n_boot=n_boot, unit=sample.unit, method="bootstrap-t")
+
+
 def bootstrap_bound(sample: Sample, *, confidence: float = 0.95, n_boot: int = DEFAULT_N_BOOT,
                     seed: int = 0) -> Bound:
-    """Point estimate and one-sided bounds (each at ``confidence``) of ``sample.statistic``."""
+    """Point estimate and one-sided bounds (each at ``confidence``) of ``sample.statistic``.
+
+    Percentiles of one value per request (``block=1``) get exact order-statistic bounds instead of
+    bootstrap ones: the percentile bootstrap under-covers high quantiles of skewed latencies (its
+    upper bound cannot exceed the sample maximum). Means of one value per request get
+    bootstrap-t (studentized) bounds, which stay calibrated on skewed data.
+    """
     if not 0.5 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
     if sample.n == 0:
         raise ValueError("bootstrap_bound: empty sample")
+    if sample.statistic not in ("mean", "ratio") and sample.groups is None and sample.block == 1:
+        q = _q(sample.statistic) / 100.0
+        if 0.0 < q < 1.0:
+            lo, hi, need = _order_stat_bounds(sample.values, q, confidence)
+            return Bound(statistic=sample.statistic, point=_point(sample), lower=lo, upper=hi,
+                         confidence=confidence, n=sample.n, units=sample.units, n_boot=0, unit=sample.unit,
+                         method="order-statistic", min_n=need)
     rng = np.random.default_rng(seed)
+    if sample.statistic == "mean" and sample.groups is None and sample.block == 1 and sample.n >= 3:
+        return _bootstrap_t_mean(sample, confidence, n_boot, rng)
     reps = _replicates(sample, n_boot, rng)
     reps = reps[np.isfinite(reps)]
     level = _level(confidence, sample.units)
@@ -375,6 +437,12 @@ def judge_bound(name: str, b: Bound, threshold: float, *, higher_is_better: bool
         more = max(math.ceil(min_n * b.n / max(b.units, 1)) - b.n, 1)
         msg = (f"{name}: INCONCLUSIVE — {_g(b.point)}{unit} from too short a run ({sizes}; at least "
                f"{min_n} units are needed to judge); about {more} more requests would decide")
+        return verdict("inconclusive", good_bound, more, msg)
+    if not math.isfinite(good_bound) and not bad_past:
+        more = max(b.min_n - b.n, 1)
+        msg = (f"{name}: INCONCLUSIVE — {_g(b.point)}{unit} ({sizes}): the {b.statistic} of {b.n} requests "
+               f"cannot be bounded {'below' if higher_is_better else 'above'} at {pct}; at least "
+               f"{b.min_n} requests are needed (about {more} more)")
         return verdict("inconclusive", good_bound, more, msg)
     if good_ok:
         msg = (f"{name}: pass — {_g(b.point)}{unit}, {pct} {good_name} bound {_g(good_bound)}{unit} "
