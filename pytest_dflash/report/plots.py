@@ -24,7 +24,7 @@ __all__ = ["accept_length_histogram_svg", "latency_cdf_svg", "plots_for_result",
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 _W, _H = 640, 360
-_M_LEFT, _M_RIGHT, _M_TOP, _M_BOTTOM = 64, 20, 36, 52
+_M_LEFT, _M_RIGHT, _M_TOP, _M_BOTTOM = 64, 20, 50, 52
 
 
 def _nice_step(span: float, target: int = 6) -> float:
@@ -116,18 +116,20 @@ class _Canvas:
         p.append(f'<text x="16" y="{cy:.1f}" text-anchor="middle" transform="rotate(-90 16 {cy:.1f})">'
                  f'{escape(self.ylabel)}</text>')
 
-    def legend(self, names: Sequence[str]) -> None:
+    def legend(self, names: Sequence[str], colors: Sequence[str] = PALETTE) -> None:
+        x = self.x0 + 10
         for i, name in enumerate(names):
-            x, y = self.x0 + 10 + i * 150, self.y1 - 10
-            color = PALETTE[i % len(PALETTE)]
+            y = self.y1 - 12
+            color = colors[i % len(colors)]
             self.parts.append(f'<rect x="{x}" y="{y - 8}" width="12" height="8" fill="{color}"/>')
             self.parts.append(f'<text x="{x + 16}" y="{y}">{escape(name)}</text>')
+            x += 16 + 7 * len(name) + 24  # about 7 px per character at font-size 11
 
     def svg(self) -> str:
         head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.w}" height="{self.h}" '
                 f'viewBox="0 0 {self.w} {self.h}" role="img" font-family="sans-serif" font-size="11">')
         title = (f'<title>{escape(self.title)}</title><rect width="100%" height="100%" fill="#fff"/>'
-                 f'<text x="{self.w / 2:.1f}" y="16" text-anchor="middle" font-size="13" font-weight="bold">'
+                 f'<text x="{self.w / 2:.1f}" y="18" text-anchor="middle" font-size="13" font-weight="bold">'
                  f'{escape(self.title)}</text>')
         return head + title + "".join(self.parts) + "</svg>"
 
@@ -220,7 +222,7 @@ def accept_length_histogram_svg(values: Sequence[float], *, title: str = "Accept
                        f'height="{c.y0 - y:.1f}" fill="{PALETTE[2]}"><title>{escape(_fmt(edges[i]))}–'
                        f'{escape(_fmt(edges[i + 1]))}: {n}</title></rect>')
     mean = sum(vals) / len(vals)
-    c.legend([f"n={len(vals)} requests, mean {mean:.3f}"])
+    c.legend([f"n={len(vals)} requests, mean {mean:.3f}"], colors=[PALETTE[2]])
     return c.svg()
 
 
