@@ -105,3 +105,34 @@ def test_a_damaged_previous_summary_is_ignored_with_a_warning(pytester: pytest.P
     assert result.ret == 0
     result.stdout.fnmatch_lines(["dflash: previous summary ignored: *not a fleet summary*"])
     assert json.loads((reports / "fleet-summary.json").read_text())["totals"]["pass"] == 3
+
+
+GROUPING_TEST = """
+import os
+import pytest
+
+@pytest.mark.host
+@pytest.mark.parametrize("step", range(4))
+def test_step(dflash_host, step):
+    with open(os.path.join(os.environ["FLEET_LOG"], dflash_host.name), "a") as log:
+        log.write(os.environ.get("PYTEST_XDIST_WORKER", "main") + "\\n")
+"""
+
+
+def test_with_xdist_each_host_runs_in_one_worker_and_hosts_spread(pytester: pytest.Pytester, fleet_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`-n 2` = `--dist load`, switched to loadgroup by the plugin: the workers must tag their items with the
+    host's xdist_group (the controller's switch alone does not reach them; pytest >= 9.2 also ignores xdist's
+    own tagging), else a host's tests are spread over workers."""
+    pytester.makepyfile(test_fleet_hosts=GROUPING_TEST)
+    log = pytester.path / "log"
+    log.mkdir()
+    monkeypatch.setenv("FLEET_LOG", str(log))
+    result = _run(pytester, fleet_dir, "-n", "2", "-v")
+    assert result.ret == 0, result.stdout.str()
+    workers = {path.name: set(path.read_text().split()) for path in log.iterdir()}
+    assert sorted(workers) == ["gpu-a", "gpu-b", "gpu-c"]
+    assert all(len(w) == 1 for w in workers.values()), workers
+    assert set().union(*workers.values()) == {"gw0", "gw1"}, workers
+    verdict = json.loads((pytester.path / "reports" / "gpu-a.verdict.json").read_text())
+    assert verdict["layers"]["host"]["passed"] == 4
