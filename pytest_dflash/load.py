@@ -76,10 +76,13 @@ __all__ = [
     "RequestRecord",
     "Saturation",
     "Slo",
+    "aggregate",
     "flush_cache",
+    "make_client",
     "run_load",
     "run_load_async",
     "server_accept_length",
+    "tokens_over_time",
 ]
 
 Endpoint: TypeAlias = Literal["chat", "completions", "generate"]
