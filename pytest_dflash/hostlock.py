@@ -25,7 +25,7 @@ from typing import IO
 from .errors import HostUnreachable, ServiceBusy
 from .inventory import HostProfile
 from .services.process import state_root
-from .transport import SSH_OPTIONS
+from .transport import SSH_OPTIONS, audit_command
 
 REMOTE_LOCK = "/run/lock/pytest-dflash.lock"
 REMOTE_OWNER = "/run/lock/pytest-dflash.owner"
@@ -98,9 +98,11 @@ class HostLock:
         return [*cmd, target, remote]
 
     def _try_remote(self) -> str | None:
-        owner = shlex.quote(_owner_line(self.run_id))
-        remote = (f"flock -n {REMOTE_LOCK} sh -c 'echo {owner} > {REMOTE_OWNER}; echo LOCKED; exec cat'"
+        # The owner line is quoted once for the inner `sh -c` script, which is quoted again as one word.
+        holder = f"echo {shlex.quote(_owner_line(self.run_id))} > {REMOTE_OWNER}; echo LOCKED; exec cat"
+        remote = (f"flock -n {REMOTE_LOCK} sh -c {shlex.quote(holder)}"
                   f" || {{ echo BUSY; cat {REMOTE_OWNER} 2>/dev/null; }}")
+        audit_command(self.profile.name, False, remote, mutating=True)
         proc = subprocess.Popen(self._ssh_command(remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         assert proc.stdout is not None

@@ -29,8 +29,17 @@ from .inventory import HostProfile
 SSH_OPTIONS = "-o BatchMode=yes -o ServerAliveInterval=2 -o ServerAliveCountMax=3 -o LogLevel=ERROR"
 # Multiplexing makes repeated commands (readiness polls) cost one round trip. Passed through
 # ssh_extra_args, which testinfra %-escapes (its `controlpath` argument is not escaped: %C breaks it).
-CONTROL_PATH = "/tmp/pytest-dflash-ssh-%C"
+# One master per pytest process: `close()` ends it, and must never end the master of another run
+# (two runs against one host, xdist workers) under that run's in-flight commands.
+CONTROL_PATH = "/tmp/pytest-dflash-ssh-{pid}-%C"
 KILL_GRACE_S = 5
+# journalctl --since windows start this much before their mark (on top of the clock uncertainty).
+JOURNAL_SLACK_S = 0.05
+
+
+def control_path() -> str:
+    """This process's ssh ControlPath (a SIGKILLed run's master exits on its own after ControlPersist)."""
+    return CONTROL_PATH.format(pid=os.getpid())
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,7 @@ class Transport:
     _unreachable: HostUnreachable | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _clock_offset: float | None = None
+    _clock_error: float = 0.0
 
     @property
     def name(self) -> str:
@@ -90,7 +100,7 @@ class Transport:
                 raise TransportError(f"{self.name}: no host access (attached by URL only)")
             kwargs: dict[str, Any] = {}
             if not self.is_local:
-                kwargs["ssh_extra_args"] = f"{SSH_OPTIONS} -o ControlPath={CONTROL_PATH}"
+                kwargs["ssh_extra_args"] = f"{SSH_OPTIONS} -o ControlPath={control_path()}"
                 if self.profile.ssh_config:
                     kwargs["ssh_config"] = str(self.profile.ssh_config)
                 if self.profile.ssh_identity_file:
@@ -121,10 +131,11 @@ class Transport:
         started = time.monotonic()
         try:
             raw = self._call_with_watchdog(wrapped, limit + KILL_GRACE_S + self.profile.connect_timeout_s + 5)
+            entry.rc = raw.rc
         finally:
             entry.duration_s = time.monotonic() - started
-            _audit(self.name, self.read_only, entry)
-        entry.rc = raw.rc
+            audit_command(self.name, self.read_only, entry.command, mutating=entry.mutating, rc=entry.rc,
+                          duration_s=entry.duration_s)
         if raw.rc == 124:
             raise TransportError(f"{self.name}: command timed out after {limit:g}s: {_short(text)}")
         return CommandResult(text, raw.rc, raw.stdout, raw.stderr, entry.duration_s)
@@ -182,13 +193,19 @@ class Transport:
         """host clock - local clock, in seconds (for journalctl --since windows)."""
         if self._clock_offset is None:
             if self.is_local:
-                self._clock_offset = 0.0
+                self._clock_offset, self._clock_error = 0.0, 0.0
             else:
                 before = time.time()
                 remote = float(self.check("date +%s.%N", timeout_s=10).strip())
                 after = time.time()
                 self._clock_offset = remote - (before + after) / 2
+                self._clock_error = (after - before) / 2
         return self._clock_offset
+
+    @property
+    def clock_error_s(self) -> float:
+        """How far `clock_offset()` can be off: half the round trip it was measured with (0 until measured)."""
+        return self._clock_error
 
     def write_file(self, path: str, content: str, *, mode: str = "0644") -> None:
         """Create or replace a file on the host (atomic rename; state-changing)."""
@@ -226,7 +243,7 @@ class Transport:
             import subprocess
 
             backend = self._host.backend
-            cmd = ["ssh", "-o", f"ControlPath={CONTROL_PATH}", "-O", "exit", backend.host.name]
+            cmd = ["ssh", "-o", f"ControlPath={control_path()}", "-O", "exit", backend.host.name]
             if backend.host.user:
                 cmd[1:1] = ["-o", f"User={backend.host.user}"]
             if backend.host.port:
@@ -238,13 +255,16 @@ class Transport:
                 subprocess.run(cmd, capture_output=True, timeout=10, check=False)
 
 
-def _audit(host: str, read_only: bool, entry: SentCommand) -> None:
-    """Append the command to $DFLASH_COMMAND_LOG (JSON lines), so a run can prove what it sent to a host."""
+def audit_command(host: str, read_only: bool, command: str, *, mutating: bool, rc: int | None = None,
+                  duration_s: float | None = None) -> None:
+    """Append a command sent to a host to $DFLASH_COMMAND_LOG (JSON lines), so a run can prove what it sent.
+
+    Everything that reaches a host goes through here: the transport's commands and the host lock's ssh session."""
     path = os.environ.get("DFLASH_COMMAND_LOG")
     if not path:
         return
-    record = {"host": host, "read_only": read_only, "mutating": entry.mutating, "command": entry.command,
-              "time": time.time()}
+    record = {"host": host, "read_only": read_only, "mutating": mutating, "command": command, "rc": rc,
+              "duration_s": None if duration_s is None else round(duration_s, 3), "time": time.time()}
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
 
@@ -269,6 +289,14 @@ def _is_connect_failure(stderr: str) -> bool:
                "Network is unreachable", "Permission denied", "Host key verification failed",
                "Connection closed by", "kex_exchange_identification", "Operation timed out")
     return any(marker in stderr for marker in markers)
+
+
+def journal_since(host_time: float, error_s: float = 0.0) -> str:
+    """`--since @T` for journalctl (fractional seconds: systemd parses them) a hair before `host_time`.
+
+    journald stamps an entry when it receives it, never before it was written, so a line stamped
+    before `host_time` (less the clock uncertainty) was written before it: it is outside the window."""
+    return f"--since @{host_time - error_s - JOURNAL_SLACK_S:.3f}"
 
 
 def _short(command: str, limit: int = 160) -> str:
