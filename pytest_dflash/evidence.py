@@ -12,6 +12,7 @@ from .diagnosis import Diagnosis, diagnose
 from .errors import DflashError
 from .redact import redact
 from .services.base import LogMark
+from .transport import journal_since
 
 if TYPE_CHECKING:
     from .host import HostContext, ServiceHandle
@@ -43,7 +44,7 @@ def kernel_log(host: HostContext, mark: LogMark | None) -> str:
     """OOM / Xid lines from the host's kernel log since `mark` (best effort, read-only)."""
     if not host.has_host_access:
         return ""
-    since = f"--since @{int(mark.wall_time) - 1}" if mark else "-b"
+    since = journal_since(mark.wall_time, host.transport.clock_error_s) if mark else "-b"
     pattern = shlex.quote(KERNEL_PATTERN)
     command = (f"(journalctl -k {since} --no-pager 2>/dev/null || dmesg -T 2>/dev/null) "
                f"| grep -E {pattern} | tail -n 50")
@@ -91,8 +92,9 @@ def gather(
             texts.append(kernel)
             evidence.sections.append((f"kernel log {host.name} (OOM / Xid)", redact(kernel, secrets)))
     python = host.profile.python
-    evidence.diagnoses = diagnose(*texts, values={"python": python,
-                                                  "service": ",".join(h.label for h in handles)})
+    # Diagnose redacted text: a diagnosis quotes the log line that matched, and goes into the verdict JSON.
+    evidence.diagnoses = diagnose(*(redact(text, secrets) for text in texts),
+                                  values={"python": python, "service": ",".join(h.label for h in handles)})
     if evidence.diagnoses:
         evidence.sections.insert(0, ("dflash diagnosis", redact(evidence.diagnosis_text(), secrets)))
     return evidence

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..errors import Death, ServiceError, TransportError
 from ..inventory import ServiceSpec, render
-from ..transport import Transport
+from ..transport import Transport, journal_since
 from .base import LogMark, ServiceState
 
 UNIT_DIR = "/etc/systemd/system"
@@ -69,6 +69,14 @@ def state_from_properties(props: Mapping[str, str], *, expect_running: bool) -> 
     if active == "failed" or (expect_running and active == "inactive"):
         return ServiceState(running=False, death=death_from_properties(props), restarts=restarts,
                             properties=dict(props))
+    exited = (_int(props.get("ExecMainCode")) or 0) != 0
+    if sub == "auto-restart" or (expect_running and active == "deactivating" and exited):
+        # The main process is dead and systemd is about to start it again (Restart=): ActiveState says
+        # "activating" for RestartSec and "active" right after, so this is the only moment the death shows.
+        death = death_from_properties(props)
+        what = "systemd will restart it (SubState=auto-restart)" if sub == "auto-restart" else f"SubState={sub}"
+        death.detail = f"{death.detail}, {what}" if death.detail else what
+        return ServiceState(running=False, death=death, restarts=restarts, properties=dict(props))
     running = active in ("active", "activating", "reloading") and sub != "auto-restart"
     return ServiceState(running=running, restarts=restarts, pid=pid, properties=dict(props))
 
@@ -184,9 +192,9 @@ class SystemdService:
         return LogMark(time.time() + self.transport.clock_offset())
 
     def logs_since(self, mark: LogMark | None, lines: int) -> str:
-        since = f"--since @{int(mark.wall_time) - 1}" if mark else ""
+        since = f" {journal_since(mark.wall_time, self.transport.clock_error_s)}" if mark else ""
         result = self.transport.run(
-            f"journalctl -u {shlex.quote(self.unit)} {since} -n {int(lines)} --no-pager 2>&1", timeout_s=20
+            f"journalctl -u {shlex.quote(self.unit)}{since} -n {int(lines)} --no-pager 2>&1", timeout_s=20
         )
         return result.stdout
 
