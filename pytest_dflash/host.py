@@ -194,6 +194,7 @@ class HostContext:
     notes: list[str] = field(default_factory=list)
     _transport: Transport | None = None
     _lock: HostLock | None = None
+    _lock_failure: DflashError | None = None
 
     @property
     def name(self) -> str:
@@ -241,10 +242,16 @@ class HostContext:
         """Provisioning: take the host lock, clean up stale leftovers, start `first` (and its peers)."""
         if not self.provisioning or first.manager.provisioned or first.spec.kind == "external":
             return
+        if self._lock_failure is not None:
+            raise self._lock_failure  # no lock, nothing started: not by the next service either
         if self._lock is None:
             self._lock = HostLock(self.profile, self.run.run_id)
             self.run.register(self)
-            self._lock.acquire(self.run.options.lock_wait_s, self.run.progress)
+            try:
+                self._lock.acquire(self.run.options.lock_wait_s, self.run.progress)
+            except DflashError as exc:
+                self._lock_failure = exc
+                raise
             self.notes.extend(self._reap())
         # Start the services this run needs together when their GPUs do not overlap: a second
         # SGLang starting on the same GPU charges the first one's memory to itself (recorded S4e).
