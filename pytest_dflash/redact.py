@@ -25,7 +25,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # KEY=VALUE, KEY: VALUE, "key": "value" for secret-looking names (env files, unit Environment=, JSON).
     (
         re.compile(r"(?i)([\"']?(?<![\w#.-])(?![A-Z]*_?(?:eos|bos|pad|unk|mask|sep|cls)_token\b)[A-Z0-9_.-]*"
-                   r"(?:api[_-]?key|token|secret|password|passwd|credentials?)\b[\"']?"
+                   r"(?:api[_-]?key|token|secret|password|passwd|credentials?|bearer)\b[\"']?"
                    r"\s*[:=]\s*)(?:\"[^\"]*\"|'[^']*'|[^\s,;'\"}]+)"),
         rf"\1{MASK}",
     ),
