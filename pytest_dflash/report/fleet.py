@@ -475,7 +475,7 @@ def build_trend(hosts: Mapping[str, dict[str, Any]], previous: Mapping[str, Any]
         perf.extend({"host": name, "metric": key, **delta} for key, delta in deltas.items() if delta["significant"])
     perf.sort(key=lambda d: (not d["regression"], -abs(d["pct"] or 0.0), d["host"], d["metric"]))
     return {
-        "previous": {"source": source, "generated": previous.get("generated"),
+        "previous": {"source": source, "generated": previous.get("generated"), "finished": _last_finished(previous),
                      "run_ids": previous.get("run_ids", []), "hosts": len(before)},
         "new_failures": new_failures,
         "fixed": fixed,
@@ -486,6 +486,14 @@ def build_trend(hosts: Mapping[str, dict[str, Any]], previous: Mapping[str, Any]
         "perf_threshold_pct": threshold_pct,
         "perf": perf,
     }
+
+
+def _last_finished(summary: Mapping[str, Any]) -> str | None:
+    """When the newest run of a summary finished (what "since the previous run" means), else when it was made."""
+    runs = [r for r in summary.get("runs", []) if isinstance(r, Mapping) and parse_time(r.get("finished"))]
+    if not runs:
+        return summary.get("generated")
+    return str(max(runs, key=lambda r: parse_time(r.get("finished")) or 0.0)["finished"])
 
 
 def _rank(layer: str) -> int:
@@ -635,7 +643,7 @@ def headline(summary: Mapping[str, Any]) -> list[str]:
         lines.append(f"gate {','.join(gate['layers'])}: {verdict}")
     trend = summary.get("trend")
     if trend:
-        previous = trend["previous"].get("generated") or "previous run"
+        previous = trend["previous"].get("finished") or "the previous run"
         if trend["new_failures"]:
             lines.append(f"new failures since {previous}: " + "; ".join(
                 f"{f['host']} ({', '.join(f['layers'])}{': ' + ', '.join(f['diagnosis']) if f['diagnosis'] else ''})"

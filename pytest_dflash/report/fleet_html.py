@@ -96,8 +96,9 @@ def _trend(trend: Mapping[str, Any] | None) -> list[str]:
     if not trend:
         return ['<p class="muted">No previous summary: no trend (the next run compares with this one).</p>']
     previous = trend["previous"]
-    out = [f"<h2>Since the previous run</h2><p class=\"meta\">compared with {e(previous.get('generated'))} "
-           f"({previous.get('hosts')} hosts; runs {e(', '.join(previous.get('run_ids') or []))})</p><ul>"]
+    out = [f"<h2>Since the previous run</h2><p class=\"meta\">compared with the run(s) "
+           f"{e(', '.join(previous.get('run_ids') or []))} finished {e(previous.get('finished'))} "
+           f"({previous.get('hosts')} hosts; summary of {e(previous.get('generated'))})</p><ul>"]
     if trend["new_failures"]:
         items = ", ".join(f'<a href="#{anchor(f["host"])}">{e(f["host"])}</a> ({e(", ".join(f["layers"]))}'
                           + (f": {e(', '.join(f['diagnosis']))}" if f["diagnosis"] else "") + ")"
