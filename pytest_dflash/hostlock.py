@@ -105,22 +105,26 @@ class HostLock:
         audit_command(self.profile.name, False, remote, mutating=True)
         proc = subprocess.Popen(self._ssh_command(remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
-        assert proc.stdout is not None
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         ready, _, _ = select.select([proc.stdout], [], [], self.profile.connect_timeout_s + 10)
         first = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
         if first == "LOCKED":
             self._proc = proc
             return None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            rest, err = proc.communicate(timeout=5)
-        if proc.poll() is None:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
             return "no answer from the host while taking the lock"
+        # Read the rest through the buffered reader that readline() used: it may already hold the owner
+        # line that came in the same chunk as BUSY (communicate() would read around it, from the raw pipe).
+        rest = proc.stdout.read().decode(errors="replace").strip()
+        err = proc.stderr.read().decode(errors="replace").strip()
         if first == "BUSY":
-            return rest.decode(errors="replace").strip() or "unknown owner"
-        raise HostUnreachable(f"{self.profile.name}: cannot take the host lock: "
-                              f"{(err or b'').decode(errors='replace').strip() or first or 'ssh failed'}")
+            return rest or "unknown owner"
+        raise HostUnreachable(f"{self.profile.name}: cannot take the host lock: {err or first or 'ssh failed'}")
 
     def release(self) -> None:
         if self._file is not None:
