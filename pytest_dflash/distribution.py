@@ -20,8 +20,9 @@ The test, per prompt:
 * Every (prompt, L) test runs at alpha / (m K) (Bonferroni over m prompts and K lengths): the
   family-wise false-alarm rate of one service pair is at most `alpha` (default 0.001;
   `tests/parity/test_distribution.py` measures the per-test rate).
-* Fewer samples than `min_samples` per side, or fewer than two cells after pooling (the prompt's
-  first K tokens are all but deterministic), is INCONCLUSIVE: never a pass.
+* Fewer samples than `min_samples` per side is INCONCLUSIVE: never a pass. Fewer than two cells
+  after pooling (both services put all but a few samples on one prefix: they agree there, and there
+  is nothing to test) is DEGENERATE; a pair whose every test is degenerate is INCONCLUSIVE too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from .client import InferenceClient, Sampling
 from .generation import generate_batch
 
 Sample = tuple[int, ...]
-Outcome = Literal["pass", "fail", "inconclusive"]
+Outcome = Literal["pass", "fail", "inconclusive", "degenerate"]
 
 DEFAULT_ALPHA = 1e-3
 DEFAULT_MIN_SAMPLES = 200
@@ -219,9 +220,9 @@ def homogeneity(prompt: str, reference: Sequence[Sample], compared: Sequence[Sam
                             reason=f"too few samples: need at least {min_samples} per side")
     cells = pool(reference, compared, min_expected=min_expected)
     if len(cells) < 2:
-        return PromptResult(prompt, "inconclusive", size, n_ref, n_cmp, tuple(cells), alpha=alpha,
-                            reason="fewer than 2 categories after pooling: the first tokens are (nearly) "
-                                   "deterministic at this temperature, nothing to compare")
+        return PromptResult(prompt, "degenerate", size, n_ref, n_cmp, tuple(cells), alpha=alpha,
+                            reason="fewer than 2 categories after pooling: both services put (almost) every sample "
+                                   "on one prefix, nothing to test")
     n = n_ref + n_cmp
     statistic = 0.0
     for cell in cells:
@@ -245,9 +246,11 @@ class DistributionReport:
 
     @property
     def outcome(self) -> Outcome:
+        """fail if any test rejects; inconclusive if samples were too few or no test was possible; else pass."""
         if any(r.outcome == "fail" for r in self.results):
             return "fail"
-        if not self.results or any(r.outcome == "inconclusive" for r in self.results):
+        if not any(r.outcome == "pass" for r in self.results) or any(r.outcome == "inconclusive"
+                                                                      for r in self.results):
             return "inconclusive"
         return "pass"
 
@@ -267,13 +270,19 @@ class DistributionReport:
                 f"(family-wise false-alarm rate <= {self.alpha:g}, Bonferroni over {prompts} prompts x "
                 f"{self.tokens} lengths)")
         # the failing tests, then one line per prompt for the rest (its smallest p-value)
-        lines = [f"  {r.describe(decode)}" for r in self.results if r.outcome != "pass"]
+        lines = [f"  {r.describe(decode)}" for r in self.results if r.outcome in ("fail", "inconclusive")]
         for prompt in dict.fromkeys(r.prompt for r in self.results):
             passed = [r for r in self.results if r.prompt == prompt and r.outcome == "pass"]
+            flat = [r.length for r in self.results if r.prompt == prompt and r.outcome == "degenerate"]
+            parts = []
             if passed:
                 low = min(passed, key=lambda r: r.p_value if r.p_value is not None else 1.0)
-                lines.append(f"  {prompt[:40]!r}: {len(passed)} length(s) pass; smallest p = {low.p_value:.3g} "
-                             f"(first {low.length} tokens)")
+                parts.append(f"{len(passed)} length(s) pass, smallest p = {low.p_value:.3g} (first {low.length} "
+                             "tokens)")
+            if flat:
+                parts.append(f"lengths {flat} degenerate (one prefix holds almost every sample: nothing to test)")
+            if parts:
+                lines.append(f"  {prompt[:40]!r}: {'; '.join(parts)}")
         return "\n".join([head, *lines])
 
 

@@ -102,9 +102,11 @@ def test_too_few_samples_is_inconclusive_not_pass() -> None:
     assert result.outcome == "inconclusive" and "too few samples: need at least 200 per side" in result.describe()
 
 
-def test_deterministic_first_tokens_are_inconclusive() -> None:
+def test_deterministic_first_tokens_are_degenerate_and_alone_inconclusive() -> None:
     result = homogeneity("p", [(1, 2, 3)] * 300, [(1, 2, 3)] * 300, alpha=1e-3)
-    assert result.outcome == "inconclusive" and "fewer than 2 categories" in result.reason
+    assert result.outcome == "degenerate" and "fewer than 2 categories" in result.reason
+    samples: list[Sample] = [(1, 2, 3)] * 300
+    assert combine([("p", samples, samples)], alpha=1e-3, tokens=3, sampling="t").outcome == "inconclusive"
 
 
 def test_report_is_bonferroni_over_prompts_and_lengths_and_names_test_and_alpha() -> None:
@@ -119,15 +121,25 @@ def test_report_is_bonferroni_over_prompts_and_lengths_and_names_test_and_alpha(
     assert "family-wise false-alarm rate <= 0.009, Bonferroni over 3 prompts x 3 lengths" in text
     assert "'prompt 1', first 2 tokens: FAIL: Pearson chi-square X2 = " in text
     assert "largest differences:" in text
-    assert "'prompt 0': 3 length(s) pass; smallest p = " in text
+    assert "'prompt 0': 3 length(s) pass, smallest p = " in text
 
 
-def test_one_inconclusive_prompt_makes_the_report_inconclusive() -> None:
+def test_a_degenerate_prompt_beside_a_tested_one_passes_and_says_so() -> None:
     rng = np.random.default_rng(11)
-    constant: list[Sample] = [(1,)] * 200
+    constant: list[Sample] = [(1, 2, 3)] * 200
     table = [("a", _markov(rng, 200, FIRST), _markov(rng, 200, FIRST)), ("b", constant, constant)]
     report = combine(table, alpha=1e-3, tokens=3, sampling="temperature 1")
+    assert report.outcome == "pass"
+    assert "'b': lengths [1, 2, 3] degenerate" in report.describe()
+
+
+def test_too_few_samples_on_one_prompt_makes_the_report_inconclusive() -> None:
+    rng = np.random.default_rng(12)
+    table = [("a", _markov(rng, 200, FIRST), _markov(rng, 200, FIRST)),
+             ("b", _markov(rng, 20, FIRST), _markov(rng, 20, FIRST))]
+    report = combine(table, alpha=1e-3, tokens=3, sampling="temperature 1")
     assert report.outcome == "inconclusive"
+    assert "'b', first 1 token: INCONCLUSIVE (too few samples: need at least 200 per side" in report.describe()
 
 
 def test_draw_plan_renders_a_sampled_request() -> None:
