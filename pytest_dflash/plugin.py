@@ -46,7 +46,8 @@ LOCK_WAIT_HELP = "how long to wait for another run's host lock before failing (d
 REQUEST_TIMEOUT_HELP = "timeout of one HTTP request made by a test (default 60s; readiness has its own budgets)"
 
 # Layer modules that add their own options and hooks register here (pytest loads them with this plugin).
-pytest_plugins: list[str] = ["pytest_dflash.gpu.hooks", "pytest_dflash.report.fleet_hooks"]
+pytest_plugins: list[str] = ["pytest_dflash.gpu.hooks", "pytest_dflash.report.fleet_hooks",
+                              "pytest_dflash.parity_hooks"]
 
 RUN_KEY = pytest.StashKey[DflashRun]()
 EMPTY_SHARD_KEY = pytest.StashKey[str]()
