@@ -262,6 +262,17 @@ class DistributionReport:
                              "n_compared": r.n_compared, "statistic": r.statistic, "df": r.df, "p_value": r.p_value,
                              "total_variation": r.total_variation} for r in self.results]}
 
+    def check(self, *, evidence: str = "", min_samples: int = DEFAULT_MIN_SAMPLES) -> None:
+        """Raise AssertionError unless the outcome is pass (inconclusive fails too: it is not a pass)."""
+        __tracebackhide__ = True
+        if self.outcome == "pass":
+            return
+        text = self.describe()
+        if self.outcome == "inconclusive":
+            text += (f"\nINCONCLUSIVE is not a pass: raise --dist-samples (at least {min_samples} per prompt and "
+                     "service) or use prompts whose first tokens vary at this temperature")
+        raise AssertionError(text + (f"\n{evidence}" if evidence else ""))
+
     def describe(self, decode: Callable[[Sample], str] | None = None) -> str:
         per = self.alpha / max(1, len(self.results))
         prompts = len({r.prompt for r in self.results})

@@ -255,6 +255,13 @@ class ParityReport:
                 f"{self.tie_gap:g}, max_tie_rate {self.max_tie_rate:g}), {kinds['unknown']} untriaged"
                 + (f"; triage by {self.plain}" if self.plain else "; no plain server for triage"))
 
+    def check(self) -> None:
+        """Raise AssertionError with the summary and every problem (real / untriaged divergences, tie rate)."""
+        __tracebackhide__ = True
+        problems = self.problems()
+        if problems:
+            raise AssertionError(self.summary() + "\n  " + "\n  ".join(problems))
+
     def as_fact(self) -> dict[str, Any]:
         return {
             "prompts": self.prompts, "exact": self.exact, "exact_rate": round(self.exact_rate, 4),

@@ -53,8 +53,7 @@ def test_greedy_parity(dflash_pair: Pair, dflash_layer_options: LayerOptions,
     _native(dflash_pair)
     report = _greedy(dflash_pair, dflash_layer_options, dflash_run_cache, concurrent_requests=False)
     _metrics(dflash_pair[0])[f"parity:{dflash_pair[0].name}~{dflash_pair[1].name}"] = report.as_fact()
-    problems = report.problems()
-    assert not problems, report.summary() + "\n  " + "\n  ".join(problems)
+    report.check()
 
 
 def test_greedy_parity_concurrent(dflash_pair: Pair, dflash_layer_options: LayerOptions,
@@ -63,8 +62,7 @@ def test_greedy_parity_concurrent(dflash_pair: Pair, dflash_layer_options: Layer
     _native(dflash_pair)
     report = _greedy(dflash_pair, dflash_layer_options, dflash_run_cache, concurrent_requests=True)
     _metrics(dflash_pair[0])[f"parity-concurrent:{dflash_pair[0].name}~{dflash_pair[1].name}"] = report.as_fact()
-    problems = report.problems()
-    assert not problems, report.summary() + "\n  " + "\n  ".join(problems)
+    report.check()
 
 
 def test_distribution_parity(dflash_pair: Pair, dflash_layer_options: LayerOptions,
@@ -77,14 +75,10 @@ def test_distribution_parity(dflash_pair: Pair, dflash_layer_options: LayerOptio
     report = compare_distributions(reference.client, compared.client, DISTRIBUTION_PROMPTS, options.draw,
                                    alpha=options.alpha, min_samples=options.min_samples, reference_samples=cache)
     _metrics(reference)[f"distribution:{reference.name}~{compared.name}"] = report.as_fact()
-    if report.outcome == "pass":
-        return
-    text = report.describe()
-    if report.outcome == "inconclusive":
-        pytest.fail(f"{text}\nINCONCLUSIVE is not a pass: raise --dist-samples (at least {options.min_samples} "
-                    "per prompt and service) or choose prompts whose first tokens vary", pytrace=False)
-    for service in (compared, reference):
-        line = generation.service_log_line(service, generation.GREEDY_FALLBACK_LINE)
-        if line:
-            text += f"\n{service.label}'s log says: {line}"
-    pytest.fail(text, pytrace=False)
+    evidence = ""
+    if report.outcome == "fail":
+        for service in (compared, reference):
+            line = generation.service_log_line(service, generation.GREEDY_FALLBACK_LINE)
+            if line:
+                evidence += f"{service.label}'s log says: {line}\n"
+    report.check(evidence=evidence.strip(), min_samples=options.min_samples)
