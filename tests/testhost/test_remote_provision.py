@@ -1,5 +1,6 @@
 """--provision against a real systemd over ssh: deploy, reload, start, ready by real generation, smoke,
-teardown; and a run SIGKILLed mid-way whose unit the next run finds and removes.
+teardown; a run SIGTERMed mid-way that still tears down; and a run SIGKILLed mid-way whose unit the
+next run finds and removes.
 
 Each test runs the real smoke suite through the plugin in a pytest subprocess, with a host profile
 `ssh://root@<guest>` + the instance's ssh_config, and checks the guest from outside (nsenter).
@@ -8,6 +9,8 @@ Each test runs the real smoke suite through the plugin in a pytest subprocess, w
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,19 +71,36 @@ def test_provision_deploys_starts_and_removes_units(testhost: TestHost, guest: G
     assert guest.lock_is_free()
 
 
+def _wait_until_active(guest: Guest, run: SuiteRun, unit: str) -> None:
+    def active_or_ended() -> bool:
+        if run.proc is not None and run.proc.poll() is not None:
+            raise AssertionError(f"the run ended before its unit was active:\n{run.output()[-3000:]}")
+        return guest.is_active(unit) == "active"
+
+    guest.wait_for(active_or_ended, 90, f"{unit} to be active")
+
+
+def test_sigterm_mid_run_still_tears_down(testhost: TestHost, guest: Guest, runs: Runs, tmp_path: Path) -> None:
+    spec = RefUnit(unit_name("term"), "DFLASH")
+    guest.track(spec.unit)
+    run = runs(write_profile(tmp_path, testhost, "term", {"dflash": spec}), "--provision")
+    _wait_until_active(guest, run, spec.unit)
+    os.kill(run.pid, signal.SIGTERM)  # what CI runners and `timeout` send first
+    outcome = run.wait(90)
+    assert "KeyboardInterrupt: SIGTERM" in outcome.out and "INTERNALERROR" not in outcome.out, outcome.out[-3000:]
+    assert not guest.unit_file_exists(spec.unit)
+    assert guest.show(spec.unit, "LoadState")["LoadState"] == "not-found"
+    assert guest.refservers() == []
+    assert guest.lock_is_free()
+
+
 def test_killed_run_leaves_a_stale_unit_that_the_next_run_removes(testhost: TestHost, guest: Guest, runs: Runs,
                                                                    tmp_path: Path) -> None:
     spec = RefUnit(unit_name("killed"), "DFLASH")
     guest.track(spec.unit)
     profile = write_profile(tmp_path, testhost, "killed", {"dflash": spec})
     first = runs(profile, "--provision", name="first")
-
-    def active_or_ended() -> bool:
-        if first.proc is not None and first.proc.poll() is not None:
-            raise AssertionError(f"the first run ended before its unit was active:\n{first.output()[-3000:]}")
-        return guest.is_active(spec.unit) == "active"
-
-    guest.wait_for(active_or_ended, 90, f"{spec.unit} to be active")
+    _wait_until_active(guest, first, spec.unit)
     first.kill()  # SIGKILL: no teardown, no atexit, no signal handler runs
 
     # The killed run left its unit behind, running, marked with its run id and pid.
