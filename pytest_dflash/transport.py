@@ -24,6 +24,7 @@ from typing import Any
 
 from .errors import HostUnreachable, ReadOnlyViolation, TransportError
 from .inventory import HostProfile
+from .redact import redact
 
 # ssh: fail a dead connection within ~6 s instead of hanging on it forever.
 SSH_OPTIONS = "-o BatchMode=yes -o ServerAliveInterval=2 -o ServerAliveCountMax=3 -o LogLevel=ERROR"
@@ -115,18 +116,22 @@ class Transport:
         timeout_s: float | None = None,
         mutating: bool = False,
         env: Mapping[str, str] | None = None,
+        shown: str | None = None,
     ) -> CommandResult:
-        """Run `command` (with shell-quoted `args` substituted for %s) on the host, within `timeout_s`."""
+        """Run `command` (with shell-quoted `args` substituted for %s) on the host, within `timeout_s`.
+
+        `shown` replaces the command text in the audit log and messages (e.g. a file payload)."""
         text = command % tuple(shlex.quote(a) for a in args) if args else command
         if mutating and self.read_only:
-            raise ReadOnlyViolation(f"{self.name}: attach mode refuses a state-changing command: {text}")
+            refused = redact(shown or text)
+            raise ReadOnlyViolation(f"{self.name}: attach mode refuses a state-changing command: {refused}")
         if self._unreachable is not None:
             raise self._unreachable
         limit = timeout_s or self.timeout_s
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
         inner = f"env {prefix} sh -c {shlex.quote(text)}" if prefix else f"sh -c {shlex.quote(text)}"
         wrapped = f"timeout -k {KILL_GRACE_S} {limit:g} {inner}"
-        entry = SentCommand(text, mutating)
+        entry = SentCommand(redact(shown or text), mutating)
         self.sent.append(entry)
         started = time.monotonic()
         try:
@@ -137,8 +142,8 @@ class Transport:
             audit_command(self.name, self.read_only, entry.command, mutating=entry.mutating, rc=entry.rc,
                           duration_s=entry.duration_s)
         if raw.rc == 124:
-            raise TransportError(f"{self.name}: command timed out after {limit:g}s: {_short(text)}")
-        return CommandResult(text, raw.rc, raw.stdout, raw.stderr, entry.duration_s)
+            raise TransportError(f"{self.name}: command timed out after {limit:g}s: {_short(entry.command)}")
+        return CommandResult(entry.command, raw.rc, raw.stdout, raw.stderr, entry.duration_s)
 
     def _call_with_watchdog(self, wrapped: str, deadline_s: float) -> CommandResult:
         outcome: dict[str, Any] = {}
@@ -215,6 +220,8 @@ class Transport:
             f"printf %s {payload} | base64 -d > {shlex.quote(tmp)} && chmod {mode} {shlex.quote(tmp)} "
             f"&& mv -f {shlex.quote(tmp)} {shlex.quote(path)}",
             mutating=True,
+            # the payload may hold secrets (a unit's Environment=): log what was done, not the bytes
+            shown=f"write {path} ({len(content.encode())} bytes, mode {mode}; base64 | mv)",
         )
 
     def run_python(
