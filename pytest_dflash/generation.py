@@ -352,14 +352,15 @@ FILLER = "The quick brown fox jumps over the lazy dog while the cat sleeps by th
 
 
 def long_prompt(client: InferenceClient, api: Api, limit: ContextLimit, *, max_tokens: int = 8,
-                fill: float = 0.9, cap_tokens: int | None = None, timeout_s: float = 300.0) -> Generation:
+                fill: float = 0.9, cap_tokens: int | None = None, timeout_s: float | None = None) -> Generation:
     """A prompt of about `fill` x (context - max_tokens) tokens is answered in full ('length', prompt counted)."""
     __tracebackhide__ = True
     probe_sampling = Sampling(max_tokens=1, temperature=0.0, ignore_eos=True)
     probe_text = FILLER * 8
-    probe = request(client, api if api != "chat" else "completions", probe_text, probe_sampling)[0]
+    flavour: Api = "completions" if api == "chat" else api  # a chat template would add tokens of its own
+    probe = request(client, flavour, probe_text, probe_sampling)[0]
     if not probe.prompt_tokens:
-        _fail(f"long prompt ({PATHS[api]}): the server reports no prompt_tokens for a {len(probe_text)}-character "
+        _fail(f"long prompt ({PATHS[flavour]}): the server reports no prompt_tokens for a {len(probe_text)}-character "
               "prompt")
     assert probe.prompt_tokens is not None
     chars_per_token = len(probe_text) / probe.prompt_tokens
@@ -368,9 +369,9 @@ def long_prompt(client: InferenceClient, api: Api, limit: ContextLimit, *, max_t
         target = min(target, cap_tokens)
     text = (FILLER * (int(target * chars_per_token / len(FILLER)) + 2))[: int(target * chars_per_token)]
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    gen = request(client, api if api != "chat" else "completions", text, sampling, timeout_s=timeout_s)[0]
+    gen = request(client, flavour, text, sampling, timeout_s=timeout_s)[0]
     where = (f"long prompt of {len(text)} characters (~{target} tokens, context {limit.tokens} from {limit.source}) "
-             f"({PATHS[api if api != 'chat' else 'completions']})")
+             f"({PATHS[flavour]})")
     check_full_length([gen], sampling, what=where)
     if gen.prompt_tokens is None or not 0.8 * target <= gen.prompt_tokens <= limit.tokens - max_tokens:
         _fail(f"{where}: prompt_tokens = {gen.prompt_tokens}, expected about {target}")
@@ -429,7 +430,9 @@ def bad_request_body(client: InferenceClient, api: Api, case: str, *, context_to
     drop_messages = False
     for key, value in change.items():
         if key == "prompt_chars":
-            prompt = "x" * ((context_tokens or 32768) * 2 + 16)  # two characters per token at the least
+            # digits: one token each on Qwen, at most three per token on other BPE vocabularies
+            digits = (context_tokens or 32768) * 3 + 16
+            prompt = ("0123456789" * (digits // 10 + 1))[:digits]
         elif key == "messages":
             drop_messages = True
         else:
