@@ -23,11 +23,17 @@ def recorded() -> dict[str, Any]:
     return data
 
 
-def replay_client(handler: Handler, *, service: str = "replay") -> InferenceClient:
-    """An InferenceClient whose POST /generate bodies go to `handler(body) -> (status, json)`; no network."""
+def replay_client(handler: Handler, *, service: str = "replay",
+                  routes: dict[str, Callable[[], tuple[int, Any]]] | None = None) -> InferenceClient:
+    """An InferenceClient whose requests `handler(body) -> (status, json)` answers (or `routes[path]()`); no network."""
 
     def respond(request: httpx.Request) -> httpx.Response:
-        status, body = handler(json.loads(request.content or b"{}"))
+        if routes and request.url.path in routes:
+            status, body = routes[request.url.path]()
+        else:
+            status, body = handler(json.loads(request.content or b"{}"))
+        if isinstance(body, str):
+            return httpx.Response(status, text=body)
         return httpx.Response(status, json=body)
 
     client = InferenceClient("http://replay.invalid", service=service)

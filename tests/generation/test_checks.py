@@ -156,18 +156,6 @@ def test_a_5xx_for_a_bad_request_fails(replay: Callable[..., InferenceClient]) -
         generation.bad_request(client, "generate", "top_k=0", context_tokens=None)
 
 
-def test_accept_length_from_recorded_dflash_meta_info(recorded: dict[str, Any],
-                                                       replay: Callable[..., InferenceClient]) -> None:
-    from pytest_dflash.acceptance import measure
-
-    body = recorded["dflash_graph/generate_greedy_2"]["body_json"]
-    meta = body["meta_info"]
-    result = measure(replay(lambda _: (200, body)), ["The quick brown fox"] * 2, max_tokens=32)
-    assert result.source == "meta_info"
-    assert result.mean == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
-    assert result.mean == pytest.approx(meta["spec_accept_length"])
-
-
 def test_full_length_check_counts_openai_choices() -> None:
     from pytest_dflash.client import Generation
 
