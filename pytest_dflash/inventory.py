@@ -24,6 +24,11 @@ ALGORITHMS = ("NONE", "DFLASH", "DDTREE", "EAGLE", "EAGLE3", "NGRAM", "STANDALON
 SERVICE_KINDS = ("systemd", "process", "external")
 PROVISION_MODES = ("never", "allowed", "always")
 FLOOR_KEYS = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms", "accept_length", "speedup_vs", "speedup")
+FLOOR_SETTINGS = ("regression_pct", "confidence")
+# Any latency ceiling load.py measures per request: ttft_p50_ms, itl_p99_ms, tpot_mean_ms, e2e_p90_ms, ...
+LATENCY_FLOOR = re.compile(r"^(ttft|itl|tpot|e2e)_(mean|median|p(\d+(?:\.\d+)?))_ms$")
+PERF_ENDPOINTS = ("auto", "generate", "chat", "completions")
+PERF_SERVICE_KEYS = ("requests", "duration", "warmup")
 DEFAULT_CONNECT_TIMEOUT_S = 4.0
 BUILTIN_PROFILES = Path(__file__).parent / "profiles"
 
@@ -364,26 +369,103 @@ def _parity(table: _Table, services: Mapping[str, ServiceSpec], profile_dir: Pat
 
 
 def _floors(table: _Table, services: Mapping[str, ServiceSpec]) -> dict[str, dict[str, float | str]]:
+    """[floors.SERVICE]: thresholds judged by the perf layer (docs/perf.md), validated and normalised."""
     floors: dict[str, dict[str, float | str]] = {}
     for service, _ in table.items():
-        sub = table.sub(service)
-        assert sub is not None
         if service not in services:
             raise table.fail(service, f"expected a service of this host ({', '.join(services)})")
+        sub = table.sub(service)
+        assert sub is not None
         values: dict[str, float | str] = {}
         for key, value in sub.items():
-            if key not in (*FLOOR_KEYS, "regression_pct", "confidence"):
-                raise sub.fail(key, "unknown floor" + _did_you_mean(key, set(FLOOR_KEYS)))
+            latency = LATENCY_FLOOR.match(key)
+            if key not in (*FLOOR_KEYS, *FLOOR_SETTINGS) and latency is None:
+                raise sub.fail(key, "unknown floor" + _did_you_mean(key, {*FLOOR_KEYS, *FLOOR_SETTINGS}))
             if key == "speedup_vs":
-                if not isinstance(value, str) or value not in services:
-                    raise sub.fail(key, f"expected the name of another service, got {_describe(value)}")
+                if not isinstance(value, str) or value not in services or value == service:
+                    others = ", ".join(name for name in services if name != service) or "none"
+                    raise sub.fail(key, f"expected the name of another service of this host ({others}), "
+                                        f"got {_describe(value)}")
                 values[key] = value
-            elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise sub.fail(key, f"expected a non-negative number, got {_describe(value)}")
-            else:
-                values[key] = float(value)
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise sub.fail(key, f"expected a positive number, got {_describe(value)}")
+            if key == "confidence" and not 0.5 < value < 1:
+                raise sub.fail(key, f"expected a confidence level in (0.5, 1) such as 0.95, got {value!r}")
+            if key == "regression_pct" and not value < 100:
+                raise sub.fail(key, f"expected a percentage in (0, 100), got {value!r}")
+            if latency is not None and latency.group(3) is not None and not 0 < float(latency.group(3)) < 100:
+                raise sub.fail(key, "unknown floor: a percentile must be in (0, 100), e.g. ttft_p99_ms")
+            values[key] = float(value)
+        if ("speedup" in values) != ("speedup_vs" in values):
+            missing = "speedup_vs" if "speedup" in values else "speedup"
+            raise sub.fail(missing, "missing required key: speedup and speedup_vs go together "
+                                    "(speedup_vs = \"none\", speedup = 2.0)")
         floors[service] = values
     return floors
+
+
+def _perf(table: _Table, services: Mapping[str, ServiceSpec]) -> dict[str, Any]:
+    """[perf]: how the perf layer loads each service; [perf.SERVICE] overrides requests/duration/warmup.
+
+    Values are normalised: durations in seconds (float), per-service tables under "services".
+    """
+
+    def count(sub: _Table, name: str, low: int) -> int | None:
+        value = sub.get(name, int)
+        if value is not None and value < low:
+            raise sub.fail(name, f"expected an integer >= {low}, got {value}")
+        return value
+
+    def number(sub: _Table, name: str, *, positive: bool = True) -> float | None:
+        value = sub.get(name, float)
+        if value is not None and (value < 0 or (positive and value == 0)):
+            raise sub.fail(name, f"expected a {'positive' if positive else 'non-negative'} number, got {value!r}")
+        return value
+
+    def duration(sub: _Table, name: str) -> float | None:
+        value = sub.duration(name, -1.0)
+        if value == -1.0:
+            return None
+        if not value > 0:
+            raise sub.fail(name, f"expected a positive duration like '30s', got {sub.raw(name)!r}")
+        return value
+
+    out: dict[str, Any] = {}
+    per_service: dict[str, dict[str, Any]] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            if key not in services:
+                raise table.fail(key, f"expected a service of this host ({', '.join(services)}) or a [perf] key")
+            sub = table.sub(key)
+            assert sub is not None
+            entry = {"requests": count(sub, "requests", 1), "duration": duration(sub, "duration"),
+                     "warmup": count(sub, "warmup", 0)}
+            sub.done()
+            per_service[key] = {k: v for k, v in entry.items() if v is not None}
+    endpoint = table.choice("endpoint", PERF_ENDPOINTS)
+    values = {
+        "endpoint": endpoint,
+        "concurrency": count(table, "concurrency", 1),
+        "requests": count(table, "requests", 1),
+        "duration": duration(table, "duration"),
+        "warmup": count(table, "warmup", 0),
+        "prompt_len": count(table, "prompt_len", 1),
+        "output_len": count(table, "output_len", 1),
+        "temperature": number(table, "temperature", positive=False),
+        "seed": count(table, "seed", 0),
+        "request_timeout": duration(table, "request_timeout"),
+        "max_loop_lag_ms": number(table, "max_loop_lag_ms"),
+        "max_client_cpu": number(table, "max_client_cpu"),
+        "retries": count(table, "retries", 0),
+    }
+    for name in per_service:
+        table.get(name, dict)  # seen
+    table.done()
+    out.update({k: v for k, v in values.items() if v is not None})
+    if per_service:
+        out["services"] = per_service
+    return out
 
 
 def load_profile(path: Path, *, name: str | None = None) -> HostProfile:
@@ -441,7 +523,7 @@ def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None
         raise services_table.fail("", "expected at least one [services.NAME] table")
     parity_table = root.sub("parity")
     floors_table = root.sub("floors")
-    perf = root.get("perf", dict, {})
+    perf_table = root.sub("perf")
     root.done()
     return HostProfile(
         name=profile.name,
@@ -458,7 +540,7 @@ def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None
         connect_timeout_s=profile.connect_timeout_s,
         parity=_parity(parity_table, services, source.parent) if parity_table else None,
         floors=_floors(floors_table, services) if floors_table else {},
-        perf=perf or {},
+        perf=_perf(perf_table, services) if perf_table else {},
     )
 
 
