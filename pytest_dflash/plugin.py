@@ -47,7 +47,7 @@ REQUEST_TIMEOUT_HELP = "timeout of one HTTP request made by a test (default 60s;
 
 # Layer modules that add their own options and hooks register here (pytest loads them with this plugin).
 pytest_plugins: list[str] = ["pytest_dflash.gpu.hooks", "pytest_dflash.report.fleet_hooks",
-                              "pytest_dflash.parity_hooks"]
+                              "pytest_dflash.parity_hooks", "pytest_dflash.perf_hooks"]
 
 RUN_KEY = pytest.StashKey[DflashRun]()
 EMPTY_SHARD_KEY = pytest.StashKey[str]()
