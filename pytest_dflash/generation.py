@@ -25,7 +25,7 @@ PATHS: dict[Api, str] = {"generate": "/generate", "completions": "/v1/completion
 
 PROMPT = "The quick brown fox"
 # Open-ended, so that a correctly sampled continuation varies from seed to seed on any model.
-SEED_PROMPT = "Here is a list of random words, one per line:\n"
+SEED_PROMPT = "Here is a random sequence of numbers between 0 and 999, separated by commas:"
 # SGLang logs this once at start-up when sgl_kernel lacks tree_speculative_sampling_target_only.
 GREEDY_FALLBACK_LINE = re.compile(r"[^\n]*falling back to greedy argmax verification[^\n]*")
 
@@ -508,15 +508,21 @@ class SeedVariation:
     def distinct(self) -> int:
         return len(set(self.outputs))
 
-    def same_start_pairs(self) -> tuple[int, int]:
-        """(pairs of samples that start alike, how many of those are identical throughout).
-
-        "Start alike": the same first token (native ids), else the same first character (text only).
-        """
-        groups: dict[object, list[object]] = {}
+    def identical_pairs(self) -> int:
+        """Pairs of samples (different seeds) that are identical throughout."""
+        counts: dict[object, int] = {}
         for output in self.outputs:
-            if output:
-                groups.setdefault(output[0], []).append(output)
+            counts[output] = counts.get(output, 0) + 1
+        return sum(n * (n - 1) // 2 for n in counts.values())
+
+    def same_first_token_pairs(self) -> tuple[int, int]:
+        """Native only: (pairs of samples sharing their first token, how many of those are identical throughout)."""
+        if self.ids is None:
+            return 0, 0
+        groups: dict[int, list[tuple[int, ...]]] = {}
+        for ids in self.ids:
+            if ids:
+                groups.setdefault(ids[0], []).append(ids)
         pairs = identical = 0
         for members in groups.values():
             for i in range(len(members)):
@@ -594,25 +600,25 @@ def service_log_line(handle: ServiceHandle, pattern: re.Pattern[str], *, lines: 
 def check_seed_variation(variation: SeedVariation, *, api: Api, log_line: Callable[[], str | None]) -> None:
     """Fail when seeds do not change the output (greedy fallback), naming SGLang's log line when present.
 
-    Failing patterns: all samples identical; or (native) every pair of samples that share their first
-    token is identical after it (at least 3 such pairs), or (text) at least half of the pairs that share
-    their first character, and at least 3, are identical: later tokens are not sampled.
+    Failing patterns: all samples identical; (native) at least 3 pairs of samples share their first token
+    and every such pair is identical after it; (text only) at least 3 pairs of samples are identical
+    throughout. A correctly sampled 24-token run of random numbers practically never repeats.
     """
     __tracebackhide__ = True
     count = len(variation.seeds)
     where = f"temperature 1, seeds {variation.seeds[0]}..{variation.seeds[-1]}, {PATHS[api]}"
     problem = None
-    pairs, identical = variation.same_start_pairs()
     if variation.distinct == 1:
         problem = f"all {count} samples ({where}) are identical: {variation.texts[0][:60]!r}"
-    elif variation.ids is not None and pairs >= 3 and identical == pairs:
-        problem = (f"{pairs} pairs of samples ({where}) share their first token and every such pair is identical "
-                   f"after it ({variation.distinct} distinct outputs of {count}): only the first token is sampled, "
-                   "every later token is the greedy continuation")
-    elif variation.ids is None and identical >= 3 and identical * 2 >= pairs:
-        problem = (f"{identical} of the {pairs} pairs of samples ({where}) that start with the same character are "
-                   f"identical throughout ({variation.distinct} distinct outputs of {count}): later tokens are not "
-                   "sampled")
+    elif variation.ids is not None:
+        pairs, identical = variation.same_first_token_pairs()
+        if pairs >= 3 and identical == pairs:
+            problem = (f"{pairs} pairs of samples ({where}) share their first token and every such pair is identical "
+                       f"after it ({variation.distinct} distinct outputs of {count}): only the first token is "
+                       "sampled, every later token is the greedy continuation")
+    elif (identical := variation.identical_pairs()) >= 3:
+        problem = (f"{identical} pairs of samples ({where}) are identical throughout ({variation.distinct} distinct "
+                   f"outputs of {count}): later tokens are not sampled")
     if problem is None:
         return
     line = log_line()
