@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from pytest_dflash.host import DflashRun, HostContext, RunOptions
 from pytest_dflash.inventory import load_profile
 from pytest_dflash.parity import (
     BUILTIN_PROMPTS,
     PlainUnavailable,
     derive_plain_spec,
     load_prompts,
+    plain_service,
     strip_speculative_args,
     strip_speculative_text,
 )
@@ -124,3 +126,28 @@ def test_ini_keys_work_like_the_flags(pytester: pytest.Pytester) -> None:
 
     options = pytester.parseconfigure().stash[OPTIONS_KEY]
     assert (options.alpha, options.concurrency) == (0.01, 4)
+
+
+def _host(name: str, *, provision: bool) -> HostContext:
+    profile = load_profile(ROOT / "hosts" / f"{name}.toml")
+    return DflashRun({profile.name: profile}, RunOptions(provision=provision), "r1").host(profile.name)
+
+
+def test_plain_server_is_the_profiles_plain_or_a_none_service() -> None:
+    local = _host("local", provision=False)
+    assert plain_service(local.service("dflash")).name == "none"  # [parity] plain = "none"
+
+
+def test_attach_mode_without_a_plain_service_says_how_to_get_one() -> None:
+    ct200 = _host("ct200", provision=False)
+    with pytest.raises(PlainUnavailable, match=r"set \[parity\] plain = \"NAME\" in the profile, or run with "
+                                               r"--provision"):
+        plain_service(ct200.service("dflash"))
+    assert "dflash-plain" not in ct200.services
+
+
+def test_provisioning_without_a_free_gpu_derives_nothing() -> None:
+    ct200 = _host("ct200", provision=True)
+    with pytest.raises(PlainUnavailable, match="no free GPU for a plain server beside dflash"):
+        plain_service(ct200.service("dflash"))
+    assert "dflash-plain" not in ct200.services and not ct200.notes
