@@ -74,8 +74,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     xdist (3.8) tags items by assigning `item._nodeid`; since pytest 9.2 node ids are structured (`item._id`)
     and that assignment silently does nothing, so LoadGroupScheduling sees no groups at all
     (pytest-dev/pytest-xdist#1386). Where the suffix is missing after xdist's own hook, set it here."""
-    if getattr(config, "workerinput", None) is None or not config.getvalue("loadgroup"):
-        return
+    if getattr(config, "workerinput", None) is None or not config.getvalue("loadgroup") or not _targets(config):
+        return  # like the rest of the plugin: nothing changes unless hosts are under test
     for item in items:
         marks = item.iter_markers("xdist_group")
         names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
@@ -111,7 +111,14 @@ class _LoadGroupToWorkers:
         self.config = config
 
     def pytest_configure_node(self, node: Any) -> None:
-        node.workerinput[LOADGROUP_INPUT] = self.config.getvalue("dist") == "loadgroup"
+        node.workerinput[LOADGROUP_INPUT] = self.config.getvalue("dist") == "loadgroup" and _targets(self.config)
+
+
+def _targets(config: pytest.Config) -> bool:
+    from .. import plugin
+
+    run = config.stash.get(plugin.RUN_KEY, None)
+    return run is not None and bool(run.profiles)
 
 
 def _enabled(config: pytest.Config) -> bool:
