@@ -42,7 +42,8 @@ MAX_CHANGES = 200  # per host, in the summary ("what changed" of a whole package
 # Service facts that are measurements of one run, not configuration: never "what changed".
 VOLATILE_SERVICE_KEYS = frozenset({"ready", "accept_length", "provisioned", "ready_s"})
 # Perf numbers where a smaller value is better (latencies, durations); the rest (tokens/s, accept length) grow.
-LOWER_IS_BETTER = ("ttft", "itl", "latency", "_ms", "duration", "ready_s", "e2e", "_p50", "_p90", "_p99")
+LOWER_IS_BETTER = ("ttft", "itl", "tpot", "latency", "_ms", "duration", "ready_s", "e2e", "_p50", "_p90", "_p99",
+                   "failed", "error", "inconclusive", "saturated")
 
 
 class FleetInputError(Exception):

@@ -147,3 +147,17 @@ def test_previous_summary_from_an_older_layer_set_still_compares(tmp_path: Path)
     summary = _merge(tmp_path / "in", tmp_path / "out", "--previous", str(tmp_path / "prev.json"))
     assert summary["trend"]["new_failures"][0]["was"] == "pass"
     assert summary["trend"]["perf"] == []
+
+
+def test_direction_of_perf_numbers_the_perf_layer_writes() -> None:
+    worse_when_higher = ["perf.dflash.median_ttft_ms", "perf.dflash.p99_itl_ms", "perf.dflash.mean_tpot_ms",
+                         "perf.dflash.p99_e2e_latency_ms", "perf.dflash.failed", "service:dflash.ready_s",
+                         "perf.dflash.client_saturated"]
+    worse_when_lower = ["perf.dflash.output_throughput", "perf.dflash.request_throughput", "perf.dflash.accept_length",
+                        "perf.ddtree.speedup_vs_dflash", "perf.dflash.output_tok_s.pass", "service:dflash.accept_length"]
+    assert all(fleet.lower_is_better(m) for m in worse_when_higher)
+    assert not any(fleet.lower_is_better(m) for m in worse_when_lower)
+    deltas = fleet.perf_deltas({"perf.dflash.failed": 0.0, "perf.dflash.output_throughput": 100.0},
+                               {"perf.dflash.failed": 3.0, "perf.dflash.output_throughput": 103.0}, 5.0)
+    assert deltas["perf.dflash.failed"]["regression"] and deltas["perf.dflash.failed"]["pct"] is None
+    assert not deltas["perf.dflash.output_throughput"]["significant"]
