@@ -1,4 +1,4 @@
-"""`pytest --host local suites/perf` through the real plugin and suite, against real refserver processes.
+"""`pytest --host local suites/perf` (hosts/local.toml, copied as host "perf-local"), through the real plugin and suite.
 
 A clean local host passes its floors (and --update-baseline records it); the same profile with
 `slow-decode` on DFLASH fails the throughput floor, the speed-up floor and the baseline, each with the measured
@@ -17,18 +17,23 @@ from e2e_helpers import ROOT, assert_no_crash, verdict
 from pytest_dflash.perf_layer import load_baseline
 
 LOCAL = ROOT / "hosts" / "local.toml"
+HOST = "perf-local"
 SLOW_DECODE = 8  # DFLASH ~520 -> ~65 tok/s: far under its floor of 150, even on a quiet machine
 
 
 def local_profile(directory: Path, *, slow_dflash: int | None = None) -> Path:
-    """hosts/local.toml as shipped (its [perf] and [floors] tables), optionally with slow-decode on DFLASH."""
+    """hosts/local.toml as shipped (its [perf] and [floors] tables), optionally with slow-decode on DFLASH.
+
+    Named 'perf-local': the same profile as --host local, without waiting for the host lock of other
+    self-tests that run --host local in parallel (CI runs -n 2).
+    """
     text = LOCAL.read_text()
     if slow_dflash is not None:
         anchor = '"--speculative-algorithm", "DFLASH",'
         assert text.count(anchor) == 1
         text = text.replace(anchor, f'{anchor} "--inject", "slow-decode={slow_dflash}",')
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "local.toml"  # host name "local": its baselines are reports/baselines/local/*.json
+    path = directory / f"{HOST}.toml"  # its baselines: <baseline dir>/perf-local/<service>.json
     path.write_text(text)
     return path
 
@@ -44,28 +49,28 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
         run_suite, tmp_path: Path) -> None:
     baselines = tmp_path / "baselines"
     html = tmp_path / "perf.html"
-    clean = run_suite("perf", "--host", "local", "--update-baseline", f"--baseline-dir={baselines}", f"--html={html}")
+    clean = run_suite("perf", "--host", str(local_profile(tmp_path / "clean")), "--update-baseline", f"--baseline-dir={baselines}", f"--html={html}")
     assert_no_crash(clean)
     clean.assert_outcomes(passed=10, skipped=1)  # skipped: NONE has no speed-up floor
     clean.stdout.fnmatch_lines([
         "*dflash perf*",
-        "local: generate, concurrency 1, 32+32 tokens, 30 requests and 60 s",
+        f"{HOST}: generate, concurrency 1, 32+32 tokens, 30 requests and 60 s",
         "    dflash (DFLASH): * tok/s [[]*, *[]], TTFT p50/p99 */* ms, ITL p99 * ms, accept length * (server *)",
         "        errors PASS, output_tok_s PASS, itl_p99_ms PASS, ttft_p50_ms PASS, accept_length PASS, "
         "speedup_vs_none PASS",
         "    speed-up (output tok/s, same load, 95% bounds): *ddtree/dflash *x [[]*[]] (accept length * vs *)*",
-        "*local: PASS*perf:passed*",
+        f"{HOST}: PASS*perf:passed*",
     ])
-    data = verdict(run_suite.reports, "local")
+    data = verdict(run_suite.reports, HOST)
     metrics = data["metrics"]
     assert data["verdict"] == "pass" and data["layers"]["perf"]["outcome"] == "passed"
     for service in ("none", "dflash", "ddtree"):
         assert metrics[f"perf.{service}.output_throughput"] >= floors(service)["output_tok_s"]
         assert metrics[f"perf.{service}.output_tok_s.pass"] == 1.0
-        doc = json.loads((run_suite.reports / "perf" / "local" / f"{service}.json").read_text())
+        doc = json.loads((run_suite.reports / "perf" / HOST / f"{service}.json").read_text())
         assert {"output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "accept_length"} <= set(doc)
         assert doc["completed"] == 30 and doc["dflash_perf"]["service"] == service
-        recorded = load_baseline(baselines / "local" / f"{service}.json")
+        recorded = load_baseline(baselines / HOST / f"{service}.json")
         assert len(recorded.result.measured) == 30
         assert recorded.result.metrics["output_throughput"] == pytest.approx(doc["output_throughput"])
     assert metrics["perf.ddtree.speedup_vs_none"] >= floors("ddtree")["speedup"]
@@ -81,10 +86,10 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
     slow.assert_outcomes(failed=3, passed=3, skipped=1)  # DFLASH: floors, speed-up, baseline fail; accept length holds
     floor = floors("dflash")["output_tok_s"]
     slow.stdout.fnmatch_lines([
-        f"E * local/dflash: output_tok_s: FAIL — * tok/s, 95% upper bound * tok/s < floor {floor:g} tok/s "
+        f"E * {HOST}/dflash: output_tok_s: FAIL — * tok/s, 95% upper bound * tok/s < floor {floor:g} tok/s "
         "(n=30 requests)",
-        "E * local/dflash: speed-up dflash (DFLASH) / none (NONE): FAIL — *x, 95% upper bound *x < floor 2x*",
-        "E * local/dflash: output_tok_s vs baseline: FAIL — *x < floor 0.5x (n=30 requests) [[]current * tok/s vs "
+        f"E * {HOST}/dflash: speed-up dflash (DFLASH) / none (NONE): FAIL — *x, 95% upper bound *x < floor 2x*",
+        f"E * {HOST}/dflash: output_tok_s vs baseline: FAIL — *x < floor 0.5x (n=30 requests) [[]current * tok/s vs "
         "baseline *; allowed regression 50%[]]; output_tok_s * -> * tok/s (-*%) since the baseline recorded *",
     ], consecutive=False)
     text = slow.stdout.str()
@@ -92,27 +97,27 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
     assert measured is not None
     point, bound = float(measured.group(1)), float(measured.group(2))
     assert point < bound < floor
-    data = verdict(run_suite.reports, "local")
+    data = verdict(run_suite.reports, HOST)
     assert data["verdict"] == "fail" and data["layers"]["perf"]["outcome"] == "failed"
     assert data["metrics"]["perf.dflash.output_tok_s.pass"] == 0.0
     assert data["metrics"]["perf.dflash.output_tok_s.bound"] == pytest.approx(bound, rel=1e-3)
     assert data["metrics"]["perf.none.output_tok_s.pass"] == 1.0
     assert "output_tok_s: FAIL" in data["failures"][0]["message"]
     # the baseline is not replaced by a bad run
-    assert load_baseline(baselines / "local" / "dflash.json").result.metrics["output_throughput"] > floor
+    assert load_baseline(baselines / HOST / "dflash.json").result.metrics["output_throughput"] > floor
 
 
-def test_a_too_short_run_is_inconclusive_and_fails(run_suite) -> None:  # type: ignore[no-untyped-def]
-    result = run_suite("perf", "--host", "local", "-k", "floors and dflash", "--perf-requests", "8")
+def test_a_too_short_run_is_inconclusive_and_fails(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    result = run_suite("perf", "--host", str(local_profile(tmp_path)), "-k", "floors and dflash", "--perf-requests", "8")
     assert_no_crash(result)
     result.assert_outcomes(failed=1, deselected=10)
     result.stdout.fnmatch_lines([
-        "E * local/dflash: output_tok_s: INCONCLUSIVE — * tok/s from too short a run (n=8 requests; at least 20 "
+        f"E * {HOST}/dflash: output_tok_s: INCONCLUSIVE — * tok/s from too short a run (n=8 requests; at least 20 "
         "units are needed to judge); about 12 more requests would decide",
         "E * INCONCLUSIVE is not a pass: the test fails and a --gate with perf does not pass. Measure longer: "
         "--perf-requests 20 *",
     ], consecutive=False)
-    data = verdict(run_suite.reports, "local")
+    data = verdict(run_suite.reports, HOST)
     assert data["layers"]["perf"]["outcome"] == "failed"
     assert data["metrics"]["perf.dflash.output_tok_s.inconclusive"] == 1.0
     assert data["metrics"]["perf.dflash.output_tok_s.pass"] == 0.0
