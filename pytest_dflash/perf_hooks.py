@@ -342,6 +342,8 @@ class PerfLayer:
     def _record_baseline(self, handle: ServiceHandle, run: ServiceRun, path: Path,
                          floors: Mapping[str, float | str]) -> None:
         __tracebackhide__ = True
+        if run.refusal:
+            pytest.fail(f"{handle.label}: baseline NOT recorded: {run.refusal}\n{REFUSED_HINT}")
         judged = [run.judgements[k] for k in run.judgements if not k.startswith(("baseline", "speedup"))]
         if not judged:
             judged = run.judge(judge_floors(run, floors))

@@ -21,7 +21,7 @@ HOST = "perf-local"
 SLOW_DECODE = 8  # DFLASH ~520 -> ~65 tok/s: far under its floor of 150, even on a quiet machine
 
 
-def local_profile(directory: Path, *, slow_dflash: int | None = None) -> Path:
+def local_profile(directory: Path, *, slow_dflash: int | None = None, max_loop_lag_ms: float | None = None) -> Path:
     """hosts/local.toml as shipped (its [perf] and [floors] tables), optionally with slow-decode on DFLASH.
 
     Named 'perf-local': the same profile as --host local, without waiting for the host lock of other
@@ -32,6 +32,9 @@ def local_profile(directory: Path, *, slow_dflash: int | None = None) -> Path:
         anchor = '"--speculative-algorithm", "DFLASH",'
         assert text.count(anchor) == 1
         text = text.replace(anchor, f'{anchor} "--inject", "slow-decode={slow_dflash}",')
+    if max_loop_lag_ms is not None:
+        assert text.count("max_loop_lag_ms = 50\n") == 1
+        text = text.replace("max_loop_lag_ms = 50\n", f"max_loop_lag_ms = {max_loop_lag_ms}\n")
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{HOST}.toml"  # its baselines: <baseline dir>/perf-local/<service>.json
     path.write_text(text)
@@ -120,4 +123,22 @@ def test_a_too_short_run_is_inconclusive_and_fails(run_suite, tmp_path: Path) ->
     data = verdict(run_suite.reports, HOST)
     assert data["layers"]["perf"]["outcome"] == "failed"
     assert data["metrics"]["perf.dflash.output_tok_s.inconclusive"] == 1.0
+    assert data["metrics"]["perf.dflash.output_tok_s.pass"] == 0.0
+
+
+def test_a_saturated_client_refuses_to_judge_and_says_so(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A lag threshold no event loop meets: every run counts as saturated, is measured again once, then refused.
+    result = run_suite("perf", "--host", str(local_profile(tmp_path, max_loop_lag_ms=0.001)), "-k",
+                       "floors and dflash", "--perf-requests", "20")
+    assert_no_crash(result)
+    result.assert_outcomes(failed=1, deselected=10)
+    result.stdout.fnmatch_lines([
+        "*perf-local/dflash: the load client was saturated (event-loop lag p99 * ms > 0.001 ms*): measuring again",
+        f"E * {HOST}/dflash: output_tok_s: REFUSED — no judgement: the load client was saturated (event-loop lag "
+        f"p99 * ms > 0.001 ms*) in 2 of 2 run(s): its numbers measure the client, not {HOST}/dflash",
+        "E * REFUSED: the load client was the bottleneck, so nothing was judged.*",
+    ], consecutive=False)
+    data = verdict(run_suite.reports, HOST)
+    assert data["layers"]["perf"]["outcome"] == "failed"
+    assert data["metrics"]["perf.dflash.client_saturated"] == 1.0
     assert data["metrics"]["perf.dflash.output_tok_s.pass"] == 0.0
