@@ -227,11 +227,9 @@ class PerfBook:
         run.write(self.report_dir(host.name) / f"{safe_name(run.service)}.json")
 
     def _write_plots(self, run: ServiceRun) -> None:
-        from .report.plots import plots_for_result
-
         directory = self.report_dir(run.host)
         directory.mkdir(parents=True, exist_ok=True)
-        for name, svg in plots_for_result(run.result).items():
+        for name, svg in _plots(run).items():
             (directory / f"{safe_name(run.service)}.{name}.svg").write_text(svg, encoding="utf-8")
 
 
@@ -408,9 +406,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-def _html_block(run: ServiceRun, *, plots: bool) -> str:
+def _plots(run: ServiceRun) -> dict[str, str]:
+    """Latency CDF, tokens/s over time and (speculative services) the accept-length histogram, as SVG."""
     from .report.plots import plots_for_result
 
+    svgs = plots_for_result(run.result)
+    if run.accept_length is None:
+        svgs.pop("accept_length", None)  # NONE, or no native API: nothing to draw
+    return svgs
+
+
+def _html_block(run: ServiceRun, *, plots: bool) -> str:
     colour = {"pass": "#2e7d32", "fail": "#c62828", "inconclusive": "#ef6c00", "refused": "#6a1b9a"}
     rows = "".join(
         f'<tr><td style="color:{colour[j.outcome]};font-weight:bold">{j.outcome}</td>'
@@ -419,7 +425,7 @@ def _html_block(run: ServiceRun, *, plots: bool) -> str:
     if rows:
         out.append(f'<table class="dflash-perf-judgements">{rows}</table>')
     if plots:
-        svgs = plots_for_result(run.result)
+        svgs = _plots(run)
         out.append('<div style="display:flex;flex-wrap:wrap;gap:8px">' + "".join(svgs.values()) + "</div>")
     out.append("</div>")
     return "".join(out)

@@ -135,3 +135,24 @@ def test_load_spec_follows_the_server_dialect() -> None:
     openai = settings.load_spec(native=False, speculative=True, model="qwen")
     assert openai.endpoint == "chat" and not openai.server_accept_length and openai.model == "qwen"
     assert PerfSettings(endpoint="completions").load_spec(native=True, speculative=True).endpoint == "completions"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--perf-requests", "0"], "--perf-requests / dflash_perf_requests: '0' must be >= 1"),
+        (["--perf-concurrency", "two"], "--perf-concurrency / dflash_perf_concurrency: 'two' is not an integer"),
+        (["--perf-duration", "soon"], "--perf-duration / dflash_perf_duration: 'soon' is not a duration"),
+    ],
+)
+def test_bad_perf_options_are_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest(*args, "-p", "no:cacheprovider")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines([f"ERROR: {message}*"])
+
+
+def test_perf_options_are_in_help(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["*--update-baseline*", "*--baseline-dir=DIR*", "*--perf-requests=REQUESTS*",
+                                 "*--perf-duration=DURATION*"], consecutive=False)
