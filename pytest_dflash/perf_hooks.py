@@ -236,9 +236,10 @@ class PerfBook:
 class PerfLayer:
     """The `dflash_perf` fixture: measure a service once per run, judge it, and fail with the evidence."""
 
-    def __init__(self, book: PerfBook, item: PerfItem) -> None:
+    def __init__(self, book: PerfBook, item: PerfItem, node: pytest.Item | None = None) -> None:
         self.book = book
         self.item = item
+        self.node = node
 
     @property
     def options(self) -> PerfOptions:
@@ -256,11 +257,22 @@ class PerfLayer:
 
     def measure_peer(self, handle: ServiceHandle, name: str) -> ServiceRun:
         """Another service of the same host, made ready first (skipped as blocked when it is not usable)."""
+        from .host import readiness_error_summary
+        from .plugin import HANDLES_KEY
+
         other = handle.host.service(name)
+        if self.node is not None:  # its log and state are evidence of this test too
+            handles = self.node.stash.setdefault(HANDLES_KEY, [])
+            if other not in handles:
+                handles.append(other)
+        failed_before = other.failure is not None
         try:
             other.ensure_ready()
         except DflashError as exc:
-            pytest.skip(f"blocked: {other.label} is not usable: {str(exc).splitlines()[0]}")
+            if failed_before:
+                pytest.skip(f"blocked: {other.label} is not usable: {readiness_error_summary(exc)}")
+            pytest.fail(f"{other.label} (the speed-up's reference) is not ready: {readiness_error_summary(exc)}",
+                        pytrace=False)
         return self.measure(other)
 
     def record(self, run: ServiceRun, judgements: Iterable[Judgement]) -> list[Judgement]:
@@ -378,7 +390,8 @@ def _host_of(run: ServiceRun, book: PerfBook) -> HostContext | None:
 def dflash_perf(request: pytest.FixtureRequest) -> PerfLayer:
     """The perf layer: `dflash_perf.floors_of(dflash_service)`, `.measure(...)`, `.check(run, judgements)`."""
     item = request.node.stash.setdefault(ITEM_KEY, PerfItem())
-    return PerfLayer(request.config.stash[BOOK_KEY], item)
+    node = request.node if isinstance(request.node, pytest.Item) else None
+    return PerfLayer(request.config.stash[BOOK_KEY], item, node)
 
 
 # ---- reporting -------------------------------------------------------------------------------------------
