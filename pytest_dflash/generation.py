@@ -302,7 +302,9 @@ def _pick_stop_string(text: str) -> str | None:
 def stop_token_id(client: InferenceClient, api: Api, *, max_tokens: int = 24) -> Generation:
     """stop_token_ids: generation ends at the first occurrence of the token (finish 'stop', matched = the id)."""
     __tracebackhide__ = True
-    free = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    # No ignore_eos: SGLang checks stop_token_ids in the same branch as EOS, so ignore_eos disables them
+    # (seen on the H200: with ignore_eos the stop id was generated and not honoured).
+    free = Sampling(max_tokens=max_tokens, temperature=0.0)
     ids = client.generate(PROMPT, free).output_ids or []
     position = next((i for i in range(2, len(ids)) if ids[i] not in ids[:i]), None)
     if position is None:
@@ -414,7 +416,9 @@ def concurrent_sampled(client: InferenceClient, api: Api, *, count: int = 16, ma
 BAD_REQUESTS: dict[str, tuple[tuple[Api, ...], dict[str, Any]]] = {
     "temperature=-1": (APIS, {"temperature": -1}),
     "top_p=1.5": (APIS, {"top_p": 1.5}),
-    "top_k=0": (APIS, {"top_k": 0}),
+    # SGLang turns temperature 0 into top_k=1 before verifying, so top_k=0 is only invalid when sampling
+    # (recorded: 200 at temperature 0 on the H200).
+    "top_k=0": (APIS, {"top_k": 0, "temperature": 0.8}),
     "min_p=2": (APIS, {"min_p": 2}),
     "max_tokens=-1": (APIS, {"max_tokens": -1}),
     "prompt over the context": (("generate", "completions"), {"prompt_chars": 0}),

@@ -333,7 +333,8 @@ class Scheduler(threading.Thread):
         params, tok = seq.params, seq.output[-1]
         if len(seq.output) >= params.max_new_tokens:
             return {"type": "length", "length": params.max_new_tokens}
-        if tok in params.stop_token_ids or finished_by_eos(tok, params):
+        # SGLang checks stop_token_ids together with EOS, so ignore_eos disables both (stop strings still apply).
+        if not params.ignore_eos and (tok in params.stop_token_ids or finished_by_eos(tok, params)):
             return {"type": "stop", "matched": tok}
         if params.stop:
             width = 4 * max(len(s) for s in params.stop) + 4
