@@ -73,6 +73,10 @@ class _InFlight:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
+    def wait(self, timeout_s: float) -> None:
+        """Return when the request finished, or after `timeout_s` (the state must be polled meanwhile)."""
+        self._thread.join(timeout_s)
+
     @property
     def age(self) -> float:
         return time.monotonic() - self.started
@@ -140,8 +144,8 @@ class ReadinessWatcher:
                     if response.status_code == 200:
                         report.http_s = now - started
                         phase, problem = "greedy", "greedy generation not answered yet"
-                    else:
-                        problem = f"/v1/models answered HTTP {response.status_code}"
+                        continue  # straight on to the first generation
+                    problem = f"/v1/models answered HTTP {response.status_code}"
                 except ApiError as exc:
                     problem = exc.message
                 next_attempt = now + self.poll_s
@@ -178,4 +182,7 @@ class ReadinessWatcher:
                                               f"{phase} request rejected: {error}",
                                               self.service.logs_since(self.log_mark, self.log_lines))
                     next_attempt = now + 0.5
-            time.sleep(self.poll_s)
+            if in_flight is not None and not in_flight.done:
+                in_flight.wait(self.poll_s)  # wakes as soon as the answer is in: an up service is ready at once
+            elif phase == "http" or now < next_attempt or dropped_at is not None:
+                time.sleep(self.poll_s)
