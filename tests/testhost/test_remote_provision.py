@@ -54,8 +54,8 @@ def test_provision_deploys_starts_and_removes_units(testhost: TestHost, guest: G
     sent = [str(c["command"]) for c in _commands(log)]
     for spec in units.values():
         path = f"{UNIT_DIR}/{spec.unit}"
-        written = f"mv -f {path}.dflash-tmp {path}"
-        install = next(i for i, c in enumerate(sent) if c.startswith("printf %s ") and c.endswith(written))
+        # write_file logs what it wrote, not the payload (which may hold secrets)
+        install = next(i for i, c in enumerate(sent) if c.startswith(f"write {path} (") and "base64 | mv" in c)
         reload_after_install = sent.index("systemctl daemon-reload", install)
         start = sent.index(f"systemctl start --no-block {spec.unit}", reload_after_install)
         stop = sent.index(f"systemctl stop {spec.unit}", start)
