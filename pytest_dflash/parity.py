@@ -38,7 +38,10 @@ from .inventory import HostProfile, ServiceSpec
 if TYPE_CHECKING:
     from .host import ServiceHandle
 
-Kind = Literal["tie", "real", "unknown"]
+Kind = Literal["tie", "batch", "real", "unknown"]
+DEFAULT_BATCH_GAP = 0.5
+BATCH_NOTE = ("the service matches the reference for this prompt when it is sent alone: batched kernels' numerics, "
+              "not the verifier (SGLang's --enable-deterministic-inference makes the kernels batch-invariant)")
 TOP_LOGPROBS = 5
 DEFAULT_TIE_GAP = 1e-3
 DEFAULT_MAX_TIE_RATE = 0.25
@@ -222,6 +225,8 @@ class ParityReport:
     max_tie_rate: float = DEFAULT_MAX_TIE_RATE
     label: str = ""
     plain: str | None = None
+    concurrent: bool = False
+    batch_gap: float = DEFAULT_BATCH_GAP
 
     @property
     def exact_rate(self) -> float:
@@ -229,12 +234,13 @@ class ParityReport:
 
     @property
     def real(self) -> list[Divergence]:
-        """Divergences that are not ties (real ones and untriaged ones): each is a failure."""
-        return [d for d in self.divergences if d.kind != "tie"]
+        """Divergences that are not numerical (real ones and untriaged ones): each is a failure."""
+        return [d for d in self.divergences if d.kind not in ("tie", "batch")]
 
     @property
     def ties(self) -> list[Divergence]:
-        return [d for d in self.divergences if d.kind == "tie"]
+        """Numerical divergences: exact ties, and batched-kernel noise (kind "batch")."""
+        return [d for d in self.divergences if d.kind in ("tie", "batch")]
 
     @property
     def tie_rate(self) -> float:
@@ -244,15 +250,17 @@ class ParityReport:
         """Why this comparison fails (empty: it passes)."""
         out = [d.describe() for d in self.real]
         if self.tie_rate > self.max_tie_rate:
-            out.append(f"{len(self.ties)} of {self.prompts} prompts diverged at numerical ties: tie rate "
+            what = "numerical ties or batch noise: rate" if self.concurrent else "numerical ties: tie rate"
+            out.append(f"{len(self.ties)} of {self.prompts} prompts diverged at {what} "
                        f"{self.tie_rate:.2f} > max_tie_rate {self.max_tie_rate:g}")
         return out
 
     def summary(self) -> str:
-        kinds = {k: sum(1 for d in self.divergences if d.kind == k) for k in ("real", "tie", "unknown")}
+        kinds = {k: sum(1 for d in self.divergences if d.kind == k) for k in ("real", "tie", "batch", "unknown")}
+        batch = f", {kinds['batch']} batch noise (batch_gap {self.batch_gap:g})" if self.concurrent else ""
         return (f"{self.label}: {self.exact}/{self.prompts} prompts token-identical (exact-match rate "
                 f"{self.exact_rate:.2f}); divergences: {kinds['real']} real, {kinds['tie']} ties (tie_gap "
-                f"{self.tie_gap:g}, max_tie_rate {self.max_tie_rate:g}), {kinds['unknown']} untriaged"
+                f"{self.tie_gap:g}, max_tie_rate {self.max_tie_rate:g}){batch}, {kinds['unknown']} untriaged"
                 + (f"; triage by {self.plain}" if self.plain else "; no plain server for triage"))
 
     def check(self) -> None:
@@ -265,7 +273,9 @@ class ParityReport:
     def as_fact(self) -> dict[str, Any]:
         return {
             "prompts": self.prompts, "exact": self.exact, "exact_rate": round(self.exact_rate, 4),
-            "ties": len(self.ties), "real": sum(d.kind == "real" for d in self.divergences),
+            "ties": sum(d.kind == "tie" for d in self.divergences),
+            "real": sum(d.kind == "real" for d in self.divergences),
+            "batch_noise": sum(d.kind == "batch" for d in self.divergences), "concurrent": self.concurrent,
             "unknown": sum(d.kind == "unknown" for d in self.divergences), "tie_rate": round(self.tie_rate, 4),
             "tie_gap": self.tie_gap, "max_tie_rate": self.max_tie_rate, "plain": self.plain,
             "divergences": [{"prompt": d.prompt[:60], "index": d.index, "kind": d.kind, "gap": d.gap,
@@ -567,14 +577,21 @@ def ready_plain(reference: ServiceHandle, *, port: int | None = None) -> tuple[I
 def compare_pair(reference: ServiceHandle, compared: ServiceHandle, prompts: Sequence[str | Prompt], *,
                  max_tokens: int = 32, tie_gap: float | None = None, max_tie_rate: float | None = None,
                  concurrent_requests: bool = False, plain_port: int | None = None,
-                 reference_outputs: Sequence[Generation] | None = None) -> ParityReport:
-    """compare_greedy for two services of one host; the plain server is found (or started) only for a divergence."""
+                 reference_outputs: Sequence[Generation] | None = None,
+                 compared_alone: Sequence[Generation] | None = None, batch_gap: float | None = None) -> ParityReport:
+    """compare_greedy for two services of one host; the plain server is found (or started) only for a divergence.
+
+    With `concurrent_requests`, `compared_alone` (the compared service's outputs when each prompt was sent
+    alone) lets a small divergence seen only in the batch be classified as batch noise (`batch_gap`).
+    """
     spec = reference.host.profile.parity
     gap = tie_gap if tie_gap is not None else (spec.tie_gap if spec else DEFAULT_TIE_GAP)
     rate = max_tie_rate if max_tie_rate is not None else (spec.max_tie_rate if spec else DEFAULT_MAX_TIE_RATE)
+    noise = batch_gap if batch_gap is not None else (spec.batch_gap if spec else DEFAULT_BATCH_GAP)
     first = compare_greedy(reference.client, compared.client, prompts, max_tokens=max_tokens, plain=None,
                            tie_gap=gap, max_tie_rate=rate, concurrent_requests=concurrent_requests,
                            reference_outputs=reference_outputs)
+    first.concurrent, first.batch_gap = concurrent_requests, noise
     if not first.divergences:
         return first
     client, why = ready_plain(reference, port=plain_port)
@@ -585,7 +602,28 @@ def compare_pair(reference: ServiceHandle, compared: ServiceHandle, prompts: Seq
     first.plain = client.service
     first.divergences = [_retriaged(d, triage(server, d.prompt, d.reference_ids, d.compared_ids, d.index, gap))
                          for d in first.divergences]
+    if concurrent_requests and compared_alone is not None:
+        alone = {_prompt_text(p): tuple(g.output_ids or ()) for p, g in zip(prompts, compared_alone, strict=True)}
+        first.divergences = [batch_noise(d, alone.get(d.prompt), noise) for d in first.divergences]
     return first
+
+
+def _prompt_text(prompt: str | Prompt) -> str:
+    return prompt.text if isinstance(prompt, Prompt) else prompt
+
+
+def batch_noise(divergence: Divergence, alone: tuple[int, ...] | None, batch_gap: float) -> Divergence:
+    """Reclassify a small divergence seen only in a batch as batch noise.
+
+    Only when (a) the compared service's output for the prompt sent alone equals the reference exactly, and
+    (b) the diverging token is within `batch_gap` nats of the plain server's top logprob. A batching bug
+    (mixed-up KV across requests, a lossy batched verifier) picks tokens at confident positions: still real.
+    """
+    if divergence.kind != "real" or divergence.lower_bound or divergence.gap is None or alone is None:
+        return divergence
+    if divergence.gap > batch_gap or first_divergence(divergence.reference_ids, alone) is not None:
+        return divergence
+    return replace(divergence, kind="batch", note=BATCH_NOTE)
 
 
 def _retriaged(divergence: Divergence, verdict: Triage) -> Divergence:
@@ -594,6 +632,7 @@ def _retriaged(divergence: Divergence, verdict: Triage) -> Divergence:
 
 
 __all__ = ["BUILTIN_PROMPTS", "SMOKE_PROMPTS", "Candidate", "Divergence", "ParityReport", "PlainServer",
-           "PlainUnavailable", "Prompt", "Triage", "classify", "compare_greedy", "compare_pair", "derive_plain_spec",
+           "PlainUnavailable", "Prompt", "Triage", "batch_noise", "classify", "compare_greedy", "compare_pair",
+           "derive_plain_spec",
            "first_divergence", "greedy_outputs", "load_prompts", "plain_service", "ready_plain",
            "strip_speculative_args", "strip_speculative_text", "triage"]

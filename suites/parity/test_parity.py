@@ -39,12 +39,17 @@ def _greedy(pair: Pair, options: LayerOptions, cache: dict[tuple[str, ...], Any]
     reference, compared = pair
     spec = reference.host.profile.parity
     prompts = options.prompts(spec.prompts if spec else None)
-    key = ("greedy", reference.host.name, reference.name, str(options.max_tokens), *(p.text for p in prompts))
-    if key not in cache:
-        cache[key] = parity.greedy_outputs(reference.client, prompts, max_tokens=options.max_tokens)
+    def alone(service: ServiceHandle) -> Any:
+        key = ("greedy", service.host.name, service.name, str(options.max_tokens), *(p.text for p in prompts))
+        if key not in cache:
+            cache[key] = parity.greedy_outputs(service.client, prompts, max_tokens=options.max_tokens)
+        return cache[key]
+
     return parity.compare_pair(reference, compared, prompts, max_tokens=options.max_tokens, tie_gap=options.tie_gap,
                                max_tie_rate=options.max_tie_rate, plain_port=options.plain_port,
-                               concurrent_requests=concurrent_requests, reference_outputs=cache[key])
+                               concurrent_requests=concurrent_requests, reference_outputs=alone(reference),
+                               compared_alone=alone(compared) if concurrent_requests else None,
+                               batch_gap=options.batch_gap)
 
 
 def test_greedy_parity(dflash_pair: Pair, dflash_layer_options: LayerOptions,
@@ -58,7 +63,9 @@ def test_greedy_parity(dflash_pair: Pair, dflash_layer_options: LayerOptions,
 
 def test_greedy_parity_concurrent(dflash_pair: Pair, dflash_layer_options: LayerOptions,
                                   dflash_run_cache: dict[tuple[str, ...], Any]) -> None:
-    """The same prompts sent to the compared service all at once (one batch): still lossless."""
+    """The same prompts sent to the compared service all at once (one batch): still lossless.
+
+    A small divergence on a prompt the service gets right alone is batched-kernel noise (counted with ties)."""
     _native(dflash_pair)
     report = _greedy(dflash_pair, dflash_layer_options, dflash_run_cache, concurrent_requests=True)
     _metrics(dflash_pair[0])[f"parity-concurrent:{dflash_pair[0].name}~{dflash_pair[1].name}"] = report.as_fact()
