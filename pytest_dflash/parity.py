@@ -38,10 +38,11 @@ from .inventory import HostProfile, ServiceSpec
 if TYPE_CHECKING:
     from .host import ServiceHandle
 
-Kind = Literal["tie", "batch", "real", "unknown"]
-DEFAULT_BATCH_GAP = 0.5
-BATCH_NOTE = ("the service matches the reference for this prompt when it is sent alone: batched kernels' numerics, "
-              "not the verifier (SGLang's --enable-deterministic-inference makes the kernels batch-invariant)")
+Kind = Literal["tie", "noise", "real", "unknown"]
+DEFAULT_NOISE_GAP = 0.5
+NOISE_NOTE = ("numerical noise: sent again alone, the service gives the reference's token here, so its kernels' "
+              "numerics (batch composition, prefix-cache state) moved a near-tie, not the verifier "
+              "(SGLang's --enable-deterministic-inference makes them batch-invariant)")
 TOP_LOGPROBS = 5
 DEFAULT_TIE_GAP = 1e-3
 DEFAULT_MAX_TIE_RATE = 0.25
@@ -226,7 +227,7 @@ class ParityReport:
     label: str = ""
     plain: str | None = None
     concurrent: bool = False
-    batch_gap: float = DEFAULT_BATCH_GAP
+    noise_gap: float = DEFAULT_NOISE_GAP
 
     @property
     def exact_rate(self) -> float:
@@ -235,12 +236,12 @@ class ParityReport:
     @property
     def real(self) -> list[Divergence]:
         """Divergences that are not numerical (real ones and untriaged ones): each is a failure."""
-        return [d for d in self.divergences if d.kind not in ("tie", "batch")]
+        return [d for d in self.divergences if d.kind not in ("tie", "noise")]
 
     @property
     def ties(self) -> list[Divergence]:
-        """Numerical divergences: exact ties, and batched-kernel noise (kind "batch")."""
-        return [d for d in self.divergences if d.kind in ("tie", "batch")]
+        """Numerical divergences: exact ties, and near-ties moved by kernel numerics (kind "noise")."""
+        return [d for d in self.divergences if d.kind in ("tie", "noise")]
 
     @property
     def tie_rate(self) -> float:
@@ -250,14 +251,13 @@ class ParityReport:
         """Why this comparison fails (empty: it passes)."""
         out = [d.describe() for d in self.real]
         if self.tie_rate > self.max_tie_rate:
-            what = "numerical ties or batch noise: rate" if self.concurrent else "numerical ties: tie rate"
-            out.append(f"{len(self.ties)} of {self.prompts} prompts diverged at {what} "
+            out.append(f"{len(self.ties)} of {self.prompts} prompts diverged at numerical ties or noise: tie rate "
                        f"{self.tie_rate:.2f} > max_tie_rate {self.max_tie_rate:g}")
         return out
 
     def summary(self) -> str:
-        kinds = {k: sum(1 for d in self.divergences if d.kind == k) for k in ("real", "tie", "batch", "unknown")}
-        batch = f", {kinds['batch']} batch noise (batch_gap {self.batch_gap:g})" if self.concurrent else ""
+        kinds = {k: sum(1 for d in self.divergences if d.kind == k) for k in ("real", "tie", "noise", "unknown")}
+        batch = f", {kinds['noise']} numerical noise (noise_gap {self.noise_gap:g})"
         return (f"{self.label}: {self.exact}/{self.prompts} prompts token-identical (exact-match rate "
                 f"{self.exact_rate:.2f}); divergences: {kinds['real']} real, {kinds['tie']} ties (tie_gap "
                 f"{self.tie_gap:g}, max_tie_rate {self.max_tie_rate:g}){batch}, {kinds['unknown']} untriaged"
@@ -275,7 +275,7 @@ class ParityReport:
             "prompts": self.prompts, "exact": self.exact, "exact_rate": round(self.exact_rate, 4),
             "ties": sum(d.kind == "tie" for d in self.divergences),
             "real": sum(d.kind == "real" for d in self.divergences),
-            "batch_noise": sum(d.kind == "batch" for d in self.divergences), "concurrent": self.concurrent,
+            "noise": sum(d.kind == "noise" for d in self.divergences), "concurrent": self.concurrent,
             "unknown": sum(d.kind == "unknown" for d in self.divergences), "tie_rate": round(self.tie_rate, 4),
             "tie_gap": self.tie_gap, "max_tie_rate": self.max_tie_rate, "plain": self.plain,
             "divergences": [{"prompt": d.prompt[:60], "index": d.index, "kind": d.kind, "gap": d.gap,
@@ -578,20 +578,21 @@ def compare_pair(reference: ServiceHandle, compared: ServiceHandle, prompts: Seq
                  max_tokens: int = 32, tie_gap: float | None = None, max_tie_rate: float | None = None,
                  concurrent_requests: bool = False, plain_port: int | None = None,
                  reference_outputs: Sequence[Generation] | None = None,
-                 compared_alone: Sequence[Generation] | None = None, batch_gap: float | None = None) -> ParityReport:
+                 compared_alone: Sequence[Generation] | None = None, noise_gap: float | None = None) -> ParityReport:
     """compare_greedy for two services of one host; the plain server is found (or started) only for a divergence.
 
-    With `concurrent_requests`, `compared_alone` (the compared service's outputs when each prompt was sent
-    alone) lets a small divergence seen only in the batch be classified as batch noise (`batch_gap`).
+    A near-tie divergence (within `noise_gap`) is checked against the compared service's own output for the
+    prompt sent alone (`compared_alone` when given, else one more request): when that output has the reference's
+    token there, the divergence is numerical noise, counted with ties.
     """
     spec = reference.host.profile.parity
     gap = tie_gap if tie_gap is not None else (spec.tie_gap if spec else DEFAULT_TIE_GAP)
     rate = max_tie_rate if max_tie_rate is not None else (spec.max_tie_rate if spec else DEFAULT_MAX_TIE_RATE)
-    noise = batch_gap if batch_gap is not None else (spec.batch_gap if spec else DEFAULT_BATCH_GAP)
+    noise = noise_gap if noise_gap is not None else (spec.noise_gap if spec else DEFAULT_NOISE_GAP)
     first = compare_greedy(reference.client, compared.client, prompts, max_tokens=max_tokens, plain=None,
                            tie_gap=gap, max_tie_rate=rate, concurrent_requests=concurrent_requests,
                            reference_outputs=reference_outputs)
-    first.concurrent, first.batch_gap = concurrent_requests, noise
+    first.concurrent, first.noise_gap = concurrent_requests, noise
     if not first.divergences:
         return first
     client, why = ready_plain(reference, port=plain_port)
@@ -602,9 +603,16 @@ def compare_pair(reference: ServiceHandle, compared: ServiceHandle, prompts: Seq
     first.plain = client.service
     first.divergences = [_retriaged(d, triage(server, d.prompt, d.reference_ids, d.compared_ids, d.index, gap))
                          for d in first.divergences]
-    if concurrent_requests and compared_alone is not None:
-        alone = {_prompt_text(p): tuple(g.output_ids or ()) for p, g in zip(prompts, compared_alone, strict=True)}
-        first.divergences = [batch_noise(d, alone.get(d.prompt), noise) for d in first.divergences]
+    alone = {_prompt_text(p): tuple(g.output_ids or ()) for p, g in zip(prompts, compared_alone or (), strict=False)}
+
+    def again(divergence: Divergence) -> tuple[int, ...]:
+        if divergence.prompt in alone:
+            return alone[divergence.prompt]
+        sampling = Sampling(max_tokens=len(divergence.compared_ids), temperature=0.0, ignore_eos=True)
+        return tuple(compared.client.generate(divergence.prompt, sampling).output_ids or ())
+
+    first.divergences = [numerical_noise(d, again(d) if _near_tie(d, noise) else None, noise)
+                         for d in first.divergences]
     return first
 
 
@@ -612,18 +620,27 @@ def _prompt_text(prompt: str | Prompt) -> str:
     return prompt.text if isinstance(prompt, Prompt) else prompt
 
 
-def batch_noise(divergence: Divergence, alone: tuple[int, ...] | None, batch_gap: float) -> Divergence:
-    """Reclassify a small divergence seen only in a batch as batch noise.
+def _near_tie(divergence: Divergence, noise_gap: float) -> bool:
+    return (divergence.kind == "real" and not divergence.lower_bound and divergence.gap is not None
+            and divergence.gap <= noise_gap)
 
-    Only when (a) the compared service's output for the prompt sent alone equals the reference exactly, and
-    (b) the diverging token is within `batch_gap` nats of the plain server's top logprob. A batching bug
-    (mixed-up KV across requests, a lossy batched verifier) picks tokens at confident positions: still real.
+
+def numerical_noise(divergence: Divergence, again: tuple[int, ...] | None, noise_gap: float) -> Divergence:
+    """Reclassify a near-tie divergence as numerical noise when the service, asked again alone, agrees.
+
+    Only when (a) the diverging token is within `noise_gap` nats of the plain server's top logprob, and (b) the
+    compared service's own output for the prompt sent again alone (`again`) has the reference's token at the
+    divergence. A lossy verifier repeats its wrong token; a batching bug (KV mixed up across requests) picks
+    tokens at confident positions: both stay real.
     """
-    if divergence.kind != "real" or divergence.lower_bound or divergence.gap is None or alone is None:
+    if again is None or not _near_tie(divergence, noise_gap):
         return divergence
-    if divergence.gap > batch_gap or first_divergence(divergence.reference_ids, alone) is not None:
+    index = divergence.index
+    if len(again) <= index or index >= len(divergence.reference_ids):
         return divergence
-    return replace(divergence, kind="batch", note=BATCH_NOTE)
+    if tuple(again[: index + 1]) != tuple(divergence.reference_ids[: index + 1]):
+        return divergence
+    return replace(divergence, kind="noise", note=NOISE_NOTE)
 
 
 def _retriaged(divergence: Divergence, verdict: Triage) -> Divergence:
@@ -632,7 +649,7 @@ def _retriaged(divergence: Divergence, verdict: Triage) -> Divergence:
 
 
 __all__ = ["BUILTIN_PROMPTS", "SMOKE_PROMPTS", "Candidate", "Divergence", "ParityReport", "PlainServer",
-           "PlainUnavailable", "Prompt", "Triage", "batch_noise", "classify", "compare_greedy", "compare_pair",
+           "PlainUnavailable", "Prompt", "Triage", "classify", "compare_greedy", "compare_pair",
            "derive_plain_spec",
-           "first_divergence", "greedy_outputs", "load_prompts", "plain_service", "ready_plain",
+           "first_divergence", "greedy_outputs", "load_prompts", "numerical_noise", "plain_service", "ready_plain",
            "strip_speculative_args", "strip_speculative_text", "triage"]

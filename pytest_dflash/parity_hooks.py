@@ -24,9 +24,9 @@ TIE_GAP_HELP = ("logprob gap at or below which a divergence is a numerical tie (
                 "[parity] tie_gap, else 0.001)")
 MAX_TIE_RATE_HELP = ("fraction of prompts allowed to diverge at numerical ties (default: the profile's [parity] "
                      "max_tie_rate, else 0.25)")
-BATCH_GAP_HELP = ("in the concurrent parity test, a divergence within this many nats of the top logprob on a "
-                  "prompt the service matches when sent alone is batched-kernel noise, counted with ties "
-                  "(default: the profile's [parity] batch_gap, else 0.5)")
+NOISE_GAP_HELP = ("a divergence within this many nats of the top logprob is numerical noise, counted with ties, "
+                  "when the compared service gives the reference's token for the prompt sent again alone "
+                  "(default: the profile's [parity] noise_gap, else 0.5)")
 PLAIN_PORT_HELP = ("port of the plain (non-speculative) server the parity layer derives and starts under --provision "
                    "when the profile has none (default: the reference's port + 100; process services: a free port)")
 DIST_SAMPLES_HELP = (f"samples per prompt and service for distribution parity (default {DEFAULT_MIN_SAMPLES}; fewer "
@@ -75,7 +75,7 @@ OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--parity-max-tokens", "dflash_parity_max_tokens", MAX_TOKENS_HELP),
     ("--parity-tie-gap", "dflash_parity_tie_gap", TIE_GAP_HELP),
     ("--parity-max-tie-rate", "dflash_parity_max_tie_rate", MAX_TIE_RATE_HELP),
-    ("--parity-batch-gap", "dflash_parity_batch_gap", BATCH_GAP_HELP),
+    ("--parity-noise-gap", "dflash_parity_noise_gap", NOISE_GAP_HELP),
     ("--parity-plain-port", "dflash_parity_plain_port", PLAIN_PORT_HELP),
     ("--dist-samples", "dflash_dist_samples", DIST_SAMPLES_HELP),
     ("--dist-tokens", "dflash_dist_tokens", DIST_TOKENS_HELP),
@@ -96,7 +96,7 @@ class LayerOptions:
     max_tokens: int = DEFAULT_MAX_TOKENS
     tie_gap: float | None = None  # None: the profile's
     max_tie_rate: float | None = None
-    batch_gap: float | None = None  # None: the profile's
+    noise_gap: float | None = None  # None: the profile's
     plain_port: int | None = None
     draw: DrawPlan = field(default_factory=DrawPlan)
     alpha: float = DEFAULT_ALPHA
@@ -178,7 +178,7 @@ def options_from_config(config: pytest.Config) -> LayerOptions:
         max_tokens=_number(config, "dflash_parity_max_tokens", int, DEFAULT_MAX_TOKENS, low=1),
         tie_gap=_number(config, "dflash_parity_tie_gap", float, None, low=0),
         max_tie_rate=_number(config, "dflash_parity_max_tie_rate", float, None, low=0, high=1),
-        batch_gap=_number(config, "dflash_parity_batch_gap", float, None, low=0),
+        noise_gap=_number(config, "dflash_parity_noise_gap", float, None, low=0),
         plain_port=_number(config, "dflash_parity_plain_port", int, None, low=1, high=65535),
         draw=plan,
         alpha=_number(config, "dflash_dist_alpha", float, DEFAULT_ALPHA, low=1e-12, high=0.5),

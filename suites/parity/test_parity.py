@@ -49,7 +49,7 @@ def _greedy(pair: Pair, options: LayerOptions, cache: dict[tuple[str, ...], Any]
                                max_tie_rate=options.max_tie_rate, plain_port=options.plain_port,
                                concurrent_requests=concurrent_requests, reference_outputs=alone(reference),
                                compared_alone=alone(compared) if concurrent_requests else None,
-                               batch_gap=options.batch_gap)
+                               noise_gap=options.noise_gap)
 
 
 def test_greedy_parity(dflash_pair: Pair, dflash_layer_options: LayerOptions,
@@ -65,7 +65,7 @@ def test_greedy_parity_concurrent(dflash_pair: Pair, dflash_layer_options: Layer
                                   dflash_run_cache: dict[tuple[str, ...], Any]) -> None:
     """The same prompts sent to the compared service all at once (one batch): still lossless.
 
-    A small divergence on a prompt the service gets right alone is batched-kernel noise (counted with ties)."""
+    A small divergence on a prompt the service gets right alone is numerical noise (counted with ties)."""
     _native(dflash_pair)
     report = _greedy(dflash_pair, dflash_layer_options, dflash_run_cache, concurrent_requests=True)
     _metrics(dflash_pair[0])[f"parity-concurrent:{dflash_pair[0].name}~{dflash_pair[1].name}"] = report.as_fact()
