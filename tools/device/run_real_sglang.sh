@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# ON THE GPU MACHINE, from the repo root: real SGLang 0.5.17 (plain + DFLASH) provisioned by pytest-dflash
+# (tools/device/h200.toml), then the suites against it. Outputs go to $OUT. See docs/real-sglang.md.
+# Needs, carried along (git-ignored): .sglang-stage/ (site.tar.xz: sglang 0.5.17 + deps for cp312, and
+# make_models.py, staged from PyPI on a machine with network) and .device/wheels/ (pytest-testinfra).
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+[ -f /tmp/site/.unpacked ] || { tar -C /tmp -xJf .sglang-stage/site.tar.xz && touch /tmp/site/.unpacked; } || exit 1
+echo "[dev] unpacked at $(el)s"
+PYTHONPATH=/tmp/site python3 .sglang-stage/make_models.py /tmp/models > "$OUT/models.txt" 2>&1 || { cat "$OUT/models.txt"; exit 1; }
+echo "[dev] models at $(el)s"
+mkdir -p /tmp/plugin-site && for w in .device/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/plugin-site; done
+export PYTHONPATH=/tmp/plugin-site:$PWD
+export DFLASH_STATE_DIR=/tmp/dflash-state
+python3 -c 'import pytest, testinfra, httpx; print("pytest", pytest.__version__)'
+SUITES=${SUITES:-"suites/smoke suites/generation suites/parity"}
+timeout ${BUDGET:-480} python3 -m pytest -p pytest_dflash.plugin -p no:cacheprovider --host tools/device/h200.toml $SUITES \
+    --dflash-report "$OUT" --junitxml "$OUT/junit.xml" -rA --durations=15 ${EXTRA:-} > "$OUT/pytest.log" 2>&1
+rc=$?
+echo "[dev] pytest rc=$rc at $(el)s"
+tail -60 "$OUT/pytest.log"
+tar -czf "$OUT/server-logs.tar.gz" -C /tmp/dflash-state logs 2>/dev/null
+ls -la "$OUT"
