@@ -1310,7 +1310,10 @@ async def _consume_openai(chunks: Any, ns: _Connection | None, rec: RequestRecor
 
 async def _consume_generate(chunks: Any, ns: _Connection | None, rec: RequestRecord, start_ns: int,
                             t0_ns: int, strict: bool, keep_times: bool) -> None:
-    """SGLang native /generate SSE: cumulative text/output_ids, meta_info.completion_tokens."""
+    """SGLang native /generate SSE: cumulative text/output_ids, meta_info.completion_tokens.
+
+    The SSE framing loop is the same as _consume_openai's, written out on purpose: it runs once per token
+    (~5 µs of client CPU each at full speed) and a shared generator would add a resume per event."""
     buf = b""
     first_ns = last_ns = 0
     itl: list[float] = []
