@@ -54,5 +54,8 @@ class HtmlHooks:
                 diagnosis = "; ".join(f"[{d['id']}] {d['title']}" for d in failure.get("diagnosis", [])[:2])
                 rows.append(f'<tr><td></td><td colspan="{len(LAYERS) + 1}">FAILED {html.escape(failure["test"])}: '
                             f"{html.escape(diagnosis or failure['message'])}</td></tr>")
-        prefix.append(f'<h2>dflash verdict</h2><table class="dflash-verdict"><tr><th>host</th><th>verdict</th>'
+        style = ("<style>table.dflash-verdict{border-collapse:collapse;margin-bottom:1em}"
+                 "table.dflash-verdict th,table.dflash-verdict td{border:1px solid #ddd;padding:3px 8px;"
+                 "text-align:left}</style>")
+        prefix.append(f'{style}<h2>dflash verdict</h2><table class="dflash-verdict"><tr><th>host</th><th>verdict</th>'
                       f"{head}</tr>{''.join(rows)}</table>")
