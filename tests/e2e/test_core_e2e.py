@@ -164,3 +164,17 @@ def test_secrets_never_reach_the_terminal_the_html_or_the_verdict(run_suite, tmp
     assert secret not in result.stdout.str() + result.stderr.str()
     assert secret not in html.read_text()
     assert secret not in (run_suite.reports / "secret.verdict.json").read_text()
+
+
+def test_service_layer_catches_a_wrong_algorithm_and_an_early_death(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    profile = write_profile(tmp_path, "svc", {"dflash": ("NONE", []), "dies": ("DFLASH", ["--inject", "crash-after=4"])})
+    # the profile claims DFLASH for a server that runs NONE
+    profile.write_text(profile.read_text().replace('algorithm = "NONE"', 'algorithm = "DFLASH"', 1))
+    result = run_suite("service", "--host", str(profile))
+    assert_no_crash(result)
+    result.stdout.fnmatch_lines(["*the profile says DFLASH, the server runs NONE*"])
+    data = verdict(run_suite.reports, "svc")
+    failed = {f["test"].split("::")[-1].split("@")[0] for f in data["failures"]}
+    assert "test_serves_the_profiles_algorithm[svc/dflash]" in failed, failed
+    assert any(name.endswith("[svc/dies]") for name in failed), failed  # it died within seconds of being ready
+    assert data["layers"]["service"]["outcome"] == "failed"
