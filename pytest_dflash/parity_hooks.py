@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from .distribution import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, DrawPlan, Sample
+from .options import add_text_options, option_source, option_text
 from .parity import BUILTIN_PROMPTS, DEFAULT_MAX_TOKENS, Prompt, load_prompts
 
 PROMPTS_HELP = ("extra prompts for the parity layer (added to the built-in set): a .json list of strings or "
@@ -121,27 +122,16 @@ CACHE_KEY = pytest.StashKey[dict[tuple[str, ...], Any]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("dflash")
-    for flag, dest, text in OPTIONS:
-        group.addoption(flag, dest=dest, default=None, metavar=flag.rsplit("-", 1)[-1].upper(), help=text)
-        parser.addini(dest, text, default="")
-
-
-def _raw(config: pytest.Config, dest: str) -> str:
-    value = config.getoption(dest)
-    if value is None:
-        value = config.getini(dest)
-    return str(value or "").strip()
+    add_text_options(parser, OPTIONS)
 
 
 def _where(dest: str) -> str:
-    flag = next(f for f, d, _ in OPTIONS if d == dest)
-    return f"{flag} / {dest}"
+    return option_source(OPTIONS, dest)
 
 
 def _number(config: pytest.Config, dest: str, kind: type[int] | type[float], default: Any, *,
             low: float | None = None, high: float | None = None, allow_off: bool = False) -> Any:
-    raw = _raw(config, dest)
+    raw = option_text(config, dest)
     if not raw:
         return default
     if allow_off and raw.lower() in ("off", "none", "no"):
@@ -159,7 +149,7 @@ def _number(config: pytest.Config, dest: str, kind: type[int] | type[float], def
 
 def options_from_config(config: pytest.Config) -> LayerOptions:
     extra: tuple[Prompt, ...] = ()
-    prompts_raw = _raw(config, "dflash_parity_prompts")
+    prompts_raw = option_text(config, "dflash_parity_prompts")
     if prompts_raw:
         path = Path(prompts_raw).expanduser()
         path = path if path.is_absolute() else config.invocation_params.dir / path

@@ -21,6 +21,7 @@ import pytest
 
 from .errors import ApiError, DflashError
 from .host import HostContext, ServiceHandle
+from .options import add_text_options, option_source, option_text
 from .perf_layer import (
     NOT_PASSING,
     Judgement,
@@ -80,25 +81,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--update-baseline", action="store_true", dest="dflash_update_baseline", default=None,
                     help=UPDATE_BASELINE_HELP)
     parser.addini("dflash_update_baseline", UPDATE_BASELINE_HELP, type="bool", default=False)
-    for flag, dest, text in OPTIONS:
-        group.addoption(flag, dest=dest, default=None, metavar=flag.rsplit("-", 1)[-1].upper(), help=text)
-        parser.addini(dest, text, default="")
-
-
-def _raw(config: pytest.Config, dest: str) -> str:
-    value = config.getoption(dest)
-    if value is None:
-        value = config.getini(dest)
-    return str(value or "").strip()
+    add_text_options(parser, OPTIONS)
 
 
 def _where(dest: str) -> str:
-    flag = next(f for f, d, _ in OPTIONS if d == dest)
-    return f"{flag} / {dest}"
+    return option_source(OPTIONS, dest)
 
 
 def _count(config: pytest.Config, dest: str, low: int) -> int | None:
-    raw = _raw(config, dest)
+    raw = option_text(config, dest)
     if not raw:
         return None
     try:
@@ -111,7 +102,7 @@ def _count(config: pytest.Config, dest: str, low: int) -> int | None:
 
 
 def options_from_config(config: pytest.Config) -> PerfOptions:
-    duration_raw = _raw(config, "dflash_perf_duration")
+    duration_raw = option_text(config, "dflash_perf_duration")
     duration = None
     if duration_raw:
         try:
@@ -120,7 +111,7 @@ def options_from_config(config: pytest.Config) -> PerfOptions:
             raise pytest.UsageError(str(exc)) from None
         if not duration > 0:
             raise pytest.UsageError(f"{_where('dflash_perf_duration')}: {duration_raw!r} must be > 0")
-    directory = Path(_raw(config, "dflash_baseline_dir") or "reports/baselines").expanduser()
+    directory = Path(option_text(config, "dflash_baseline_dir") or "reports/baselines").expanduser()
     if not directory.is_absolute():
         directory = config.invocation_params.dir / directory
     update = config.getoption("dflash_update_baseline")

@@ -11,15 +11,14 @@ docs/fleet.md; every family has HELP and TYPE lines, label values are escaped (\
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .files import atomic_write
 
 NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -108,20 +107,8 @@ class Exposition:
 
 
 def write_textfile(path: Path, text: str) -> None:
-    """Atomic replace: temp file in the same folder (not *.prom), fsync, chmod 0644, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    """Atomic replace (node_exporter must never read half a file): see files.atomic_write."""
+    atomic_write(path, text)
 
 
 def fleet_exposition(summary: Mapping[str, Any]) -> str:

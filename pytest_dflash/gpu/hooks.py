@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ..options import option_text
 from ..units import format_seconds, parse_seconds
 from .layer import GpuHost, GpuOptions
 from .packages import write_snapshots
@@ -56,15 +57,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("dflash_kernels_timeout", KERNELS_TIMEOUT_HELP, default="25m")
 
 
-def _option(config: pytest.Config, name: str) -> str:
-    value = config.getoption(name)
-    if value is None:
-        value = config.getini(name)
-    return str(value or "").strip()
-
-
 def _path(config: pytest.Config, name: str) -> Path | None:
-    raw = _option(config, name)
+    raw = option_text(config, name)
     if not raw:
         return None
     path = Path(raw).expanduser()
@@ -74,23 +68,23 @@ def _path(config: pytest.Config, name: str) -> Path | None:
 def options_from_config(config: pytest.Config) -> GpuOptions:
     from .arch import parse_arch_list
 
-    arch_list = _option(config, "dflash_jit_arch_list") or "9.0"
+    arch_list = option_text(config, "dflash_jit_arch_list") or "9.0"
     try:
         parse_arch_list(arch_list)
     except ValueError as exc:
         raise pytest.UsageError(f"--jit-arch-list / dflash_jit_arch_list: {exc}") from None
-    jobs_raw = _option(config, "dflash_jit_jobs")
+    jobs_raw = option_text(config, "dflash_jit_jobs")
     if jobs_raw and (not jobs_raw.isdigit() or int(jobs_raw) < 1):
         raise pytest.UsageError(f"--jit-jobs / dflash_jit_jobs: {jobs_raw!r} is not a positive integer")
     try:
-        timeout = parse_seconds(_option(config, "dflash_kernels_timeout") or "25m",
+        timeout = parse_seconds(option_text(config, "dflash_kernels_timeout") or "25m",
                                 where="--kernels-timeout / dflash_kernels_timeout")
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     baseline = _path(config, "dflash_env_baseline")
     if baseline is not None and not baseline.is_file():
         raise pytest.UsageError(f"--env-baseline / dflash_env_baseline: {baseline} does not exist")
-    objects = tuple(part.strip() for part in _option(config, "dflash_jit_objects").split(",") if part.strip())
+    objects = tuple(part.strip() for part in option_text(config, "dflash_jit_objects").split(",") if part.strip())
     return GpuOptions(dump_dir=_path(config, "dflash_probe_dump"), jit_arch_list=arch_list, jit_objects=objects,
                       jit_jobs=int(jobs_raw) if jobs_raw else None, kernels_timeout_s=timeout, baseline=baseline)
 

@@ -13,12 +13,9 @@ Used by `pytest-dflash merge` (pytest_dflash.cli) and at the end of every run (p
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..files import atomic_write
 from ..layers import LAYERS
 from ..verdict import SCHEMA as VERDICT_SCHEMA
 
@@ -229,23 +227,6 @@ class History:
             atomic_write(path, json.dumps(verdict.data, indent=1, default=str) + "\n", sync=False)
             written.append(path)
         return written
-
-
-def atomic_write(path: Path, text: str, *, sync: bool = True) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            if sync:
-                handle.flush()
-                os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
 
 
 # ---- per-host entries ---------------------------------------------------------------------------------------
