@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from pytest_dflash.client import InferenceClient
+from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import ServiceCrashed
-from pytest_dflash.inventory import ServiceSpec
 from pytest_dflash.services.process import ProcessService
 from pytest_dflash.services.readiness import ReadinessWatcher
 

@@ -1,4 +1,4 @@
-"""Measure our load generator, GuideLLM and AIPerf side by side against benchmarks/synth_server.py.
+"""Measure our load generator, GuideLLM and AIPerf side by side against pytest_dflash/refserver/synthetic.py.
 
 Two experiments, every tool in the same run, repetitions interleaved (rep 1 of every tool, then
 rep 2 …) so that machine noise lands on all tools alike:
@@ -110,10 +110,10 @@ def http_json(url: str, method: str = "GET", timeout: float = 5.0) -> Any:
 
 
 class Server:
-    """benchmarks/synth_server.py in its own process group, killed on exit."""
+    """pytest_dflash/refserver/synthetic.py in its own process group, killed on exit."""
 
     def __init__(self, *args: str) -> None:
-        cmd = [sys.executable, str(HERE / "synth_server.py"), "--port", "0", *args]
+        cmd = [sys.executable, "-m", "pytest_dflash.refserver.synthetic", "--port", "0", *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

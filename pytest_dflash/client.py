@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from .errors import ApiError
+from pytest_dflash.errors import ApiError
 
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 DROPPED = "connection dropped"

@@ -19,16 +19,16 @@ from typing import Any
 
 import pytest
 
-from . import fleet
-from .errors import DflashError, InventoryError, ServiceCrashed, ServiceRestarted
-from .evidence import gather
-from .host import DflashRun, HostContext, RunOptions, ServiceHandle, readiness_error_summary
-from .inventory import HostProfile, attach_profile, load_profile, resolve_profile_path
-from .layers import LAYER_HELP, LAYERS, Failure, blocked_reason, rank
-from .redact import redact
-from .services.base import LogMark
-from .units import parse_seconds
-from .verdict import VerdictBuilder, summary_lines
+from pytest_dflash.config.durations import parse_seconds
+from pytest_dflash.config.profiles import HostProfile, attach_profile, load_profile, resolve_profile_path
+from pytest_dflash.errors import DflashError, InventoryError, ServiceCrashed, ServiceRestarted
+from pytest_dflash.evidence.gather import gather
+from pytest_dflash.evidence.redact import redact
+from pytest_dflash.fleet import inventory
+from pytest_dflash.report.verdict import VerdictBuilder, summary_lines
+from pytest_dflash.run.layers import LAYER_HELP, LAYERS, Failure, blocked_reason, rank
+from pytest_dflash.run.state import DflashRun, HostContext, RunOptions, ServiceHandle, readiness_error_summary
+from pytest_dflash.services.base import LogMark
 
 HOST_HELP = ("host profile to test: a name looked up in --hosts-dir (or the built-in 'local'), "
              "or a path to a .toml file; repeatable")
@@ -46,8 +46,8 @@ LOCK_WAIT_HELP = "how long to wait for another run's host lock before failing (d
 REQUEST_TIMEOUT_HELP = "timeout of one HTTP request made by a test (default 60s; readiness has its own budgets)"
 
 # Layer modules that add their own options and hooks register here (pytest loads them with this plugin).
-pytest_plugins: list[str] = ["pytest_dflash.gpu.hooks", "pytest_dflash.report.fleet_hooks",
-                              "pytest_dflash.parity_hooks", "pytest_dflash.perf_hooks"]
+pytest_plugins: list[str] = ["pytest_dflash.layers.gpu.hooks", "pytest_dflash.fleet.hooks",
+                              "pytest_dflash.layers.parity.hooks", "pytest_dflash.layers.perf.hooks"]
 
 RUN_KEY = pytest.StashKey[DflashRun]()
 EMPTY_SHARD_KEY = pytest.StashKey[str]()
@@ -93,8 +93,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--request-timeout", dest="dflash_request_timeout", default=None, metavar="DURATION",
                     help=REQUEST_TIMEOUT_HELP)
     group.addoption("--fleet", action="append", dest="dflash_fleet", default=None, metavar="DIR|FILE[:GROUP]",
-                    help=fleet.FLEET_HELP)
-    group.addoption("--shard", dest="dflash_shard", default=None, metavar="I/N", help=fleet.SHARD_HELP)
+                    help=inventory.FLEET_HELP)
+    group.addoption("--shard", dest="dflash_shard", default=None, metavar="I/N", help=inventory.SHARD_HELP)
     parser.addini("dflash_hosts", HOST_HELP, type="linelist", default=[])
     parser.addini("dflash_attach", ATTACH_HELP, type="linelist", default=[])
     parser.addini("dflash_provision", PROVISION_HELP, type="bool", default=False)
@@ -106,8 +106,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("dflash_gate", GATE_HELP, default="")
     parser.addini("dflash_lock_wait", LOCK_WAIT_HELP, default="10m")
     parser.addini("dflash_request_timeout", REQUEST_TIMEOUT_HELP, default="60s")
-    parser.addini("dflash_fleet", fleet.FLEET_HELP, type="linelist", default=[])
-    parser.addini("dflash_shard", fleet.SHARD_HELP, default="")
+    parser.addini("dflash_fleet", inventory.FLEET_HELP, type="linelist", default=[])
+    parser.addini("dflash_shard", inventory.SHARD_HELP, default="")
 
 
 def _option(config: pytest.Config, name: str) -> Any:
@@ -164,7 +164,7 @@ def _load_profiles(config: pytest.Config) -> dict[str, HostProfile]:
             profile = attach_profile(url, index)
             profiles[profile.name] = profile
         for spec in _option(config, "dflash_fleet") or []:
-            for profile in fleet.load_fleet(str(spec), hosts_dir):
+            for profile in inventory.load_fleet(str(spec), hosts_dir):
                 if profile.name in profiles:
                     raise InventoryError(str(spec), profile.name, "this host name is already used by another profile")
                 profiles[profile.name] = profile
@@ -173,10 +173,10 @@ def _load_profiles(config: pytest.Config) -> dict[str, HostProfile]:
     shard = str(_option(config, "dflash_shard") or "")
     if shard:
         try:
-            index, count = fleet.parse_shard(shard)
+            index, count = inventory.parse_shard(shard)
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
-        selected = fleet.select_shard(profiles, index, count)
+        selected = inventory.select_shard(profiles, index, count)
         if profiles and not selected:
             config.stash[EMPTY_SHARD_KEY] = f"shard {index}/{count} holds none of the {len(profiles)} hosts"
         profiles = selected
@@ -221,7 +221,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if not hasattr(config, "workerinput"):
             config.pluginmanager.register(VerdictCollector(config.stash[BUILDER_KEY]), "dflash-verdicts")
         if config.pluginmanager.hasplugin("html"):
-            from .report import html
+            from pytest_dflash.report import html
 
             config.pluginmanager.register(html.HtmlHooks(config), "dflash-html")
 

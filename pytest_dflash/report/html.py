@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ..layers import LAYERS
+from pytest_dflash.run.layers import LAYERS
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "blocked": "#ef6c00", "skipped": "#757575",
            "not-run": "#bdbdbd"}
@@ -35,7 +35,7 @@ class HtmlHooks:
         return report
 
     def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str]) -> None:
-        from ..plugin import BUILDER_KEY
+        from pytest_dflash.plugin import BUILDER_KEY
 
         builder = self.config.stash.get(BUILDER_KEY, None)
         if builder is None or not builder.hosts:

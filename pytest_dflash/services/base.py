@@ -6,8 +6,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..errors import Death
-from ..inventory import ServiceSpec
+from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.errors import Death
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..inventory import ServiceSpec
-from .base import LogMark, ServiceState
+from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.services.base import LogMark, ServiceState
 
 
 @dataclass

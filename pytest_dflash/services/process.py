@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ServiceError
-from ..inventory import ServiceSpec, render
-from .base import LogMark, ServiceState, death_from_returncode
+from pytest_dflash.config.profiles import ServiceSpec, render
+from pytest_dflash.errors import ServiceError
+from pytest_dflash.services.base import LogMark, ServiceState, death_from_returncode
 
 
 def state_root() -> Path:

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..client import GREEDY, SAMPLED, Generation, InferenceClient, Sampling
-from ..errors import ApiError, ServiceCrashed, ServiceNotReady, ServiceRestarted
-from ..units import format_seconds
-from .base import LogMark, ServiceManager, ServiceState
+from pytest_dflash.client import GREEDY, SAMPLED, Generation, InferenceClient, Sampling
+from pytest_dflash.config.durations import format_seconds
+from pytest_dflash.errors import ApiError, ServiceCrashed, ServiceNotReady, ServiceRestarted
+from pytest_dflash.services.base import LogMark, ServiceManager, ServiceState
 
 POLL_S = 0.25
 # After a dropped connection, how long to watch for the death that usually follows

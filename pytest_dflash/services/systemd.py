@@ -17,10 +17,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..errors import Death, ServiceError, TransportError
-from ..inventory import ServiceSpec, render
-from ..transport import Transport, journal_since
-from .base import LogMark, ServiceState
+from pytest_dflash.config.profiles import ServiceSpec, render
+from pytest_dflash.errors import Death, ServiceError, TransportError
+from pytest_dflash.hostaccess.transport import Transport, journal_since
+from pytest_dflash.services.base import LogMark, ServiceState
 
 UNIT_DIR = "/etc/systemd/system"
 MARKER_KEY = "X-PytestDflash-Run"

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.gpu import GpuHost
-from pytest_dflash.gpu.chains import ALL_CHAINS
-from pytest_dflash.gpu.checks import (
+from pytest_dflash.layers.gpu import GpuHost
+from pytest_dflash.layers.gpu.chains import ALL_CHAINS
+from pytest_dflash.layers.gpu.checks import (
     chain_failure,
     chain_result,
     companion_mismatches,
@@ -27,12 +27,12 @@ from pytest_dflash.gpu.checks import (
     sgl_kernel_problems,
     torch_coverage,
 )
-from pytest_dflash.gpu.cuda import check_driver, driver_api_to_release
-from pytest_dflash.gpu.hooks import SNAPSHOT_PROPERTY
-from pytest_dflash.gpu.layer import REQUIRERS
-from pytest_dflash.gpu.packages import diff, is_serving, read_baseline, snapshot
-from pytest_dflash.gpu.report import explain
-from pytest_dflash.gpu.services import ProbeGroup
+from pytest_dflash.layers.gpu.cuda import check_driver, driver_api_to_release
+from pytest_dflash.layers.gpu.hooks import SNAPSHOT_PROPERTY
+from pytest_dflash.layers.gpu.layer import REQUIRERS
+from pytest_dflash.layers.gpu.packages import diff, is_serving, read_baseline, snapshot
+from pytest_dflash.layers.gpu.report import explain
+from pytest_dflash.layers.gpu.services import ProbeGroup
 
 pytestmark = pytest.mark.env
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_dflash import generation
-from pytest_dflash.generation import APIS, BAD_REQUESTS, SAMPLING_CASES, Api
-from pytest_dflash.host import ServiceHandle
-from pytest_dflash.parity_hooks import LayerOptions
+from pytest_dflash.layers.generation import checks as generation
+from pytest_dflash.layers.generation.checks import APIS, BAD_REQUESTS, SAMPLING_CASES, Api
+from pytest_dflash.layers.parity.hooks import LayerOptions
+from pytest_dflash.run.state import ServiceHandle
 
 pytestmark = pytest.mark.generation
 

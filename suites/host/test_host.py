@@ -13,9 +13,9 @@ import warnings
 
 import pytest
 
-from pytest_dflash.gpu import GpuHost
-from pytest_dflash.gpu.checks import classify_kernel_lines, gpu_health, xid_codes
-from pytest_dflash.gpu.report import explain
+from pytest_dflash.layers.gpu import GpuHost
+from pytest_dflash.layers.gpu.checks import classify_kernel_lines, gpu_health, xid_codes
+from pytest_dflash.layers.gpu.report import explain
 
 pytestmark = pytest.mark.host
 

@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.gpu import GpuHost
-from pytest_dflash.gpu.checks import (
+from pytest_dflash.layers.gpu import GpuHost
+from pytest_dflash.layers.gpu.checks import (
     decode_problems,
     installed_versions,
     sampling_problems,
     triton_problems,
     warm_cache_reliance,
 )
-from pytest_dflash.gpu.hooks import KERNELS_PROPERTY
-from pytest_dflash.gpu.report import explain
-from pytest_dflash.gpu.services import ProbeGroup
+from pytest_dflash.layers.gpu.hooks import KERNELS_PROPERTY
+from pytest_dflash.layers.gpu.report import explain
+from pytest_dflash.layers.gpu.services import ProbeGroup
 
 pytestmark = [pytest.mark.kernels, pytest.mark.timeout(3600)]
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash import acceptance
 from pytest_dflash.errors import DflashError
-from pytest_dflash.host import ServiceHandle
-from pytest_dflash.parity_hooks import ACCEPTANCE_PROMPTS, LayerOptions
+from pytest_dflash.layers.parity import acceptance
+from pytest_dflash.layers.parity.hooks import ACCEPTANCE_PROMPTS, LayerOptions
+from pytest_dflash.run.state import ServiceHandle
 
 pytestmark = pytest.mark.perf
 

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash import generation, parity
-from pytest_dflash.distribution import compare_distributions
-from pytest_dflash.host import ServiceHandle
-from pytest_dflash.parity_hooks import DISTRIBUTION_PROMPTS, LayerOptions, reference_samples
+from pytest_dflash.layers.generation import checks as generation
+from pytest_dflash.layers.parity import greedy as parity
+from pytest_dflash.layers.parity.distribution import compare_distributions
+from pytest_dflash.layers.parity.hooks import DISTRIBUTION_PROMPTS, LayerOptions, reference_samples
+from pytest_dflash.run.state import ServiceHandle
 
 pytestmark = pytest.mark.parity
 Pair = tuple[ServiceHandle, ServiceHandle]

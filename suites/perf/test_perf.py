@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_dflash.host import ServiceHandle
-from pytest_dflash.perf_hooks import PerfLayer
+from pytest_dflash.layers.perf.hooks import PerfLayer
+from pytest_dflash.run.state import ServiceHandle
 
 pytestmark = pytest.mark.perf
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pytest_dflash.host import ServiceHandle
+from pytest_dflash.run.state import ServiceHandle
 
 pytestmark = pytest.mark.service
 STAY_UP_S = 2.0  # the seed's service was "active" 2-3 s before it died

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_dflash import generation, parity
-from pytest_dflash.gpu import GpuHost
-from pytest_dflash.gpu.checks import chain_failure, torch_coverage
-from pytest_dflash.gpu.report import explain
-from pytest_dflash.host import HostContext, ServiceHandle
+from pytest_dflash.layers.generation import checks as generation
+from pytest_dflash.layers.gpu import GpuHost
+from pytest_dflash.layers.gpu.checks import chain_failure, torch_coverage
+from pytest_dflash.layers.gpu.report import explain
+from pytest_dflash.layers.parity import greedy as parity
+from pytest_dflash.run.state import HostContext, ServiceHandle
 
 
 @pytest.mark.host

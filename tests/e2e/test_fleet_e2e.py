@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 
 from e2e_helpers import assert_no_crash, verdict, write_profile
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "fleet"))
-from promparse import parse
+from support.promparse import parse
 
 LAYERS = "host or service or generation"
 GATE = "service,generation"

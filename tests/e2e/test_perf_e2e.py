@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import ROOT, assert_no_crash, verdict
 
-from pytest_dflash.perf_layer import load_baseline
+from pytest_dflash.layers.perf.layer import load_baseline
 
 LOCAL = ROOT / "hosts" / "local.toml"
 HOST = "perf-local"

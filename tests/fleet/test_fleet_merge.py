@@ -10,8 +10,8 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
-from fleet_helpers import BROKEN, GREEN, make_verdict
-from promparse import parse
+from support.fleet_helpers import BROKEN, GREEN, make_verdict
+from support.promparse import parse
 
 from pytest_dflash.cli import main
 

@@ -10,11 +10,18 @@ import threading
 from pathlib import Path
 
 import pytest
-from fleet_helpers import BROKEN, GREEN, make_verdict
-from promparse import parse
+from support.fleet_helpers import BROKEN, GREEN, make_verdict
+from support.promparse import parse
 
-from pytest_dflash.prometheus import METRICS, Exposition, escape_label, fleet_exposition, format_value, write_textfile
-from pytest_dflash.report import fleet
+from pytest_dflash.fleet import summary as fleet
+from pytest_dflash.fleet.prometheus import (
+    METRICS,
+    Exposition,
+    escape_label,
+    fleet_exposition,
+    format_value,
+    write_textfile,
+)
 
 
 def _summary(tmp_path: Path, **kwargs):  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""The end-of-run fleet summary (pytest_dflash.report.fleet_hooks) in real pytest runs: a fleet whose hosts
+"""The end-of-run fleet summary (pytest_dflash.fleet.hooks) in real pytest runs: a fleet whose hosts
 need no server (host-layer tests only), so it runs in seconds."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from promparse import parse
+from support.promparse import parse
 
 TEST_FILE = """
 import json, os

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fleet_helpers import BROKEN, GREEN, SERVICES, make_verdict
+from support.fleet_helpers import BROKEN, GREEN, SERVICES, make_verdict
 
 from pytest_dflash.cli import main
-from pytest_dflash.report import fleet
+from pytest_dflash.fleet import summary as fleet
 
 DAY = 86400.0
 T0 = 1796000000.0

@@ -18,9 +18,9 @@ import pytest
 from remote_helpers import GUEST_PYTHON, UNIT_DIR, Guest, RefUnit, SuiteRun, render_unit, unit_name, write_profile
 from testhost import TestHost
 
+from pytest_dflash.config.profiles import load_profile
 from pytest_dflash.errors import DflashError, ReadOnlyViolation
-from pytest_dflash.host import DflashRun, RunOptions
-from pytest_dflash.inventory import load_profile
+from pytest_dflash.run.state import DflashRun, RunOptions
 
 pytest_plugins = ["remote_fixtures"]  # guest, runs
 pytestmark = pytest.mark.testhost
@@ -46,7 +46,7 @@ READ_ONLY = [re.compile(p) for p in (
 READ_ONLY_PROBES = ("gpu_inventory.py", "cuda_toolkit.py", "jit_cache.py", "kernel_log.py", "packages.py",
                     "sgl_kernel_builds.py", "torch_facts.py")
 PROBE = re.compile(r"printf %s (?P<source>[A-Za-z0-9+/=]+) \| base64 -d \| (?P<python>\S+) - .*", re.S)
-PROBES = Path(__file__).resolve().parents[2] / "pytest_dflash" / "probes"
+PROBES = Path(__file__).resolve().parents[2] / "pytest_dflash" / "hostaccess" / "probes"
 
 
 def read_only(command: str, python: str) -> bool:

@@ -1,0 +1,1 @@
+"""Configuration: every option and ini key, host profiles (typed tables), durations."""

@@ -1,0 +1,588 @@
+"""Host profiles: TOML files that say how to reach a host and which DFlash services it serves.
+
+A profile is validated completely at load time. Every problem becomes one `InventoryError`
+that names the file, the dotted key and what was expected, e.g.
+
+    hosts/ct200.toml: services.dflash.url: expected an http(s) URL, got 'htp:/x'
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pytest_dflash.config.durations import parse_seconds
+from pytest_dflash.errors import InventoryError
+
+ALGORITHMS = ("NONE", "DFLASH", "DDTREE", "EAGLE", "EAGLE3", "NGRAM", "STANDALONE")
+SERVICE_KINDS = ("systemd", "process", "external")
+PROVISION_MODES = ("never", "allowed", "always")
+FLOOR_KEYS = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms", "accept_length", "speedup_vs", "speedup")
+FLOOR_SETTINGS = ("regression_pct", "confidence")
+# Any latency ceiling load.py measures per request: ttft_p50_ms, itl_p99_ms, tpot_mean_ms, e2e_p90_ms, ...
+LATENCY_FLOOR = re.compile(r"^(ttft|itl|tpot|e2e)_(mean|median|p(\d+(?:\.\d+)?))_ms$")
+PERF_ENDPOINTS = ("auto", "generate", "chat", "completions")
+PERF_SERVICE_KEYS = ("requests", "duration", "warmup")
+DEFAULT_CONNECT_TIMEOUT_S = 4.0
+BUILTIN_PROFILES = Path(__file__).parent / "builtin"
+
+ProvisionMode = Literal["never", "allowed", "always"]
+ServiceKind = Literal["systemd", "process", "external"]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One inference service on a host: how to reach it and, optionally, how to start it."""
+
+    name: str
+    kind: ServiceKind
+    url: str  # may contain {port} until a port is allocated
+    algorithm: str
+    unit: str | None = None
+    template: Path | None = None
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    vars: Mapping[str, str] = field(default_factory=dict)
+    gpus: tuple[int, ...] = ()
+    port: int | None = None  # None with "{port}" in url/command = allocate a free one
+    ready_timeout_s: float = 900.0
+    sampled_timeout_s: float = 300.0
+    api_key_env: str | None = None
+    model: str | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.algorithm != "NONE"
+
+
+@dataclass(frozen=True)
+class ParitySpec:
+    """Which service is the reference for losslessness checks, and which are compared to it."""
+
+    reference: str
+    compare: tuple[str, ...]
+    plain: str | None = None  # a non-speculative service to read top logprobs from (tie triage)
+    tie_gap: float = 1e-3  # top-1/top-2 logprob gap below which a divergence is a numerical tie
+    max_tie_rate: float = 0.25  # fraction of prompts allowed to diverge at ties
+    # A divergence within this many nats of the top logprob, where the compared service itself gives the
+    # reference's token when the prompt is sent again alone, is numerical noise (seen on an H200 in bf16: one
+    # step, 0.25 nats, on DFLASH's first request for a prompt and inside a batch), not a lossy verifier.
+    noise_gap: float = 0.5
+    prompts: Path | None = None
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """A validated host profile."""
+
+    name: str
+    source: Path
+    connection: str | None  # "local://", "ssh://user@host:port?timeout=4", or None (attach by URL)
+    python: str
+    services: Mapping[str, ServiceSpec]
+    gpus: tuple[int, ...] = ()
+    provision: ProvisionMode = "allowed"
+    ssh_config: str | None = None
+    ssh_identity_file: str | None = None
+    cuda_home: str | None = None
+    command_timeout_s: float = 30.0
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    parity: ParitySpec | None = None
+    floors: Mapping[str, Mapping[str, float | str]] = field(default_factory=dict)
+    perf: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_local(self) -> bool:
+        return self.connection is not None and self.connection.startswith("local://")
+
+    @property
+    def address(self) -> str | None:
+        """The network name of the host, for service URLs (None for local/attach)."""
+        if not self.connection or self.is_local:
+            return None
+        return urllib.parse.urlparse(self.connection).hostname
+
+
+class _Table:
+    """A TOML table being consumed key by key; leftovers are reported as unknown keys."""
+
+    def __init__(self, data: Mapping[str, Any], source: str, prefix: str) -> None:
+        self._data, self._source, self._prefix = dict(data), source, prefix
+        self._seen: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self._prefix}.{name}" if self._prefix else name
+
+    def fail(self, name: str, expected: str) -> InventoryError:
+        return InventoryError(self._source, self.key(name), expected)
+
+    def get(self, name: str, kind: type[T], default: T | None = None, *, required: bool = False) -> T | None:
+        self._seen.add(name)
+        if name not in self._data:
+            if required:
+                raise self.fail(name, f"missing required key (expected {_type_name(kind)})")
+            return default
+        value = self._data[name]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise self.fail(name, f"expected {_type_name(kind)}, got {_describe(value)}")
+        return value
+
+    def raw(self, name: str) -> Any:
+        """The value as written (None when absent), with no type check."""
+        self._seen.add(name)
+        return self._data.get(name)
+
+    def str_list(self, name: str) -> tuple[str, ...]:
+        items = self.get(name, list, [])
+        assert items is not None
+        if not all(isinstance(item, str) for item in items):
+            raise self.fail(name, "expected a list of strings")
+        return tuple(items)
+
+    def int_list(self, name: str) -> tuple[int, ...]:
+        items = self.get(name, list, [])
+        assert items is not None
+        if not all(isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in items):
+            raise self.fail(name, "expected a list of GPU indices (non-negative integers)")
+        return tuple(items)
+
+    def str_map(self, name: str) -> dict[str, str]:
+        table = self.get(name, dict, {})
+        assert table is not None
+        out: dict[str, str] = {}
+        for key, value in table.items():
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                raise self.fail(f"{name}.{key}", f"expected a string or number, got {_describe(value)}")
+            out[key] = str(value)
+        return out
+
+    def duration(self, name: str, default: float) -> float:
+        raw = self.raw(name)
+        if raw is None:
+            return default
+        if not isinstance(raw, str | int | float) or isinstance(raw, bool):
+            raise self.fail(name, f"expected a duration like 90, '90s' or '15m', got {_describe(raw)}")
+        try:
+            return parse_seconds(raw, where=self.key(name))
+        except ValueError:
+            raise self.fail(name, f"expected a duration like 90, '90s' or '15m', got {raw!r}") from None
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str | None = None) -> str | None:
+        value = self.get(name, str, default)
+        if value is not None and value not in choices:
+            raise self.fail(name, f"expected one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def sub(self, name: str, *, required: bool = False) -> _Table | None:
+        data = self.get(name, dict, None, required=required)
+        return None if data is None else _Table(data, self._source, self.key(name))
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self._data.items())
+
+    def done(self) -> None:
+        unknown = sorted(set(self._data) - self._seen)
+        if unknown:
+            raise self.fail(unknown[0], "unknown key" + _did_you_mean(unknown[0], self._seen))
+
+
+def _type_name(kind: type) -> str:
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+            list: "a list", dict: "a table"}.get(kind, kind.__name__)
+
+
+def _describe(value: object) -> str:
+    kind = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list",
+            dict: "table"}.get(type(value), type(value).__name__)
+    text = repr(value)
+    return f"{kind} {text[:40]}" if len(text) <= 40 else f"{kind} {text[:37]}..."
+
+
+def _did_you_mean(name: str, known: set[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+
+
+_PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def render(template: str, values: Mapping[str, str], *, where: str) -> str:
+    """Replace {name} placeholders; systemd's own ${VAR} is left alone. Unknown names are errors."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in values:
+            raise ValueError(f"{where}: unknown placeholder {{{name}}} (known: {', '.join(sorted(values))})")
+        return values[name]
+
+    return _PLACEHOLDER.sub(one, template)
+
+
+def placeholders(text: str) -> set[str]:
+    return set(_PLACEHOLDER.findall(text))
+
+
+def _check_url(table: _Table, name: str, url: str) -> str:
+    probe = url.replace("{port}", "1").replace("{address}", "host")
+    parsed = urllib.parse.urlparse(probe)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise table.fail(name, f"expected an http(s) URL, got {url!r}")
+    try:
+        parsed.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        raise table.fail(name, f"expected an http(s) URL with a numeric port, got {url!r}") from None
+    return url.rstrip("/")
+
+
+def _check_connection(table: _Table, raw: str) -> tuple[str, float]:
+    parsed = urllib.parse.urlparse(raw)
+    if parsed.scheme == "local":
+        return "local://", DEFAULT_CONNECT_TIMEOUT_S
+    if parsed.scheme not in ("ssh", "paramiko", "safe-ssh"):
+        raise table.fail("connection", f"expected local:// or ssh://[user@]host[:port][?timeout=N], got {raw!r}")
+    if not parsed.hostname:
+        raise table.fail("connection", f"expected a host name in {raw!r}")
+    try:
+        parsed.port  # noqa: B018
+    except ValueError:
+        raise table.fail("connection", f"expected a numeric ssh port in {raw!r}") from None
+    query = urllib.parse.parse_qs(parsed.query)
+    timeout = DEFAULT_CONNECT_TIMEOUT_S
+    if "timeout" in query:
+        try:
+            timeout = float(query["timeout"][0])
+        except ValueError:
+            raise table.fail("connection", f"expected ?timeout=<seconds>, got {query['timeout'][0]!r}") from None
+        if not 0 < timeout <= 5:
+            raise table.fail("connection", f"connect timeout must be in (0, 5] seconds, got {timeout:g}")
+    else:
+        sep = "&" if parsed.query else "?"
+        raw = f"{raw}{sep}timeout={timeout:g}"
+    return raw, timeout
+
+
+def _service(name: str, table: _Table, host: HostProfile, profile_dir: Path) -> ServiceSpec:
+    kind = table.choice("kind", SERVICE_KINDS, "systemd" if host.connection and not host.is_local else "process")
+    assert kind is not None
+    algorithm = table.get("algorithm", str, required=True)
+    assert algorithm is not None
+    if algorithm.upper() not in ALGORITHMS:
+        raise table.fail("algorithm", f"expected one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    unit = table.get("unit", str)
+    template_raw = table.get("template", str)
+    command = table.str_list("command")
+    port = table.raw("port")
+    if port == "auto" or port is None:
+        port_value = None
+    elif isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+        port_value = port
+    else:
+        raise table.fail("port", f'expected a TCP port number or "auto", got {_describe(port)}')
+    default_url = None
+    if host.address:
+        default_url = f"http://{host.address}:{port_value or '{port}'}"
+    elif host.is_local:
+        default_url = f"http://127.0.0.1:{port_value or '{port}'}"
+    url = table.get("url", str, default_url)
+    if url is None:
+        raise table.fail("url", "missing required key (expected an http(s) URL)")
+    url = _check_url(table, "url", url)
+    if "{address}" in url:
+        # Fleet profiles share one file: the URL follows the host's address.
+        if not (host.address or host.is_local):
+            raise table.fail("url", "{address} needs an ssh:// or local:// connection")
+        url = url.replace("{address}", host.address or "127.0.0.1")
+    if kind == "systemd":
+        if not unit:
+            raise table.fail("unit", "missing required key for kind = \"systemd\" (expected a unit name)")
+        if not unit.endswith(".service") or "/" in unit:
+            raise table.fail("unit", f"expected a unit name like 'sglang-dflash.service', got {unit!r}")
+        if host.is_local and host.connection:
+            pass  # a local systemd is allowed (the controller runs on the GPU host itself)
+    if kind == "process":
+        if not command:
+            raise table.fail("command", 'missing required key for kind = "process" (expected a list of strings)')
+        if host.connection and not host.is_local:
+            raise table.fail("kind", 'kind = "process" runs on this machine; use "systemd" for a remote host')
+    template = None
+    if template_raw:
+        template = (profile_dir / template_raw).resolve()
+        if not template.is_file():
+            raise table.fail("template", f"expected a unit template file, {template} does not exist")
+    needs_port = any("{port}" in part for part in (url, *command))
+    if port_value is None and needs_port and kind != "process":
+        raise table.fail("port", "expected a fixed port: only process services get an automatic one")
+    spec = ServiceSpec(
+        name=name,
+        kind=kind,  # type: ignore[arg-type]
+        url=url,
+        algorithm=algorithm.upper(),
+        unit=unit,
+        template=template,
+        command=command,
+        env=table.str_map("env"),
+        vars=table.str_map("vars"),
+        gpus=table.int_list("gpus"),
+        port=port_value,
+        ready_timeout_s=table.duration("ready_timeout", 900.0),
+        sampled_timeout_s=table.duration("sampled_timeout", 300.0),
+        api_key_env=table.get("api_key_env", str),
+        model=table.get("model", str),
+    )
+    table.done()
+    return spec
+
+
+def _parity(table: _Table, services: Mapping[str, ServiceSpec], profile_dir: Path) -> ParitySpec:
+    reference = table.get("reference", str, required=True)
+    assert reference is not None
+    compare = table.str_list("compare")
+    plain = table.get("plain", str)
+    for key, name in [("reference", reference), ("plain", plain), *(("compare", c) for c in compare)]:
+        if name is not None and name not in services:
+            raise table.fail(key, f"expected a service of this host ({', '.join(services)}), got {name!r}")
+    if not compare:
+        compare = tuple(name for name in services if name != reference)
+    prompts = table.get("prompts", str)
+    tie_gap = table.get("tie_gap", float, 1e-3)
+    max_tie_rate = table.get("max_tie_rate", float, 0.25)
+    noise_gap = table.get("noise_gap", float, 0.5)
+    assert tie_gap is not None and max_tie_rate is not None and noise_gap is not None
+    if noise_gap < 0:
+        raise table.fail("noise_gap", f"expected a non-negative logprob gap, got {noise_gap}")
+    if not 0 <= max_tie_rate <= 1:
+        raise table.fail("max_tie_rate", f"expected a fraction in [0, 1], got {max_tie_rate}")
+    spec = ParitySpec(
+        reference=reference,
+        compare=compare,
+        plain=plain,
+        tie_gap=tie_gap,
+        max_tie_rate=max_tie_rate,
+        noise_gap=noise_gap,
+        prompts=(profile_dir / prompts).resolve() if prompts else None,
+    )
+    table.done()
+    return spec
+
+
+def _floors(table: _Table, services: Mapping[str, ServiceSpec]) -> dict[str, dict[str, float | str]]:
+    """[floors.SERVICE]: thresholds judged by the perf layer (docs/perf.md), validated and normalised."""
+    floors: dict[str, dict[str, float | str]] = {}
+    for service, _ in table.items():
+        if service not in services:
+            raise table.fail(service, f"expected a service of this host ({', '.join(services)})")
+        sub = table.sub(service)
+        assert sub is not None
+        values: dict[str, float | str] = {}
+        for key, value in sub.items():
+            latency = LATENCY_FLOOR.match(key)
+            if key not in (*FLOOR_KEYS, *FLOOR_SETTINGS) and latency is None:
+                raise sub.fail(key, "unknown floor" + _did_you_mean(key, {*FLOOR_KEYS, *FLOOR_SETTINGS}))
+            if key == "speedup_vs":
+                if not isinstance(value, str) or value not in services or value == service:
+                    others = ", ".join(name for name in services if name != service) or "none"
+                    raise sub.fail(key, f"expected the name of another service of this host ({others}), "
+                                        f"got {_describe(value)}")
+                values[key] = value
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise sub.fail(key, f"expected a positive number, got {_describe(value)}")
+            if key == "confidence" and not 0.5 < value < 1:
+                raise sub.fail(key, f"expected a confidence level in (0.5, 1) such as 0.95, got {value!r}")
+            if key == "regression_pct" and not value < 100:
+                raise sub.fail(key, f"expected a percentage in (0, 100), got {value!r}")
+            if latency is not None and latency.group(3) is not None and not 0 < float(latency.group(3)) < 100:
+                raise sub.fail(key, "unknown floor: a percentile must be in (0, 100), e.g. ttft_p99_ms")
+            values[key] = float(value)
+        if ("speedup" in values) != ("speedup_vs" in values):
+            missing = "speedup_vs" if "speedup" in values else "speedup"
+            raise sub.fail(missing, "missing required key: speedup and speedup_vs go together "
+                                    "(speedup_vs = \"none\", speedup = 2.0)")
+        floors[service] = values
+    return floors
+
+
+def _perf(table: _Table, services: Mapping[str, ServiceSpec]) -> dict[str, Any]:
+    """[perf]: how the perf layer loads each service; [perf.SERVICE] overrides requests/duration/warmup.
+
+    Values are normalised: durations in seconds (float), per-service tables under "services".
+    """
+
+    def count(sub: _Table, name: str, low: int) -> int | None:
+        value = sub.get(name, int)
+        if value is not None and value < low:
+            raise sub.fail(name, f"expected an integer >= {low}, got {value}")
+        return value
+
+    def number(sub: _Table, name: str, *, positive: bool = True) -> float | None:
+        value = sub.get(name, float)
+        if value is not None and (value < 0 or (positive and value == 0)):
+            raise sub.fail(name, f"expected a {'positive' if positive else 'non-negative'} number, got {value!r}")
+        return value
+
+    def duration(sub: _Table, name: str) -> float | None:
+        value = sub.duration(name, -1.0)
+        if value == -1.0:
+            return None
+        if not value > 0:
+            raise sub.fail(name, f"expected a positive duration like '30s', got {sub.raw(name)!r}")
+        return value
+
+    out: dict[str, Any] = {}
+    per_service: dict[str, dict[str, Any]] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            if key not in services:
+                raise table.fail(key, f"expected a service of this host ({', '.join(services)}) or a [perf] key")
+            sub = table.sub(key)
+            assert sub is not None
+            entry = {"requests": count(sub, "requests", 1), "duration": duration(sub, "duration"),
+                     "warmup": count(sub, "warmup", 0)}
+            sub.done()
+            per_service[key] = {k: v for k, v in entry.items() if v is not None}
+    endpoint = table.choice("endpoint", PERF_ENDPOINTS)
+    values = {
+        "endpoint": endpoint,
+        "concurrency": count(table, "concurrency", 1),
+        "requests": count(table, "requests", 1),
+        "duration": duration(table, "duration"),
+        "warmup": count(table, "warmup", 0),
+        "prompt_len": count(table, "prompt_len", 1),
+        "output_len": count(table, "output_len", 1),
+        "temperature": number(table, "temperature", positive=False),
+        "seed": count(table, "seed", 0),
+        "request_timeout": duration(table, "request_timeout"),
+        "max_loop_lag_ms": number(table, "max_loop_lag_ms"),
+        "max_client_cpu": number(table, "max_client_cpu"),
+        "retries": count(table, "retries", 0),
+    }
+    for name in per_service:
+        table.get(name, dict)  # seen
+    table.done()
+    out.update({k: v for k, v in values.items() if v is not None})
+    if per_service:
+        out["services"] = per_service
+    return out
+
+
+def load_profile(path: Path, *, name: str | None = None) -> HostProfile:
+    """Read and validate one host profile file."""
+    source = str(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InventoryError(source, "", f"cannot read profile: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InventoryError(source, "", f"not valid TOML: {exc}") from None
+    return profile_from_dict(data, source=path, name=name)
+
+
+def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None = None) -> HostProfile:
+    """Validate an already-parsed profile (TOML, or a fleet inventory entry)."""
+    root = _Table(data, str(source), "")
+    host = root.sub("host", required=True)
+    assert host is not None
+    connection_raw = host.get("connection", str, required=True)
+    assert connection_raw is not None
+    connection, connect_timeout = _check_connection(host, connection_raw)
+    python = host.get("python", str, "python3")
+    assert python is not None
+    if python == "auto":
+        python = sys.executable
+    provision = host.choice("provision", PROVISION_MODES, "allowed")
+    profile = HostProfile(
+        name=host.get("name", str, name or source.stem) or source.stem,
+        source=source,
+        connection=connection,
+        python=python,
+        services={},
+        gpus=host.int_list("gpus"),
+        provision=provision,  # type: ignore[arg-type]
+        ssh_config=host.get("ssh_config", str),
+        ssh_identity_file=host.get("ssh_identity_file", str),
+        cuda_home=host.get("cuda_home", str),
+        command_timeout_s=host.duration("command_timeout", 30.0),
+        connect_timeout_s=connect_timeout,
+    )
+    host.done()
+    services_table = root.sub("services", required=True)
+    assert services_table is not None
+    services: dict[str, ServiceSpec] = {}
+    for service_name, value in services_table.items():
+        if not isinstance(value, dict):
+            raise services_table.fail(service_name, f"expected a table [services.{service_name}]")
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", service_name):
+            raise services_table.fail(service_name, "service names may use letters, digits, '_', '-', '.'")
+        sub = services_table.sub(service_name)
+        assert sub is not None
+        services[service_name] = _service(service_name, sub, profile, source.parent)
+    if not services:
+        raise services_table.fail("", "expected at least one [services.NAME] table")
+    parity_table = root.sub("parity")
+    floors_table = root.sub("floors")
+    perf_table = root.sub("perf")
+    root.done()
+    return HostProfile(
+        name=profile.name,
+        source=profile.source,
+        connection=profile.connection,
+        python=profile.python,
+        services=services,
+        gpus=profile.gpus,
+        provision=profile.provision,
+        ssh_config=profile.ssh_config,
+        ssh_identity_file=profile.ssh_identity_file,
+        cuda_home=profile.cuda_home,
+        command_timeout_s=profile.command_timeout_s,
+        connect_timeout_s=profile.connect_timeout_s,
+        parity=_parity(parity_table, services, source.parent) if parity_table else None,
+        floors=_floors(floors_table, services) if floors_table else {},
+        perf=_perf(perf_table, services) if perf_table else {},
+    )
+
+
+def resolve_profile_path(spec: str, hosts_dirs: list[Path]) -> Path:
+    """A --host value: a path to a .toml file, or a name looked up in the hosts dirs."""
+    candidate = Path(spec).expanduser()
+    if candidate.suffix == ".toml" or "/" in spec:
+        if candidate.is_file():
+            return candidate
+        raise InventoryError(spec, "", "no such host profile file")
+    searched = [*hosts_dirs, BUILTIN_PROFILES]
+    for directory in searched:
+        path = directory / f"{spec}.toml"
+        if path.is_file():
+            return path
+    known = sorted({p.stem for d in searched if d.is_dir() for p in d.glob("*.toml")})
+    raise InventoryError(
+        spec, "", f"no host profile named {spec!r} in {', '.join(str(d) for d in searched)}"
+        + (f" (known: {', '.join(known)})" if known else "")
+    )
+
+
+def attach_profile(url: str, index: int) -> HostProfile:
+    """A profile for --attach URL: one external service, no host access."""
+    table = _Table({"url": url}, "--attach", "")
+    checked = _check_url(table, "url", url)
+    parsed = urllib.parse.urlparse(checked)
+    name = f"{parsed.hostname}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
+    service = ServiceSpec(name="attached", kind="external", url=checked, algorithm="NONE")
+    return HostProfile(
+        name=name if index == 0 else f"{name}#{index}",
+        source=Path("--attach"),
+        connection=None,
+        python="python3",
+        services={"attached": service},
+        provision="never",
+    )

@@ -1,0 +1,1 @@
+"""Evidence for failures: log tails and state, the diagnosis catalog, redaction."""

@@ -1,0 +1,100 @@
+"""Evidence for a failed test: log / journal tails since the test started, unit properties, kernel-log
+lines about OOM and Xid, and a diagnosis from the catalog. Everything is redacted before it leaves."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pytest_dflash.errors import DflashError
+from pytest_dflash.evidence.diagnosis import Diagnosis, diagnose
+from pytest_dflash.evidence.redact import redact
+from pytest_dflash.hostaccess.transport import journal_since
+from pytest_dflash.services.base import LogMark
+
+if TYPE_CHECKING:
+    from pytest_dflash.run.state import HostContext, ServiceHandle
+
+KERNEL_PATTERN = r"Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|fallen off the bus|GPU has fallen"
+
+
+@dataclass
+class Evidence:
+    sections: list[tuple[str, str]] = field(default_factory=list)
+    diagnoses: list[Diagnosis] = field(default_factory=list)
+
+    def diagnosis_text(self) -> str:
+        lines = []
+        for diagnosis in self.diagnoses:
+            lines.append(diagnosis.one_line())
+            if diagnosis.remedy:
+                lines.append(f"    remedy: {diagnosis.remedy}")
+            if diagnosis.evidence:
+                lines.append(f"    evidence: {diagnosis.evidence}")
+        return "\n".join(lines)
+
+
+def _since(mark: LogMark | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(mark.wall_time)) if mark else "start"
+
+
+def kernel_log(host: HostContext, mark: LogMark | None) -> str:
+    """OOM / Xid lines from the host's kernel log since `mark` (best effort, read-only)."""
+    if not host.has_host_access:
+        return ""
+    since = journal_since(mark.wall_time, host.transport.clock_error_s) if mark else "-b"
+    pattern = shlex.quote(KERNEL_PATTERN)
+    command = (f"(journalctl -k {since} --no-pager 2>/dev/null || dmesg -T 2>/dev/null) "
+               f"| grep -E {pattern} | tail -n 50")
+    try:
+        return host.transport.run(command, timeout_s=15).stdout.strip()
+    except DflashError:
+        return ""
+
+
+def gather(
+    host: HostContext,
+    handles: list[ServiceHandle],
+    marks: dict[str, LogMark],
+    failure_text: str,
+    *,
+    lines: int,
+) -> Evidence:
+    """Collect evidence for a failed test that used `handles` on `host`."""
+    evidence = Evidence()
+    texts = [failure_text]
+    secrets = tuple(h.client.api_key for h in handles if h._client is not None and h.client.api_key)
+    for handle in handles:
+        manager = handle.manager
+        mark = marks.get(handle.name) or handle.started_mark
+        try:
+            log = manager.logs_since(mark, lines)
+        except DflashError as exc:
+            log = f"(could not read the log: {exc})"
+        what = "journal" if getattr(manager, "unit", None) else "log"
+        if log.strip():
+            texts.append(log)
+            evidence.sections.append((f"{what} {handle.label} since {_since(mark)}", redact(log, secrets)))
+        try:
+            state = manager.state()
+            texts.append(state.summary())
+            props = {"state": state.summary(), **manager.describe()}
+        except DflashError as exc:
+            props = {"state": f"unknown: {exc}"}
+        evidence.sections.append((f"service {handle.label}",
+                                  redact("\n".join(f"{k}={v}" for k, v in props.items()), secrets)))
+    if host.has_host_access and not getattr(host.transport, "_unreachable", None):
+        first = min((m.wall_time for m in marks.values()), default=None)
+        kernel = kernel_log(host, LogMark(first) if first else None)
+        if kernel:
+            texts.append(kernel)
+            evidence.sections.append((f"kernel log {host.name} (OOM / Xid)", redact(kernel, secrets)))
+    python = host.profile.python
+    # Diagnose redacted text: a diagnosis quotes the log line that matched, and goes into the verdict JSON.
+    evidence.diagnoses = diagnose(*(redact(text, secrets) for text in texts),
+                                  values={"python": python, "service": ",".join(h.label for h in handles)})
+    if evidence.diagnoses:
+        evidence.sections.insert(0, ("dflash diagnosis", redact(evidence.diagnosis_text(), secrets)))
+    return evidence

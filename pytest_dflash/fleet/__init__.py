@@ -1,0 +1,1 @@
+"""Fleets: inventories, shards, the fleet summary, its HTML / JUnit / Prometheus outputs."""

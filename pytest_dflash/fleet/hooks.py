@@ -1,0 +1,182 @@
+"""End-of-run fleet summary and Prometheus export (controller only). Registered through
+pytest_dflash.plugin.pytest_plugins.
+
+After the per-host verdicts are written, the same summary `pytest-dflash merge` builds is written for this
+run into the report dir (fleet-summary.json/.html, fleet-junit.xml, fleet.prom), with the trend against the
+summary that was there before and "what changed" against each host's last good verdict (history/), so a
+single-runner nightly needs no merge step.
+
+    pytest --fleet hosts/ suites/smoke -n auto --prometheus /var/lib/node_exporter/textfile/dflash.prom
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_dflash.fleet import summary as fleet_summary
+
+PROMETHEUS_HELP = ("also write the run's Prometheus textfile (node_exporter textfile-collector format, atomic) "
+                   "to FILE; the report dir always gets fleet.prom")
+PREVIOUS_HELP = ("the previous fleet-summary.json to compare with (default: the one already in the report dir, "
+                 "e.g. restored from a CI cache)")
+HISTORY_HELP = "folder of per-host last good verdicts (default: <report dir>/history)"
+NO_SUMMARY_HELP = "do not write the fleet summary, history and Prometheus file at the end of the run"
+RESULT_KEY = pytest.StashKey[dict[str, Any]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("dflash")
+    group.addoption("--prometheus", dest="dflash_prometheus", default=None, metavar="FILE", help=PROMETHEUS_HELP)
+    group.addoption("--previous-summary", dest="dflash_previous_summary", default=None, metavar="FILE",
+                    help=PREVIOUS_HELP)
+    group.addoption("--dflash-history", dest="dflash_history", default=None, metavar="DIR", help=HISTORY_HELP)
+    group.addoption("--no-fleet-summary", dest="dflash_fleet_summary", action="store_false", default=None,
+                    help=NO_SUMMARY_HELP)
+    parser.addini("dflash_prometheus", PROMETHEUS_HELP, default="")
+    parser.addini("dflash_previous_summary", PREVIOUS_HELP, default="")
+    parser.addini("dflash_history", HISTORY_HELP, default="")
+    parser.addini("dflash_fleet_summary", "write the fleet summary at the end of a run (default true)", type="bool",
+                  default=True)
+
+
+def _path(config: pytest.Config, name: str) -> Path | None:
+    raw = config.getoption(name) or config.getini(name)
+    if not raw:
+        return None
+    path = Path(str(raw)).expanduser()
+    return path if path.is_absolute() else config.invocation_params.dir / path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        if workerinput.get(LOADGROUP_INPUT):
+            # See _LoadGroupToWorkers: without this the worker never tags its items with their xdist_group.
+            config.option.loadgroup = True
+        return
+    previous = _path(config, "dflash_previous_summary")
+    if previous is not None and not previous.is_file():
+        raise pytest.UsageError(f"--previous-summary / dflash_previous_summary: {previous}: no such file")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_LoadGroupToWorkers(config), "dflash-fleet-loadgroup")
+
+
+LOADGROUP_INPUT = "dflash_loadgroup"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Worker side of `--dist loadgroup`: make sure every grouped item's node id ends in `@<group>`.
+
+    xdist (3.8) tags items by assigning `item._nodeid`; since pytest 9.2 node ids are structured (`item._id`)
+    and that assignment silently does nothing, so LoadGroupScheduling sees no groups at all
+    (pytest-dev/pytest-xdist#1386). Where the suffix is missing after xdist's own hook, set it here."""
+    if getattr(config, "workerinput", None) is None or not config.getvalue("loadgroup") or not _targets(config):
+        return  # like the rest of the plugin: nothing changes unless hosts are under test
+    for item in items:
+        marks = item.iter_markers("xdist_group")
+        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
+        if names and not item.nodeid.endswith(suffix := "@" + "_".join(sorted(names))):
+            _add_suffix(item, suffix)
+
+
+def _add_suffix(item: Any, suffix: str) -> None:
+    try:
+        from _pytest.nodeid import NodeId  # pytest >= 9.2
+    except ImportError:  # pragma: no cover - older pytest: xdist's own assignment works
+        item._nodeid = item.nodeid + suffix
+        return
+    current = item._id
+    if not current.names:
+        item._id = NodeId.parse(item.nodeid + suffix)
+        return
+    # Fold the params into the last name: the id then prints and round-trips (reports are rebuilt from the
+    # fields on the controller) as "path::test[params]@group", the form LoadGroupScheduling splits on.
+    last = current.names[-1] + (f"[{current.params}]" if current.params is not None else "") + suffix
+    item._id = NodeId(path=current.path, names=(*current.names[:-1], last))
+
+
+class _LoadGroupToWorkers:
+    """One host's tests must run in one worker. The core switches `--dist load` (what `-n N` means) to
+    `loadgroup` in pytest_configure, but only on the controller: xdist workers parse the command line again
+    (dist is "no" there) and decide in their setup, before pytest_configure, whether to add the `@<group>`
+    suffix to their node ids that LoadGroupScheduling groups by. Without it every test is its own group and a
+    host's tests are spread over workers (its service state, lock and layer book are per process). So the
+    controller tells each worker through workerinput, and the worker sets the option itself."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[LOADGROUP_INPUT] = self.config.getvalue("dist") == "loadgroup" and _targets(self.config)
+
+
+def _targets(config: pytest.Config) -> bool:
+    from pytest_dflash import plugin
+
+    run = config.stash.get(plugin.RUN_KEY, None)
+    return run is not None and bool(run.profiles)
+
+
+def _enabled(config: pytest.Config) -> bool:
+    option = config.getoption("dflash_fleet_summary")
+    return bool(config.getini("dflash_fleet_summary")) if option is None else bool(option)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput") or not _enabled(config):
+        return
+    from pytest_dflash import plugin
+
+    run = config.stash.get(plugin.RUN_KEY, None)
+    reported = config.stash.get(plugin.REPORTED_KEY, [])
+    if run is None or not run.profiles or not reported:
+        return
+    report_dir = run.options.report_dir
+    previous = _path(config, "dflash_previous_summary")
+    if previous is None and (report_dir / fleet_summary.SUMMARY_JSON).is_file():
+        previous = report_dir / fleet_summary.SUMMARY_JSON
+    result: dict[str, Any] = {}
+    try:
+        verdicts = [fleet_summary.LoadedVerdict(Path(p), fleet_summary.read_verdict(Path(p))) for p in reported]
+        try:
+            if previous is not None:
+                fleet_summary.read_summary(previous)
+        except fleet_summary.FleetInputError as exc:
+            result["warning"] = f"previous summary ignored: {exc}"
+            previous = None
+        summary, outputs = fleet_summary.summarize(
+            verdicts, report_dir, previous_path=previous,
+            history_dir=_path(config, "dflash_history") or report_dir / fleet_summary.HISTORY,
+            gate_layers=getattr(config, "_dflash_gate", []) or (), prometheus=_path(config, "dflash_prometheus"))
+        result.update(summary=summary, outputs=outputs)
+    except (OSError, fleet_summary.FleetInputError) as exc:
+        # The verdicts and the exit code stand; the summary is a view of them.
+        result["error"] = f"fleet summary not written: {exc}"
+    config.stash[RESULT_KEY] = result
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    result = config.stash.get(RESULT_KEY, None)
+    if not result:
+        return
+    for key in ("warning", "error"):
+        if key in result:
+            terminalreporter.write_line(f"dflash: {result[key]}", red=True)
+    summary = result.get("summary")
+    if summary is None:
+        return
+    trend = summary.get("trend")
+    interesting = summary["totals"]["fail"] or (trend and any(trend[k] for k in ("fixed", "disappeared", "perf")))
+    if summary["totals"]["hosts"] > 1 or interesting:
+        for line in fleet_summary.headline(summary):
+            terminalreporter.write_line(line)
+    terminalreporter.write_line(f"fleet summary: {result['outputs'].summary_html}")
+    for path in result["outputs"].prometheus[1:]:
+        terminalreporter.write_line(f"prometheus: {path}")

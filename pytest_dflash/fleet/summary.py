@@ -1,0 +1,664 @@
+"""Fleet summary: many per-host verdicts (one run, or the shards of one) -> one summary with trend and history.
+
+    verdict files ──load_verdicts──▶ [LoadedVerdict] ──build_summary──▶ summary dict ──write_outputs──▶
+        fleet-summary.json, fleet-summary.html, fleet-junit.xml, fleet.prom   (+ history/<host>/last-good…)
+
+The summary (schema `pytest-dflash/fleet-summary/1`, docs/fleet.md) holds, per host, the layer matrix, the
+failures with their diagnoses, blocked roots, services (algorithm, version, readiness, accept length) and perf
+numbers; for a failing host, since when it fails and what changed since its last good verdict. `trend` compares
+with the previous summary: new failures, fixed hosts, hosts that disappeared or appeared, perf deltas.
+
+Used by `pytest-dflash merge` (pytest_dflash.cli) and at the end of every run (pytest_dflash.fleet.hooks).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pytest_dflash.report.files import atomic_write
+from pytest_dflash.report.verdict import SCHEMA as VERDICT_SCHEMA
+from pytest_dflash.run.layers import LAYERS
+
+SUMMARY_SCHEMA = "pytest-dflash/fleet-summary/1"
+SUMMARY_JSON = "fleet-summary.json"
+SUMMARY_HTML = "fleet-summary.html"
+JUNIT_XML = "fleet-junit.xml"
+PROMETHEUS = "fleet.prom"
+HISTORY = "history"
+LAST_GOOD = "last-good.verdict.json"
+VERDICT_GLOB = "*.verdict.json"
+FAILING = ("failed", "blocked")
+MAX_CHANGES = 200  # per host, in the summary ("what changed" of a whole package set can be long)
+# Service facts that are measurements of one run, not configuration: never "what changed".
+VOLATILE_SERVICE_KEYS = frozenset({"ready", "accept_length", "provisioned", "ready_s"})
+# Perf numbers where a smaller value is better (latencies, durations); the rest (tokens/s, accept length) grow.
+LOWER_IS_BETTER = ("ttft", "itl", "tpot", "latency", "_ms", "duration", "ready_s", "e2e", "_p50", "_p90", "_p99",
+                   "failed", "error", "inconclusive", "saturated")
+
+
+class FleetInputError(Exception):
+    """Bad input to a merge: one line, naming the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class LoadedVerdict:
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def host(self) -> str:
+        return str(self.data["host"])
+
+    @property
+    def run_id(self) -> str:
+        return str(self.data.get("run_id") or "")
+
+    @property
+    def finished_ts(self) -> float | None:
+        return parse_time(self.data.get("finished"))
+
+    @property
+    def passed(self) -> bool:
+        return self.data.get("verdict") == "pass"
+
+
+def parse_time(value: Any) -> float | None:
+    """A verdict's ISO time (`2026-11-30T04:53:28+0000`) -> unix seconds; None when absent or malformed."""
+    if not isinstance(value, str) or not value:
+        return None
+    for parse in (lambda v: datetime.strptime(v, "%Y-%m-%dT%H:%M:%S%z"), datetime.fromisoformat):
+        try:
+            return parse(value).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+def iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(ts))
+
+
+# ---- input ----------------------------------------------------------------------------------------------
+
+
+def find_verdict_files(inputs: Iterable[str | Path]) -> list[Path]:
+    """Every verdict file named by the inputs: a file, or a folder searched recursively (shard artifacts are
+    often one sub-folder each) for *.verdict.json, skipping history/ folders (last-good copies)."""
+    files: list[Path] = []
+    for raw in inputs:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob(VERDICT_GLOB)
+                           if p.is_file() and HISTORY not in p.relative_to(path).parts[:-1])
+            if not found:
+                raise FleetInputError(f"{path}: no {VERDICT_GLOB} files in this folder")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FleetInputError(f"{path}: no such file or folder")
+    return files
+
+
+def read_verdict(path: Path) -> dict[str, Any]:
+    """One verdict file, checked enough that a summary can be built from it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FleetInputError(f"{path}: cannot read: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FleetInputError(
+            f"{path}: not a pytest-dflash verdict (not JSON: {exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or data.get("schema") != VERDICT_SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise FleetInputError(f"{path}: not a pytest-dflash verdict (schema {found!r}, expected {VERDICT_SCHEMA!r})")
+    problems = []
+    if not isinstance(data.get("host"), str) or not data["host"]:
+        problems.append("'host' must be a non-empty string")
+    if data.get("verdict") not in ("pass", "fail"):
+        problems.append("'verdict' must be 'pass' or 'fail'")
+    if not isinstance(data.get("layers"), dict):
+        problems.append("'layers' must be an object")
+    for key in ("failures", "blocked"):
+        if not isinstance(data.get(key, []), list):
+            problems.append(f"'{key}' must be a list")
+    for key in ("services", "metrics", "facts"):
+        if not isinstance(data.get(key) or {}, dict):
+            problems.append(f"'{key}' must be an object")
+    if problems:
+        raise FleetInputError(f"{path}: invalid verdict: {problems[0]}")
+    return data
+
+
+def load_verdicts(inputs: Iterable[str | Path], *, latest: bool = False,
+                  exclude: Sequence[str] = ()) -> tuple[list[LoadedVerdict], list[str]]:
+    """(verdicts, excluded host names). Two files for one host are one verdict when their content is the same
+    (the same artifact downloaded twice); otherwise an error, or with `latest` the one that finished last."""
+    by_host: dict[str, LoadedVerdict] = {}
+    excluded: set[str] = set()
+    for path in find_verdict_files(inputs):
+        loaded = LoadedVerdict(path, read_verdict(path))
+        if any(fnmatch.fnmatchcase(loaded.host, pattern) for pattern in exclude):
+            excluded.add(loaded.host)
+            continue
+        other = by_host.get(loaded.host)
+        if other is None or other.data == loaded.data:
+            by_host.setdefault(loaded.host, loaded)
+            continue
+        newer = _newer(other, loaded)
+        if not latest or newer is None:
+            raise FleetInputError(
+                f"conflicting verdicts for host {loaded.host!r}: {other.path} (run {other.run_id}, finished "
+                f"{other.data.get('finished')}) and {loaded.path} (run {loaded.run_id}, finished "
+                f"{loaded.data.get('finished')})" + ("" if latest else "; pass --latest to keep the newer one"))
+        by_host[loaded.host] = newer
+    return [by_host[name] for name in sorted(by_host)], sorted(excluded)
+
+
+def _newer(a: LoadedVerdict, b: LoadedVerdict) -> LoadedVerdict | None:
+    ta, tb = a.finished_ts, b.finished_ts
+    if ta is None or tb is None or ta == tb:
+        return None
+    return a if ta > tb else b
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FleetInputError(f"{path}: cannot read previous summary: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise FleetInputError(f"{path}: not a fleet summary (not JSON: {exc.msg})") from None
+    if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA or not isinstance(data.get("hosts"), dict):
+        raise FleetInputError(f"{path}: not a fleet summary (expected schema {SUMMARY_SCHEMA!r})")
+    return data
+
+
+# ---- history: the last good verdict of every host ---------------------------------------------------------
+
+
+def safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+class History:
+    """`<root>/<host>/last-good.verdict.json`: a copy of the newest passing verdict of each host."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, host: str) -> Path:
+        return self.root / safe_name(host) / LAST_GOOD
+
+    def last_good(self, host: str) -> dict[str, Any] | None:
+        path = self.path(host)
+        if not path.is_file():
+            return None
+        try:
+            data = read_verdict(path)
+        except FleetInputError:
+            return None  # a damaged copy is as good as none; the next passing run replaces it
+        return data if data.get("host") == host and data.get("verdict") == "pass" else None
+
+    def record(self, verdicts: Iterable[LoadedVerdict]) -> list[Path]:
+        """Store the passing verdicts that are newer than the host's stored one; returns the paths written."""
+        written = []
+        for verdict in verdicts:
+            if not verdict.passed:
+                continue
+            path = self.path(verdict.host)
+            current = self.last_good(verdict.host)
+            if current is not None:
+                if current.get("run_id") == verdict.run_id and current.get("finished") == verdict.data.get("finished"):
+                    continue
+                stored = parse_time(current.get("finished"))
+                if stored is not None and (verdict.finished_ts or 0.0) < stored:
+                    continue  # an older artifact merged late never replaces a newer good verdict
+            atomic_write(path, json.dumps(verdict.data, indent=1, default=str) + "\n", sync=False)
+            written.append(path)
+        return written
+
+
+# ---- per-host entries ---------------------------------------------------------------------------------------
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested objects -> {"a.b.c": scalar}; a list of scalars stays one value, a list of objects is indexed."""
+    out: dict[str, Any] = {}
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(value, list) and any(isinstance(item, Mapping | list) for item in value):
+        for index, item in enumerate(value):
+            out.update(flatten(item, f"{prefix}[{index}]"))
+    else:
+        out[prefix] = value
+    return out
+
+
+def numbers(value: Any) -> dict[str, float]:
+    """The finite numeric leaves of a nested object (bools are not numbers)."""
+    return {key: float(item) for key, item in flatten(value).items()
+            if isinstance(item, int | float) and not isinstance(item, bool) and math.isfinite(item)}
+
+
+def _service_entry(facts: Mapping[str, Any]) -> dict[str, Any]:
+    ready = facts.get("ready")
+    ready_s = ready.get("total_s") if isinstance(ready, Mapping) else None
+    entry: dict[str, Any] = {"algorithm": facts.get("algorithm"), "version": facts.get("version")}
+    if isinstance(ready_s, int | float):
+        entry["ready_s"] = round(float(ready_s), 3)
+    if isinstance(facts.get("accept_length"), int | float):
+        entry["accept_length"] = round(float(facts["accept_length"]), 4)
+    if facts.get("url"):
+        entry["url"] = facts["url"]
+    return entry
+
+
+def _failure_entry(failure: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "test": failure.get("test", ""),
+        "layer": failure.get("layer", ""),
+        "phase": failure.get("phase", ""),
+        "message": str(failure.get("message", ""))[:500],
+        "diagnosis": [{"id": str(d.get("id", "")), "title": str(d.get("title", "")),
+                       "remedy": str(d.get("remedy", ""))}
+                      for d in failure.get("diagnosis") or [] if isinstance(d, Mapping)],
+    }
+
+
+def _blocked_entries(blocked: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    roots: dict[str, dict[str, Any]] = {}
+    for entry in blocked:
+        message = str(entry.get("message", ""))
+        root = roots.setdefault(message, {"message": message, "count": 0, "layers": []})
+        root["count"] += 1
+        layer = entry.get("layer")
+        if layer and layer not in root["layers"]:
+            root["layers"].append(layer)
+    return list(roots.values())
+
+
+def host_numbers(entry: Mapping[str, Any]) -> dict[str, float]:
+    """Perf-like numbers of a summary host entry: perf metrics, then service readiness and accept length."""
+    values = dict(entry.get("metrics", {}))
+    for service, facts in entry.get("services", {}).items():
+        for key in ("accept_length", "ready_s"):
+            if isinstance(facts.get(key), int | float):
+                values[f"service:{service}.{key}"] = float(facts[key])
+    return values
+
+
+def host_entry(verdict: LoadedVerdict) -> dict[str, Any]:
+    data = verdict.data
+    layers = data.get("layers", {})
+    outcomes = {layer: str((layers.get(layer) or {}).get("outcome", "not-run")) for layer in LAYERS}
+    for layer, body in layers.items():  # a layer this version does not know is still shown
+        if layer not in outcomes and isinstance(body, Mapping):
+            outcomes[layer] = str(body.get("outcome", "not-run"))
+    return {
+        "verdict": data["verdict"],
+        "run_id": verdict.run_id,
+        "started": data.get("started"),
+        "finished": data.get("finished"),
+        "finished_ts": verdict.finished_ts,
+        "duration_s": data.get("duration_s"),
+        "exit_code": data.get("exit_code"),
+        "profile": data.get("profile"),
+        "connection": data.get("connection"),
+        "layers": outcomes,
+        "failures": [_failure_entry(f) for f in data.get("failures", []) if isinstance(f, Mapping)],
+        "blocked": _blocked_entries([b for b in data.get("blocked", []) if isinstance(b, Mapping)]),
+        "services": {name: _service_entry(facts) for name, facts in sorted((data.get("services") or {}).items())
+                     if isinstance(facts, Mapping)},
+        "metrics": numbers(data.get("metrics") or {}),
+        "notes": [str(n) for n in data.get("notes", [])][:20],
+        "source": str(verdict.path),
+        "failing_since": None,
+        "failing_since_ts": None,
+        "last_good": None,
+        "changed": None,
+        "perf_delta": {},
+    }
+
+
+# ---- what changed since the last good verdict ----------------------------------------------------------------
+
+
+def _category(key: str) -> str:
+    lowered = key.lower()
+    if ".packages." in lowered or lowered.endswith(".packages"):
+        return "packages"
+    if "jit" in lowered:
+        return "jit-cache"
+    if any(word in lowered for word in ("unit", "flag", "exec", "command", "args", "environment")):
+        return "unit"
+    if any(word in lowered for word in ("driver", "cuda", "nvidia")):
+        return "driver"
+    return "facts"
+
+
+def _service_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    services = data.get("services") or {}
+    for name, facts in services.items():
+        if not isinstance(facts, Mapping):
+            continue
+        for key, value in flatten({k: v for k, v in facts.items() if k not in VOLATILE_SERVICE_KEYS}).items():
+            if key == "url" and facts.get("provisioned"):
+                continue  # provisioned services get a free port each run
+            out[f"services.{name}.{key}"] = value
+    return out
+
+
+def what_changed(good: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """Differences between a host's last good verdict and its current one: the env snapshot and other layer
+    facts (packages, driver, unit flags, JIT cache) when both have them, and always the services' algorithm,
+    version and configuration, the profile and the connection."""
+    good_facts = flatten(good.get("facts") or {}, "facts")
+    now_facts = flatten(current.get("facts") or {}, "facts")
+    basis = "facts" if good_facts and now_facts else "services"
+    changes: list[dict[str, Any]] = []
+    if basis == "facts":
+        for key in sorted(set(good_facts) | set(now_facts)):
+            if good_facts.get(key) != now_facts.get(key):
+                changes.append({"category": _category(key), "key": key,
+                                "before": good_facts.get(key), "after": now_facts.get(key)})
+    good_services, now_services = _service_config(good), _service_config(current)
+    for key in sorted(set(good_services) | set(now_services)):
+        if good_services.get(key) != now_services.get(key):
+            changes.append({"category": "service", "key": key,
+                            "before": good_services.get(key), "after": now_services.get(key)})
+    for key in ("profile", "connection"):
+        if good.get(key) != current.get(key):
+            changes.append({"category": "profile", "key": key, "before": good.get(key), "after": current.get(key)})
+    note = None
+    if basis == "services" and (good_facts or now_facts):
+        side = "the last good verdict" if not good_facts else "this verdict"
+        note = f"{side} has no env/facts snapshot: only services and profile compared"
+    elif basis == "services":
+        note = "no env/facts snapshot in either verdict (run the env layer): only services and profile compared"
+    return {
+        "since": {"run_id": good.get("run_id"), "finished": good.get("finished"),
+                  "finished_ts": parse_time(good.get("finished"))},
+        "basis": basis,
+        "note": note,
+        "count": len(changes),
+        "changes": changes[:MAX_CHANGES],
+    }
+
+
+# ---- trend vs the previous summary ---------------------------------------------------------------------------
+
+
+def lower_is_better(metric: str) -> bool:
+    lowered = metric.lower()
+    return any(word in lowered for word in LOWER_IS_BETTER)
+
+
+def perf_deltas(before: Mapping[str, float], after: Mapping[str, float], threshold_pct: float) -> dict[str, Any]:
+    deltas: dict[str, Any] = {}
+    for key in sorted(set(before) & set(after)):
+        old, new = before[key], after[key]
+        if old == new:
+            continue
+        pct = (new - old) / abs(old) * 100.0 if old else None
+        worse = (new > old) if lower_is_better(key) else (new < old)
+        significant = pct is None or abs(pct) >= threshold_pct
+        deltas[key] = {"previous": old, "current": new, "delta": round(new - old, 6),
+                       "pct": None if pct is None else round(pct, 2),
+                       "regression": worse and significant, "significant": significant}
+    return deltas
+
+
+def _bad_layers(layers: Mapping[str, str]) -> set[str]:
+    return {layer for layer, outcome in layers.items() if outcome in FAILING}
+
+
+def build_trend(hosts: Mapping[str, dict[str, Any]], previous: Mapping[str, Any], *, source: str | None,
+                excluded: Sequence[str], threshold_pct: float) -> dict[str, Any]:
+    """`excluded`: host names or globs left out on purpose (they did not disappear)."""
+    before: Mapping[str, Mapping[str, Any]] = previous.get("hosts", {})
+    new_failures: list[dict[str, Any]] = []
+    fixed: list[dict[str, Any]] = []
+    still_failing: list[str] = []
+    perf: list[dict[str, Any]] = []
+    for name, entry in hosts.items():
+        old = before.get(name)
+        bad_now = _bad_layers(entry["layers"])
+        if old is None:
+            if entry["verdict"] == "fail":
+                new_failures.append({"host": name, "was": "absent", "layers": sorted(bad_now, key=_rank),
+                                     "diagnosis": _diagnosis_ids(entry)})
+            continue
+        bad_before = _bad_layers(old.get("layers", {}))
+        if entry["verdict"] == "fail":
+            newly = bad_now - bad_before
+            if old.get("verdict") == "pass" or newly:
+                new_failures.append({"host": name, "was": str(old.get("verdict")),
+                                     "layers": sorted(newly or bad_now, key=_rank),
+                                     "diagnosis": _diagnosis_ids(entry)})
+            else:
+                still_failing.append(name)
+        elif old.get("verdict") == "fail":
+            fixed.append({"host": name, "layers": sorted(bad_before, key=_rank)})
+        deltas = perf_deltas(host_numbers(old), host_numbers(entry), threshold_pct)
+        entry["perf_delta"] = deltas
+        perf.extend({"host": name, "metric": key, **delta} for key, delta in deltas.items() if delta["significant"])
+    perf.sort(key=lambda d: (not d["regression"], -abs(d["pct"] or 0.0), d["host"], d["metric"]))
+    return {
+        "previous": {"source": source, "generated": previous.get("generated"), "finished": _last_finished(previous),
+                     "run_ids": previous.get("run_ids", []), "hosts": len(before)},
+        "new_failures": new_failures,
+        "fixed": fixed,
+        "still_failing": still_failing,
+        "new_hosts": sorted(set(hosts) - set(before)),
+        "disappeared": sorted(name for name in set(before) - set(hosts)
+                              if not any(fnmatch.fnmatchcase(name, pattern) for pattern in excluded)),
+        "perf_threshold_pct": threshold_pct,
+        "perf": perf,
+    }
+
+
+def _last_finished(summary: Mapping[str, Any]) -> str | None:
+    """When the newest run of a summary finished (what "since the previous run" means), else when it was made."""
+    runs = [r for r in summary.get("runs", []) if isinstance(r, Mapping) and parse_time(r.get("finished"))]
+    if not runs:
+        return summary.get("generated")
+    return str(max(runs, key=lambda r: parse_time(r.get("finished")) or 0.0)["finished"])
+
+
+def _rank(layer: str) -> int:
+    return LAYERS.index(layer) if layer in LAYERS else len(LAYERS)
+
+
+def _diagnosis_ids(entry: Mapping[str, Any]) -> list[str]:
+    ids: list[str] = []
+    for failure in entry.get("failures", []):
+        for diagnosis in failure.get("diagnosis", []):
+            if diagnosis["id"] not in ids:
+                ids.append(diagnosis["id"])
+    return ids
+
+
+# ---- the summary ---------------------------------------------------------------------------------------------
+
+
+def gate_layers_of(verdicts: Sequence[LoadedVerdict]) -> list[str]:
+    """The --gate layers the runs used, when every gated verdict agrees (else none)."""
+    seen = {tuple((v.data.get("gate") or {}).get("layers") or ()) for v in verdicts if v.data.get("gate")}
+    return list(next(iter(seen))) if len(seen) == 1 else []
+
+
+def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, Any] | None = None,
+                  previous_source: str | None = None, history: History | None = None,
+                  gate_layers: Sequence[str] = (), excluded: Sequence[str] = (), exclude_patterns: Sequence[str] = (),
+                  perf_threshold_pct: float = 5.0, now: float | None = None) -> dict[str, Any]:
+    """`excluded`: the hosts left out of the inputs; `exclude_patterns`: the globs that left them out."""
+    now = time.time() if now is None else now
+    hosts = {v.host: host_entry(v) for v in sorted(verdicts, key=lambda v: v.host)}
+    by_host = {v.host: v for v in verdicts}
+    before: Mapping[str, Mapping[str, Any]] = (previous or {}).get("hosts", {})
+    for name, entry in hosts.items():
+        good = history.last_good(name) if history is not None else None
+        if entry["verdict"] == "pass":
+            entry["last_good"] = {"run_id": entry["run_id"], "finished": entry["finished"],
+                                  "finished_ts": entry["finished_ts"]}
+            continue
+        if good is not None:
+            entry["changed"] = what_changed(good, by_host[name].data)
+            entry["last_good"] = entry["changed"]["since"]
+        old = before.get(name) or {}
+        if old.get("verdict") == "fail" and old.get("failing_since"):
+            entry["failing_since"], entry["failing_since_ts"] = old["failing_since"], old.get("failing_since_ts")
+        else:
+            entry["failing_since"], entry["failing_since_ts"] = entry["finished"], entry["finished_ts"]
+        if entry["last_good"] is None and old.get("last_good"):
+            entry["last_good"] = old["last_good"]
+    trend = (build_trend(hosts, previous, source=previous_source, excluded=[*excluded, *exclude_patterns],
+                         threshold_pct=perf_threshold_pct) if previous is not None else None)
+    layer_totals = {layer: {o: 0 for o in ("passed", "failed", "blocked", "skipped", "not-run")} for layer in LAYERS}
+    diagnoses: dict[str, dict[str, Any]] = {}
+    for name, entry in hosts.items():
+        for layer, outcome in entry["layers"].items():
+            layer_totals.setdefault(layer, {}).setdefault(outcome, 0)
+            layer_totals[layer][outcome] += 1
+        for failure in entry["failures"]:
+            for diagnosis in failure["diagnosis"]:
+                item = diagnoses.setdefault(diagnosis["id"], {"title": diagnosis["title"], "hosts": []})
+                if name not in item["hosts"]:
+                    item["hosts"].append(name)
+    gate = None
+    if gate_layers:
+        failing = {name: {layer: entry["layers"].get(layer, "not-run") for layer in gate_layers}
+                   for name, entry in hosts.items()
+                   if any(entry["layers"].get(layer, "not-run") != "passed" for layer in gate_layers)}
+        gate = {"layers": list(gate_layers), "passed": bool(hosts) and not failing, "hosts": len(hosts),
+                "failing": failing}
+    runs: dict[str, dict[str, Any]] = {}
+    for verdict in verdicts:
+        run = runs.setdefault(verdict.run_id, {"run_id": verdict.run_id, "hosts": 0,
+                                               "started": verdict.data.get("started"),
+                                               "finished": verdict.data.get("finished")})
+        run["hosts"] += 1
+    passing = sum(1 for e in hosts.values() if e["verdict"] == "pass")
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "generated": iso(now),
+        "generated_ts": round(now, 3),
+        "run_ids": sorted(runs),
+        "runs": [runs[r] for r in sorted(runs)],
+        "layers": list(LAYERS),
+        "totals": {"hosts": len(hosts), "pass": passing, "fail": len(hosts) - passing, "layers": layer_totals},
+        "diagnoses": dict(sorted(diagnoses.items(), key=lambda kv: (-len(kv[1]["hosts"]), kv[0]))),
+        "gate": gate,
+        "excluded": list(excluded),
+        "trend": trend,
+        "hosts": hosts,
+    }
+
+
+@dataclass
+class Outputs:
+    summary_json: Path
+    summary_html: Path
+    junit_xml: Path
+    prometheus: list[Path]
+    history: list[Path]
+
+    def all(self) -> list[Path]:
+        return [self.summary_json, self.summary_html, self.junit_xml, *self.prometheus]
+
+
+def write_outputs(summary: Mapping[str, Any], out_dir: Path, *, prometheus: Path | None = None) -> Outputs:
+    from pytest_dflash.fleet.html import render_html
+    from pytest_dflash.fleet.junit import render_junit
+    from pytest_dflash.fleet.prometheus import fleet_exposition, write_textfile
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = Outputs(out_dir / SUMMARY_JSON, out_dir / SUMMARY_HTML, out_dir / JUNIT_XML, [out_dir / PROMETHEUS], [])
+    atomic_write(paths.summary_json, json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write(paths.summary_html, render_html(summary))
+    atomic_write(paths.junit_xml, render_junit(summary))
+    text = fleet_exposition(summary)
+    write_textfile(paths.prometheus[0], text)
+    if prometheus is not None and prometheus.resolve() != paths.prometheus[0].resolve():
+        write_textfile(prometheus, text)
+        paths.prometheus.append(prometheus)
+    return paths
+
+
+def summarize(inputs: Sequence[LoadedVerdict], out_dir: Path, *, previous_path: Path | None,
+              history_dir: Path | None, gate_layers: Sequence[str] = (), excluded: Sequence[str] = (),
+              exclude_patterns: Sequence[str] = (), prometheus: Path | None = None,
+              perf_threshold_pct: float = 5.0) -> tuple[dict[str, Any], Outputs]:
+    """Build the summary, write every output, then record this run's good verdicts in the history."""
+    previous = read_summary(previous_path) if previous_path is not None else None
+    history = History(history_dir) if history_dir is not None else None
+    summary = build_summary(inputs, previous=previous, previous_source=str(previous_path) if previous_path else None,
+                            history=history, gate_layers=gate_layers, excluded=excluded,
+                            exclude_patterns=exclude_patterns, perf_threshold_pct=perf_threshold_pct)
+    outputs = write_outputs(summary, out_dir, prometheus=prometheus)
+    if history is not None:
+        outputs.history = history.record(inputs)
+    return summary, outputs
+
+
+def headline(summary: Mapping[str, Any]) -> list[str]:
+    """A few lines for a terminal: totals, gate, trend, and what changed on failing hosts."""
+    totals = summary["totals"]
+    lines = [f"fleet: {totals['pass']}/{totals['hosts']} hosts pass"
+             + (f"; excluded: {', '.join(summary['excluded'])}" if summary.get("excluded") else "")]
+    gate = summary.get("gate")
+    if gate:
+        verdict = "PASSED" if gate["passed"] else f"FAILED on {', '.join(sorted(gate['failing'])) or 'no hosts'}"
+        lines.append(f"gate {','.join(gate['layers'])}: {verdict}")
+    trend = summary.get("trend")
+    if trend:
+        previous = trend["previous"].get("finished") or "the previous run"
+        if trend["new_failures"]:
+            lines.append(f"new failures since {previous}: " + "; ".join(
+                f"{f['host']} ({', '.join(f['layers'])}{': ' + ', '.join(f['diagnosis']) if f['diagnosis'] else ''})"
+                for f in trend["new_failures"][:10]) + (" …" if len(trend["new_failures"]) > 10 else ""))
+        if trend["fixed"]:
+            lines.append("fixed: " + ", ".join(f["host"] for f in trend["fixed"][:20]))
+        if trend["disappeared"]:
+            lines.append("disappeared (no verdict this time): " + ", ".join(trend["disappeared"][:20]))
+        regressions = [p for p in trend["perf"] if p["regression"]]
+        if regressions:
+            lines.append("perf regressions: " + "; ".join(
+                f"{p['host']} {p['metric']} {p['previous']:g} -> {p['current']:g}"
+                + (f" ({p['pct']:+.1f}%)" if p["pct"] is not None else "") for p in regressions[:5]))
+    shown = 0
+    for name, entry in summary["hosts"].items():
+        if entry["verdict"] != "fail" or shown >= 10:
+            continue
+        shown += 1
+        changed = entry.get("changed")
+        since = f"failing since {entry['failing_since']}"
+        if changed is None:
+            lines.append(f"{name}: {since}; no good verdict on record to compare with")
+        elif not changed["count"]:
+            lines.append(f"{name}: {since}; nothing changed since its last good run {changed['since']['run_id']}")
+        else:
+            parts = [f"{c['key'].rsplit('.', 1)[-1]} {_short(c['before'])} -> {_short(c['after'])}"
+                     for c in changed["changes"][:4]]
+            more = f" (+{changed['count'] - 4} more)" if changed["count"] > 4 else ""
+            lines.append(f"{name}: {since}; changed since last good run {changed['since']['run_id']}: "
+                         + "; ".join(parts) + more)
+    return lines
+
+
+def _short(value: Any) -> str:
+    text = "absent" if value is None else str(value)
+    return text if len(text) <= 40 else text[:37] + "…"

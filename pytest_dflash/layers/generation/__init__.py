@@ -1,0 +1,1 @@
+"""The generation layer: the full sampling path, judged by real requests."""

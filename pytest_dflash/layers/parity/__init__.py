@@ -1,0 +1,1 @@
+"""The parity layer: greedy token parity, distribution parity and accept length."""

@@ -1,0 +1,134 @@
+"""Accept length: how many tokens a speculative server emits per verify step, per request and on average.
+
+SGLang's definition: accept length = completion_tokens / spec_verify_ct (the bonus token counted,
+the prefill token included), per request in ``meta_info``. Older builds lack the per-request
+fields; then the server-wide ``/server_info`` ``internal_states[0].avg_spec_accept_length`` is read
+after a ``/flush_cache`` (which resets it) and the prompts run one at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pytest_dflash.client import InferenceClient, Sampling
+
+Source = Literal["meta_info", "server_info"]
+
+
+class AcceptanceUnavailable(AssertionError):
+    """The server reports no accept length at all (per request or server-wide)."""
+
+
+@dataclass
+class Acceptance:
+    """Accept lengths of one service on one prompt set."""
+
+    service: str
+    source: Source
+    prompts: int
+    tokens: int = 0
+    steps: int = 0
+    per_request: list[float] = field(default_factory=list)
+    server_mean: float | None = None  # server_info fallback: SGLang's own average
+
+    @property
+    def mean(self) -> float:
+        """Tokens per verify step over all requests (SGLang's average: weighted by steps)."""
+        if self.server_mean is not None:
+            return self.server_mean
+        return self.tokens / self.steps if self.steps else 0.0
+
+    def as_fact(self) -> dict[str, Any]:
+        return {"mean": round(self.mean, 4), "source": self.source, "prompts": self.prompts,
+                "tokens": self.tokens, "verify_steps": self.steps,
+                "per_request": [round(v, 3) for v in self.per_request]}
+
+
+def _per_request(meta: dict[str, Any]) -> tuple[int, int] | None:
+    steps = meta.get("spec_verify_ct")
+    tokens = meta.get("completion_tokens")
+    if isinstance(steps, int | float) and isinstance(tokens, int | float) and steps > 0:
+        return int(tokens), int(steps)
+    return None
+
+
+def _flush(client: InferenceClient, *, deadline_s: float = 15.0) -> None:
+    """/flush_cache until it is accepted (it answers 400 while requests run)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        status = client.flush_cache(timeout_s=10)
+        if status == 200:
+            return
+        if time.monotonic() > deadline:
+            raise AcceptanceUnavailable(f"{client.service}: /flush_cache kept answering {status} for {deadline_s:g}s "
+                                        "(requests running?); cannot reset the server-wide accept length")
+        time.sleep(0.2)
+
+
+def _server_mean(client: InferenceClient) -> float | None:
+    info = client.server_info() or {}
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        value = states[0].get("avg_spec_accept_length")
+        if isinstance(value, int | float) and value > 0:
+            return float(value)
+    return None
+
+
+def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int = 64,
+            timeout_s: float | None = None) -> Acceptance:
+    """Greedy generations of `prompts`; accept length per request from meta_info, else from /server_info."""
+    __tracebackhide__ = True
+    sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    result = Acceptance(client.service, "meta_info", len(prompts))
+    missing = False
+    for prompt in prompts:
+        gen = client.generate(prompt, sampling, timeout_s=timeout_s)
+        counts = _per_request(gen.meta)
+        if counts is None:
+            missing = True
+            break
+        tokens, steps = counts
+        result.tokens += tokens
+        result.steps += steps
+        result.per_request.append(tokens / steps)
+    if not missing:
+        return result
+    # No per-request fields (older SGLang): the server-wide average since a flush, prompts one at a time.
+    result = Acceptance(client.service, "server_info", len(prompts))
+    _flush(client)
+    for prompt in prompts:
+        gen = client.generate(prompt, sampling, timeout_s=timeout_s)
+        result.tokens += gen.completion_tokens or 0
+    result.server_mean = _server_mean(client)
+    if result.server_mean is None:
+        raise AcceptanceUnavailable(
+            f"{client.service}: no accept length: meta_info has no spec_verify_ct and /server_info has no "
+            "internal_states[0].avg_spec_accept_length (is this a speculative server?)")
+    return result
+
+
+def check_at_least_one(acceptance: Acceptance) -> None:
+    """Every verify step emits at least the bonus token: an accept length below 1 is an accounting bug."""
+    __tracebackhide__ = True
+    if acceptance.mean < 1.0:
+        raise AssertionError(f"{acceptance.service}: accept length {acceptance.mean:.3f} < 1 ({acceptance.source}): "
+                             "a verify step emits at least one token")
+
+
+def check_ddtree_vs_dflash(ddtree: Acceptance, dflash: Acceptance, *, ratio: float) -> None:
+    """DDTREE's mean accept length must be at least `ratio` x DFLASH's on the same prompts."""
+    __tracebackhide__ = True
+    if ddtree.mean < ratio * dflash.mean:
+        raise AssertionError(
+            f"DDTREE accepts less than {ratio:g} x DFLASH on the same {ddtree.prompts} prompts: "
+            f"{ddtree.service} {ddtree.mean:.3f} vs {dflash.service} {dflash.mean:.3f} tokens per verify step "
+            f"(ratio {ddtree.mean / dflash.mean if dflash.mean else float('inf'):.3f}); per request "
+            f"DDTREE {[round(v, 2) for v in ddtree.per_request]} vs DFLASH {[round(v, 2) for v in dflash.per_request]}"
+        )
+
+
+__all__ = ["Acceptance", "AcceptanceUnavailable", "check_at_least_one", "check_ddtree_vs_dflash", "measure"]

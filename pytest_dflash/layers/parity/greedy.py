@@ -1,0 +1,655 @@
+"""Parity: is speculative decoding lossless? Token-level comparison of greedy outputs, with tie triage.
+
+At temperature 0 a lossless speculative server emits exactly the target model's greedy tokens. Ties
+are real, though: on an H200, SGLang 0.5.17's DFLASH and the plain server diverged where two tokens
+had exactly the same logprob (-1.6786701679229736), with CUDA graphs on and inside a concurrent batch.
+So each first divergence is triaged with a NON-speculative server's top logprobs at that position
+(real SGLang refuses ``return_logprob`` under DFLASH):
+
+* the plain server's own greedy output must match the shared prefix up to the divergence (else its
+  logprobs are about another context): then its top-k logprobs at the divergence are read;
+* TIE when both diverging tokens are within ``tie_gap`` of the top logprob there (so the top-1 /
+  top-2 gap is within it too): counted and reported, allowed up to ``max_tie_rate`` of the prompts;
+* REAL otherwise (a token the target would not pick, by more than ``tie_gap``): a failure, gap shown;
+* UNKNOWN when no plain server is available or it cannot speak for that context: a failure too,
+  naming what is missing (a deploy gate cannot call an untriaged divergence lossless).
+
+When the plain server's greedy output leaves the shared prefix earlier (at j), the reference itself
+departed from the target there: that departure is triaged first (real: failure), and after a tie the
+divergence is re-read by teacher forcing (the prompt's token ids + the shared prefix as ``input_ids``)
+where the server reports prompt ids (``logprob_start_len = 0``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pytest_dflash.client import Generation, InferenceClient, Sampling
+from pytest_dflash.config.profiles import HostProfile, ServiceSpec
+from pytest_dflash.errors import ApiError, DflashError
+
+if TYPE_CHECKING:
+    from pytest_dflash.run.state import ServiceHandle
+
+Kind = Literal["tie", "noise", "real", "unknown"]
+DEFAULT_NOISE_GAP = 0.5
+NOISE_NOTE = ("numerical noise: sent again alone, the service gives the reference's token here, so its kernels' "
+              "numerics (batch composition, prefix-cache state) moved a near-tie, not the verifier "
+              "(SGLang's --enable-deterministic-inference makes them batch-invariant)")
+TOP_LOGPROBS = 5
+DEFAULT_TIE_GAP = 1e-3
+DEFAULT_MAX_TIE_RATE = 0.25
+DEFAULT_MAX_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class Prompt:
+    name: str
+    text: str
+
+
+_LONG = (
+    "Speculative decoding speeds up autoregressive generation without changing its output. A small draft "
+    "model proposes several tokens ahead, and the large target model checks all of them in a single forward "
+    "pass. Every proposed token that matches what the target model would have produced is kept, and the "
+    "first mismatch is replaced by the target's own choice, so each verification step yields at least one "
+    "token and often many more. Block diffusion drafters such as DFlash propose a whole block of tokens in "
+    "one pass, conditioned on hidden states taken from the target model, while tree drafters such as DDTree "
+    "propose several alternative continuations at once and verify the whole tree with an attention mask "
+    "that lets every node see only its ancestors. Because verification always defers to the target model, "
+    "greedy decoding with speculation must produce exactly the same tokens as greedy decoding without it, "
+    "and sampling must draw from exactly the same distribution. The rest of this report describes how we "
+    "checked that claim on our servers, and what we found when we"
+)
+
+BUILTIN_PROMPTS: tuple[Prompt, ...] = (
+    Prompt("short", "The quick brown fox"),
+    Prompt("question", "Q: What is the boiling point of water at sea level?\nA:"),
+    Prompt("long", _LONG),
+    Prompt("code", 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n'),
+    Prompt("code-c", "#include <stdio.h>\n\nint main(void) {\n    for (int i = 0; i < 10; i++) {\n"),
+    Prompt("repetitive", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"),
+    Prompt("repetitive-words", "red green blue red green blue red green blue red"),
+)
+
+# The smoke suite's slice of the prompt set.
+SMOKE_PROMPTS: tuple[str, ...] = (
+    "The quick brown fox",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "Once upon a time there was a small model that learned to write stories about",
+)
+
+
+def load_prompts(path: Path) -> list[Prompt]:
+    """Prompts from a file: JSON (a list of strings or of {"name", "text"}), else one prompt per non-empty line.
+
+    Lines starting with '#' are comments. Raises ValueError naming the file and what is wrong.
+    """
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the prompts file: {exc.strerror or exc}") from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON list of prompts")
+        prompts = []
+        for index, item in enumerate(data):
+            if isinstance(item, str):
+                prompts.append(Prompt(f"{path.stem}[{index}]", item))
+            elif isinstance(item, dict) and isinstance(item.get("text"), str):
+                prompts.append(Prompt(str(item.get("name") or f"{path.stem}[{index}]"), item["text"]))
+            else:
+                raise ValueError(f"{path}: item {index}: expected a string or {{\"name\", \"text\"}}")
+    else:
+        lines = [line for line in raw.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        prompts = [Prompt(f"{path.stem}:{number}", line) for number, line in enumerate(lines, 1)]
+    if not prompts:
+        raise ValueError(f"{path}: no prompts in the file")
+    if any(not p.text for p in prompts):
+        raise ValueError(f"{path}: empty prompt")
+    return prompts
+
+
+# ---- comparison ------------------------------------------------------------------------------------
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token, or None when equal (a strict prefix counts as differing)."""
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    logprob: float
+    token: int
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class Triage:
+    """What the plain server says about one divergence."""
+
+    kind: Kind
+    gap: float | None = None  # best logprob minus the lower of the two diverging tokens' logprobs
+    top12: float | None = None  # top-1 minus top-2 logprob at the divergence
+    candidates: tuple[Candidate, ...] = ()
+    note: str = ""
+    lower_bound: bool = False  # a diverging token was not among the top-k: the gap is at least `gap`
+
+
+def classify(reference_token: int | None, compared_token: int | None, candidates: Sequence[Candidate],
+             tie_gap: float) -> Triage:
+    """Tie or real divergence, from a non-speculative server's top logprobs at the divergence."""
+    ordered = tuple(sorted(candidates, key=lambda c: -c.logprob))
+    if not ordered:
+        return Triage("unknown", note="the plain server returned no top logprobs at the divergence")
+    best = ordered[0].logprob
+    top12 = best - ordered[1].logprob if len(ordered) > 1 else None
+    by_token = {c.token: c.logprob for c in ordered}
+    missing = [t for t in (reference_token, compared_token) if t is None or t not in by_token]
+    if missing:
+        # a token outside the top-k (or no token: one side ended early) trails by more than the k-th candidate
+        gap = best - ordered[-1].logprob
+        return Triage("real", gap, top12, ordered, lower_bound=True,
+                      note=f"token {missing[0]} is not among the top {len(ordered)}" if missing[0] is not None
+                      else "one output ended early")
+    assert reference_token is not None and compared_token is not None
+    gap = best - min(by_token[reference_token], by_token[compared_token])
+    return Triage("tie" if gap <= tie_gap else "real", gap, top12, ordered)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    prompt: str
+    index: int  # first differing output position
+    reference_ids: tuple[int, ...]
+    compared_ids: tuple[int, ...]
+    gap: float | None = None
+    kind: Kind = "unknown"
+    top12: float | None = None
+    candidates: tuple[Candidate, ...] = ()
+    note: str = ""
+    reference_text: str = ""
+    compared_text: str = ""
+    lower_bound: bool = False
+
+    def context(self, width: int = 24) -> str:
+        """The decoded text around the divergence on both sides."""
+        ref, cmp = self.reference_text, self.compared_text
+        common = 0
+        while common < min(len(ref), len(cmp)) and ref[common] == cmp[common]:
+            common += 1
+        return (f"…{ref[max(0, common - width):common]!r} then reference {ref[common:common + width]!r} vs "
+                f"compared {cmp[common:common + width]!r}")
+
+    def describe(self) -> str:
+        ref = list(self.reference_ids[max(0, self.index - 3) : self.index + 3])
+        cmp = list(self.compared_ids[max(0, self.index - 3) : self.index + 3])
+        facts: list[str] = [self.kind]
+        if self.top12 is not None:
+            facts.append(f"top-1/top-2 gap {self.top12:.3g}")
+        if self.gap is not None:
+            facts.append(f"diverging token {'>' if self.lower_bound else ''}{self.gap:.3g} below the top logprob")
+        shown = ", ".join(f"{c.token}{'' if c.text is None else f' {c.text!r}'}: {c.logprob:.6g}"
+                          for c in self.candidates[:3])
+        text = (f"{self.prompt[:40]!r}: diverges at token {self.index} ({', '.join(facts)}): "
+                f"reference …{ref}… vs compared …{cmp}…")
+        if shown:
+            text += f"; plain server's top logprobs there: {shown}"
+        if self.note:
+            text += f"; {self.note}"
+        if self.reference_text or self.compared_text:
+            text += f"\n      text: {self.context()}"
+        return text
+
+
+@dataclass
+class ParityReport:
+    prompts: int = 0
+    exact: int = 0
+    divergences: list[Divergence] = field(default_factory=list)
+    tie_gap: float = DEFAULT_TIE_GAP
+    max_tie_rate: float = DEFAULT_MAX_TIE_RATE
+    label: str = ""
+    plain: str | None = None
+    concurrent: bool = False
+    noise_gap: float = DEFAULT_NOISE_GAP
+
+    @property
+    def exact_rate(self) -> float:
+        return self.exact / self.prompts if self.prompts else 0.0
+
+    @property
+    def real(self) -> list[Divergence]:
+        """Divergences that are not numerical (real ones and untriaged ones): each is a failure."""
+        return [d for d in self.divergences if d.kind not in ("tie", "noise")]
+
+    @property
+    def ties(self) -> list[Divergence]:
+        """Numerical divergences: exact ties, and near-ties moved by kernel numerics (kind "noise")."""
+        return [d for d in self.divergences if d.kind in ("tie", "noise")]
+
+    @property
+    def tie_rate(self) -> float:
+        return len(self.ties) / self.prompts if self.prompts else 0.0
+
+    def problems(self) -> list[str]:
+        """Why this comparison fails (empty: it passes)."""
+        out = [d.describe() for d in self.real]
+        if self.tie_rate > self.max_tie_rate:
+            out.append(f"{len(self.ties)} of {self.prompts} prompts diverged at numerical ties or noise: tie rate "
+                       f"{self.tie_rate:.2f} > max_tie_rate {self.max_tie_rate:g}")
+        return out
+
+    def summary(self) -> str:
+        kinds = {k: sum(1 for d in self.divergences if d.kind == k) for k in ("real", "tie", "noise", "unknown")}
+        batch = f", {kinds['noise']} numerical noise (noise_gap {self.noise_gap:g})"
+        return (f"{self.label}: {self.exact}/{self.prompts} prompts token-identical (exact-match rate "
+                f"{self.exact_rate:.2f}); divergences: {kinds['real']} real, {kinds['tie']} ties (tie_gap "
+                f"{self.tie_gap:g}, max_tie_rate {self.max_tie_rate:g}){batch}, {kinds['unknown']} untriaged"
+                + (f"; triage by {self.plain}" if self.plain else "; no plain server for triage"))
+
+    def check(self) -> None:
+        """Raise AssertionError with the summary and every problem (real / untriaged divergences, tie rate)."""
+        __tracebackhide__ = True
+        problems = self.problems()
+        if problems:
+            raise AssertionError(self.summary() + "\n  " + "\n  ".join(problems))
+
+    def as_fact(self) -> dict[str, Any]:
+        return {
+            "prompts": self.prompts, "exact": self.exact, "exact_rate": round(self.exact_rate, 4),
+            "ties": sum(d.kind == "tie" for d in self.divergences),
+            "real": sum(d.kind == "real" for d in self.divergences),
+            "noise": sum(d.kind == "noise" for d in self.divergences), "concurrent": self.concurrent,
+            "unknown": sum(d.kind == "unknown" for d in self.divergences), "tie_rate": round(self.tie_rate, 4),
+            "tie_gap": self.tie_gap, "max_tie_rate": self.max_tie_rate, "plain": self.plain,
+            "divergences": [{"prompt": d.prompt[:60], "index": d.index, "kind": d.kind, "gap": d.gap,
+                             "top12": d.top12} for d in self.divergences],
+        }
+
+
+# ---- the plain server's view ------------------------------------------------------------------------
+
+
+def _candidates(step: Any) -> tuple[Candidate, ...]:
+    out = []
+    for item in step or []:
+        if isinstance(item, list) and len(item) >= 2 and isinstance(item[0], int | float):
+            out.append(Candidate(float(item[0]), int(item[1]), item[2] if len(item) > 2 and
+                                 isinstance(item[2], str) else None))
+    return tuple(out)
+
+
+@dataclass
+class PlainView:
+    """A plain server's greedy output with its top logprobs at every position."""
+
+    ids: list[int]
+    top: list[tuple[Candidate, ...]]
+
+
+class PlainServer:
+    """Reads top logprobs from a non-speculative SGLang server."""
+
+    def __init__(self, client: InferenceClient, *, top: int = TOP_LOGPROBS) -> None:
+        self.client = client
+        self.top = top
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        response = self.client.request("POST", "/generate", json_body=body)
+        if response.status_code >= 400:
+            raise ApiError(self.client.service, "/generate", response.status_code, "return_logprob refused",
+                           response.text[:300])
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise ApiError(self.client.service, "/generate", response.status_code, f"malformed JSON body: {exc}",
+                           response.text[:300]) from exc
+        if isinstance(data, list):
+            data = data[0] if data else {}
+        if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
+            raise ApiError(self.client.service, "/generate", response.status_code, "response lacks meta_info",
+                           str(data)[:300])
+        return data
+
+    def greedy(self, prompt: str | Sequence[int], tokens: int) -> PlainView:
+        body: dict[str, Any] = {
+            "sampling_params": {"temperature": 0, "max_new_tokens": tokens, "ignore_eos": True},
+            "return_logprob": True, "top_logprobs_num": self.top, "return_text_in_logprobs": True,
+        }
+        body["text" if isinstance(prompt, str) else "input_ids"] = prompt if isinstance(prompt, str) else list(prompt)
+        data = self._post(body)
+        top = data["meta_info"].get("output_top_logprobs")
+        ids = data.get("output_ids")
+        return PlainView([int(i) for i in ids] if isinstance(ids, list) else [],
+                         [_candidates(step) for step in top] if isinstance(top, list) else [])
+
+    def prompt_ids(self, prompt: str) -> list[int] | None:
+        """The prompt's token ids, where the server reports input logprobs (logprob_start_len = 0)."""
+        body = {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 1},
+                "return_logprob": True, "logprob_start_len": 0}
+        try:
+            entries = self._post(body)["meta_info"].get("input_token_logprobs")
+        except ApiError:
+            return None
+        if not isinstance(entries, list) or not entries:
+            return None
+        ids = [int(e[1]) for e in entries if isinstance(e, list) and len(e) >= 2 and isinstance(e[1], int)]
+        return ids if len(ids) == len(entries) else None
+
+
+def triage(plain: PlainServer, prompt: str, reference: Sequence[int], compared: Sequence[int], index: int,
+           tie_gap: float) -> Triage:
+    """Classify the first divergence (at `index`) of two greedy outputs of `prompt`."""
+    ref_token = reference[index] if index < len(reference) else None
+    cmp_token = compared[index] if index < len(compared) else None
+    try:
+        view = plain.greedy(prompt, index + 1)
+    except ApiError as exc:
+        return Triage("unknown", note=f"the plain server could not be asked: {exc}")
+    own = first_divergence(view.ids[:index], reference[:index])
+    if own is None and len(view.top) > index:
+        return classify(ref_token, cmp_token, view.top[index], tie_gap)
+    if own is None:
+        return Triage("unknown", note=f"the plain server returned top logprobs for {len(view.top)} positions only")
+    # The reference itself left the target's greedy path at `own`: triage that first.
+    departure = classify(reference[own], view.ids[own], view.top[own] if own < len(view.top) else (), tie_gap)
+    where = f"the reference itself departs from the plain server's greedy output at token {own}"
+    if departure.kind != "tie":
+        gap = "" if departure.gap is None else f", gap {departure.gap:.3g}"
+        return replace(departure, note=f"{where} ({departure.kind}{gap})")
+    prompt_ids = plain.prompt_ids(prompt)
+    if prompt_ids is None:
+        return Triage("unknown", note=f"{where} (a tie), and the server reports no prompt token ids to re-read "
+                                      f"token {index} with the reference's prefix")
+    try:
+        forced = plain.greedy([*prompt_ids, *reference[:index]], 1)
+    except ApiError as exc:
+        return Triage("unknown", note=f"{where} (a tie); teacher forcing failed: {exc}")
+    if not forced.top:
+        return Triage("unknown", note=f"{where} (a tie); teacher forcing returned no logprobs")
+    result = classify(ref_token, cmp_token, forced.top[0], tie_gap)
+    return replace(result, note=f"{where} (a tie); read by teacher forcing on the reference's prefix")
+
+
+def greedy_outputs(client: InferenceClient, prompts: Sequence[Prompt], *, max_tokens: int,
+                   concurrent_requests: bool = False) -> list[Generation]:
+    """Greedy generations (ignore_eos) of every prompt, one at a time or all at once."""
+    sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    if not concurrent_requests:
+        return [client.generate(p.text, sampling) for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts), thread_name_prefix="dflash-parity") as pool:
+        return list(pool.map(lambda p: client.generate(p.text, sampling), prompts))
+
+
+def compare_greedy(
+    reference: InferenceClient,
+    compared: InferenceClient,
+    prompts: Sequence[str | Prompt],
+    *,
+    max_tokens: int = 32,
+    plain: InferenceClient | None = None,
+    tie_gap: float = DEFAULT_TIE_GAP,
+    max_tie_rate: float = DEFAULT_MAX_TIE_RATE,
+    concurrent_requests: bool = False,
+    reference_outputs: Sequence[Generation] | None = None,
+    plain_unavailable: str = "no plain (non-speculative) server to read top logprobs from",
+) -> ParityReport:
+    """Greedy token ids of `compared` vs `reference` on each prompt, first divergences triaged through `plain`.
+
+    `concurrent_requests` sends the compared service all prompts at once (a batch, as the H200 record's
+    divergences happened in). `reference_outputs` reuses outputs already fetched for these prompts.
+    """
+    items = [p if isinstance(p, Prompt) else Prompt(p[:24], p) for p in prompts]
+    report = ParityReport(tie_gap=tie_gap, max_tie_rate=max_tie_rate, label=f"{reference.service} vs "
+                          f"{compared.service}", plain=plain.service if plain else None)
+    refs = list(reference_outputs) if reference_outputs is not None else greedy_outputs(
+        reference, items, max_tokens=max_tokens)
+    cmps = greedy_outputs(compared, items, max_tokens=max_tokens, concurrent_requests=concurrent_requests)
+    server = PlainServer(plain) if plain is not None else None
+    for prompt, ref, cmp in zip(items, refs, cmps, strict=True):
+        report.prompts += 1
+        ref_ids, cmp_ids = tuple(ref.output_ids or ()), tuple(cmp.output_ids or ())
+        index = first_divergence(ref_ids, cmp_ids)
+        if index is None:
+            report.exact += 1
+            continue
+        verdict = (triage(server, prompt.text, ref_ids, cmp_ids, index, tie_gap) if server is not None
+                   else Triage("unknown", note=plain_unavailable))
+        report.divergences.append(Divergence(
+            prompt.text, index, ref_ids, cmp_ids, verdict.gap, verdict.kind, verdict.top12, verdict.candidates,
+            verdict.note, ref.text, cmp.text, verdict.lower_bound))
+    return report
+
+
+# ---- the plain service of a host ------------------------------------------------------------------------
+
+
+class PlainUnavailable(DflashError):
+    """No non-speculative service can be had for tie triage (the message says why)."""
+
+
+_SPEC_FLAG = re.compile(r"--speculative-[A-Za-z0-9-]+")
+
+
+def strip_speculative_args(args: Sequence[str]) -> tuple[str, ...]:
+    """A server command line without its --speculative-* flags (and their values)."""
+    out: list[str] = []
+    skip_value = False
+    for arg in args:
+        if skip_value:
+            skip_value = False
+            if not arg.startswith("-"):
+                continue
+        if _SPEC_FLAG.fullmatch(arg):
+            skip_value = True
+            continue
+        if arg.startswith("--speculative-") and "=" in arg:
+            continue
+        out.append(arg)
+    return tuple(out)
+
+
+_TEMPLATE_FLAG = re.compile(
+    r"[ \t]+--speculative-[A-Za-z0-9-]+(?:=\S+|(?:[ \t]*\\\n)?[ \t]+(?![-\\])\S+)?")
+
+
+def strip_speculative_text(text: str) -> str:
+    """A unit template without --speculative-* flags; continuation lines left empty are dropped."""
+    stripped = _TEMPLATE_FLAG.sub("", text)
+    lines = stripped.split("\n")
+    kept = [line for line in lines if line.strip() != "\\"]
+    return "\n".join(kept)
+
+
+def _with_port(url: str, port: int | str) -> str:
+    parsed = urllib.parse.urlsplit(url.replace("{port}", "0"))
+    host = parsed.hostname or "127.0.0.1"
+    return urllib.parse.urlunsplit((parsed.scheme, f"{host}:{port}", parsed.path, "", "")).rstrip("/")
+
+
+def derive_plain_spec(reference: ServiceSpec, profile: HostProfile, *, directory: Path, run_id: str,
+                      port: int | None = None, taken_gpus: Sequence[int] = ()) -> ServiceSpec:
+    """The reference's service without speculation: same model, command / template and vars; new name and port.
+
+    Raises PlainUnavailable when it cannot run beside the host's services (no free GPU, no command).
+    """
+    name = f"{reference.name}-plain"
+    gpus: tuple[int, ...] = ()
+    if reference.gpus:
+        used = {g for s in profile.services.values() for g in s.gpus} | set(taken_gpus)
+        free = [g for g in profile.gpus if g not in used]
+        if len(free) < len(reference.gpus):
+            raise PlainUnavailable(
+                f"no free GPU for a plain server beside {reference.name}: host.gpus = {list(profile.gpus)}, in use "
+                f"{sorted(used)}; list a spare GPU in host.gpus or add a plain service to the profile")
+        gpus = tuple(free[: len(reference.gpus)])
+    if reference.kind == "process":
+        command = strip_speculative_args(reference.command)
+        if reference.port is not None:
+            command = tuple("{port}" if part == str(reference.port) else part for part in command)
+        if not any("{port}" in part for part in command):
+            raise PlainUnavailable(f"services.{reference.name}.command has no {{port}} placeholder to move the "
+                                   "plain server to a free port")
+        return ServiceSpec(name=name, kind="process", url=_with_port(reference.url, "{port}"), algorithm="NONE",
+                           command=command, env=reference.env, vars=reference.vars, gpus=gpus, port=port,
+                           ready_timeout_s=reference.ready_timeout_s, sampled_timeout_s=reference.sampled_timeout_s,
+                           api_key_env=reference.api_key_env, model=reference.model)
+    if reference.kind == "systemd":
+        if reference.template is None or reference.unit is None or reference.port is None:
+            raise PlainUnavailable(f"services.{reference.name} has no unit template to derive a plain server from")
+        try:
+            text = reference.template.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PlainUnavailable(f"cannot read {reference.template}: {exc}") from None
+        directory.mkdir(parents=True, exist_ok=True)
+        template = directory / f"{profile.name}.{name}.{run_id}.service"
+        template.write_text(strip_speculative_text(text), encoding="utf-8")
+        new_port = port if port is not None else reference.port + 100
+        return ServiceSpec(name=name, kind="systemd", url=_with_port(reference.url, new_port), algorithm="NONE",
+                           unit=reference.unit.removesuffix(".service") + "-plain.service", template=template,
+                           env=reference.env, vars=reference.vars, gpus=gpus, port=new_port,
+                           ready_timeout_s=reference.ready_timeout_s, sampled_timeout_s=reference.sampled_timeout_s,
+                           api_key_env=reference.api_key_env, model=reference.model)
+    raise PlainUnavailable(f"services.{reference.name} is an external service: nothing to derive a plain server from")
+
+
+def plain_service(reference: ServiceHandle, *, port: int | None = None) -> ServiceHandle:
+    """The host's non-speculative service for triage: [parity] plain, a NONE service, or one derived (--provision).
+
+    Raises PlainUnavailable with what the user can do about it.
+    """
+    from pytest_dflash.services.process import state_root
+
+    host = reference.host
+    spec = host.profile.parity
+    if spec is not None and spec.plain:
+        return host.service(spec.plain)
+    if not reference.spec.speculative and reference.spec.kind != "external":
+        return reference
+    for name, service in host.profile.services.items():
+        if not service.speculative and service.kind != "external":
+            return host.service(name)
+    derived = f"{reference.name}-plain"
+    if derived in host.services:
+        return host.services[derived]
+    if not host.provisioning:
+        raise PlainUnavailable(
+            "no plain (non-speculative) service on this host to read top logprobs from: set [parity] plain = "
+            "\"NAME\" in the profile, or run with --provision to let the parity layer start one (the reference's "
+            "model and flags minus speculation)")
+    taken = [g for h in host.services.values() for g in h.spec.gpus]
+    derived_spec = derive_plain_spec(reference.spec, host.profile, directory=state_root() / "derived",
+                                     run_id=host.run.run_id, port=port, taken_gpus=taken)
+    handle = host.add_service(derived_spec)
+    host.notes.append(f"parity: started {derived_spec.name}, a plain server derived from {reference.name} "
+                      "(speculative flags removed) for tie triage")
+    return handle
+
+
+def ready_plain(reference: ServiceHandle, *, port: int | None = None) -> tuple[InferenceClient | None, str]:
+    """A ready plain server's client (started on first use), or None and the reason."""
+    try:
+        handle = plain_service(reference, port=port)
+        handle.ensure_ready()
+    except PlainUnavailable as exc:
+        return None, str(exc)
+    except DflashError as exc:
+        return None, f"the plain server is not usable: {str(exc).splitlines()[0]}"
+    return handle.client, handle.name
+
+
+def compare_pair(reference: ServiceHandle, compared: ServiceHandle, prompts: Sequence[str | Prompt], *,
+                 max_tokens: int = 32, tie_gap: float | None = None, max_tie_rate: float | None = None,
+                 concurrent_requests: bool = False, plain_port: int | None = None,
+                 reference_outputs: Sequence[Generation] | None = None,
+                 compared_alone: Sequence[Generation] | None = None, noise_gap: float | None = None) -> ParityReport:
+    """compare_greedy for two services of one host; the plain server is found (or started) only for a divergence.
+
+    A near-tie divergence (within `noise_gap`) is checked against the compared service's own output for the
+    prompt sent alone (`compared_alone` when given, else one more request): when that output has the reference's
+    token there, the divergence is numerical noise, counted with ties.
+    """
+    spec = reference.host.profile.parity
+    gap = tie_gap if tie_gap is not None else (spec.tie_gap if spec else DEFAULT_TIE_GAP)
+    rate = max_tie_rate if max_tie_rate is not None else (spec.max_tie_rate if spec else DEFAULT_MAX_TIE_RATE)
+    noise = noise_gap if noise_gap is not None else (spec.noise_gap if spec else DEFAULT_NOISE_GAP)
+    first = compare_greedy(reference.client, compared.client, prompts, max_tokens=max_tokens, plain=None,
+                           tie_gap=gap, max_tie_rate=rate, concurrent_requests=concurrent_requests,
+                           reference_outputs=reference_outputs)
+    first.concurrent, first.noise_gap = concurrent_requests, noise
+    if not first.divergences:
+        return first
+    client, why = ready_plain(reference, port=plain_port)
+    if client is None:
+        first.divergences = [replace(d, note=why) for d in first.divergences]
+        return first
+    server = PlainServer(client)
+    first.plain = client.service
+    first.divergences = [_retriaged(d, triage(server, d.prompt, d.reference_ids, d.compared_ids, d.index, gap))
+                         for d in first.divergences]
+    alone = {_prompt_text(p): tuple(g.output_ids or ()) for p, g in zip(prompts, compared_alone or (), strict=False)}
+
+    def again(divergence: Divergence) -> tuple[int, ...]:
+        if divergence.prompt in alone:
+            return alone[divergence.prompt]
+        sampling = Sampling(max_tokens=len(divergence.compared_ids), temperature=0.0, ignore_eos=True)
+        return tuple(compared.client.generate(divergence.prompt, sampling).output_ids or ())
+
+    first.divergences = [numerical_noise(d, again(d) if _near_tie(d, noise) else None, noise)
+                         for d in first.divergences]
+    return first
+
+
+def _prompt_text(prompt: str | Prompt) -> str:
+    return prompt.text if isinstance(prompt, Prompt) else prompt
+
+
+def _near_tie(divergence: Divergence, noise_gap: float) -> bool:
+    return (divergence.kind == "real" and not divergence.lower_bound and divergence.gap is not None
+            and divergence.gap <= noise_gap)
+
+
+def numerical_noise(divergence: Divergence, again: tuple[int, ...] | None, noise_gap: float) -> Divergence:
+    """Reclassify a near-tie divergence as numerical noise when the service, asked again alone, agrees.
+
+    Only when (a) the diverging token is within `noise_gap` nats of the plain server's top logprob, and (b) the
+    compared service's own output for the prompt sent again alone (`again`) has the reference's token at the
+    divergence. A lossy verifier repeats its wrong token; a batching bug (KV mixed up across requests) picks
+    tokens at confident positions: both stay real.
+    """
+    if again is None or not _near_tie(divergence, noise_gap):
+        return divergence
+    index = divergence.index
+    if len(again) <= index or index >= len(divergence.reference_ids):
+        return divergence
+    if tuple(again[: index + 1]) != tuple(divergence.reference_ids[: index + 1]):
+        return divergence
+    return replace(divergence, kind="noise", note=NOISE_NOTE)
+
+
+def _retriaged(divergence: Divergence, verdict: Triage) -> Divergence:
+    return replace(divergence, kind=verdict.kind, gap=verdict.gap, top12=verdict.top12, candidates=verdict.candidates,
+                   note=verdict.note, lower_bound=verdict.lower_bound)
+
+
+__all__ = ["BUILTIN_PROMPTS", "SMOKE_PROMPTS", "Candidate", "Divergence", "ParityReport", "PlainServer",
+           "PlainUnavailable", "Prompt", "Triage", "classify", "compare_greedy", "compare_pair",
+           "derive_plain_spec",
+           "first_divergence", "greedy_outputs", "load_prompts", "numerical_noise", "plain_service", "ready_plain",
+           "strip_speculative_args", "strip_speculative_text", "triage"]

@@ -1,0 +1,1 @@
+"""The perf layer: load runs judged against floors, baselines and peers."""

@@ -1,0 +1,584 @@
+"""A synthetic OpenAI/SGLang-shaped streaming server whose timing is set exactly.
+
+It exists to measure *clients* (our load generator, GuideLLM, AIPerf), so it must never be the
+bottleneck and it must know the truth:
+
+* raw ``asyncio.Protocol`` HTTP/1.1 (keep-alive, chunked transfer), no framework;
+* every SSE event that does not depend on the request is encoded once, at start-up;
+* the first token goes out ``--ttft-ms`` after the request was fully read, token ``i`` at the
+  absolute deadline ``t_first + i * itl`` (``loop.call_at``; a late wake-up never drifts the
+  schedule); ``--itl-ms 0`` writes the rest of the stream in one ``write``;
+* it records what it actually did (``GET /stats``): TTFT from "request fully read" to "first
+  token handed to the kernel", the gaps between token writes, and tokens per second over the
+  active window (first request read .. last token written).
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream and non-stream; the
+stream ends with a usage chunk ``choices: []`` and ``data: [DONE]``), ``POST /generate`` (SGLang
+native, cumulative ``text``/``output_ids``, ``meta_info`` with ``completion_tokens`` and, on the
+last event, ``spec_verify_ct``/``spec_accept_length``), ``GET /v1/models``, ``GET /health``,
+``GET /server_info`` (``internal_states[0].avg_spec_accept_length``, cumulative since the last
+``POST /flush_cache``), ``GET /stats`` (``/stats/raw``: every TTFT in
+arrival order), ``POST /stats/reset[?skip=N]`` (the next N generation requests
+are served but not recorded: a client's warm-up), ``GET /counters``.
+
+Faults for the client's error-path tests (``--fault MODE --fault-every N``: every N-th request,
+counting from the first, gets the fault): ``http500``, ``drop_before`` (close without an answer),
+``drop`` (close after the first token), ``garbage`` (a non-JSON ``data:`` event), ``truncate``
+(end the stream without usage and ``[DONE]``), ``stall`` (first token, then silence),
+``no_usage`` (no usage chunk), ``error_event`` (an in-stream ``{"error": …}`` event).
+
+Usage::
+
+    python -m pytest_dflash.refserver.synthetic --port 0 --tokens 128 --ttft-ms 50 --itl-ms 10
+
+prints ``LISTENING <port>`` on stdout once the socket listens. Binds loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import ipaddress
+import json
+import math
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+FAULTS = ("http500", "drop_before", "drop", "garbage", "truncate", "stall", "no_usage", "error_event")
+TOKEN_TEXT = " the"
+TOKEN_ID = 279
+MAX_RECORDS = 2_000_000
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method) of an already sorted list."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _chunk(payload: bytes) -> bytes:
+    """One HTTP/1.1 chunk carrying one SSE event."""
+    event = b"data: " + payload + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """What the server does for every request."""
+
+    tokens: int = 128
+    honor_max_tokens: bool = False
+    ttft_ms: float = 50.0
+    itl_ms: float = 10.0
+    model: str = "synth-model"
+    tokens_per_event: tuple[int, ...] = (1,)  # /generate only: cycled per event (spec decoding)
+    fault: str | None = None
+    fault_every: int = 1
+
+
+@dataclass
+class Stats:
+    """What the server measured (perf_counter_ns clock)."""
+
+    requests: int = 0
+    faults: int = 0
+    tokens: int = 0
+    t_first_request_ns: int = 0
+    t_last_token_ns: int = 0
+    ttft_ns: list[int] = field(default_factory=list)
+    itl_ns: list[int] = field(default_factory=list)
+    skip: int = 0  # the next `skip` generation requests are served but not recorded (client warm-up)
+
+    def summary(self) -> dict[str, Any]:
+        ttft = sorted(v / 1e6 for v in self.ttft_ns)
+        itl = sorted(v / 1e6 for v in self.itl_ns)
+        window_s = max(self.t_last_token_ns - self.t_first_request_ns, 0) / 1e9
+        return {
+            "requests": self.requests,
+            "faults": self.faults,
+            "tokens": self.tokens,
+            "window_s": window_s,
+            "tokens_per_s": self.tokens / window_s if window_s > 0 else 0.0,
+            "ttft_ms": {
+                "n": len(ttft),
+                "mean": sum(ttft) / len(ttft) if ttft else math.nan,
+                "p50": percentile(ttft, 50),
+                "p90": percentile(ttft, 90),
+                "p99": percentile(ttft, 99),
+            },
+            "itl_ms": {
+                "n": len(itl),
+                "mean": sum(itl) / len(itl) if itl else math.nan,
+                "p50": percentile(itl, 50),
+                "p99": percentile(itl, 99),
+            },
+        }
+
+
+class Encoded:
+    """Pre-encoded event chunks for one (endpoint, token count) pair."""
+
+    def __init__(self, endpoint: str, n: int, cfg: Config) -> None:
+        self.first: bytes
+        self.rest: list[bytes] = []  # one entry per later event
+        self.raw: list[bytes] = []  # /generate: unframed payloads with a prompt_tokens placeholder
+        self.event_tokens: list[int] = []  # tokens carried by each event, first included
+        m = cfg.model
+        if endpoint == "generate":
+            pattern = cfg.tokens_per_event
+            counts: list[int] = []
+            done = 0
+            while done < n:
+                k = min(pattern[len(counts) % len(pattern)], n - done)
+                counts.append(k)
+                done += k
+            self.event_tokens = counts
+            cum = 0
+            for i, k in enumerate(counts):
+                cum += k
+                meta: dict[str, Any] = {
+                    "id": "synth",
+                    "finish_reason": None,
+                    "prompt_tokens": "@P@",
+                    "completion_tokens": cum,
+                }
+                if i == len(counts) - 1:
+                    meta["finish_reason"] = {"type": "length", "length": n}
+                    meta["spec_verify_ct"] = len(counts)
+                    meta["spec_accept_length"] = n / len(counts)
+                obj = {"text": TOKEN_TEXT * cum, "output_ids": [TOKEN_ID] * cum, "meta_info": meta}
+                self.raw.append(_dumps(obj))
+            self.first, self.rest = b"", []
+            return
+        self.event_tokens = [1] * n
+        if endpoint == "chat":
+            base = {"id": "synth", "object": "chat.completion.chunk", "created": 0, "model": m}
+
+            def ev(delta: dict[str, Any], finish: str | None) -> bytes:
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                return _chunk(_dumps({**base, "choices": [choice]}))
+
+            self.first = ev({"role": "assistant", "content": TOKEN_TEXT}, "length" if n == 1 else None)
+            mid = ev({"content": TOKEN_TEXT}, None)
+            self.rest = [mid] * (n - 2) + [ev({"content": TOKEN_TEXT}, "length")] if n > 1 else []
+        else:
+            base = {"id": "synth", "object": "text_completion", "created": 0, "model": m}
+
+            def evc(finish: str | None) -> bytes:
+                choice = {"index": 0, "text": TOKEN_TEXT, "logprobs": None, "finish_reason": finish}
+                return _chunk(_dumps({**base, "choices": [choice], "usage": None}))
+
+            self.first = evc("length" if n == 1 else None)
+            self.rest = [evc(None)] * (n - 2) + [evc("length")] if n > 1 else []
+
+    def usage_chunk(self, endpoint: str, model: str, prompt_tokens: int, n: int) -> bytes:
+        if endpoint == "generate":
+            return b""
+        obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        return _chunk(_dumps({"id": "synth", "object": obj, "created": 0, "model": model, "choices": [],
+                              "usage": usage}))
+
+
+DONE_CHUNK = _chunk(b"[DONE]")
+END_CHUNK = b"0\r\n\r\n"
+SSE_HEADERS = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+    b"transfer-encoding: chunked\r\nserver: synth\r\n\r\n"
+)
+
+
+def _json_response(status: int, obj: Any, *, keep_alive: bool = True) -> bytes:
+    body = obj if isinstance(obj, bytes) else _dumps(obj)
+    reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 500: b"Internal Server Error"}[status]
+    ctype = b"text/plain" if isinstance(obj, bytes) else b"application/json"
+    conn = b"" if keep_alive else b"connection: close\r\n"
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%sserver: synth\r\n\r\n%s"
+        % (status, reason, ctype, len(body), conn, body)
+    )
+
+
+class Server:
+    """Shared state: configuration, pre-encoded events, statistics, accept-length counters."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.stats = Stats()
+        self._encoded: dict[tuple[str, int], Encoded] = {}
+        self.request_index = 0
+        self.tokens_total = 0  # every token written, recorded or not (GET /counters)
+        self.spec_tokens = 0
+        self.spec_verify = 0
+        self.connections: set[Conn] = set()
+
+    def encoded(self, endpoint: str, n: int) -> Encoded:
+        key = (endpoint, n)
+        enc = self._encoded.get(key)
+        if enc is None:
+            enc = self._encoded[key] = Encoded(endpoint, n, self.cfg)
+        return enc
+
+
+class Conn(asyncio.Protocol):
+    """One client connection: parses requests, streams responses on a timer schedule."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.busy = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.server.connections.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.busy:
+            self._process()
+
+    # -- request parsing --------------------------------------------------------------------------
+    def _process(self) -> None:
+        while not self.busy and not self.closed:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].decode("latin-1").split("\r\n")
+            try:
+                method, target, _version = head[0].split(" ", 2)
+            except ValueError:
+                self._send(_json_response(400, {"error": "bad request line"}, keep_alive=False))
+                self._close()
+                return
+            headers = {}
+            for line in head[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            length = int(headers.get("content-length", "0") or 0)
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4 : end + 4 + length]
+            self.buf = self.buf[end + 4 + length :]
+            t_read = time.perf_counter_ns()
+            keep_alive = headers.get("connection", "").lower() != "close"
+            path, _, qs = target.partition("?")
+            query = dict(kv.partition("=")[::2] for kv in qs.split("&") if kv)
+            self._route(method, path, query, body, t_read, keep_alive)
+
+    def _route(self, method: str, path: str, query: dict[str, str], body: bytes, t_read: int,
+               keep_alive: bool) -> None:
+        srv = self.server
+        if method == "POST" and path in ("/v1/chat/completions", "/v1/completions", "/generate"):
+            endpoint = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(path, "generate")
+            try:
+                req = json.loads(body) if body else {}
+                if not isinstance(req, dict):
+                    raise ValueError("body is not an object")
+            except ValueError as exc:
+                self._send(_json_response(400, {"object": "error", "message": f"bad JSON: {exc}", "code": 400}))
+                return
+            self._generation(endpoint, req, t_read, keep_alive)
+            return
+        if method == "GET" and path in ("/health", "/health_generate"):
+            self._send(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nserver: synth\r\n\r\n")
+        elif method == "GET" and path == "/v1/models":
+            self._send(_json_response(200, {"object": "list", "data": [
+                {"id": srv.cfg.model, "object": "model", "owned_by": "synth", "max_model_len": 1 << 20}]}))
+        elif method == "GET" and path in ("/server_info", "/get_server_info"):
+            avg = srv.spec_tokens / srv.spec_verify if srv.spec_verify else None
+            self._send(_json_response(200, {"version": "synth", "internal_states": [
+                {"avg_spec_accept_length": avg}]}))
+        elif method == "POST" and path == "/flush_cache":
+            srv.spec_tokens = srv.spec_verify = 0
+            self._send(_json_response(200, b"Cache flushed.\n"))
+        elif method == "GET" and path == "/stats":
+            self._send(_json_response(200, srv.stats.summary()))
+        elif method == "GET" and path == "/stats/raw":
+            self._send(_json_response(200, {"ttft_ms": [v / 1e6 for v in srv.stats.ttft_ns]}))
+        elif method == "POST" and path == "/stats/reset":
+            srv.stats = Stats(skip=int(query.get("skip", "0")))
+            self._send(_json_response(200, {"ok": True}))
+        elif method == "GET" and path == "/counters":
+            self._send(_json_response(200, {"requests": srv.request_index, "tokens": srv.tokens_total}))
+        else:
+            self._send(_json_response(404, {"detail": "Not Found"}))
+        if not keep_alive:
+            self._close()
+
+    # -- generation -------------------------------------------------------------------------------
+    def _generation(self, endpoint: str, req: dict[str, Any], t_read: int, keep_alive: bool) -> None:
+        srv, cfg = self.server, self.server.cfg
+        index = srv.request_index
+        srv.request_index += 1
+        stats = srv.stats
+        if stats.skip > 0:  # served, but recorded in a throw-away Stats
+            stats.skip -= 1
+            stats = Stats()
+        stats.requests += 1
+        if stats.t_first_request_ns == 0:
+            stats.t_first_request_ns = t_read
+        fault = cfg.fault if cfg.fault and index % cfg.fault_every == 0 else None
+        if fault:
+            stats.faults += 1
+        n = cfg.tokens
+        if cfg.honor_max_tokens:
+            params = req.get("sampling_params", {}) if endpoint == "generate" else req
+            asked = params.get("max_new_tokens" if endpoint == "generate" else "max_tokens")
+            if isinstance(asked, int) and asked > 0:
+                n = min(n, asked) if cfg.tokens > 0 else asked
+        prompt_tokens = _prompt_tokens(endpoint, req)
+        if fault == "http500":
+            self._send(_json_response(500, {"object": "error", "message": "synthetic failure", "code": 500}))
+            return
+        if fault == "drop_before":
+            self._close()
+            return
+        stream = bool(req.get("stream", False))
+        enc = srv.encoded(endpoint, n)
+        if not stream:
+            self._non_stream(endpoint, n, prompt_tokens, enc, t_read, keep_alive, stats)
+            return
+        self.busy = True
+        self._send(SSE_HEADERS)
+        tail = enc.usage_chunk(endpoint, cfg.model, prompt_tokens, n)
+        if endpoint == "generate":
+            srv.spec_tokens += n
+            srv.spec_verify += len(enc.event_tokens)
+        if fault in ("truncate", "no_usage"):
+            tail = b""
+        elif fault == "error_event":
+            tail = _chunk(_dumps({"error": {"message": "synthetic in-stream error", "code": 500}}))
+        done = b"" if fault == "truncate" else DONE_CHUNK
+        first, rest = enc.first, enc.rest
+        if endpoint == "generate":  # prompt_tokens differs per request: frame these per request
+            framed = [_chunk(p.replace(b'"@P@"', b"%d" % prompt_tokens)) for p in enc.raw]
+            first, rest = framed[0], framed[1:]
+        ttft_s = cfg.ttft_ms / 1e3
+        itl_s = cfg.itl_ms / 1e3
+        t0 = self.loop.time()
+        state = _Stream(stats=stats, first=first, rest=rest, tail=tail + done + END_CHUNK, fault=fault,
+                        event_tokens=enc.event_tokens, t_read=t_read, keep_alive=keep_alive,
+                        base=t0 + ttft_s, itl_s=itl_s)
+        if ttft_s <= 0:
+            self._emit(state)
+        else:
+            self.timer = self.loop.call_at(state.base, self._emit, state)
+
+    def _non_stream(self, endpoint: str, n: int, prompt_tokens: int, enc: Encoded, t_read: int,
+                    keep_alive: bool, stats: Stats) -> None:
+        cfg = self.server.cfg
+        text = TOKEN_TEXT * n
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        if endpoint == "generate":
+            obj: dict[str, Any] = {"text": text, "output_ids": [TOKEN_ID] * n, "meta_info": {
+                "id": "synth", "finish_reason": {"type": "length", "length": n},
+                "prompt_tokens": prompt_tokens, "completion_tokens": n,
+                "spec_verify_ct": len(enc.event_tokens), "spec_accept_length": n / len(enc.event_tokens)}}
+            self.server.spec_tokens += n
+            self.server.spec_verify += len(enc.event_tokens)
+        elif endpoint == "chat":
+            obj = {"id": "synth", "object": "chat.completion", "created": 0, "model": cfg.model,
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                "finish_reason": "length"}], "usage": usage}
+        else:
+            obj = {"id": "synth", "object": "text_completion", "created": 0, "model": cfg.model,
+                   "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage}
+
+        def answer() -> None:
+            self.timer = None
+            if self.closed:
+                return
+            now = time.perf_counter_ns()
+            self._send(_json_response(200, obj, keep_alive=keep_alive))
+            stats.ttft_ns.append(now - t_read) if len(stats.ttft_ns) < MAX_RECORDS else None
+            stats.tokens += n
+            self.server.tokens_total += n
+            stats.t_last_token_ns = now
+            if not keep_alive:
+                self._close()
+
+        delay = (cfg.ttft_ms + max(n - 1, 0) * cfg.itl_ms) / 1e3
+        if delay <= 0:
+            answer()
+        else:
+            self.timer = self.loop.call_later(delay, answer)
+
+    def _emit(self, st: _Stream) -> None:
+        """Write the next event(s) and schedule the one after on its absolute deadline."""
+        self.timer = None
+        if self.closed:
+            return
+        stats = st.stats
+        now = time.perf_counter_ns()
+        if st.sent == 0:
+            self._send(st.first)
+            if len(stats.ttft_ns) < MAX_RECORDS:
+                stats.ttft_ns.append(now - st.t_read)
+            stats.tokens += st.event_tokens[0]
+            self.server.tokens_total += st.event_tokens[0]
+            st.sent = 1
+            st.last_ns = now
+            if st.fault == "stall":
+                return
+            if st.fault == "drop":
+                self._close(abort=True)
+                return
+            if st.fault == "garbage":
+                self._send(_chunk(b"this is not json {"))
+            if st.itl_s <= 0 or not st.rest:
+                self._send(b"".join(st.rest) + st.tail)
+                stats.tokens += sum(st.event_tokens[1:])
+                self.server.tokens_total += sum(st.event_tokens[1:])
+                stats.t_last_token_ns = time.perf_counter_ns()
+                self._finish(st)
+                return
+        else:
+            last = st.sent == len(st.rest)
+            payload = st.rest[st.sent - 1]
+            self._send(payload + st.tail if last else payload)
+            if len(stats.itl_ns) < MAX_RECORDS:
+                stats.itl_ns.append(now - st.last_ns)
+            st.last_ns = now
+            stats.tokens += st.event_tokens[st.sent]
+            self.server.tokens_total += st.event_tokens[st.sent]
+            st.sent += 1
+            if last:
+                stats.t_last_token_ns = now
+                self._finish(st)
+                return
+        self.timer = self.loop.call_at(st.base + st.sent * st.itl_s, self._emit, st)
+
+    def _finish(self, st: _Stream) -> None:
+        self.busy = False
+        if not st.keep_alive:
+            self._close()
+        elif self.buf:
+            self._process()
+
+    # -- output -----------------------------------------------------------------------------------
+    def _send(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def _close(self, *, abort: bool = False) -> None:
+        if self.transport is not None and not self.closed:
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
+        self.closed = True
+
+
+@dataclass
+class _Stream:
+    stats: Stats
+    first: bytes
+    rest: list[bytes]
+    tail: bytes
+    fault: str | None
+    event_tokens: list[int]
+    t_read: int
+    keep_alive: bool
+    base: float
+    itl_s: float
+    sent: int = 0
+    last_ns: int = 0
+
+
+def _prompt_tokens(endpoint: str, req: dict[str, Any]) -> int:
+    """Whitespace word count of the prompt (the synthetic server has no tokenizer)."""
+    if endpoint == "chat":
+        msgs = req.get("messages") or []
+        text = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+    elif endpoint == "completions":
+        text = str(req.get("prompt", ""))
+    else:
+        text = str(req.get("text", ""))
+    return len(text.split())
+
+
+def _check_loopback(host: str) -> None:
+    if host == "localhost":
+        return
+    if not ipaddress.ip_address(host).is_loopback:
+        raise SystemExit(f"synth_server binds loopback only, not {host!r}")
+
+
+async def serve(cfg: Config, host: str = "127.0.0.1", port: int = 0,
+                on_listening: Callable[[int], None] | None = None) -> None:
+    """Serve until cancelled (or SIGTERM/SIGINT when run as a script)."""
+    _check_loopback(host)
+    loop = asyncio.get_running_loop()
+    server = Server(cfg)
+    srv = await loop.create_server(lambda: Conn(server), host, port, backlog=1024, reuse_address=True)
+    bound = srv.sockets[0].getsockname()[1]
+    if on_listening is not None:
+        on_listening(bound)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        srv.close()
+        for conn in list(server.connections):
+            conn._close(abort=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--tokens", type=int, default=128, help="tokens per response")
+    ap.add_argument("--honor-max-tokens", action="store_true", help="cap by the request's max_tokens")
+    ap.add_argument("--ttft-ms", type=float, default=50.0)
+    ap.add_argument("--itl-ms", type=float, default=10.0)
+    ap.add_argument("--model", default="synth-model")
+    ap.add_argument("--tokens-per-event", default="1", help="/generate: comma list, cycled per event")
+    ap.add_argument("--fault", choices=FAULTS, default=None)
+    ap.add_argument("--fault-every", type=int, default=1)
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    a = ap.parse_args(argv)
+    cfg = Config(tokens=a.tokens, honor_max_tokens=a.honor_max_tokens, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
+                 model=a.model, tokens_per_event=tuple(int(x) for x in a.tokens_per_event.split(",")),
+                 fault=a.fault, fault_every=max(1, a.fault_every))
+
+    def listening(port: int) -> None:
+        print(f"LISTENING {port}", flush=True)
+
+    if a.loop == "uvloop":
+        importlib.import_module("uvloop").run(serve(cfg, a.host, a.port, listening))  # optional
+    else:
+        asyncio.run(serve(cfg, a.host, a.port, listening))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Per-host verdicts, built on the controller from test reports (works the same under xdist).
+
+Each test report carries a `("dflash", {...})` user property (host, layer, services, outcome,
+diagnoses, service facts). `VerdictBuilder` folds them into one verdict per host:
+
+    layer outcome = failed  if any test of the layer failed (or errored)
+                  = blocked if none failed and some were skipped because a lower layer failed
+                  = passed  if some passed and none failed/blocked (plain skips are allowed)
+                  = skipped if every test was skipped for another reason (e.g. "no GPU")
+                  = not-run if no test of the layer was selected
+
+A host passes when no layer failed or was blocked. Exit codes are documented in docs/gating.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_dflash.run.layers import LAYERS
+
+SCHEMA = "pytest-dflash/verdict/1"
+OUTCOMES = ("passed", "failed", "blocked", "skipped", "not-run")
+
+
+@dataclass
+class LayerTally:
+    passed: int = 0
+    failed: int = 0
+    blocked: int = 0
+    skipped: int = 0
+
+    @property
+    def outcome(self) -> str:
+        if self.failed:
+            return "failed"
+        if self.blocked:
+            return "blocked"
+        if self.passed:
+            return "passed"
+        if self.skipped:
+            return "skipped"
+        return "not-run"
+
+
+@dataclass
+class HostVerdict:
+    host: str
+    profile: str = ""
+    connection: str | None = None
+    layers: dict[str, LayerTally] = field(default_factory=dict)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    blocked: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)  # e.g. "env": the host's serving-stack snapshot
+
+    def tally(self, layer: str) -> LayerTally:
+        return self.layers.setdefault(layer, LayerTally())
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if any(t.outcome in ("failed", "blocked") for t in self.layers.values()) else "pass"
+
+    def layer_outcomes(self) -> dict[str, str]:
+        return {layer: self.layers[layer].outcome if layer in self.layers else "not-run" for layer in LAYERS}
+
+    def as_dict(self, *, run_id: str, started: float, finished: float, exit_code: int | None,
+                gate: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "host": self.host,
+            "profile": self.profile,
+            "connection": self.connection,
+            "run_id": run_id,
+            "started": _iso(started),
+            "finished": _iso(finished),
+            "duration_s": round(finished - started, 3),
+            "verdict": self.verdict,
+            "exit_code": exit_code,
+            "layers": {
+                layer: {"outcome": outcome, **(vars(self.layers[layer]) if layer in self.layers else {})}
+                for layer, outcome in self.layer_outcomes().items()
+            },
+            "services": self.services,
+            "failures": self.failures,
+            "blocked": self.blocked,
+            "skipped": self.skipped,
+            "metrics": self.metrics,
+            "facts": self.facts,
+            "notes": self.notes,
+            "gate": dict(gate) if gate else None,
+        }
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(ts))
+
+
+@dataclass
+class VerdictBuilder:
+    run_id: str
+    started: float = field(default_factory=time.time)
+    hosts: dict[str, HostVerdict] = field(default_factory=dict)
+
+    def host(self, name: str) -> HostVerdict:
+        return self.hosts.setdefault(name, HostVerdict(name))
+
+    def add(self, nodeid: str, when: str, outcome: str, info: Mapping[str, Any], message: str) -> None:
+        """Fold one test report (setup/call/teardown phase) into its host's verdict."""
+        verdict = self.host(str(info["host"]))
+        verdict.profile = str(info.get("profile", verdict.profile))
+        verdict.connection = info.get("connection", verdict.connection)
+        for service, facts in (info.get("service_facts") or {}).items():
+            verdict.services.setdefault(service, {}).update({k: v for k, v in facts.items() if v is not None})
+        for note in info.get("notes") or ():
+            if note not in verdict.notes:
+                verdict.notes.append(note)
+        for key, value in (info.get("metrics") or {}).items():
+            verdict.metrics[key] = value
+        for key, value in (info.get("facts") or {}).items():
+            verdict.facts[key] = value
+        layer = str(info.get("layer", "service"))
+        tally = verdict.tally(layer)
+        entry = {"test": nodeid, "layer": layer, "services": info.get("services", []), "message": message,
+                 "diagnosis": info.get("diagnosis", [])}
+        if outcome == "failed":
+            tally.failed += 1
+            verdict.failures.append({**entry, "phase": when})
+        elif outcome == "skipped" and when in ("setup", "call"):
+            if info.get("blocked"):
+                tally.blocked += 1
+                verdict.blocked.append(entry)
+            else:
+                tally.skipped += 1
+                verdict.skipped.append(entry)
+        elif outcome == "passed" and when == "call":
+            tally.passed += 1
+
+    def gate(self, layers: Iterable[str]) -> dict[str, Any]:
+        """--gate LAYERS: passed only if each layer passed on every host (skips count as not passed)."""
+        wanted = list(layers)
+        per_host = {
+            name: {layer: v.layer_outcomes()[layer] for layer in wanted} for name, v in sorted(self.hosts.items())
+        }
+        ok = bool(per_host) and all(o == "passed" for outcomes in per_host.values() for o in outcomes.values())
+        return {"layers": wanted, "passed": ok, "hosts": per_host}
+
+    def write(self, directory: Path, *, exit_code: int | None, gate: Mapping[str, Any] | None) -> list[Path]:
+        directory.mkdir(parents=True, exist_ok=True)
+        finished = time.time()
+        written = []
+        for name, verdict in sorted(self.hosts.items()):
+            path = directory / f"{_safe(name)}.verdict.json"
+            payload = verdict.as_dict(run_id=self.run_id, started=self.started, finished=finished,
+                                      exit_code=exit_code, gate=gate)
+            path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+            written.append(path)
+        return written
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def summary_lines(builder: VerdictBuilder) -> list[str]:
+    """The terminal summary: one block per host, layer -> outcome, with the diagnosis of each failure."""
+    lines: list[str] = []
+    for name, verdict in sorted(builder.hosts.items()):
+        outcomes = verdict.layer_outcomes()
+        shown = "  ".join(f"{layer}:{outcome}" for layer, outcome in outcomes.items() if outcome != "not-run")
+        lines.append(f"{name}: {verdict.verdict.upper()}  {shown}")
+        for service, facts in sorted(verdict.services.items()):
+            parts = [f"{facts.get('algorithm', '?')}"]
+            if facts.get("version"):
+                parts.append(f"sglang {facts['version']}")
+            ready = facts.get("ready") or {}
+            if isinstance(ready, dict) and ready.get("total_s") is not None:
+                parts.append(f"ready in {ready['total_s']:.1f}s")
+            if facts.get("accept_length") is not None:
+                parts.append(f"accept length {facts['accept_length']:.2f}")
+            lines.append(f"    {service}: {', '.join(parts)}")
+        for failure in verdict.failures:
+            lines.append(f"    FAILED {failure['test']}: {failure['message']}")
+            for diagnosis in failure.get("diagnosis", [])[:2]:
+                lines.append(f"      diagnosis [{diagnosis['id']}]: {diagnosis['title']}")
+                if diagnosis.get("remedy"):
+                    lines.append(f"      remedy: {diagnosis['remedy']}")
+        blocked_roots = sorted({b["message"] for b in verdict.blocked})
+        for root in blocked_roots:
+            count = sum(1 for b in verdict.blocked if b["message"] == root)
+            lines.append(f"    BLOCKED {count} test(s): {root}")
+        for note in verdict.notes:
+            lines.append(f"    note: {note}")
+    return lines

@@ -1,0 +1,1 @@
+"""Run state: hosts, services and what must be undone; collection, fixtures, layer blocking."""

@@ -1,0 +1,362 @@
+"""Per-run state: the hosts under test, their services, and everything that must be undone.
+
+`DflashRun` owns one `HostContext` per host; a `HostContext` owns the transport, the host lock and
+one `ServiceHandle` per service. Whatever a run provisions is recorded here the moment it is
+started, so `DflashRun.cleanup()` (called at session end, on Ctrl-C, on SIGTERM and at exit) can
+stop it even when readiness failed half way.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pytest_dflash.client import InferenceClient
+from pytest_dflash.config.profiles import HostProfile, ServiceSpec
+from pytest_dflash.errors import (
+    ApiError,
+    DflashError,
+    ServiceCrashed,
+    ServiceError,
+    ServiceNotReady,
+    ServiceRestarted,
+    TransportError,
+)
+from pytest_dflash.hostaccess.hostlock import HostLock
+from pytest_dflash.hostaccess.transport import Transport
+from pytest_dflash.run.layers import LayerBook
+from pytest_dflash.services.base import LogMark, ServiceManager
+from pytest_dflash.services.external import ExternalService
+from pytest_dflash.services.process import ProcessService, reap_stale, state_root
+from pytest_dflash.services.readiness import ReadinessWatcher, ReadyReport
+from pytest_dflash.services.systemd import SystemdService, reap_stale_units
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class RunOptions:
+    provision: bool = False
+    keep: bool = False
+    journal_lines: int = 200
+    report_dir: Path = Path("reports")
+    ready_timeout_s: float | None = None
+    lock_wait_s: float = 600.0
+    request_timeout_s: float = 60.0
+
+
+@dataclass
+class ServiceHandle:
+    """One service of a host as the tests see it: manager + client + readiness outcome."""
+
+    spec: ServiceSpec
+    host: HostContext
+    manager: ServiceManager
+    ready: ReadyReport | None = None
+    failure: DflashError | None = None
+    started_mark: LogMark | None = None
+    server_info: dict[str, Any] | None = None
+    base_restarts: int = 0
+    _client: InferenceClient | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def label(self) -> str:
+        return f"{self.host.name}/{self.spec.name}"
+
+    @property
+    def url(self) -> str:
+        return str(getattr(self.manager, "url", self.spec.url))
+
+    @property
+    def client(self) -> InferenceClient:
+        if self._client is None:
+            api_key = os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
+            timeout = httpx.Timeout(self.host.run.options.request_timeout_s, connect=5.0)
+            self._client = InferenceClient(self.url, service=self.label, api_key=api_key, model=self.spec.model,
+                                           timeout=timeout)
+        return self._client
+
+    @property
+    def native(self) -> bool:
+        """True when the server speaks SGLang's native API (/generate, /server_info)."""
+        return self.server_info is not None
+
+    @property
+    def algorithm(self) -> str:
+        if self.server_info and self.server_info.get("speculative_algorithm"):
+            return str(self.server_info["speculative_algorithm"]).upper()
+        return self.spec.algorithm
+
+    @property
+    def version(self) -> str | None:
+        return str(self.server_info["version"]) if self.server_info and "version" in self.server_info else None
+
+    def facts(self) -> dict[str, Any]:
+        """What the verdict records about this service."""
+        info = self.server_info or {}
+        return {
+            "url": self.url,
+            "algorithm": self.algorithm,
+            "version": self.version,
+            "model": info.get("model_path"),
+            "num_draft_tokens": info.get("speculative_num_draft_tokens"),
+            "provisioned": self.manager.provisioned,
+            "ready": self.ready.as_dict() if self.ready else None,
+        }
+
+    def ensure_ready(self) -> ReadyReport:
+        """Start (when provisioning) and wait until a real greedy and sampled generation succeeded."""
+        if self.failure is not None:
+            raise self.failure
+        if self.ready is not None:
+            return self.ready
+        try:
+            self.host.prestart(self)
+            self.ready = self._wait()
+        except DflashError as exc:
+            self.failure = exc
+            raise
+        try:
+            self.server_info = self.client.server_info()
+        except ApiError:
+            self.server_info = None
+        try:
+            self.base_restarts = self.manager.state().restarts
+        except TransportError:
+            self.base_restarts = 0
+        return self.ready
+
+    def _wait(self) -> ReadyReport:
+        if isinstance(self.manager, SystemdService) and not self.manager.provisioned:
+            self.manager.attach()
+            state = self.manager.state()
+            if state.death is not None:
+                raise ServiceCrashed(self.label, state.death,
+                                     self.manager.logs_since(None, self.host.run.options.journal_lines),
+                                     "attach (the unit is not running; attach mode never starts it)")
+        native = self._detect_native()
+        budget = self.host.run.options.ready_timeout_s or self.spec.ready_timeout_s
+        watcher = ReadinessWatcher(
+            self.manager, self.client, native=native, budget_s=budget,
+            sampled_budget_s=min(budget, self.spec.sampled_timeout_s),
+            log_lines=self.host.run.options.journal_lines, progress=self.host.run.progress,
+            log_mark=self.started_mark,
+        )
+        return watcher.wait()
+
+    def _detect_native(self) -> bool:
+        if self.spec.kind != "external":
+            return True  # SGLang (or the refserver) by construction
+        try:
+            return self.client.server_info(timeout_s=5) is not None
+        except ApiError:
+            return False
+
+    def check_alive(self) -> ServiceCrashed | ServiceRestarted | None:
+        """After a test: did the service die or restart? (one cheap state read)"""
+        if self.ready is None:
+            return None
+        try:
+            state = self.manager.state()
+        except TransportError:
+            return None
+        if state.death is not None:
+            time.sleep(0.2)
+            lines = self.host.run.options.journal_lines
+            return ServiceCrashed(self.label, state.death, self.manager.logs_since(self.started_mark, lines))
+        if state.restarts > self.base_restarts:
+            lines = self.host.run.options.journal_lines
+            return ServiceRestarted(self.label, self.base_restarts, state.restarts,
+                                    self.manager.logs_since(self.started_mark, lines))
+        return None
+
+
+@dataclass
+class HostContext:
+    """One host under test."""
+
+    profile: HostProfile
+    run: DflashRun
+    services: dict[str, ServiceHandle] = field(default_factory=dict)
+    needed: set[str] = field(default_factory=set)
+    facts: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    _transport: Transport | None = None
+    _lock: HostLock | None = None
+    _lock_failure: DflashError | None = None
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def provisioning(self) -> bool:
+        return self.profile.provision == "always" or (self.run.options.provision and self.profile.provision != "never")
+
+    @property
+    def has_host_access(self) -> bool:
+        return self.profile.connection is not None
+
+    @property
+    def transport(self) -> Transport:
+        if self._transport is None:
+            self._transport = Transport(self.profile, read_only=not self.provisioning)
+        return self._transport
+
+    def service(self, name: str) -> ServiceHandle:
+        if name not in self.services:
+            spec = self.profile.services[name]
+            self.services[name] = ServiceHandle(spec, self, self._manager(spec))
+        return self.services[name]
+
+    def add_service(self, spec: ServiceSpec) -> ServiceHandle:
+        """A service the run derives itself (e.g. a plain server for tie triage); provisioned like the others."""
+        if spec.name in self.profile.services or spec.name in self.services:
+            raise ServiceError(f"{self.name}: a service named {spec.name!r} already exists")
+        handle = ServiceHandle(spec, self, self._manager(spec))
+        self.services[spec.name] = handle
+        self.needed.add(spec.name)
+        return handle
+
+    def _manager(self, spec: ServiceSpec) -> ServiceManager:
+        if spec.kind == "external":
+            return ExternalService(spec)
+        if spec.kind == "process":
+            return ProcessService(spec, host=self.name, run_id=self.run.run_id, python=self.profile.python,
+                                  log_dir=self.run.log_dir)
+        return SystemdService(spec, self.transport, host=self.name, run_id=self.run.run_id,
+                              python=self.profile.python)
+
+    def prestart(self, first: ServiceHandle) -> None:
+        """Provisioning: take the host lock, clean up stale leftovers, start `first` (and its peers)."""
+        if not self.provisioning or first.manager.provisioned or first.spec.kind == "external":
+            return
+        if self._lock_failure is not None:
+            raise self._lock_failure  # no lock, nothing started: not by the next service either
+        if self._lock is None:
+            self._lock = HostLock(self.profile, self.run.run_id)
+            self.run.register(self)
+            try:
+                self._lock.acquire(self.run.options.lock_wait_s, self.run.progress)
+            except DflashError as exc:
+                self._lock_failure = exc
+                raise
+            self.notes.extend(self._reap())
+        # Start the services this run needs together when their GPUs do not overlap: a second
+        # SGLang starting on the same GPU charges the first one's memory to itself (recorded S4e).
+        batch = [first]
+        taken = set(first.spec.gpus)
+        for name in sorted(self.needed - {first.name}):
+            other = self.service(name)
+            if other.manager.provisioned or other.spec.kind != first.spec.kind:
+                continue
+            if taken & set(other.spec.gpus):
+                continue
+            taken |= set(other.spec.gpus)
+            batch.append(other)
+        for handle in batch:
+            handle.started_mark = handle.manager.log_mark()
+            try:
+                handle.manager.start()
+            except DflashError as exc:
+                handle.failure = exc if handle is not first else None
+                if handle is first:
+                    raise
+            self.run.progress(f"{handle.label}: started ({handle.url})")
+
+    def _reap(self) -> list[str]:
+        if self.profile.is_local and all(s.kind == "process" for s in self.profile.services.values()):
+            return reap_stale(self.name)
+        notes = reap_stale(self.name) if self.profile.is_local else []
+        if any(s.kind == "systemd" for s in self.profile.services.values()):
+            notes += reap_stale_units(self.transport, self.run.run_id)
+        return notes
+
+    def teardown(self) -> list[str]:
+        """Stop what this run started (unless --keep) and release the lock; returns problems."""
+        problems: list[str] = []
+
+        def stop(handle: ServiceHandle) -> None:
+            try:
+                handle.manager.stop()
+            except (DflashError, OSError) as exc:
+                problems.append(f"{handle.label}: {exc}")
+
+        # In parallel: a real SGLang takes seconds to drain and exit after SIGTERM.
+        stoppers = [threading.Thread(target=stop, args=(h,), name=f"stop-{h.label}")
+                    for h in self.services.values() if h.manager.provisioned and not self.run.options.keep]
+        for thread in stoppers:
+            thread.start()
+        for thread in stoppers:
+            thread.join(timeout=180)
+            if thread.is_alive():
+                problems.append(f"{thread.name}: still stopping after 180s")
+        for handle in self.services.values():
+            if handle._client is not None:
+                handle._client.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        if self._transport is not None:
+            self._transport.close()
+        return problems
+
+
+@dataclass
+class DflashRun:
+    """Everything one pytest process knows about the hosts under test."""
+
+    profiles: dict[str, HostProfile]
+    options: RunOptions
+    run_id: str
+    progress: Progress = lambda message: None
+    book: LayerBook = field(default_factory=LayerBook)
+    hosts: dict[str, HostContext] = field(default_factory=dict)
+    _registered: list[HostContext] = field(default_factory=list)
+    _cleanup_lock: threading.Lock = field(default_factory=threading.Lock)
+    _cleaned: bool = False
+
+    @property
+    def log_dir(self) -> Path:
+        return state_root() / "logs"
+
+    def host(self, name: str) -> HostContext:
+        if name not in self.hosts:
+            self.hosts[name] = HostContext(self.profiles[name], self)
+        return self.hosts[name]
+
+    def register(self, host: HostContext) -> None:
+        if host not in self._registered:
+            self._registered.append(host)
+
+    def cleanup(self) -> list[str]:
+        """Stop everything this run provisioned. Idempotent; safe from a signal handler's exception path."""
+        with self._cleanup_lock:
+            if self._cleaned:
+                return []
+            self._cleaned = True
+        problems: list[str] = []
+        for host in list(self.hosts.values()):
+            try:
+                problems += host.teardown()
+            except (DflashError, OSError) as exc:
+                problems.append(f"{host.name}: teardown failed: {exc}")
+        return problems
+
+
+def readiness_error_summary(exc: BaseException) -> str:
+    """A one-line statement of why a service is not usable."""
+    if isinstance(exc, ServiceCrashed | ServiceRestarted | ServiceNotReady | ServiceError | TransportError):
+        return str(exc).splitlines()[0]
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]

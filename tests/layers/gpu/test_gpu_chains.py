@@ -1,0 +1,54 @@
+"""Which import chains a service needs, from its command line or its unit file."""
+
+from __future__ import annotations
+
+from gpu_data import REPO
+
+from pytest_dflash.layers.gpu.chains import (
+    ALL_CHAINS,
+    chains_for,
+    entrypoint,
+    parse_environment,
+    parse_exec_start,
+    parse_unit,
+)
+
+
+def test_entrypoints() -> None:
+    assert entrypoint(["/venv/bin/python", "-m", "sglang.launch_server", "--port", "1"]) == "sglang.launch_server"
+    assert entrypoint(["python3", "-msglang.launch_server"]) == "sglang.launch_server"
+    assert entrypoint(["/venv/bin/sglang", "serve", "--model-path", "m"]) == "sglang.cli"
+    assert entrypoint(["{python}", "-m", "pytest_dflash.refserver"]) == "pytest_dflash.refserver"
+    assert entrypoint(["/usr/bin/vllm", "serve"]) is None
+
+
+def test_sglang_services_need_the_four_serving_chains_once() -> None:
+    chains = chains_for([["python", "-m", "sglang.launch_server"], ["sglang", "serve"]])
+    assert [c.name for c in chains] == ["http_server", "grammar", "sgl_kernel", "flashinfer"]
+    grammar = chains[1]
+    assert grammar.modules[0] == "sglang.srt.server_args"  # StructuralTag is imported before args are parsed
+    assert [c.name for c in chains_for([["python", "-m", "pytest_dflash.refserver"]])] == [
+        "refserver_args", "refserver_http"]
+    assert set(ALL_CHAINS) == {"http_server", "grammar", "sgl_kernel", "flashinfer", "refserver_args",
+                               "refserver_http"}
+
+
+def test_the_projects_unit_template() -> None:
+    keys = parse_unit((REPO / "hosts" / "units" / "sglang-dflash.service").read_text())
+    env = parse_environment(keys["Environment"])
+    assert env["CUDA_HOME"] == "/usr/local/cuda" and env["CUDA_VISIBLE_DEVICES"] == "{gpu}"
+    argv = parse_exec_start(keys["ExecStart"][0])
+    assert argv[:3] == ["{python}", "-m", "sglang.launch_server"] and "--attention-backend" in argv
+
+
+def test_exec_start_as_systemctl_show_prints_it() -> None:
+    shown = ("{ path=/root/venv_sglang211/bin/python ; argv[]=/root/venv_sglang211/bin/python -m "
+             "sglang.launch_server --port 30001 ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; "
+             "pid=0 ; code=(null) ; status=0/0 }")
+    assert parse_exec_start(shown) == ["/root/venv_sglang211/bin/python", "-m", "sglang.launch_server", "--port",
+                                       "30001"]
+    assert parse_exec_start("-/usr/bin/env python3 -m x") == ["/usr/bin/env", "python3", "-m", "x"]
+
+
+def test_environment_quoting() -> None:
+    assert parse_environment(['A=1 "B=two words"', "C=x=y"]) == {"A": "1", "B": "two words", "C": "x=y"}
