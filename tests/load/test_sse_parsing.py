@@ -11,14 +11,8 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.load import (
-    _TOKEN_PATTERNS,
-    ErrorKind,
-    RequestRecord,
-    _consume_generate,
-    _consume_openai,
-    _Fail,
-)
+from pytest_dflash.load.results import ErrorKind, RequestRecord
+from pytest_dflash.load.sse import _TOKEN_PATTERNS, _consume_generate, _consume_openai, _Fail
 
 DATA = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200" / "perf" / "sse_streams.json"
 STREAMS: dict[str, Any] = json.loads(DATA.read_text())["streams"]

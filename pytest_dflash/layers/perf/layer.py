@@ -43,7 +43,9 @@ from pytest_dflash.layers.perf.stats import (
     metric_sample,
     ratio_bound,
 )
-from pytest_dflash.load import LoadResult, LoadSpec, run_load
+from pytest_dflash.load.results import LoadResult
+from pytest_dflash.load.run import run_load
+from pytest_dflash.load.spec import LoadSpec
 
 __all__ = [
     "Comparison",

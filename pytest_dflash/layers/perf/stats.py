@@ -53,7 +53,7 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
-    from pytest_dflash.load import LoadResult
+    from pytest_dflash.load.results import LoadResult
 
 __all__ = [
     "Bound",

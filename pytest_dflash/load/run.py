@@ -1,0 +1,249 @@
+"""Running a load: closed loop or seeded Poisson arrivals, warm-up, the run deadline, and SGLang's
+own accept-length counters read around the run (:func:`run_load`, :func:`run_load_async`)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
+
+import httpx
+
+from pytest_dflash.load.monitor import _Monitor, _saturation, _set_none
+from pytest_dflash.load.results import ErrorKind, LoadResult, RequestError, RequestRecord, aggregate
+from pytest_dflash.load.spec import ENDPOINT_PATHS, LoadSpec
+from pytest_dflash.load.sse import _one_request
+from pytest_dflash.load.transport import make_client
+from pytest_dflash.load.workload import _Workload
+
+__all__ = ["flush_cache", "run_load", "run_load_async", "server_accept_length"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Server-side accept length
+# ------------------------------------------------------------------------------------------------
+
+
+async def flush_cache(base_url: str, *, headers: Mapping[str, str] | None = None,
+                      timeout_s: float = 30.0) -> bool:
+    """POST /flush_cache (resets SGLang's accept-length counters); False when refused (busy: 400)."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=dict(headers or {}),
+                                 trust_env=False) as client:
+        resp = await client.post("/flush_cache")
+        return resp.status_code == 200
+
+
+async def server_accept_length(base_url: str, *, headers: Mapping[str, str] | None = None,
+                               timeout_s: float = 30.0) -> float | None:
+    """``internal_states[0].avg_spec_accept_length`` from /server_info (old: /get_server_info).
+
+    It is cumulative since the server started or since the last successful /flush_cache.
+    """
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=dict(headers or {}),
+                                 trust_env=False) as client:
+        resp = await client.get("/server_info")
+        if resp.status_code == 404:
+            resp = await client.get("/get_server_info")
+        resp.raise_for_status()
+        info = resp.json()
+    states = info.get("internal_states") if isinstance(info, dict) else None
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        value = states[0].get("avg_spec_accept_length")
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# The run
+# ------------------------------------------------------------------------------------------------
+
+
+def _want_progress(progress: bool | None) -> bool:
+    if progress is not None:
+        return progress
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str, str] | None = None,
+                         progress: bool | None = None, keep_token_times: bool = False,
+                         _stamped: bool = True) -> LoadResult:
+    """Run ``spec`` against ``base_url`` inside the running event loop (see :func:`run_load`)."""
+    base_url = base_url.rstrip("/")
+    workload = _Workload(spec)
+    path = ENDPOINT_PATHS[spec.endpoint]
+    limit = spec.effective_concurrency()
+    timeout = httpx.Timeout(spec.request_timeout_s, connect=spec.connect_timeout_s)
+    records: list[RequestRecord] = []
+    notes: list[str] = []
+    schedule_lags_ms: list[float] = []
+    server_acc: float | None = None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + spec.deadline_s()
+    if spec.server_accept_length and not await flush_cache(base_url, headers=headers):
+        notes.append("/flush_cache refused (server busy): server_accept_length includes earlier requests")
+
+    monitor = _Monitor(progress=_want_progress(progress), total=spec.num_requests, duration_s=spec.duration_s)
+    start_wall = end_wall = time.time()
+    async with make_client(base_url, limit=limit, timeout=timeout, headers=headers, stamped=_stamped) as client:
+        t0_ns = time.perf_counter_ns()
+        counter = 0
+
+        def new_record(warmup: bool) -> tuple[RequestRecord, bytes]:
+            nonlocal counter
+            item = workload.item(counter)
+            rec = RequestRecord(index=counter, warmup=warmup, prompt_len=item.prompt_len,
+                                max_tokens=item.max_tokens)
+            counter += 1
+            records.append(rec)
+            return rec, workload.body(item)
+
+        async def send(rec: RequestRecord, body: bytes) -> None:
+            await _one_request(client, path, spec.endpoint, body, rec, t0_ns, spec.strict_json,
+                               keep_token_times, spec.request_timeout_s)
+            monitor.finished(rec)
+
+        async def guarded(run: Callable[[], Awaitable[None]]) -> None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await run()
+            except TimeoutError:
+                notes.append(f"run deadline ({spec.deadline_s():.0f} s) reached: in-flight requests cancelled")
+
+        monitor.start()
+        try:
+            if spec.warmup_requests:
+                async def warm() -> None:
+                    remaining = spec.warmup_requests
+
+                    async def worker() -> None:
+                        nonlocal remaining
+                        while remaining > 0:
+                            remaining -= 1
+                            await send(*new_record(True))
+
+                    await asyncio.gather(*(worker() for _ in range(min(limit or 8, spec.warmup_requests))))
+
+                await guarded(warm)
+            measure_start_ns = time.perf_counter_ns()
+            start_wall = time.time()
+            stop_at = None if spec.duration_s is None else measure_start_ns + int(spec.duration_s * 1e9)
+            budget = spec.num_requests
+
+            def more() -> bool:
+                nonlocal budget
+                if stop_at is not None and time.perf_counter_ns() >= stop_at:
+                    return False
+                if budget is not None:
+                    if budget <= 0:
+                        return False
+                    budget -= 1
+                return True
+
+            if spec.closed_loop:
+                async def closed() -> None:
+                    async def worker() -> None:
+                        while more():
+                            await send(*new_record(False))
+
+                    await asyncio.gather(*(worker() for _ in range(limit or 1)))
+
+                await guarded(closed)
+            else:
+                assert spec.request_rate is not None
+                rate = spec.request_rate
+
+                async def open_loop() -> None:
+                    arrivals = random.Random(spec.seed ^ 0x5EED_5EED)
+                    sem = asyncio.Semaphore(limit) if limit else None
+                    tasks: set[asyncio.Task[None]] = set()
+                    base = loop.time()
+                    planned = 0.0
+
+                    async def launch(rec: RequestRecord, body: bytes) -> None:
+                        if sem is None:
+                            await send(rec, body)
+                            return
+                        async with sem:
+                            await send(rec, body)
+
+                    try:
+                        while True:
+                            planned += arrivals.expovariate(rate)
+                            when = base + planned
+                            if stop_at is not None and (measure_start_ns + int(planned * 1e9)) >= stop_at:
+                                break
+                            if not more():
+                                break
+                            fut: asyncio.Future[None] = loop.create_future()
+                            loop.call_at(when, _set_none, fut)
+                            await fut
+                            schedule_lags_ms.append((loop.time() - when) * 1e3)
+                            rec, body = new_record(False)
+                            rec.scheduled_s = (measure_start_ns - t0_ns) / 1e9 + planned
+                            task = loop.create_task(launch(rec, body))
+                            tasks.add(task)
+                            task.add_done_callback(tasks.discard)
+                        if tasks:
+                            await asyncio.gather(*tasks)
+                    finally:
+                        for task in tasks:
+                            task.cancel()
+                        if tasks:
+                            await asyncio.gather(*tasks, return_exceptions=True)
+
+                await guarded(open_loop)
+            end_wall = time.time()
+        finally:
+            await monitor.stop()
+        for rec in records:  # cancelled at the deadline before a record was finished
+            if rec.error is None and rec.output_tokens is None:
+                rec.error = RequestError(ErrorKind.CANCELLED, "cancelled at the run deadline")
+                if rec.end_s is None:
+                    rec.end_s = (time.perf_counter_ns() - t0_ns) / 1e9
+
+    if spec.server_accept_length:
+        try:
+            server_acc = await server_accept_length(base_url, headers=headers)
+        except httpx.HTTPError as exc:
+            notes.append(f"/server_info failed: {type(exc).__name__}: {exc}")
+    saturation = _saturation(spec, monitor, schedule_lags_ms)
+    metrics, errors = aggregate(records, slo=spec.slo, max_concurrency=limit, server_accept_length=server_acc)
+    return LoadResult(spec=spec, base_url=base_url, records=records, metrics=metrics, errors_by_kind=errors,
+                      saturation=saturation, server_accept_length=server_acc, start_wall=start_wall,
+                      end_wall=end_wall, notes=notes)
+
+
+def run_load(base_url: str, spec: LoadSpec, *, headers: Mapping[str, str] | None = None,
+             progress: bool | None = None, keep_token_times: bool = False) -> LoadResult:
+    """Drive ``base_url`` with ``spec`` on a fresh event loop and return the measured result.
+
+    ``headers`` are sent with every request (e.g. an Authorization header). ``progress``: None =
+    a progress bar on stderr when it is a terminal and the run lasts more than 2 s; True/False
+    force it. ``keep_token_times`` records each token event's arrival (for tokens/s-over-time plots).
+    Uses uvloop when ``PYTEST_DFLASH_UVLOOP=1`` and uvloop is importable.
+    """
+    return _run_coro(run_load_async(base_url, spec, headers=headers, progress=progress,
+                                    keep_token_times=keep_token_times))
+
+
+def _run_coro(coro: Coroutine[Any, Any, LoadResult]) -> LoadResult:
+    """asyncio.run, or uvloop.run when PYTEST_DFLASH_UVLOOP=1 and uvloop is installed."""
+    if os.environ.get("PYTEST_DFLASH_UVLOOP") == "1":
+        try:
+            uvloop = importlib.import_module("uvloop")  # optional
+        except ImportError:
+            pass
+        else:
+            result: LoadResult = uvloop.run(coro)
+            return result
+    return asyncio.run(coro)
