@@ -11,9 +11,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pytest_dflash.refserver.model import apply_chat_template
+from pytest_dflash.refserver.params import BadRequest, parse_sampling_params
 from pytest_dflash.refserver.scheduler import Output
-from pytest_dflash.refserver.server import BadRequest, Batch, Gen, ServerState, corrupt, dumps, parse_sampling_params
 from pytest_dflash.refserver.spec import SamplingParams
+from pytest_dflash.refserver.state import Batch, Gen, ServerState, corrupt, dumps
 
 __all__ = ["add_routes"]
 

@@ -6,8 +6,8 @@ import time
 
 import httpx
 
+from pytest_dflash.refserver.cost_model import gpu_step_seconds
 from pytest_dflash.refserver.launch import RefServerProcess
-from pytest_dflash.refserver.server import gpu_step_seconds
 
 
 def tokens_per_second(*args: str) -> tuple[float, float]:
