@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pytest_dflash.fleet import summary as fleet_summary
+from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
 
 PROMETHEUS_HELP = ("also write the run's Prometheus textfile (node_exporter textfile-collector format, atomic) "
                    "to FILE; the report dir always gets fleet.prom")
@@ -115,9 +116,7 @@ class _LoadGroupToWorkers:
 
 
 def _targets(config: pytest.Config) -> bool:
-    from pytest_dflash import plugin
-
-    run = config.stash.get(plugin.RUN_KEY, None)
+    run = config.stash.get(RUN_KEY, None)
     return run is not None and bool(run.profiles)
 
 
@@ -131,10 +130,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if hasattr(config, "workerinput") or not _enabled(config):
         return
-    from pytest_dflash import plugin
-
-    run = config.stash.get(plugin.RUN_KEY, None)
-    reported = config.stash.get(plugin.REPORTED_KEY, [])
+    run = config.stash.get(RUN_KEY, None)
+    reported = config.stash.get(REPORTED_KEY, [])
     if run is None or not run.profiles or not reported:
         return
     report_dir = run.options.report_dir
@@ -150,10 +147,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         except fleet_summary.FleetInputError as exc:
             result["warning"] = f"previous summary ignored: {exc}"
             previous = None
+        gate: list[str] = config.stash.get(GATE_KEY, [])
         summary, outputs = fleet_summary.summarize(
             verdicts, report_dir, previous_path=previous,
             history_dir=_path(config, "dflash_history") or report_dir / fleet_summary.HISTORY,
-            gate_layers=getattr(config, "_dflash_gate", []) or (), prometheus=_path(config, "dflash_prometheus"))
+            gate_layers=gate, prometheus=_path(config, "dflash_prometheus"))
         result.update(summary=summary, outputs=outputs)
     except (OSError, fleet_summary.FleetInputError) as exc:
         # The verdicts and the exit code stand; the summary is a view of them.

@@ -31,10 +31,6 @@ import yaml
 from pytest_dflash.config.profiles import HostProfile, load_profile, profile_from_dict, resolve_profile_path
 from pytest_dflash.errors import InventoryError
 
-FLEET_HELP = ("test every host of a fleet: a folder of *.toml profiles, or an Ansible-style YAML/INI inventory "
-              "FILE[:GROUP] whose hosts name a base profile in their dflash_profile var")
-SHARD_HELP = "run only shard I of N of the hosts (1-based, deterministic by host name), e.g. --shard 2/8"
-
 
 def parse_shard(raw: str) -> tuple[int, int]:
     try:

@@ -35,7 +35,7 @@ class HtmlHooks:
         return report
 
     def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str]) -> None:
-        from pytest_dflash.plugin import BUILDER_KEY
+        from pytest_dflash.run.stash import BUILDER_KEY
 
         builder = self.config.stash.get(BUILDER_KEY, None)
         if builder is None or not builder.hosts:

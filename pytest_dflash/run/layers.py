@@ -77,3 +77,13 @@ class LayerBook:
 def blocked_reason(failure: Failure) -> str:
     where = f"{failure.host}/{failure.service}" if failure.service else failure.host
     return f"{BLOCKED_PREFIX}{failure.layer} layer failed on {where} ({failure.test}): {failure.summary}"
+
+
+def blocked_message(text: str) -> str:
+    """The skip message of a test blocked by `text` (a failure summary)."""
+    return f"{BLOCKED_PREFIX}{text}"
+
+
+def is_blocked(skip_message: str) -> bool:
+    """Was this skip a block (a lower layer or the service failed), not a plain skip?"""
+    return skip_message.startswith(BLOCKED_PREFIX)

@@ -21,7 +21,7 @@ import pytest
 
 from pytest_dflash.config.durations import parse_seconds
 from pytest_dflash.config.options import add_text_options, option_source, option_text
-from pytest_dflash.errors import ApiError, DflashError
+from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.perf.layer import (
     NOT_PASSING,
     Judgement,
@@ -160,7 +160,7 @@ class PerfBook:
         self.runs: dict[tuple[str, str], ServiceRun] = {}
 
     def report_dir(self, host: str) -> Path:
-        from pytest_dflash.plugin import RUN_KEY
+        from pytest_dflash.run.stash import RUN_KEY
 
         run = self.config.stash[RUN_KEY]
         return run.options.report_dir / "perf" / safe_name(host)
@@ -248,22 +248,9 @@ class PerfLayer:
 
     def measure_peer(self, handle: ServiceHandle, name: str) -> ServiceRun:
         """Another service of the same host, made ready first (skipped as blocked when it is not usable)."""
-        from pytest_dflash.plugin import HANDLES_KEY
-        from pytest_dflash.run.state import readiness_error_summary
+        from pytest_dflash.run.fixtures import ready_or_blocked
 
-        other = handle.host.service(name)
-        if self.node is not None:  # its log and state are evidence of this test too
-            handles = self.node.stash.setdefault(HANDLES_KEY, [])
-            if other not in handles:
-                handles.append(other)
-        failed_before = other.failure is not None
-        try:
-            other.ensure_ready()
-        except DflashError as exc:
-            if failed_before:
-                pytest.skip(f"blocked: {other.label} is not usable: {readiness_error_summary(exc)}")
-            pytest.fail(f"{other.label} (the speed-up's reference) is not ready: {readiness_error_summary(exc)}",
-                        pytrace=False)
+        other = ready_or_blocked(handle.host.service(name), self.node, role="the speed-up's reference")
         return self.measure(other)
 
     def record(self, run: ServiceRun, judgements: Iterable[Judgement]) -> list[Judgement]:
@@ -371,7 +358,7 @@ class PerfLayer:
 
 
 def _host_of(run: ServiceRun, book: PerfBook) -> HostContext | None:
-    from pytest_dflash.plugin import RUN_KEY
+    from pytest_dflash.run.stash import RUN_KEY
 
     dflash_run = book.config.stash.get(RUN_KEY, None)
     if dflash_run is None or run.host not in dflash_run.profiles:

@@ -1,0 +1,42 @@
+"""Whatever happens (session end, Ctrl-C, SIGTERM, interpreter exit), what the run provisioned goes away."""
+
+from __future__ import annotations
+
+import atexit
+import signal
+import threading
+from types import FrameType
+
+import pytest
+
+from pytest_dflash.run.stash import PREVIOUS_SIGTERM_KEY
+from pytest_dflash.run.state import DflashRun
+
+
+def arm(config: pytest.Config, run: DflashRun) -> None:
+    """Clean up at exit, and turn SIGTERM into KeyboardInterrupt so pytest tears down as on Ctrl-C."""
+    atexit.register(run.cleanup)
+    if not _main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    config.stash[PREVIOUS_SIGTERM_KEY] = previous
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        raise KeyboardInterrupt("SIGTERM")  # pytest then tears down like Ctrl-C
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def disarm(config: pytest.Config, run: DflashRun | None) -> None:
+    """Session over: clean up now and put the previous SIGTERM handler back."""
+    if run is not None:
+        run.cleanup()
+        atexit.unregister(run.cleanup)
+    previous = config.stash.get(PREVIOUS_SIGTERM_KEY, None)
+    if previous is not None and _main_thread():
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,125 @@
+"""Collection: which host / service / pair each dflash test runs against, and in which order.
+
+Tests ask for `dflash_host`, `dflash_service`, `dflash_service_raw` or `dflash_pair`; each is parametrized
+over the run's hosts and their services here. Items are then sorted so the lower layers of a host run first
+(they can block the higher ones), and grouped by host for xdist (a host's lock and services live in one worker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.run.layers import LAYERS, rank
+from pytest_dflash.run.stash import EMPTY_SHARD_KEY, INFO_KEY
+from pytest_dflash.run.state import DflashRun
+
+DFLASH_FIXTURES = ("dflash_host", "dflash_service", "dflash_service_raw", "dflash_pair")
+SERVICES_MARKER = ("dflash_services(speculative=None, algorithms=None): run only against services that match "
+                   "(e.g. speculative=True for accept-length checks)")
+
+
+@dataclass
+class ItemInfo:
+    """What a test item targets: one host, some services of it, one layer."""
+
+    host: str
+    services: tuple[str, ...]
+    layer: str
+    param: str
+    blocked: bool = False
+    diagnosis: list[dict[str, str]] = field(default_factory=list)
+
+
+def selected(spec: ServiceSpec, marker: pytest.Mark | None) -> bool:
+    """Does the service match the test's `dflash_services` marker?"""
+    if marker is None:
+        return True
+    speculative = marker.kwargs.get("speculative")
+    algorithms = marker.kwargs.get("algorithms")
+    if speculative is not None and spec.speculative != speculative and spec.kind != "external":
+        return False
+    return not (algorithms and spec.algorithm not in algorithms and spec.kind != "external")
+
+
+def parametrize(metafunc: pytest.Metafunc, run: DflashRun) -> None:
+    """Parametrize the dflash fixture a test asks for over the run's hosts / services / parity pairs."""
+    names = metafunc.fixturenames
+    marker = metafunc.definition.get_closest_marker("dflash_services")
+    if "dflash_pair" in names:
+        pairs = []
+        for host, profile in run.profiles.items():
+            if profile.parity is None:
+                continue
+            for compared in profile.parity.compare:
+                if selected(profile.services[compared], marker):
+                    pairs.append(f"{host}/{profile.parity.reference}~{compared}")
+        metafunc.parametrize("dflash_pair", pairs, indirect=True, ids=pairs)
+    elif "dflash_service" in names or "dflash_service_raw" in names:
+        fixture = "dflash_service" if "dflash_service" in names else "dflash_service_raw"
+        params = [f"{host}/{service}" for host, profile in run.profiles.items()
+                  for service, spec in profile.services.items() if selected(spec, marker)]
+        metafunc.parametrize(fixture, params, indirect=True, ids=params)
+    elif "dflash_host" in names:
+        metafunc.parametrize("dflash_host", list(run.profiles), indirect=True, ids=list(run.profiles))
+
+
+def uses_dflash(item: pytest.Item) -> bool:
+    return any(name in getattr(item, "fixturenames", ()) for name in DFLASH_FIXTURES)
+
+
+def item_info(item: pytest.Item) -> ItemInfo | None:
+    """The host, services and layer of a parametrized dflash test (None for any other test)."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    layer_mark = next((m.name for m in item.iter_markers() if m.name in LAYERS), None)
+    for name in ("dflash_pair", "dflash_service", "dflash_service_raw", "dflash_host"):
+        if name in callspec.params:
+            if not isinstance(callspec.params[name], str):
+                return None  # an empty parameter set (e.g. no [parity] table): pytest skips it itself
+            param = callspec.params[name]
+            if name == "dflash_pair":
+                host, _, pair = param.partition("/")
+                services: tuple[str, ...] = tuple(pair.split("~"))
+            elif name == "dflash_host":
+                host, services = param, ()
+            else:
+                host, _, service = param.partition("/")
+                services = (service,)
+            default = "host" if name == "dflash_host" else "generation"
+            return ItemInfo(host, services, layer_mark or default, param)
+    return None
+
+
+def order_items(config: pytest.Config, run: DflashRun | None, items: list[pytest.Item]) -> None:
+    """Record each item's target, group by host for xdist, and sort the lower layers of each host first."""
+    dflash_items = [item for item in items if uses_dflash(item)]
+    if run is None or not dflash_items:
+        return
+    if not run.profiles and EMPTY_SHARD_KEY in config.stash:
+        config.hook.pytest_deselected(items=dflash_items)
+        items[:] = [item for item in items if item not in dflash_items]
+        return
+    if not run.profiles:
+        raise pytest.UsageError(
+            f"{len(dflash_items)} pytest-dflash tests were collected but no target was given: "
+            "pass --host NAME|PATH (e.g. --host local), --attach URL or --fleet FILE"
+        )
+    order = {name: index for index, name in enumerate(run.profiles)}
+    for item in items:
+        info = item_info(item)
+        if info is None:
+            continue
+        item.stash[INFO_KEY] = info
+        # Called tryfirst: xdist's loadgroup only sees marks that exist before its own hook runs.
+        item.add_marker(pytest.mark.xdist_group(name=info.host))
+        run.host(info.host).needed.update(info.services)
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        info = item.stash.get(INFO_KEY, None)
+        return (order.get(info.host, 0), rank(info.layer)) if info else (len(order), len(LAYERS))
+
+    items.sort(key=key)  # stable: lower layers of a host run first, so they can block higher ones

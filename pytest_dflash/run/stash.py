@@ -1,0 +1,25 @@
+"""The run's keys in `config.stash` / `item.stash`: one place, so hooks of every module can share state
+without importing the plugin module (no import cycles)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:  # the keys are typed; importing these at run time would make import cycles
+    from pytest_dflash.report.verdict import VerdictBuilder  # noqa: F401
+    from pytest_dflash.run.collection import ItemInfo  # noqa: F401
+    from pytest_dflash.run.state import DflashRun, ServiceHandle  # noqa: F401
+    from pytest_dflash.services.base import LogMark
+
+RUN_KEY = pytest.StashKey["DflashRun"]()
+BUILDER_KEY = pytest.StashKey["VerdictBuilder"]()
+GATE_KEY = pytest.StashKey[list[str]]()
+EMPTY_SHARD_KEY = pytest.StashKey[str]()
+REPORTED_KEY = pytest.StashKey[list[str]]()
+PREVIOUS_SIGTERM_KEY = pytest.StashKey[Any]()
+# per test item
+INFO_KEY = pytest.StashKey["ItemInfo"]()
+MARKS_KEY = pytest.StashKey[dict[str, "LogMark"]]()
+HANDLES_KEY = pytest.StashKey[list["ServiceHandle"]]()
