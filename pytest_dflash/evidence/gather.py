@@ -1,5 +1,6 @@
 """Evidence for a failed test: log / journal tails since the test started, unit properties, kernel-log
-lines about OOM and Xid, and a diagnosis from the catalog. Everything is redacted before it leaves."""
+lines about OOM and Xid, and a diagnosis from the catalog. Everything is redacted, then capped (bounds.py),
+before it leaves: a log tail keeps its last LOG_BYTES, every other section ITEM_BYTES."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pytest_dflash.errors import DflashError
+from pytest_dflash.evidence.bounds import ITEM_BYTES, LOG_BYTES, Keep, scrub
 from pytest_dflash.evidence.diagnosis import Diagnosis, diagnose
-from pytest_dflash.evidence.redact import redact
 from pytest_dflash.hostaccess.transport import journal_since
 from pytest_dflash.services.base import LogMark
 
 if TYPE_CHECKING:
     from pytest_dflash.run.state import HostContext, ServiceHandle
 
+# What the diagnosis reads of each text (the end of a log): far more than a report shows, far less than a
+# log of 30 KB lines can hold.
+DIAGNOSIS_INPUT_BYTES = 256 * 1024
 KERNEL_PATTERN = r"Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|fallen off the bus|GPU has fallen"
 
 
@@ -64,8 +68,13 @@ def gather(
 ) -> Evidence:
     """Collect evidence for a failed test that used `handles` on `host`."""
     evidence = Evidence()
-    texts = [failure_text]
     secrets = tuple(h.client.api_key for h in handles if h._client is not None and h.client.api_key)
+
+    def clean(text: str, limit: int, what: str, keep: Keep = "both") -> str:
+        return scrub(text, limit, what, keep=keep, extra=secrets)
+
+    # Diagnose redacted text: a diagnosis quotes the log line that matched, and goes into the verdict JSON.
+    texts = [clean(failure_text, DIAGNOSIS_INPUT_BYTES, "diagnosed text")]
     for handle in handles:
         manager = handle.manager
         mark = marks.get(handle.name) or handle.started_mark
@@ -75,26 +84,28 @@ def gather(
             log = f"(could not read the log: {exc})"
         what = "journal" if getattr(manager, "unit", None) else "log"
         if log.strip():
+            log = clean(log, DIAGNOSIS_INPUT_BYTES, f"{what} tail", "tail")
             texts.append(log)
-            evidence.sections.append((f"{what} {handle.label} since {_since(mark)}", redact(log, secrets)))
+            evidence.sections.append((f"{what} {handle.label} since {_since(mark)}",
+                                      clean(log, LOG_BYTES, f"{what} tail", "tail")))
         try:
             state = manager.state()
-            texts.append(state.summary())
+            texts.append(clean(state.summary(), ITEM_BYTES, "service state"))
             props = {"state": state.summary(), **manager.describe()}
         except DflashError as exc:
             props = {"state": f"unknown: {exc}"}
         evidence.sections.append((f"service {handle.label}",
-                                  redact("\n".join(f"{k}={v}" for k, v in props.items()), secrets)))
+                                  clean("\n".join(f"{k}={v}" for k, v in props.items()), ITEM_BYTES,
+                                        "report section")))
     if host.has_host_access and not getattr(host.transport, "_unreachable", None):
         first = min((m.wall_time for m in marks.values()), default=None)
         kernel = kernel_log(host, LogMark(first) if first else None)
         if kernel:
+            kernel = clean(kernel, ITEM_BYTES, "kernel log excerpt", "tail")
             texts.append(kernel)
-            evidence.sections.append((f"kernel log {host.name} (OOM / Xid)", redact(kernel, secrets)))
+            evidence.sections.append((f"kernel log {host.name} (OOM / Xid)", kernel))
     python = host.profile.python
-    # Diagnose redacted text: a diagnosis quotes the log line that matched, and goes into the verdict JSON.
-    evidence.diagnoses = diagnose(*(redact(text, secrets) for text in texts),
-                                  values={"python": python, "service": ",".join(h.label for h in handles)})
+    evidence.diagnoses = diagnose(*texts, values={"python": python, "service": ",".join(h.label for h in handles)})
     if evidence.diagnoses:
-        evidence.sections.insert(0, ("dflash diagnosis", redact(evidence.diagnosis_text(), secrets)))
+        evidence.sections.insert(0, ("dflash diagnosis", clean(evidence.diagnosis_text(), ITEM_BYTES, "diagnosis")))
     return evidence

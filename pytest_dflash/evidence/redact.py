@@ -1,50 +1,170 @@
-"""Secret redaction for everything that can reach a report: logs, journals, messages, commands.
+"""Secret redaction for everything that can reach a report: logs, journals, messages, commands, facts.
 
-The patterns are deliberately broad (a false positive costs a few characters of evidence; a
-false negative leaks a credential into a CI artefact).
+Two kinds of rules:
+
+- Shapes that are secrets wherever they appear: bearer tokens, passwords in URLs, signed-URL
+  signatures, PEM private keys, and well-known key formats (Hugging Face ``hf_…``, OpenAI/Anthropic
+  ``sk-…``, GitHub, Slack, AWS ``AKIA…``/``ASIA…``, Google ``AIza…``/``ya29.…``, JWTs, Stripe).
+- A value next to a name that says it is secret, in each form a log writes it: ``--api-key V``,
+  ``--api-key=V``, an argv list ``['--api-key', 'V']``, ``api_key='V'`` (SGLang's ServerArgs repr),
+  ``AWS_SECRET_ACCESS_KEY=V``, ``"password": "V"``, ``Authorization: V``.
+
+Names containing ``secret``, ``password``, ``api_key``, ``credential``, ``authorization``, ``*_key``
+of a key kind are masked whatever the value. Names that merely END in ``token`` are masked only when
+the value is a string: SGLang's ``max_prefill_tokens=16384``, ``bucket_time_to_first_token=None``,
+``kt_max_deferred_experts_per_token=None`` are settings, not credentials, and stay visible. A value
+that says there is no secret (``None``, ``''``, ``False``, ``$VAR``) is never masked, for any name:
+``api_key=None`` is evidence ("the server ran without a key").
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
+
+__all__ = ["MASK", "is_secret", "redact", "redact_mapping_value", "remember", "secret_kind"]
 
 MASK = "***REDACTED***"
 
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+# Literal secret values known to this process (a profile's API key, the values of its command's secret
+# flags): masked wherever they appear, whatever surrounds them.
+_KNOWN: set[str] = set()
+
+_STRONG_NAME = re.compile(
+    r"api[_-]?key|apikey|secret|passw(?:or)?d|credential|authorization|bearer|cookie|x-amz-security"
+    r"|(?:private|access|account|signing|client|master|encryption|session|storage)[_-]?key"
+    r"|(?:^|[_-])auth$|connection[_-]?string",
+    re.IGNORECASE,
+)
+_TOKEN_NAME = re.compile(r"token$", re.IGNORECASE)
+# Named tokens of a tokenizer (eos_token='<|im_end|>') and names of where a secret lives, not the secret.
+_NOT_SECRET_NAME = re.compile(
+    r"(?:eos|bos|pad|unk|mask|sep|cls|image|video|audio|start|end|think|special)[_-]?token$"
+    r"|[_-](?:env|file|path|dir|var)$",
+    re.IGNORECASE,
+)
+_NO_SECRET_VALUES = frozenset({"", "none", "null", "nil", "false", "true", "undefined", "unset", "no", "off", "-",
+                               "<redacted>", "redacted", "***", "<hidden>", "[]", "{}"})
+_AUTH_SCHEMES = frozenset({"bearer", "basic", "token", "digest"})
+_NUMBER = re.compile(r"[\[(]?[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?", re.IGNORECASE)
+
+# name + separator: `--flag ` / `--flag=`, `'--flag', ` in an argv list, `name=`, `name: `, `"name": `.
+_ASSIGN = re.compile(
+    r"""(?<![\w#.$/-])(?:
+        (?P<q1>["'])(?P<argv>--?[A-Za-z][\w.-]*)(?P=q1)\s*,\s*(?=["'])
+      | (?P<flag>--[A-Za-z][\w.-]*)(?:=|[ \t]+)
+      | (?P<q2>["']?)(?P<name>[A-Za-z_][\w.-]*)(?P=q2)(?P<sep>[ \t]*[:=][ \t]*)
+    )""",
+    re.VERBOSE,
+)
+_VALUE = re.compile(r""""(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|[^\s,;'"})\]&]+""")
+
+_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
+    # PEM private keys (a GCP service-account JSON holds one), also with JSON-escaped newlines.
+    (re.compile(r"(-----BEGIN ((?:[A-Z]+ )*PRIVATE KEY)-----).*?(?:-----END \2-----|\Z)", re.DOTALL),
+     rf"\1{MASK}-----END \2-----"),
     # Authorization headers and bearer tokens.
-    (re.compile(r"(?i)(authorization\s*[:=]\s*)(bearer|basic|token)\s+[^\s'\",]+"), rf"\1\2 {MASK}"),
+    (re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(bearer|basic|token|digest)\s+[^\s'\",;]+"),
+     rf"\1\2 {MASK}"),
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), rf"\1 {MASK}"),
-    # Passwords in URLs: scheme://user:password@host
-    (re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@'\"]+):[^@\s/'\"]+@"), rf"\1:{MASK}@"),
-    # --api-key VALUE / --api-key=VALUE / --hf-token VALUE and friends on command lines.
-    (
-        re.compile(r"(?i)(--(?:api[-_]?key|admin[-_]?api[-_]?key|hf[-_]?token|token|password|secret)(?:=|\s+))"
-                   r"(?:'[^']*'|\"[^\"]*\"|[^\s'\"]+)"),
-        rf"\1{MASK}",
-    ),
-    # KEY=VALUE, KEY: VALUE, "key": "value" for secret-looking names (env files, unit Environment=, JSON).
-    (
-        re.compile(r"(?i)([\"']?(?<![\w#.-])(?![A-Z]*_?(?:eos|bos|pad|unk|mask|sep|cls)_token\b)[A-Z0-9_.-]*"
-                   r"(?:api[_-]?key|token|secret|password|passwd|credentials?|bearer)\b[\"']?"
-                   r"\s*[:=]\s*)(?:\"[^\"]*\"|'[^']*'|[^\s,;'\"}]+)"),
-        rf"\1{MASK}",
-    ),
-    # Well-known token shapes, wherever they appear.
+    # Passwords in URLs: scheme://user:password@host (user may be empty: redis://:pw@host).
+    # The lookbehind anchors the scheme: without it a long word is rescanned from every letter (quadratic).
+    (re.compile(r"((?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@'\"]*):[^@\s/'\"]+@"), rf"\1:{MASK}@"),
+    # Signed URLs: Azure SAS `sig=`, S3 / GCS presigned signatures and credentials.
+    (re.compile(r"(?i)([?&](?:sig|signature|x-amz-signature|x-amz-credential|x-goog-signature|x-goog-credential)=)"
+                r"[^&\s'\"]+"), rf"\1{MASK}"),
+    # Well-known key formats, wherever they appear.
     (re.compile(r"\bhf_[A-Za-z0-9]{20,}\b"), MASK),
-    (re.compile(r"\bsk-(?:proj-)?[A-Za-z0-9_-]{16,}\b"), MASK),
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b"), MASK),
-    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), MASK),
-    (re.compile(r"\bxox[abpr]-[A-Za-z0-9-]{10,}\b"), MASK),
+    (re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}"), MASK),
+    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})\b"), MASK),
+    (re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b"), MASK),
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b"), MASK),
+    (re.compile(r"\bya29\.[0-9A-Za-z_-]{20,}"), MASK),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"), MASK),
+    (re.compile(r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{16,}\b"), MASK),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), MASK),  # JWT
 )
 
 
+def remember(*secrets: str | None) -> None:
+    """Literal secrets of this run (4+ characters), masked in every later `redact` call."""
+    _KNOWN.update(s for s in secrets if s and len(s) >= 4)
+
+
+def secret_kind(name: str) -> str | None:
+    """'secret' (mask any value), 'token' (mask string values only) or None (not a secret's name)."""
+    name = name.strip("'\"-")
+    if _NOT_SECRET_NAME.search(name):
+        return None
+    if _STRONG_NAME.search(name):
+        return "secret"
+    if _TOKEN_NAME.search(name):
+        return "token"
+    return None
+
+
+def _says_no_secret(value: str, kind: str) -> bool:
+    bare = value.strip("'\"").strip()
+    if bare.lower() in _NO_SECRET_VALUES or MASK in bare:
+        return True
+    if bare.startswith(("$", "{")) or bare.lower() in _AUTH_SCHEMES:
+        return True  # a reference ($HF_TOKEN, {api_key}); an auth scheme whose credential a shape rule masks
+    if kind == "token":
+        # token counts and limits, and a tokenizer's special tokens ('<|im_end|>')
+        return bool(_NUMBER.fullmatch(bare)) or (bare.startswith("<") and bare.endswith(">"))
+    return False
+
+
+def is_secret(name: str, value: str) -> bool:
+    """Would `name=value` be masked? (`--api-key K`: yes; `--max-prefill-tokens 16384`, `api_key=None`: no.)"""
+    kind = secret_kind(name)
+    return kind is not None and not _says_no_secret(value, kind)
+
+
+def _mask_assignments(text: str) -> str:
+    out: list[str] = []
+    last = 0
+    for match in _ASSIGN.finditer(text):
+        if match.start() < last:
+            continue
+        kind = secret_kind(match.group("argv") or match.group("flag") or match.group("name"))
+        if kind is None:
+            continue
+        sep = match.group("sep") or ""
+        if sep.startswith("=") and sep != sep.rstrip():
+            continue  # `HF_TOKEN= NEXT=…`: an empty value, as a shell or an env dump writes it
+        value = _VALUE.match(text, match.end())
+        if value is None or _says_no_secret(value.group(), kind):
+            continue
+        raw = value.group()
+        quote = raw[0] if raw[0] in "'\"" and len(raw) > 1 and raw[-1] == raw[0] else ""
+        out += [text[last:value.start()], f"{quote}{MASK}{quote}"]
+        last = value.end()
+    if not out:
+        return text
+    out.append(text[last:])
+    return "".join(out)
+
+
 def redact(text: str, extra: tuple[str, ...] = ()) -> str:
-    """Mask secrets in `text`. `extra` are literal secret values known to this run (e.g. API keys)."""
+    """Mask secrets in `text`. `extra` are literal secret values known to the caller (e.g. API keys)."""
     if not text:
         return text
-    for secret in extra:
-        if secret and len(secret) >= 4:
+    for secret in (*extra, *_KNOWN):
+        if secret and len(secret) >= 4 and secret in text:
             text = text.replace(secret, MASK)
-    for pattern, replacement in _PATTERNS:
+    for pattern, replacement in _SHAPES:
         text = pattern.sub(replacement, text)
-    return text
+    return _mask_assignments(text)
+
+
+def redact_mapping_value(key: str, value: Any) -> Any:
+    """The value of `key` in a dict (a fact, an environment snapshot), masked when the key names a secret."""
+    kind = secret_kind(key)
+    if kind is None or value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return MASK if not _says_no_secret(value, kind) else value
+    if kind == "secret" and isinstance(value, int | float):
+        return MASK
+    return value

@@ -1,8 +1,36 @@
+"""Redaction, both directions: every form a secret takes in a log is masked, and the settings and counts that
+merely look like secrets (SGLang's `*_token*` settings, `api_key=None`) stay visible — checked on the REAL
+server_args line SGLang 0.5.17 logged on an H200."""
+
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
-from pytest_dflash.evidence.redact import MASK, redact
+from pytest_dflash.evidence.redact import MASK, is_secret, redact, redact_mapping_value, remember
+
+ROOT = Path(__file__).parents[2]
+RECORDED_LOGS = [
+    ROOT.parent / "shared" / "data" / "sglang-0.5.17-h200" / "server_dflash_graph.log",
+    ROOT / "tests" / "data" / "sglang-0.5.17-h200" / "logs" / "server_dflash_graph.log",
+]
+
+
+def server_args_line() -> str:
+    """The `server_args=ServerArgs(...)` line of a real DFLASH launch (about 14 KB, ~400 settings)."""
+    for path in RECORDED_LOGS:
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                if "server_args=ServerArgs(" in line:
+                    return line
+    pytest.skip("the recorded SGLang 0.5.17 logs are not in this checkout")
+
+
+def settings(line: str) -> dict[str, str]:
+    """name -> value of every top-level `name=value` of a ServerArgs repr."""
+    return dict(re.findall(r"(?<![\w.])([a-z_][a-z0-9_]*)=('[^']*'|[^,()\[\]{}]+)", line))
 
 
 @pytest.mark.parametrize(
@@ -10,19 +38,60 @@ from pytest_dflash.evidence.redact import MASK, redact
     [
         ("HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz123", "hf_abcdefghijklmnopqrstuvwxyz123"),
         ("Authorization: Bearer abc.def-123456789", "abc.def-123456789"),
+        ('{"Authorization": "Bearer abc"}', "abc"),
+        ("{'authorization': 'Basic dXNlcjpwYXNz'}", "dXNlcjpwYXNz"),
         ("ExecStart=/x -m sglang.launch_server --api-key sk-secret123 --port 1", "sk-secret123"),
         ("--api-key=topsecretvalue", "topsecretvalue"),
-        ("http://admin:pa55word@10.0.0.1:8080/v1", "pa55word"),
-        ("Environment=OPENAI_API_KEY=foo-bar-baz", "foo-bar-baz"),
-        ('server_args=ServerArgs(api_key=\'k3y-value\', port=1)', "k3y-value"),
+        ("python -m sglang.launch_server --admin-api-key 'adm1n key' --port 1", "adm1n key"),
+        ("--hf-token hf_short1 --max-prefill-tokens 16384", "hf_short1"),
+        # argv lists as SGLang and Python log them
+        ("Launching: ['python3', '-m', 'sglang.launch_server', '--api-key', 'abc', '--port', '30001']", "abc"),
+        ('argv=["--model-path", "/m", "--api-key", "k3y-in-json"]', "k3y-in-json"),
+        ("['--api-key=abcdef', '--port', '1']", "abcdef"),
+        # SGLang's ServerArgs repr
+        ("server_args=ServerArgs(api_key='k3y-value', port=1)", "k3y-value"),
+        ("ServerArgs(admin_api_key='adminpass', ssl_keyfile_password='pem-pass')", "adminpass"),
+        ("ServerArgs(admin_api_key='adminpass', ssl_keyfile_password='pem-pass')", "pem-pass"),
         ('{"api_key": "zzzzzz"}', "zzzzzz"),
         ("token sk-proj-ABCDEFGHIJKLMNOPQRSTUV in a log", "sk-proj-ABCDEFGHIJKLMNOPQRSTUV"),
         ("password=hunter2", "hunter2"),
+        ("DB_PASSWORD=12345", "12345"),  # a numeric password is still a password
+        # environment variables holding strings
+        ("Environment=OPENAI_API_KEY=foo-bar-baz", "foo-bar-baz"),
+        ("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+        ("export AZURE_CLIENT_SECRET='a~b.c-d_e'", "a~b.c-d_e"),
+        ("MLFLOW_TRACKING_PASSWORD=mlflowpw SOME_PASSWORD_FILE_CONTENT=abc", "mlflowpw"),
+        ("GITHUB_TOKEN=abcdef12345 HF_HUB_OFFLINE=1", "abcdef12345"),
+        ('Environment="WANDB_API_KEY=0123456789abcdef"', "0123456789abcdef"),
+        ("my_service_token: s3cr3t-t0k3n", "s3cr3t-t0k3n"),
+        # a systemd unit's Environment= as `systemctl show` prints it (the test host plants this one)
+        ("Environment=PROBE_BEARER=muOqoujQT56fv2RLakq1NAIqKK5XcbbY7amPV2zI PYTHONUNBUFFERED=1",
+         "muOqoujQT56fv2RLakq1NAIqKK5XcbbY7amPV2zI"),
+        ("SESSION_COOKIE=abc123def456", "abc123def456"),
+        # cloud keys
+        ("using AKIAIOSFODNN7EXAMPLE for s3://bucket", "AKIAIOSFODNN7EXAMPLE"),
+        ("ASIAY34FZKBOKMUTVV7A temporary", "ASIAY34FZKBOKMUTVV7A"),
+        ("key=AIzaSyA-1234567890abcdefghijklmnopqrstu", "AIzaSyA-1234567890abcdefghijklmnopqrstu"),
+        ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=c2VjcmV0a2V5PT0=;EndpointSuffix=core",
+         "c2VjcmV0a2V5PT0="),
+        ("GET https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sig=Zm9vYmFy%3D&se=2026", "Zm9vYmFy%3D"),
+        ("https://b.s3.amazonaws.com/k?X-Amz-Signature=abcdef0123&X-Amz-Date=1", "abcdef0123"),
+        ('{"private_key": "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\\n-----END PRIVATE KEY-----\\n"}',
+         "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"),
+        ("Authorization: Bearer ya29.a0AfH6SMBx-abcdefghijklmnopqrstuvwxyz", "ya29.a0AfH6SMBx"),
+        # other well-known token shapes
+        ("cloning with ghp_abcdefghijklmnopqrstuvwxyz0123456789", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
+        ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N", "dozjgNryP4J3jVmNHl0w5N"),
+        ("anthropic sk-ant-api03-abcdefghijklmnop_qrst", "sk-ant-api03-abcdefghijklmnop_qrst"),
+        # passwords in URLs
+        ("http://admin:pa55word@10.0.0.1:8080/v1", "pa55word"),
+        ("redis://:redispw@cache:6379/0", "redispw"),
+        ("postgresql://svc:p%40ss@db/x?sslmode=require", "p%40ss"),
     ],
 )
 def test_secrets_are_masked(text: str, secret: str) -> None:
     clean = redact(text)
-    assert secret not in clean
+    assert secret not in clean, clean
     assert MASK in clean
 
 
@@ -34,11 +103,85 @@ def test_secrets_are_masked(text: str, secret: str) -> None:
         '"eos_token": "<|im_end|>"',
         "Decode batch, #running-req: 1, #token: 64, accept len: 1.00",
         "Prefill batch, #new-seq: 1, #new-token: 3, #cached-token: 1, #pending-token: 0",
+        # SGLang settings whose names contain "token" or "key": numbers and None, not credentials
+        "bucket_time_to_first_token=None, kt_max_deferred_experts_per_token=None",
+        "max_prefill_tokens=16384, num_reserved_decode_tokens=512, speculative_num_draft_tokens=16",
+        "api_key=None, admin_api_key=None, ssl_keyfile_password=None, ssl_keyfile=None",
+        "--bucket-time-to-first-token 0.1 0.5 --max-prefill-tokens 16384 --speculative-num-draft-tokens 8",
+        "kt_max_deferred_experts_per_token=4 first_token: 12.5",
+        "tokenizer_path='/tmp/models/target', skip_tokenizer_init=False, speculative_token_map=None",
+        # where a secret lives is not the secret; an absent one is evidence
+        'api_key_env = "DFLASH_API_KEY" HF_TOKEN_PATH=/root/.cache/hf/token PWD=/home/sre',
+        "HF_TOKEN= OPENAI_API_KEY='' AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY}",
+        "Authorization header missing: 401",
+        "the sampled request took 84 s; first token at 0.2 s",
     ],
 )
-def test_token_counts_are_not_secrets(text: str) -> None:
+def test_harmless_text_stays_visible(text: str) -> None:
     assert redact(text) == text
 
 
 def test_known_literal_secrets_are_masked_anywhere() -> None:
     assert "s3cr3t-value" not in redact("echo s3cr3t-value", extra=("s3cr3t-value",))
+
+
+def test_remembered_secrets_are_masked_in_every_later_call() -> None:
+    remember("r3m3mb3red-k3y-0001", None, "")
+    assert redact("plain text mentioning r3m3mb3red-k3y-0001 twice: r3m3mb3red-k3y-0001") == (
+        f"plain text mentioning {MASK} twice: {MASK}")
+
+
+def test_is_secret_tells_a_key_from_a_setting() -> None:
+    assert is_secret("--api-key", "abc") and is_secret("HF_TOKEN", "hf_x") and is_secret("DB_PASSWORD", "1234")
+    assert not is_secret("--max-prefill-tokens", "16384") and not is_secret("api_key", "None")
+    assert not is_secret("--port", "30001") and not is_secret("bucket_time_to_first_token", "0.1")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "masked"),
+    [
+        ("AWS_SECRET_ACCESS_KEY", "abc", True),
+        ("HF_TOKEN", "hf_abc", True),
+        ("db_password", 12345, True),
+        ("api_key", None, False),
+        ("max_prefill_tokens", 16384, False),
+        ("first_token_s", 0.2, False),
+        ("bucket_time_to_first_token", None, False),
+        ("model", "Qwen3-8B", False),
+    ],
+)
+def test_mapping_values_are_masked_by_their_key(key: str, value: object, masked: bool) -> None:
+    assert (redact_mapping_value(key, value) == MASK) is masked
+
+
+def test_the_real_server_args_line_keeps_every_setting() -> None:
+    line = server_args_line()
+    assert redact(line) == line  # no secret in it: nothing may change, not one harmless setting
+    before = settings(line)
+    for name in ("bucket_time_to_first_token", "kt_max_deferred_experts_per_token", "max_prefill_tokens",
+                 "num_reserved_decode_tokens", "api_key", "admin_api_key", "ssl_keyfile_password",
+                 "speculative_num_draft_tokens"):
+        assert name in before, name  # the recording has them: the test checks real settings
+    assert before["api_key"] == "None" and before["max_prefill_tokens"] == "16384"
+    assert len(before) > 300
+
+
+def test_a_secret_planted_in_the_real_server_args_line_is_hidden_and_nothing_else_changes() -> None:
+    line = server_args_line()
+    planted = (line.replace("api_key=None", "api_key='sk-planted-0123456789abcdef'", 1)
+               .replace("admin_api_key=None", "admin_api_key='adm-planted-9876'", 1)
+               .replace("ssl_keyfile_password=None", "ssl_keyfile_password='pem-planted'", 1))
+    assert planted.count("planted") == 3
+    clean = redact(planted)
+    assert "planted" not in clean
+    before, after = settings(planted), settings(clean)
+    changed = {name for name in before if before[name] != after.get(name)}
+    assert changed == {"api_key", "admin_api_key", "ssl_keyfile_password"}, changed
+    assert after["api_key"] == f"'{MASK}'"
+    assert after["bucket_time_to_first_token"] == "None" and after["num_reserved_decode_tokens"] == "512"
+    # and as an argv list and an environment dump in the same log
+    argv = "['python3', '-m', 'sglang.launch_server', '--api-key', 'sk-planted-0123456789abcdef', '--port', '30001']"
+    env = "HF_TOKEN=hf_plantedplantedplantedplanted AWS_SECRET_ACCESS_KEY=planted/aws+secret HF_HUB_OFFLINE=1"
+    clean = redact(f"{argv}\n{env}\n{planted}")
+    assert "planted" not in clean
+    assert "'--port', '30001'" in clean and "HF_HUB_OFFLINE=1" in clean
