@@ -3,10 +3,16 @@
 Explicit timeouts, no retries, and every failure mapped to `ApiError` — including the one that
 matters most on a dying SGLang server: a request that gets no HTTP response at all
 (`ApiError.status is None`, message "connection dropped").
+
+Bodies are read with a byte cap (`response_cap`): a generation's cap follows from what the request
+allows (max_tokens × n × prompts, logprobs), everything else gets `DEFAULT_MAX_BODY`, `/metrics`
+`METRICS_MAX_BODY`. A body over its cap fails with its size (`ApiError.cause == "too-large"`) and is
+never read whole, so a server answering megabytes to max_tokens=4 cannot fill memory or the reports.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import time
@@ -20,6 +26,20 @@ from pytest_dflash.errors import ApiError
 
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 DROPPED = "connection dropped"
+
+# Caps on response bodies (bytes). Non-generation endpoints (/v1/models, /server_info, /model_info,
+# /flush_cache, error bodies) answer a few KB on SGLang 0.5.17; /metrics is Prometheus text with a
+# histogram per metric and label set, hundreds of KB on a busy server, so it gets far more room.
+DEFAULT_MAX_BODY = 256 * 1024
+METRICS_MAX_BODY = 32 * 1024 * 1024
+STREAM_MAX_TOTAL = 256 * 1024 * 1024  # a native /generate stream repeats its cumulative text per event
+GENERATION_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+_BASE_BODY = 64 * 1024  # meta_info, usage, spec histograms, headers of the JSON
+# Per generated token: text (up to 4 characters, JSON-escaped as \uXXXX), id, a [logprob, id, text]
+# entry and SGLang's per-token meta — several times what SGLang 0.5.17 was recorded sending.
+_PER_TOKEN = 512
+_PER_TOP_LOGPROB = 128
+_TOKENS_UNBOUNDED = 32768  # no max_tokens: SGLang generates up to the context length
 
 
 @dataclass(frozen=True)
@@ -160,13 +180,14 @@ class InferenceClient:
         try:
             yield
         except httpx.RemoteProtocolError as exc:
-            raise ApiError(self.service, endpoint, None, DROPPED, str(exc)) from exc
+            raise ApiError(self.service, endpoint, None, DROPPED, str(exc), cause="dropped") from exc
         except (httpx.ReadError, httpx.WriteError) as exc:
-            raise ApiError(self.service, endpoint, None, f"{DROPPED} ({type(exc).__name__}: {exc})") from exc
+            raise ApiError(self.service, endpoint, None, f"{DROPPED} ({type(exc).__name__}: {exc})",
+                           cause="dropped") from exc
         except httpx.ConnectError as exc:
-            raise ApiError(self.service, endpoint, None, f"cannot connect: {exc}") from exc
+            raise ApiError(self.service, endpoint, None, f"cannot connect: {exc}", cause="refused") from exc
         except httpx.TimeoutException as exc:
-            raise ApiError(self.service, endpoint, None, f"timed out ({type(exc).__name__})") from exc
+            raise ApiError(self.service, endpoint, None, f"timed out ({type(exc).__name__})", cause="timeout") from exc
         except httpx.HTTPError as exc:
             raise ApiError(self.service, endpoint, None, f"{type(exc).__name__}: {exc}") from exc
 
@@ -174,12 +195,40 @@ class InferenceClient:
         return None if seconds is None else httpx.Timeout(seconds, connect=min(5.0, seconds))
 
     def request(
-        self, method: str, path: str, *, json_body: Any = None, timeout_s: float | None = None
+        self, method: str, path: str, *, json_body: Any = None, timeout_s: float | None = None,
+        max_bytes: int | None = None,
     ) -> httpx.Response:
-        """A raw request; raises ApiError only when no HTTP response arrived."""
-        with self._mapped(path):
-            return self._http.request(method, path, json=json_body, timeout=self._timeout(timeout_s) or
-                                      self._http.timeout)
+        """A raw request, its body read whole up to `max_bytes` (default: `response_cap(path, json_body)`).
+
+        Raises ApiError when no HTTP response arrived, or when the body is over its cap (the body is
+        then not read further; the error names the size seen and the cap).
+        """
+        cap = max_bytes if max_bytes is not None else response_cap(path, json_body)
+        with self._mapped(path), self._http.stream(method, path, json=json_body, timeout=self._timeout(timeout_s) or
+                                                   self._http.timeout) as response:
+            return self._read_capped(response, path, cap)
+
+    def _read_capped(self, response: httpx.Response, path: str, cap: int) -> httpx.Response:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise self._too_large(path, response.status_code, cap, f"Content-Length {int(declared)} bytes", b"")
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > cap:
+                raise self._too_large(path, response.status_code, cap, f"{size}+ bytes read", b"".join(chunks))
+            chunks.append(chunk)
+        # A fresh, fully read response: the body is already decoded, so drop the framing headers.
+        headers = [(k, v) for k, v in response.headers.multi_items()
+                   if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+        return httpx.Response(response.status_code, headers=headers, content=b"".join(chunks),
+                              request=response.request, extensions=response.extensions)
+
+    def _too_large(self, path: str, status: int | None, cap: int, seen: str, head: bytes) -> ApiError:
+        excerpt = head[:200].decode("utf-8", "replace")
+        return ApiError(self.service, path, status, f"response body too large: {seen}, over the {cap}-byte cap "
+                        "for this request (the rest was not read)", excerpt, cause="too-large")
 
     def _json(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
         response = self.request(method, path, json_body=body, timeout_s=timeout_s)
@@ -208,7 +257,14 @@ class InferenceClient:
 
     def server_info(self, timeout_s: float | None = 10) -> dict[str, Any] | None:
         """SGLang's /server_info (or the older /get_server_info); None for a non-SGLang server."""
-        for path in ("/server_info", "/get_server_info"):
+        return self._native_info(("/server_info", "/get_server_info"), timeout_s)
+
+    def model_info(self, timeout_s: float | None = 10) -> dict[str, Any] | None:
+        """SGLang's /model_info (or the older /get_model_info): model_path, tokenizer_path, ...; None if absent."""
+        return self._native_info(("/model_info", "/get_model_info"), timeout_s)
+
+    def _native_info(self, paths: tuple[str, ...], timeout_s: float | None) -> dict[str, Any] | None:
+        for path in paths:
             response = self.request("GET", path, timeout_s=timeout_s)
             if response.status_code == 200:
                 try:
@@ -225,7 +281,7 @@ class InferenceClient:
         return self.request("POST", "/flush_cache", timeout_s=timeout_s).status_code
 
     def metrics(self, timeout_s: float = 10) -> str:
-        response = self.request("GET", "/metrics", timeout_s=timeout_s)
+        response = self.request("GET", "/metrics", timeout_s=timeout_s, max_bytes=METRICS_MAX_BODY)
         if response.status_code != 200:
             raise ApiError(self.service, "/metrics", response.status_code, _error_message(response))
         return response.text
@@ -290,20 +346,25 @@ class InferenceClient:
         """POST with stream=true and read the SSE stream to its end, checking it is well formed.
 
         Raises ApiError for a non-2xx status, a line that is not `data: …`, an event that is not
-        JSON, or a dropped connection; `Stream.done` is False when the stream ended without [DONE].
+        JSON, an event or a stream over its byte cap, or a dropped connection; `Stream.done` is False
+        when the stream ended without [DONE].
         """
         started = time.monotonic()
         events: list[dict[str, Any]] = []
         arrival: list[float] = []
         raw: list[str] = []
         done = False
-        with self._mapped(path), self._http.stream("POST", path, json={**body, "stream": True},
+        payload_body = {**body, "stream": True}
+        line_cap = response_cap(path, payload_body)
+        # Every event carries at most the whole output; there are at most about as many events as tokens.
+        total_cap = min(STREAM_MAX_TOTAL, line_cap * (_requested_tokens(path, payload_body) + 16))
+        with self._mapped(path), self._http.stream("POST", path, json=payload_body,
                                                    timeout=self._timeout(timeout_s) or self._http.timeout) as response:
             if response.status_code >= 400:
-                response.read()
+                response = self._read_capped(response, path, DEFAULT_MAX_BODY)
                 raise ApiError(self.service, path, response.status_code, _error_message(response), response.text[:500])
             content_type = response.headers.get("content-type", "")
-            for line in response.iter_lines():
+            for line in self._capped_lines(response, path, line_cap, total_cap):
                 raw.append(line)
                 if not line.strip():
                     continue
@@ -329,6 +390,34 @@ class InferenceClient:
                 arrival.append(time.monotonic() - started)
         return Stream(events, arrival, done, raw, time.monotonic() - started, response.status_code, content_type)
 
+    def _capped_lines(self, response: httpx.Response, path: str, line_cap: int, total_cap: int) -> Iterator[str]:
+        """`response.iter_lines()` (str.splitlines semantics, as httpx), failing on a line or a total over its cap."""
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        pending = ""
+        total = 0
+        for chunk in response.iter_bytes():
+            total += len(chunk)
+            if total > total_cap:
+                raise self._too_large(path, response.status_code, total_cap, f"stream of {total}+ bytes", b"")
+            text = pending + decoder.decode(chunk)
+            hold_cr = text.endswith("\r")  # "\r\n" may be split across chunks: decide with the next one
+            if hold_cr:
+                text = text[:-1]
+            lines = text.splitlines()
+            pending = lines.pop() if lines and text[-1:] not in _NEWLINES else ""
+            if hold_cr:
+                pending += "\r"
+            if len(pending) > line_cap:
+                raise self._too_large(path, response.status_code, line_cap, f"an SSE line of {len(pending)}+ bytes",
+                                      pending[:200].encode())
+            for line in lines:
+                if len(line) > line_cap:
+                    raise self._too_large(path, response.status_code, line_cap, f"an SSE line of {len(line)} bytes",
+                                          line[:200].encode())
+                yield line
+        rest = (pending + decoder.decode(b"", final=True)).splitlines()
+        yield from rest
+
     def generate_stream(self, prompt: str, sampling: Sampling = GREEDY, *, timeout_s: float | None = None) -> Stream:
         return self.stream("/generate", self._generate_body(prompt, sampling, False, 0), timeout_s=timeout_s)
 
@@ -351,6 +440,59 @@ class InferenceClient:
         if native:
             return self.generate("Hello", sampling, timeout_s=timeout_s)
         return self.completion("Hello", sampling, timeout_s=timeout_s)[0]
+
+
+_NEWLINES = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines splits on
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _prompts(path: str, body: dict[str, Any]) -> list[Any]:
+    """The prompts of a generation request (SGLang and OpenAI both accept a batch as a list)."""
+    if path == "/v1/chat/completions":
+        return [body.get("messages")]
+    key = "prompt" if path == "/v1/completions" else ("text" if "text" in body else "input_ids")
+    value = body.get(key)
+    if isinstance(value, list) and value and (key != "input_ids" or isinstance(value[0], list)) and not (
+            key == "prompt" and isinstance(value[0], int)):
+        return value
+    return [value]
+
+
+def _requested_tokens(path: str, body: Any) -> int:
+    """Tokens a generation request allows in all: max tokens × n × prompts (unbounded: the context)."""
+    if path not in GENERATION_PATHS or not isinstance(body, dict):
+        return 0
+    prompts = len(_prompts(path, body))
+    if path == "/generate":
+        params = body.get("sampling_params") or {}
+        per_prompt = params if isinstance(params, list) else [params] * prompts
+        return sum((_count(p.get("max_new_tokens")) or _TOKENS_UNBOUNDED) * max(1, _count(p.get("n")))
+                   for p in per_prompt if isinstance(p, dict)) or _TOKENS_UNBOUNDED
+    tokens = _count(body.get("max_tokens")) or _count(body.get("max_completion_tokens")) or _TOKENS_UNBOUNDED
+    return tokens * max(1, _count(body.get("n"))) * prompts
+
+
+def response_cap(path: str, body: Any = None) -> int:
+    """The most bytes a response to `body` at `path` may have before it is refused unread.
+
+    Generations: room for everything the request allows (max tokens × n × prompts, each token with
+    its text, id and logprob entries, top logprobs when asked, the prompt echoed back) plus a fixed
+    64 KB; `/metrics`: METRICS_MAX_BODY; everything else: DEFAULT_MAX_BODY.
+    """
+    if path.startswith("/metrics"):
+        return METRICS_MAX_BODY
+    tokens = _requested_tokens(path, body)
+    if not tokens or not isinstance(body, dict):
+        return DEFAULT_MAX_BODY
+    top = max(_count(body.get("top_logprobs_num")), _count(body.get("top_logprobs")), _count(body.get("logprobs")))
+    per_token = _PER_TOKEN + top * _PER_TOP_LOGPROB
+    request_size = len(json.dumps(body, default=str))
+    # return_logprob / echo can add an entry per prompt token; a prompt has at most one token per byte.
+    prompt_entries = request_size if body.get("return_logprob") or body.get("echo") else 0
+    return _BASE_BODY + 2 * request_size + (tokens + prompt_entries) * per_token
 
 
 def _error_message(response: httpx.Response) -> str:

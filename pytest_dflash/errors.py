@@ -7,10 +7,12 @@
      ├── ReadOnlyViolation     a state-changing command was attempted in attach mode
      ├── ServiceError          a service could not be started, stopped or reached
      │    ├── ServiceCrashed    the process / unit died (exit status, log tail)
+     │    │    └── ServiceGone  attached by URL: it answered, then refused connections (seen over HTTP)
      │    ├── ServiceRestarted  systemd restarted it behind our back (NRestarts grew)
      │    ├── ServiceNotReady   readiness budget spent without a real generation
      │    └── ServiceBusy       another run holds the host-side lock
-     └── ApiError              an HTTP call failed: status, body excerpt, or a dropped connection
+     └── ApiError              an HTTP call failed: status, body excerpt, a dropped connection, or a
+                               body over its size cap
 """
 
 from __future__ import annotations
@@ -88,6 +90,23 @@ class ServiceCrashed(ServiceError):
 
 
 @dataclass(eq=False)
+class ServiceGone(ServiceCrashed):
+    """Attached by URL, no process to ask: the server had answered HTTP, then dropped a request and/or
+    refused connections. As conclusive as an exit status: a compiling JIT still answers HTTP."""
+
+    request: str = ""  # the request in flight when it went: method, path, sampling parameters
+    seen: str = ""  # what HTTP showed, in order: "no HTTP response (connection dropped), then connections refused"
+    answered_s_before: float | None = None  # how long before the refusal it last answered HTTP
+
+    def __str__(self) -> str:
+        where = f" during {self.phase}" if self.phase else ""
+        killer = f"{self.request} killed it: " if self.request else ""
+        last = "" if self.answered_s_before is None else f"; it had answered HTTP {self.answered_s_before:.1f}s before"
+        return (f"service {self.service} is gone{where}: {killer}{self.seen}{last} "
+                "(seen over HTTP: attached by URL, no process to ask)")
+
+
+@dataclass(eq=False)
 class ServiceRestarted(ServiceError):
     """systemd restarted the unit: it crashed even if it is 'active' right now."""
 
@@ -129,6 +148,9 @@ class ApiError(DflashError):
     status: int | None
     message: str
     body: str = ""
+    # Why no usable answer came: "refused" (nothing listening), "dropped" (connection closed without an
+    # answer), "timeout" (accepted, not answered in time), "too-large" (body over its cap); "" otherwise.
+    cause: str = ""
 
     def __str__(self) -> str:
         status = f"HTTP {self.status}" if self.status is not None else "no HTTP response"

@@ -1,4 +1,8 @@
-"""A service reached only by URL (--attach, or kind = "external"): no host access, no logs."""
+"""A service reached only by URL (--attach, or kind = "external"): no host access, no logs.
+
+Its state is unknown (`running=None`), which tells readiness and `check_alive` to read death and silence
+over HTTP instead (services/readiness.py: `HttpLiveness`).
+"""
 
 from __future__ import annotations
 
@@ -41,4 +45,5 @@ class ExternalService:
         return ""
 
     def describe(self) -> dict[str, str]:
-        return {"kind": "external", "url": self.url, "logs": "none (no host access with --attach)"}
+        return {"kind": "external", "url": self.url, "logs": "none (no host access with --attach)",
+                "liveness": "over HTTP (GET /v1/models; refused after it had answered = gone)"}

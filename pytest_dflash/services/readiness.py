@@ -5,6 +5,14 @@ minutes of warm-up, and seconds before a crash). On a cold host the first sample
 legitimately block for ~1.5 minutes (FlashInfer JIT-compiles its sampling kernel inside the
 scheduler: 84–114 s recorded on an H200), so the budgets are long — but the process state is polled
 every `POLL_S` the whole time, and death ends the wait at once with its exit status and log tail.
+
+A service attached by URL has no process state (`ServiceState.running is None`): its liveness is
+read over HTTP instead (`_wait_over_http`). "Not up yet" is connection refused before it ever
+answered, or `/health_generate` 503 during warm-up; "gone" is a request dropped and/or connections
+refused after it had answered — conclusive at once (`ServiceGone`, naming the request). A request
+accepted and not answered is bounded by the request timeout; only the first sampled request gets
+the longer cold-JIT budget, and only while the server keeps answering HTTP and its scheduler is busy
+(`/health_generate` not 200: a JIT blocks the scheduler; a stuck request does not).
 """
 
 from __future__ import annotations
@@ -14,9 +22,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pytest_dflash.client import GREEDY, SAMPLED, Generation, InferenceClient, Sampling
+from pytest_dflash.client import GREEDY, SAMPLED, InferenceClient, Sampling
 from pytest_dflash.config.durations import format_seconds
-from pytest_dflash.errors import ApiError, ServiceCrashed, ServiceNotReady, ServiceRestarted
+from pytest_dflash.errors import ApiError, Death, ServiceCrashed, ServiceGone, ServiceNotReady, ServiceRestarted
 from pytest_dflash.services.base import LogMark, ServiceManager, ServiceState
 
 POLL_S = 0.25
@@ -24,8 +32,21 @@ POLL_S = 0.25
 # (real SGLang: 5.2 s from RemoteDisconnected to exit 137).
 DEATH_GRACE_S = 15.0
 PROGRESS_EVERY_S = 10.0
+# Over HTTP (no process state): SGLang's HTTP process serves /v1/models itself, so it answers while
+# the scheduler is busy compiling; /health runs a generation through the scheduler (20 s, then 503).
+LIVENESS_PATH = "/v1/models"
+LIVENESS_EVERY_S = 1.0
+LIVENESS_TIMEOUT_S = 2.0
+HEALTH_PATH = "/health_generate"
+HEALTH_TIMEOUT_S = 30.0  # SGLang answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) without output
+SCHEDULER_CHECK_EVERY_S = 5.0
+# /health_generate is 200 on *any* output, our own request's included: the answer to a sampled request that
+# just finished compiling may still be in transit. Stuck = still unanswered this long after a 200.
+FREE_GRACE_S = 1.0
+RETRY_STATUSES = (408, 429)  # the only HTTP answers to a readiness request worth retrying
 PHASES = {
     "http": "readiness: waiting for the HTTP server",
+    "warmup": "readiness: waiting for /health_generate (warm-up)",
     "greedy": "readiness: first greedy generation",
     "sampled": "readiness: first sampled generation (temperature 0.8, top_k 20, top_p 0.9)",
 }
@@ -53,19 +74,27 @@ class ReadyReport:
 
 
 class _InFlight:
-    """One generation request running in a background thread, so the state can be polled meanwhile."""
+    """One request running in a background thread, so the state can be polled meanwhile."""
 
-    def __init__(self, client: InferenceClient, sampling: Sampling, native: bool, timeout_s: float) -> None:
+    def __init__(self, call: Callable[[], object]) -> None:
         self.started = time.monotonic()
-        self.result: Generation | None = None
+        self.result: object | None = None
         self.error: ApiError | None = None
-        self._thread = threading.Thread(target=self._run, args=(client, sampling, native, timeout_s),
-                                        name="dflash-ready-request", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(call,), name="dflash-ready-request", daemon=True)
         self._thread.start()
 
-    def _run(self, client: InferenceClient, sampling: Sampling, native: bool, timeout_s: float) -> None:
+    @classmethod
+    def generation(cls, client: InferenceClient, sampling: Sampling, native: bool, timeout_s: float) -> _InFlight:
+        return cls(lambda: client.probe_generation(sampling, native=native, timeout_s=timeout_s))
+
+    @classmethod
+    def status(cls, client: InferenceClient, path: str, timeout_s: float) -> _InFlight:
+        """GET `path`; the result is its HTTP status."""
+        return cls(lambda: client.request("GET", path, timeout_s=timeout_s).status_code)
+
+    def _run(self, call: Callable[[], object]) -> None:
         try:
-            self.result = client.probe_generation(sampling, native=native, timeout_s=timeout_s)
+            self.result = call()
         except ApiError as exc:
             self.error = exc
 
@@ -88,13 +117,14 @@ class ReadinessWatcher:
 
     service: ServiceManager
     client: InferenceClient
-    native: bool
+    native: bool | None  # None: find out from /server_info once the server answers HTTP
     budget_s: float
     sampled_budget_s: float
     log_lines: int = 200
     progress: Progress | None = None
     log_mark: LogMark | None = None
     poll_s: float = POLL_S
+    request_timeout_s: float = 60.0
     _base_restarts: int | None = None
 
     def _check_alive(self, phase: str) -> ServiceState:
@@ -116,6 +146,8 @@ class ReadinessWatcher:
             self.progress(f"{self.service.name}: {message}")
 
     def wait(self) -> ReadyReport:
+        if self.service.state().running is None:
+            return self._wait_over_http()  # attached by URL: no process to ask
         report = ReadyReport()
         started = time.monotonic()
         deadline = started + self.budget_s
@@ -154,7 +186,7 @@ class ReadinessWatcher:
                     sampling = GREEDY if phase == "greedy" else SAMPLED
                     remaining = max(1.0, deadline - now)
                     limit = remaining if phase == "greedy" else min(remaining, self.sampled_budget_s)
-                    in_flight = _InFlight(self.client, sampling, self.native, limit)
+                    in_flight = _InFlight.generation(self.client, sampling, self.native is not False, limit)
                 elif in_flight is not None and in_flight.done:
                     finished, in_flight = in_flight, None
                     if finished.result is not None:
@@ -175,9 +207,8 @@ class ReadinessWatcher:
                         # Real SGLang drops in-flight requests when its scheduler dies, then exits ~5 s later.
                         dropped_at = now
                         self._say(f"{phase} request got no HTTP response; watching for the process to die")
-                    elif error.status is not None and (error.status < 300 or (
-                            400 <= error.status < 500 and error.status not in (408, 429))):
-                        # A 200 with a garbage body, or a 4xx: waiting longer will not fix it.
+                    elif error.status is not None and error.status not in RETRY_STATUSES:
+                        # A 200 with a garbage body, a 4xx or a 5xx: waiting longer will not fix it.
                         raise ServiceNotReady(self.service.name, now - started,
                                               f"{phase} request rejected: {error}",
                                               self.service.logs_since(self.log_mark, self.log_lines))
@@ -186,3 +217,239 @@ class ReadinessWatcher:
                 in_flight.wait(self.poll_s)  # wakes as soon as the answer is in: an up service is ready at once
             elif phase == "http" or now < next_attempt or dropped_at is not None:
                 time.sleep(self.poll_s)
+
+    # ---- attached by URL: liveness over HTTP ------------------------------------------------------
+
+    def _wait_over_http(self) -> ReadyReport:
+        """Readiness with no process state: death and silence read from HTTP (see the module docstring)."""
+        report = ReadyReport()
+        started = time.monotonic()
+        deadline = started + self.budget_s
+        live = HttpLiveness(self.client)
+        phase, problem = "http", "no HTTP answer yet (connection refused: not up yet)"
+        in_flight: _InFlight | None = None
+        scheduler: _InFlight | None = None  # /health_generate while a sampled request is overdue
+        request = ""  # the request in flight (or the last one sent), as a person would write it
+        dropped_at: float | None = None
+        drops = 0
+        next_attempt = started
+        next_progress = started + PROGRESS_EVERY_S
+        next_scheduler_check = 0.0
+        free_at: float | None = None  # when /health_generate said 200 with the sampled request unanswered
+        while True:
+            now = time.monotonic()
+            if now > deadline:
+                raise ServiceNotReady(self.service.name, now - started, f"{phase} phase: {problem}")
+            if now >= next_progress:
+                extra = f"; {request} in flight for {format_seconds(in_flight.age)}" if in_flight else ""
+                alive = f"; it answered HTTP {format_seconds(now - live.answered_at)} ago" if live.answered_at else ""
+                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: {problem}{extra}{alive}")
+                next_progress = now + PROGRESS_EVERY_S
+            if live.answered_at is not None and (in_flight is not None or dropped_at is not None) and (
+                    now >= live.next_probe):
+                verdict = live.probe(every_s=self.poll_s if dropped_at is not None else LIVENESS_EVERY_S)
+                if verdict == "refused":
+                    seen = ("no HTTP response (connection dropped), then connections refused" if dropped_at is not None
+                            else "connections refused while it was in flight")
+                    raise self._gone(phase, request, seen, live)
+                if live.silent_for() > self.request_timeout_s:
+                    raise ServiceNotReady(self.service.name, now - started,
+                                          f"{phase} phase: the server stopped answering HTTP: no answer to GET "
+                                          f"{LIVENESS_PATH} for {format_seconds(live.silent_for())} "
+                                          f"(request timeout {format_seconds(self.request_timeout_s)})")
+            if dropped_at is not None:
+                if now - dropped_at <= DEATH_GRACE_S:
+                    time.sleep(self.poll_s)
+                    continue
+                dropped_at, drops = None, drops + 1  # still answering: the drop was not a death
+                if drops >= 2:
+                    raise ServiceNotReady(self.service.name, now - started,
+                                          f"{phase} phase: {request} got no HTTP response twice, although the "
+                                          "server kept answering HTTP")
+            if phase == "http":
+                if now >= next_attempt:
+                    phase, problem = self._http_phase(live, report, started, problem)
+                    next_attempt = now + self.poll_s
+                    if phase != "http":
+                        continue
+                time.sleep(self.poll_s)
+                continue
+            if in_flight is None:
+                if now < next_attempt:
+                    time.sleep(min(self.poll_s, next_attempt - now))
+                    continue
+                in_flight, request = self._send(phase, deadline - now)
+                continue
+            if not in_flight.done:
+                limit = self._limit(phase)
+                if in_flight.age > limit:
+                    raise self._silent(phase, request, in_flight.age, limit, started)
+                if phase == "sampled" and in_flight.age > self.request_timeout_s:
+                    # Past the request timeout only a compiling JIT may hold a sampled request; a JIT
+                    # blocks the scheduler, so /health_generate must not be 200 meanwhile.
+                    if scheduler is not None and scheduler.done:
+                        if scheduler.error is None and scheduler.result == 200:
+                            free_at = free_at or now
+                        if free_at is not None and now - free_at > FREE_GRACE_S:
+                            raise ServiceNotReady(
+                                self.service.name, now - started,
+                                f"sampled phase: {request} not answered after {format_seconds(in_flight.age)} "
+                                f"while {HEALTH_PATH} answers 200: the scheduler is free, so this is not a "
+                                "JIT compiling: the request is stuck")
+                        if free_at is None:
+                            scheduler = None
+                    if scheduler is None and now >= next_scheduler_check and self.native:
+                        scheduler = _InFlight.status(self.client, HEALTH_PATH, LIVENESS_TIMEOUT_S + 1)
+                        next_scheduler_check = now + SCHEDULER_CHECK_EVERY_S
+                in_flight.wait(self.poll_s)
+                continue
+            finished, in_flight = in_flight, None
+            if finished.error is None:
+                if phase == "warmup":
+                    status = finished.result
+                    if status == 200 or (isinstance(status, int) and 400 <= status < 500):
+                        # 200: warmed up; a 4xx: no SGLang health route here, the generations will tell.
+                        phase, problem = "greedy", "greedy generation not answered yet"
+                    elif status == 503:
+                        problem = f"{HEALTH_PATH} answered 503 (warming up)"
+                        next_attempt = now + 1.0
+                    else:
+                        raise ServiceNotReady(self.service.name, now - started,
+                                              f"warmup phase: {HEALTH_PATH} answered HTTP {status}")
+                    continue
+                if phase == "greedy":
+                    report.greedy_s, report.greedy_request_s = now - started, finished.age
+                    phase, problem = "sampled", "sampled generation (top_k=20, top_p=0.9) not answered yet"
+                    continue
+                report.sampled_s, report.sampled_request_s = now - started, finished.age
+                report.total_s = now - started
+                if finished.age > 30:
+                    report.notes.append(f"first sampled request took {format_seconds(finished.age)} "
+                                        "(a cold kernel JIT?)")
+                return report
+            error = finished.error
+            problem = str(error)
+            if error.cause == "refused":
+                raise self._gone(phase, request, "connection refused", live)
+            if error.cause == "dropped":
+                # Real SGLang drops in-flight requests when its scheduler dies, then exits ~5 s later.
+                dropped_at = now
+                live.next_probe = now  # ask at once: the refusal usually comes with the drop
+                self._say(f"{request} got no HTTP response; watching whether the server is gone")
+                continue
+            if error.cause == "timeout":
+                if phase == "warmup":
+                    next_attempt = now  # its own timeout (30 s) is no verdict: liveness is watched meanwhile
+                    continue
+                raise self._silent(phase, request, finished.age, self._limit(phase), started)
+            if error.status is not None and error.status not in RETRY_STATUSES:
+                raise ServiceNotReady(self.service.name, now - started, f"{phase} request rejected: {error}")
+            next_attempt = now + 0.5
+
+    def _http_phase(self, live: HttpLiveness, report: ReadyReport, started: float,
+                    problem: str) -> tuple[str, str]:
+        """One GET /v1/models: the next phase once the server answers 200 (a 4xx/5xx ends readiness)."""
+        now = time.monotonic()
+        try:
+            response = self.client.request("GET", LIVENESS_PATH, timeout_s=LIVENESS_TIMEOUT_S)
+        except ApiError as exc:
+            if exc.cause == "refused" and live.answered_at is not None:
+                raise self._gone("http", "", f"GET {LIVENESS_PATH}: connection refused after it had answered",
+                                 live) from None
+            if exc.cause == "timeout" and "ConnectTimeout" not in exc.message:
+                live.silent_since = live.silent_since or now  # accepted, not answered
+                if now - live.silent_since > self.request_timeout_s:
+                    raise ServiceNotReady(self.service.name, now - started,
+                                          f"http phase: GET {LIVENESS_PATH} accepted and not answered for "
+                                          f"{format_seconds(now - live.silent_since)}") from None
+            return "http", exc.message
+        live.answered(now)
+        if response.status_code != 200:
+            if response.status_code in RETRY_STATUSES:
+                return "http", f"{LIVENESS_PATH} answered HTTP {response.status_code}"
+            # An OpenAI-compatible server answers /v1/models from its HTTP process, at once (SGLang:
+            # 200 from the moment the port opens): a 4xx/5xx here will not go away by waiting.
+            raise ServiceNotReady(self.service.name, now - started,
+                                  f"http phase: GET {LIVENESS_PATH} answered HTTP {response.status_code}: "
+                                  f"{response.text[:200]}")
+        report.http_s = now - started
+        if self.native is None:
+            try:
+                self.native = self.client.server_info(timeout_s=5) is not None
+            except ApiError:
+                self.native = False
+        if self.native:
+            return "warmup", f"{HEALTH_PATH} not answered yet"
+        return "greedy", "greedy generation not answered yet"
+
+    def _send(self, phase: str, remaining_s: float) -> tuple[_InFlight, str]:
+        """Start the phase's request in a thread; returns it and its description."""
+        if phase == "warmup":
+            return _InFlight.status(self.client, HEALTH_PATH, HEALTH_TIMEOUT_S), f"GET {HEALTH_PATH}"
+        sampling = GREEDY if phase == "greedy" else SAMPLED
+        limit = max(1.0, min(remaining_s, self._limit(phase) + 1.0))  # the loop decides; the thread must end
+        native = bool(self.native)
+        request = describe_request(sampling, native=native)
+        return _InFlight.generation(self.client, sampling, native, limit), request
+
+    def _limit(self, phase: str) -> float:
+        """How long the phase's request may go unanswered while the server answers HTTP."""
+        if phase == "sampled":
+            return max(self.request_timeout_s, self.sampled_budget_s)  # the cold-JIT budget
+        if phase == "warmup":
+            return HEALTH_TIMEOUT_S + LIVENESS_TIMEOUT_S
+        return self.request_timeout_s
+
+    def _silent(self, phase: str, request: str, age: float, limit: float, started: float) -> ServiceNotReady:
+        budget = (f"the first sampled request's cold-JIT budget, sampled_timeout {limit:g}s"
+                  if phase == "sampled" and limit > self.request_timeout_s else f"--request-timeout {limit:g}s")
+        return ServiceNotReady(self.service.name, time.monotonic() - started,
+                               f"{phase} phase: {request} accepted and not answered for {format_seconds(age)} "
+                               f"({budget}); the server still answers HTTP")
+
+    def _gone(self, phase: str, request: str, seen: str, live: HttpLiveness) -> ServiceGone:
+        last = time.monotonic() - live.answered_at if live.answered_at is not None else None
+        return ServiceGone(self.service.name, Death(detail=f"seen over HTTP: {seen}"), "",
+                           PHASES.get(phase, phase), request=request, seen=seen, answered_s_before=last)
+
+
+def describe_request(sampling: Sampling, *, native: bool) -> str:
+    """'POST /generate (max_new_tokens 8, temperature 0.8, top_k 20, top_p 0.9)': the request a readiness
+    probe sends, to name the one that killed a server."""
+    if native:
+        params = sampling.as_sglang()
+        return "POST /generate (" + ", ".join(f"{k} {v}" for k, v in params.items()) + ")"
+    params = sampling.as_openai()
+    return "POST /v1/completions (" + ", ".join(f"{k} {v}" for k, v in params.items()) + ")"
+
+
+@dataclass
+class HttpLiveness:
+    """Is a server reached only by URL still there? Judged by a cheap GET its HTTP process answers itself.
+
+    "answered" (any HTTP status), "refused" (nothing listens: conclusive once it had answered),
+    "dropped" (closed without answering), "timeout" (accepted or not, no answer in time).
+    """
+
+    client: InferenceClient
+    answered_at: float | None = None
+    silent_since: float | None = None
+    next_probe: float = 0.0
+
+    def answered(self, now: float) -> None:
+        self.answered_at, self.silent_since = now, None
+
+    def probe(self, *, every_s: float = LIVENESS_EVERY_S) -> str:
+        started = time.monotonic()
+        self.next_probe = started + every_s
+        try:
+            self.client.request("GET", LIVENESS_PATH, timeout_s=LIVENESS_TIMEOUT_S)
+        except ApiError as exc:
+            if exc.cause != "refused":
+                self.silent_since = self.silent_since or started
+            return exc.cause or "error"
+        self.answered(time.monotonic())
+        return "answered"
+
+    def silent_for(self) -> float:
+        return 0.0 if self.silent_since is None else time.monotonic() - self.silent_since
