@@ -9,11 +9,12 @@ and writes into --out: fleet-summary.json, fleet-summary.html, fleet-junit.xml a
 passing host's verdict as history/<host>/last-good.verdict.json (for "what changed" on the next failure).
 
 Exit codes:
-    0  summary written; every host passed (with a gate: the gated layers passed on every host)
-    1  summary written; some host failed (with a gate: a gated layer did not pass somewhere), or fewer hosts
-       than --expect-hosts
+    0  summary written; every host passed (with a gate: the gated layers passed on every host, in runs that
+       were whole: none interrupted, no shard's own gate refused, every shard exited 0 or 1)
+    1  summary written; some host failed, was interrupted or only partially tested (with a gate: a gated layer
+       did not pass somewhere, or a shard's run cannot be trusted), or fewer hosts than --expect-hosts
     2  bad input, nothing written: usage error, missing path, a file that is not a verdict, conflicting
-       duplicate verdicts of one host, an unreadable --previous
+       duplicate verdicts of one host, an unreadable --previous, shards that ran different gates
     3  the outputs could not be written (I/O error)
 """
 
@@ -109,9 +110,9 @@ def merge(args: argparse.Namespace) -> int:
             return _error("every verdict was excluded: nothing to summarise")
         if previous is not None:
             fleet_summary.read_summary(previous)  # validate before writing anything
+        gate = args.gate or fleet_summary.gate_layers_of(verdicts)
     except fleet_summary.FleetInputError as exc:
         return _error(str(exc))
-    gate = args.gate or fleet_summary.gate_layers_of(verdicts)
     try:
         summary, outputs = fleet_summary.summarize(
             verdicts, out, previous_path=previous, history_dir=args.history or out / fleet_summary.HISTORY,
@@ -125,8 +126,8 @@ def merge(args: argparse.Namespace) -> int:
     status = EXIT_OK
     if summary["gate"] is not None:
         status = EXIT_OK if summary["gate"]["passed"] else EXIT_FAILED
-    elif summary["totals"]["fail"]:
-        status = EXIT_FAILED
+    elif summary["totals"]["pass"] < summary["totals"]["hosts"]:
+        status = EXIT_FAILED  # failed, interrupted or partial hosts: not every host passed
     missing = None
     if args.expect_hosts is not None and summary["totals"]["hosts"] < args.expect_hosts:
         missing = f"expected {args.expect_hosts} hosts, got verdicts for {summary['totals']['hosts']}"

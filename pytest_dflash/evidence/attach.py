@@ -1,18 +1,37 @@
 """Evidence on test reports: log marks before each test, then, for a failure, the service log since the
 mark, unit/process state, kernel-log lines and a diagnosis; and the `dflash` user property every
-report carries to the controller (host, layer, services, blocked, diagnosis, facts)."""
+report carries to the controller (host, layer, services, blocked, diagnosis, facts).
+
+Every report leaves here redacted and bounded (bounds.py): its failure text, each section, the property,
+and all of them together (TEST_BYTES), whoever put them there (pytest's captured output included)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from pytest_dflash.errors import DflashError, ServiceCrashed, ServiceRestarted
+from pytest_dflash.evidence.bounds import (
+    ITEM_BYTES,
+    LINE_BYTES,
+    LOG_BYTES,
+    LONGREPR_BYTES,
+    PROPERTY_BYTES,
+    TEST_BYTES,
+    Keep,
+    bound_obj,
+    human,
+    nbytes,
+    scrub,
+)
 from pytest_dflash.evidence.gather import gather
-from pytest_dflash.evidence.redact import redact
+from pytest_dflash.evidence.redact import is_secret, remember
 from pytest_dflash.run.collection import ItemInfo
 from pytest_dflash.run.layers import Failure, is_blocked
 from pytest_dflash.run.stash import HANDLES_KEY, MARKS_KEY
@@ -23,17 +42,39 @@ LOG_TAIL_LINES = 40  # of the service log in a failure message (the full window 
 
 
 def failure_text(exc: BaseException) -> str:
-    """The message of a service failure plus the end of its log, redacted."""
-    text = str(exc)
+    """The message of a service failure plus the end of its log, redacted and capped to fit a failure text."""
+    text = scrub(str(exc), ITEM_BYTES // 2, "error message")
     tail = getattr(exc, "log_tail", "")
     if tail:
-        lines = tail.strip().splitlines()[-LOG_TAIL_LINES:]
-        text += "\n--- last lines of the service log ---\n" + "\n".join(lines)
-    return redact(text)
+        lines = "\n".join(tail.strip().splitlines()[-LOG_TAIL_LINES:])
+        room = LONGREPR_BYTES - nbytes(text) - 1024  # the rest of the failure text: where, type, "Failed: "
+        text += "\n--- last lines of the service log ---\n" + scrub(lines, room, "log tail", keep="tail")
+    return text
+
+
+def run_secrets(run: DflashRun) -> Iterator[str]:
+    """Literal secrets the profiles hand to services: API keys (from api_key_env), secret-named env values,
+    the values of secret flags in commands (`--api-key K`, `--api-key=K`)."""
+    for profile in run.profiles.values():
+        for spec in profile.services.values():
+            if spec.api_key_env:
+                yield os.environ.get(spec.api_key_env, "")
+            yield from (value for key, value in spec.env.items() if is_secret(key, value))
+            args = list(spec.command)
+            for i, arg in enumerate(args):
+                flag, eq, value = arg.partition("=")
+                value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+                if flag.startswith("--") and is_secret(flag, value):
+                    yield value
+
+
+def _remember_run_secrets(run: DflashRun) -> None:
+    remember(*(s for s in run_secrets(run) if len(s) >= 8))  # a short literal would mask ordinary words
 
 
 def mark_logs(item: pytest.Item, run: DflashRun, info: ItemInfo) -> None:
     """Before the test: where each of its services' logs stands, so evidence is only what the test saw."""
+    _remember_run_secrets(run)
     host = run.host(info.host)
     marks: dict[str, LogMark] = {}
     for name in info.services:
@@ -47,14 +88,17 @@ def mark_logs(item: pytest.Item, run: DflashRun, info: ItemInfo) -> None:
 def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, run: DflashRun,
              info: ItemInfo) -> None:
     """A service that died during the test fails it; a failure gets its evidence; every report the property."""
+    _remember_run_secrets(run)
     host = run.host(info.host)
     handles = item.stash.get(HANDLES_KEY, [])
+    secrets = _secrets(handles)
     death: ServiceCrashed | ServiceRestarted | None = None
     if report.when == "call":
         for handle in handles:
             death = handle.check_alive()
             if death is not None:
-                run.book.record_death(Failure(info.host, "service", handle.name, item.nodeid, str(death)))
+                run.book.record_death(Failure(info.host, "service", handle.name, item.nodeid,
+                                              scrub(str(death), LINE_BYTES, "summary", extra=secrets)))
                 if report.passed:
                     report.outcome = "failed"
                     report.longrepr = f"the test passed but {death}"
@@ -62,10 +106,20 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
     if report.failed:
         if call.excinfo is not None and isinstance(call.excinfo.value, DflashError):
             report.longrepr = _concise(item, call.excinfo)
+        # Redacted and capped first: the summary a later blocked skip quotes is taken from this text.
+        _bound_longrepr(report, secrets)
         _attach_evidence(item, report, run, host, info, handles)
-    elif report.skipped and report.when in ("setup", "call"):
-        info.blocked = is_blocked(skip_message(report))
-    report.user_properties.append(("dflash", _report_info(host, info, handles)))
+    elif report.skipped:
+        _bound_longrepr(report, secrets)
+        if report.when in ("setup", "call"):
+            info.blocked = is_blocked(skip_message(report))
+    property_ = bounded_info(_report_info(host, info, handles), secrets)
+    _bound_sections(report, secrets, TEST_BYTES - nbytes(report.longreprtext) - _json_size(property_))
+    report.user_properties.append(("dflash", property_))
+
+
+def _secrets(handles: list[ServiceHandle]) -> tuple[str, ...]:
+    return tuple(h.client.api_key for h in handles if h._client is not None and h.client.api_key)
 
 
 def _concise(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> str:
@@ -99,36 +153,117 @@ def _attach_evidence(item: pytest.Item, report: pytest.TestReport, run: DflashRu
     for title, body in evidence.sections:
         report.sections.append((title, body))
     info.diagnosis = [d.as_dict() for d in evidence.diagnoses]
-    summary = evidence.diagnoses[0].one_line() if evidence.diagnoses else first_line(text)
+    secrets = _secrets(handles)
+    summary = evidence.diagnoses[0].one_line() if evidence.diagnoses else first_line(text, report.longrepr)
     service = info.services[0] if len(info.services) == 1 else None
-    run.book.record(Failure(info.host, info.layer, service, item.nodeid, summary))
+    run.book.record(Failure(info.host, info.layer, service, item.nodeid,
+                            scrub(summary, LINE_BYTES, "summary", extra=secrets)))
     for handle in handles:
         if handle.failure is not None:
             run.book.record_death(Failure(info.host, "service", handle.name, item.nodeid,
-                                          readiness_error_summary(handle.failure)))
+                                          scrub(readiness_error_summary(handle.failure), LINE_BYTES, "summary",
+                                                extra=secrets)))
     report.sections.append(("dflash evidence", f"collected in {time.monotonic() - started:.2f}s"))
-    report.longrepr = _redacted_longrepr(report)
 
 
-def _redacted_longrepr(report: pytest.TestReport) -> Any:
+def _bound_longrepr(report: pytest.TestReport, secrets: tuple[str, ...]) -> None:
+    """A failure's text redacted and cut to LONGREPR_BYTES (head: the assertion; tail: where it failed);
+    a skip's reason to ITEM_BYTES. The report keeps pytest's own object when nothing had to change."""
+    longrepr = report.longrepr
+    if longrepr is None:
+        return
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        path, lineno, message = longrepr
+        clean = scrub(str(message), ITEM_BYTES, "skip reason", extra=secrets)
+        if clean != message:
+            report.longrepr = (path, lineno, clean)
+        return
     text = report.longreprtext
-    clean = redact(text)
-    return report.longrepr if clean == text else clean
+    clean = scrub(text, LONGREPR_BYTES, "failure text", extra=secrets)
+    if clean != text:
+        report.longrepr = clean
 
 
-def first_line(text: str) -> str:
-    """The assertion's first line ('E ...'), else the last line: what a summary shows of a failure."""
+def _section_limit(title: str) -> tuple[int, int, str, Keep]:
+    """(priority, limit, what, keep) of a report section: the diagnosis first, captured output last."""
+    if title == "dflash diagnosis":
+        return 0, ITEM_BYTES, "diagnosis", "both"
+    if title.startswith(("log ", "journal ")):
+        return 1, LOG_BYTES, "log tail", "tail"
+    if title.startswith("kernel log"):
+        return 2, ITEM_BYTES, "kernel log excerpt", "tail"
+    if title.startswith("Captured "):
+        return 3, ITEM_BYTES, "captured output", "both"
+    return 2, ITEM_BYTES, "report section", "both"
+
+
+def _bound_sections(report: pytest.TestReport, secrets: tuple[str, ...], budget: int) -> None:
+    """Each section redacted and capped; together within `budget` (what the test may still carry), spent on
+    the diagnosis and the logs before captured output."""
+    sections = list(report.sections)
+    if not sections:
+        return
+    order = sorted(range(len(sections)), key=lambda i: _section_limit(sections[i][0])[0])
+    for index in order:
+        title, body = sections[index]
+        _, limit, what, keep = _section_limit(title)
+        room = min(limit, budget)
+        if room < 256:
+            body = f"[… {nbytes(body):,} bytes cut: cap {human(TEST_BYTES)} per test reached]"
+        else:
+            body = scrub(body, room, what, keep=keep, extra=secrets)
+        budget -= nbytes(body)
+        sections[index] = (title, body)
+    report.sections = sections
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, default=str, ensure_ascii=False).encode())
+
+
+def bounded_info(info: dict[str, Any], secrets: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The `dflash` property redacted and within PROPERTY_BYTES as JSON (it goes into JUnit's properties and
+    the verdict): strings cut to ITEM_BYTES, then shorter; if still too big, the largest of notes / facts /
+    metrics / diagnoses is dropped (emptied, types kept for the verdict builder) and a note says so."""
+    item = ITEM_BYTES
+    clean: dict[str, Any] = bound_obj(info, item=item, what="verdict entry", extra=secrets)
+    while _json_size(clean) > PROPERTY_BYTES and item > 512:
+        item //= 2
+        clean = bound_obj(info, item=item, what="verdict entry", extra=secrets)
+    droppable = ("facts", "service_facts", "metrics", "notes", "diagnosis")
+    dropped: list[str] = []
+    while _json_size(clean) > PROPERTY_BYTES:
+        present = [key for key in droppable if clean.get(key) and key not in dropped]
+        if not present:
+            break
+        key = max(present, key=lambda k: _json_size(clean[k]))
+        cut = _json_size(clean[key])
+        clean[key] = type(clean[key])()
+        dropped.append(key)
+        note = f"[… {cut:,} bytes of {key} cut: cap {human(PROPERTY_BYTES)} per test property]"
+        clean["notes"] = [*clean.get("notes", []), note]
+    return clean
+
+
+def first_line(text: str, longrepr: object = None) -> str:
+    """What a summary shows of a failure: pytest's crash line ('ExcType: message', the exception's own words)
+    when the report has one, else the assertion's first line ('E ...'), else the last line. Never the log tail
+    an exception's message carries after its first line."""
+    crash = getattr(longrepr, "reprcrash", None)
+    message = str(getattr(crash, "message", "") or "").strip()
+    if message:
+        return scrub(message.splitlines()[0], LINE_BYTES, "summary")
     for line in text.splitlines():
         line = line.strip()
         if line.startswith("E "):
-            return line[2:].strip()[:300]
-    return (text.strip().splitlines() or [""])[-1][:300]
+            return scrub(line[2:].strip(), LINE_BYTES, "summary")
+    return scrub((text.strip().splitlines() or [""])[-1], LINE_BYTES, "summary")
 
 
 def _report_info(host: HostContext, info: ItemInfo, handles: list[ServiceHandle]) -> dict[str, Any]:
     facts = {h.name: h.facts() for h in handles if h.ready is not None}
     for handle in handles:
-        accept = handle.host.facts.get(f"accept_length:{handle.name}")
+        accept = handle.host.facts.accept_lengths.get(handle.name)
         if accept is not None:
             facts.setdefault(handle.name, {})["accept_length"] = accept
     notes, host.notes[:] = list(host.notes), []
@@ -142,7 +277,7 @@ def _report_info(host: HostContext, info: ItemInfo, handles: list[ServiceHandle]
         "diagnosis": info.diagnosis,
         "service_facts": facts,
         "notes": notes,
-        "metrics": dict(host.facts.get("metrics", {})),
-        # host.facts["export"]: facts a layer wants in the verdict (env snapshot, driver, JIT cache, …)
-        "facts": dict(host.facts.get("export", {})),
+        "metrics": dict(host.facts.metrics),
+        # host.facts.export: facts a layer wants in the verdict (env snapshot, driver, JIT cache, …)
+        "facts": dict(host.facts.export),
     }

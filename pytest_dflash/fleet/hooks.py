@@ -171,7 +171,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if summary is None:
         return
     trend = summary.get("trend")
-    interesting = summary["totals"]["fail"] or (trend and any(trend[k] for k in ("fixed", "disappeared", "perf")))
+    not_passing = summary["totals"]["pass"] < summary["totals"]["hosts"]
+    interesting = not_passing or (trend and any(trend[k] for k in ("fixed", "disappeared", "perf")))
     if summary["totals"]["hosts"] > 1 or interesting:
         for line in fleet_summary.headline(summary):
             terminalreporter.write_line(line)

@@ -63,6 +63,8 @@ def render_html(summary: Mapping[str, Any]) -> str:
     out.append(f'<p class="meta">generated {e(summary["generated"])} from {len(summary["runs"])} run(s) '
                f'({e(", ".join(summary["run_ids"]))}); <b>{totals["hosts"]}</b> hosts: '
                f'<span class="pass">{totals["pass"]} pass</span>, <span class="fail">{totals["fail"]} fail</span>'
+               + "".join(f', <span class="fail">{totals[v]} {v}</span>' for v in ("partial", "interrupted")
+                         if totals.get(v))
                + (f'; excluded: {e(", ".join(summary["excluded"]))}' if summary.get("excluded") else "") + "</p>")
     gate = summary.get("gate")
     if gate:
@@ -73,12 +75,12 @@ def render_html(summary: Mapping[str, Any]) -> str:
     out += _trend(summary.get("trend"))
     out += _diagnoses(summary.get("diagnoses") or {})
     out += _matrix(hosts, shown)
-    failing = [(name, entry) for name, entry in hosts.items() if entry["verdict"] == "fail"]
+    failing = [(name, entry) for name, entry in hosts.items() if entry["verdict"] != "pass"]
     if failing:
         out.append(f"<h2>Failing hosts ({len(failing)})</h2>")
         for name, entry in failing:
             out += _host_section(name, entry)
-    passing = [(name, entry) for name, entry in hosts.items() if entry["verdict"] != "fail"]
+    passing = [(name, entry) for name, entry in hosts.items() if entry["verdict"] == "pass"]
     if passing:
         out.append(f"<h2>Passing hosts ({len(passing)})</h2><details><summary>services, readiness, accept length"
                    "</summary>")

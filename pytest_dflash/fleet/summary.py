@@ -25,6 +25,7 @@ from typing import Any
 
 from pytest_dflash.report.files import atomic_write
 from pytest_dflash.report.verdict import SCHEMA as VERDICT_SCHEMA
+from pytest_dflash.report.verdict import VERDICTS
 from pytest_dflash.run.layers import LAYERS
 
 SUMMARY_SCHEMA = "pytest-dflash/fleet-summary/1"
@@ -125,8 +126,8 @@ def read_verdict(path: Path) -> dict[str, Any]:
     problems = []
     if not isinstance(data.get("host"), str) or not data["host"]:
         problems.append("'host' must be a non-empty string")
-    if data.get("verdict") not in ("pass", "fail"):
-        problems.append("'verdict' must be 'pass' or 'fail'")
+    if data.get("verdict") not in VERDICTS:
+        problems.append(f"'verdict' must be one of {', '.join(VERDICTS)}")
     if not isinstance(data.get("layers"), dict):
         problems.append("'layers' must be an object")
     for key in ("failures", "blocked"):
@@ -314,6 +315,10 @@ def host_entry(verdict: LoadedVerdict) -> dict[str, Any]:
         "finished_ts": verdict.finished_ts,
         "duration_s": data.get("duration_s"),
         "exit_code": data.get("exit_code"),
+        # a run that was interrupted, narrowed or refused by its own gate never makes this host green
+        "interrupted": data.get("interrupted"),
+        "partial": [str(p) for p in data.get("partial") or []],
+        "gate_refused": [str(r) for r in (data.get("gate") or {}).get("refused") or []],
         "profile": data.get("profile"),
         "connection": data.get("connection"),
         "layers": outcomes,
@@ -494,10 +499,21 @@ def _diagnosis_ids(entry: Mapping[str, Any]) -> list[str]:
 # ---- the summary ---------------------------------------------------------------------------------------------
 
 
+def gate_trusts(entry: Mapping[str, Any]) -> bool:
+    """Can a gate count this host's layer outcomes? Not when its run was interrupted, its own gate refused
+    (a crashed worker, a collection error), or its shard exited with a code other than 0 / 1 (2-5: the run
+    itself did not work: interrupted, internal error, usage error, nothing collected)."""
+    return (entry["verdict"] != "interrupted" and not entry.get("gate_refused")
+            and entry.get("exit_code") in (0, 1, None))
+
+
 def gate_layers_of(verdicts: Sequence[LoadedVerdict]) -> list[str]:
-    """The --gate layers the runs used, when every gated verdict agrees (else none)."""
+    """The --gate layers the runs used. Shards that ran different gates cannot be merged into one gate."""
     seen = {tuple((v.data.get("gate") or {}).get("layers") or ()) for v in verdicts if v.data.get("gate")}
-    return list(next(iter(seen))) if len(seen) == 1 else []
+    if len(seen) > 1:
+        shown = "; ".join(",".join(layers) or "(none)" for layers in sorted(seen))
+        raise FleetInputError(f"the shards disagree on the gate ({shown}): pass --gate to say which one applies")
+    return list(next(iter(seen))) if seen else []
 
 
 def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, Any] | None = None,
@@ -542,7 +558,8 @@ def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, A
     if gate_layers:
         failing = {name: {layer: entry["layers"].get(layer, "not-run") for layer in gate_layers}
                    for name, entry in hosts.items()
-                   if any(entry["layers"].get(layer, "not-run") != "passed" for layer in gate_layers)}
+                   if any(entry["layers"].get(layer, "not-run") != "passed" for layer in gate_layers)
+                   or not gate_trusts(entry)}
         gate = {"layers": list(gate_layers), "passed": bool(hosts) and not failing, "hosts": len(hosts),
                 "failing": failing}
     runs: dict[str, dict[str, Any]] = {}
@@ -551,7 +568,7 @@ def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, A
                                                "started": verdict.data.get("started"),
                                                "finished": verdict.data.get("finished")})
         run["hosts"] += 1
-    passing = sum(1 for e in hosts.values() if e["verdict"] == "pass")
+    counts = {verdict: sum(1 for e in hosts.values() if e["verdict"] == verdict) for verdict in VERDICTS}
     return {
         "schema": SUMMARY_SCHEMA,
         "generated": iso(now),
@@ -559,7 +576,7 @@ def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, A
         "run_ids": sorted(runs),
         "runs": [runs[r] for r in sorted(runs)],
         "layers": list(LAYERS),
-        "totals": {"hosts": len(hosts), "pass": passing, "fail": len(hosts) - passing, "layers": layer_totals},
+        "totals": {"hosts": len(hosts), **counts, "layers": layer_totals},
         "diagnoses": dict(sorted(diagnoses.items(), key=lambda kv: (-len(kv[1]["hosts"]), kv[0]))),
         "gate": gate,
         "excluded": list(excluded),
@@ -617,7 +634,9 @@ def summarize(inputs: Sequence[LoadedVerdict], out_dir: Path, *, previous_path: 
 def headline(summary: Mapping[str, Any]) -> list[str]:
     """A few lines for a terminal: totals, gate, trend, and what changed on failing hosts."""
     totals = summary["totals"]
+    incomplete = [f"{totals[v]} {v}" for v in ("partial", "interrupted") if totals.get(v)]
     lines = [f"fleet: {totals['pass']}/{totals['hosts']} hosts pass"
+             + (f" ({', '.join(incomplete)})" if incomplete else "")
              + (f"; excluded: {', '.join(summary['excluded'])}" if summary.get("excluded") else "")]
     gate = summary.get("gate")
     if gate:

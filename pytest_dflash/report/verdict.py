@@ -9,7 +9,16 @@ diagnoses, service facts). `VerdictBuilder` folds them into one verdict per host
                   = skipped if every test was skipped for another reason (e.g. "no GPU")
                   = not-run if no test of the layer was selected
 
-A host passes when no layer failed or was blocked. Exit codes are documented in docs/gating.md.
+A host passes when no layer failed or was blocked — and only when the run was whole:
+
+    verdict = interrupted  the run stopped early (Ctrl-C, SIGTERM, -x/--maxfail, a crashed worker, a test that
+                           never finished), or never wrote its final verdict (killed: the file written at start)
+            = fail         a layer failed or was blocked
+            = partial      nothing failed, but the run was narrowed (-k, -m, --lf, --deselect, node ids, a subset
+                           of the suites): it cannot make a host green in a fleet view or its history
+            = pass
+
+Exit codes are documented in docs/gating.md.
 """
 
 from __future__ import annotations
@@ -21,10 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.report.files import atomic_write
 from pytest_dflash.run.layers import LAYERS
 
 SCHEMA = "pytest-dflash/verdict/1"
 OUTCOMES = ("passed", "failed", "blocked", "skipped", "not-run")
+VERDICTS = ("pass", "fail", "partial", "interrupted")
+NEVER_FINISHED = ("the run that wrote this file never finished (killed by SIGKILL, an OOM kill, os._exit or a "
+                  "pytest-timeout thread kill?): this is the file written when it started")
 
 
 @dataclass
@@ -66,13 +79,23 @@ class HostVerdict:
 
     @property
     def verdict(self) -> str:
+        """What the tests said about the host: 'fail' if a layer failed or was blocked, else 'pass'."""
         return "fail" if any(t.outcome in ("failed", "blocked") for t in self.layers.values()) else "pass"
+
+    def final_verdict(self, status: RunStatus) -> str:
+        """The verdict with the run's completeness folded in (see the module docstring)."""
+        if status.interrupted:
+            return "interrupted"
+        if self.verdict == "fail":
+            return "fail"
+        return "partial" if status.partial else "pass"
 
     def layer_outcomes(self) -> dict[str, str]:
         return {layer: self.layers[layer].outcome if layer in self.layers else "not-run" for layer in LAYERS}
 
     def as_dict(self, *, run_id: str, started: float, finished: float, exit_code: int | None,
-                gate: Mapping[str, Any] | None) -> dict[str, Any]:
+                gate: Mapping[str, Any] | None, status: RunStatus | None = None) -> dict[str, Any]:
+        status = status or RunStatus()
         return {
             "schema": SCHEMA,
             "host": self.host,
@@ -82,7 +105,12 @@ class HostVerdict:
             "started": _iso(started),
             "finished": _iso(finished),
             "duration_s": round(finished - started, 3),
-            "verdict": self.verdict,
+            "verdict": self.final_verdict(status),
+            "tests_verdict": self.verdict,
+            "complete": not status.interrupted and not status.partial,
+            "interrupted": status.interrupted,
+            "partial": list(status.partial),
+            "selection": dict(status.selection),
             "exit_code": exit_code,
             "layers": {
                 layer: {"outcome": outcome, **(vars(self.layers[layer]) if layer in self.layers else {})}
@@ -99,6 +127,18 @@ class HostVerdict:
         }
 
 
+@dataclass
+class RunStatus:
+    """Was the run whole? `interrupted`: why it stopped early (None: it did not); `partial`: how it was narrowed;
+    `foreign`: failures no dflash test reported (collection errors, crashed workers, tests without a dflash
+    fixture, internal errors) — the gate refuses when there are any."""
+
+    interrupted: str | None = None
+    partial: tuple[str, ...] = ()
+    foreign: tuple[str, ...] = ()
+    selection: Mapping[str, Any] = field(default_factory=dict)
+
+
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(ts))
 
@@ -108,6 +148,7 @@ class VerdictBuilder:
     run_id: str
     started: float = field(default_factory=time.time)
     hosts: dict[str, HostVerdict] = field(default_factory=dict)
+    status: RunStatus = field(default_factory=RunStatus)
 
     def host(self, name: str) -> HostVerdict:
         return self.hosts.setdefault(name, HostVerdict(name))
@@ -144,13 +185,21 @@ class VerdictBuilder:
             tally.passed += 1
 
     def gate(self, layers: Iterable[str]) -> dict[str, Any]:
-        """--gate LAYERS: passed only if each layer passed on every host (skips count as not passed)."""
+        """--gate LAYERS: passed only if the run was whole (nothing interrupted, no failure outside the dflash
+        tests) and each layer passed on every host (skips count as not passed)."""
         wanted = list(layers)
         per_host = {
             name: {layer: v.layer_outcomes()[layer] for layer in wanted} for name, v in sorted(self.hosts.items())
         }
-        ok = bool(per_host) and all(o == "passed" for outcomes in per_host.values() for o in outcomes.values())
-        return {"layers": wanted, "passed": ok, "hosts": per_host}
+        refused = [f"the run was interrupted: {self.status.interrupted}"] if self.status.interrupted else []
+        refused += [f"outside the dflash tests: {problem}" for problem in self.status.foreign]
+        ok = (bool(per_host) and not refused
+              and all(o == "passed" for outcomes in per_host.values() for o in outcomes.values()))
+        return {"layers": wanted, "passed": ok, "hosts": per_host, "refused": refused}
+
+    def failing(self) -> bool:
+        """Does any host's verdict say something other than pass/partial (what the exit code must reflect)?"""
+        return any(v.final_verdict(self.status) in ("fail", "interrupted") for v in self.hosts.values())
 
     def write(self, directory: Path, *, exit_code: int | None, gate: Mapping[str, Any] | None) -> list[Path]:
         directory.mkdir(parents=True, exist_ok=True)
@@ -159,10 +208,20 @@ class VerdictBuilder:
         for name, verdict in sorted(self.hosts.items()):
             path = directory / f"{_safe(name)}.verdict.json"
             payload = verdict.as_dict(run_id=self.run_id, started=self.started, finished=finished,
-                                      exit_code=exit_code, gate=gate)
-            path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+                                      exit_code=exit_code, gate=gate, status=self.status)
+            atomic_write(path, json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
             written.append(path)
         return written
+
+    def write_started(self, directory: Path, hosts: Iterable[str]) -> None:
+        """At session start: an 'interrupted' verdict per host, replaced at the end. A run killed outright
+        (SIGKILL, os._exit) then leaves a verdict that says so, never an older passing one."""
+        directory.mkdir(parents=True, exist_ok=True)
+        status = RunStatus(interrupted=NEVER_FINISHED, selection=self.status.selection)
+        for name in hosts:
+            payload = HostVerdict(name).as_dict(run_id=self.run_id, started=self.started, finished=self.started,
+                                                exit_code=None, gate=None, status=status)
+            atomic_write(directory / f"{_safe(name)}.verdict.json", json.dumps(payload, indent=2) + "\n")
 
 
 def _safe(name: str) -> str:
@@ -175,7 +234,7 @@ def summary_lines(builder: VerdictBuilder) -> list[str]:
     for name, verdict in sorted(builder.hosts.items()):
         outcomes = verdict.layer_outcomes()
         shown = "  ".join(f"{layer}:{outcome}" for layer, outcome in outcomes.items() if outcome != "not-run")
-        lines.append(f"{name}: {verdict.verdict.upper()}  {shown}")
+        lines.append(f"{name}: {verdict.final_verdict(builder.status).upper()}  {shown}")
         for service, facts in sorted(verdict.services.items()):
             parts = [f"{facts.get('algorithm', '?')}"]
             if facts.get("version"):
@@ -198,4 +257,10 @@ def summary_lines(builder: VerdictBuilder) -> list[str]:
             lines.append(f"    BLOCKED {count} test(s): {root}")
         for note in verdict.notes:
             lines.append(f"    note: {note}")
+    if builder.status.interrupted:
+        lines.append(f"INTERRUPTED: {builder.status.interrupted} — no host can pass this run")
+    for reason in builder.status.partial:
+        lines.append(f"PARTIAL: {reason} — a pass here does not make a host green in the fleet view")
+    for problem in builder.status.foreign:
+        lines.append(f"OUTSIDE THE DFLASH TESTS: {problem}")
     return lines

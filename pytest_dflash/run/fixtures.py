@@ -38,16 +38,20 @@ def use_service(node: pytest.Item | None, handle: ServiceHandle) -> None:
 def ready_or_blocked(handle: ServiceHandle, node: pytest.Item | None, *, role: str = "") -> ServiceHandle:
     """Make `handle` ready for the test `node`, or end the test.
 
-    The first test to see a service fail to become ready FAILS with the failure and the service log;
-    every later test that needs it is skipped as blocked, naming that failure (no second wait).
+    The first test to see a service fail to become ready FAILS with the failure and the service log (also
+    when the failure happened outside any test, e.g. a peer started alongside another service); every later
+    test that needs it is skipped as blocked, naming that test and the failure (no second wait).
     """
     use_service(node, handle)
-    failed_before = handle.failure is not None
     try:
         handle.ensure_ready()
     except DflashError as exc:
-        if failed_before:
-            pytest.skip(blocked_message(f"{handle.label} is not usable: {readiness_error_summary(exc)}"))
+        reported = handle.failure_reported_by
+        test = node.nodeid if node is not None else "?"
+        if reported is not None and reported != test:
+            pytest.skip(blocked_message(f"{handle.label} is not usable (failed in {reported}): "
+                                        f"{readiness_error_summary(exc)}"))
+        handle.failure_reported_by = test
         what = f"{handle.label} ({role}) is not ready: " if role else ""
         pytest.fail(what + failure_text(exc), pytrace=False)
     return handle

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
+
 LAYERS = ("host", "env", "kernels", "service", "generation", "parity", "perf")
 HOST_WIDE = frozenset({"host", "env", "kernels"})
 LAYER_HELP = {
@@ -76,12 +78,13 @@ class LayerBook:
 
 def blocked_reason(failure: Failure) -> str:
     where = f"{failure.host}/{failure.service}" if failure.service else failure.host
-    return f"{BLOCKED_PREFIX}{failure.layer} layer failed on {where} ({failure.test}): {failure.summary}"
+    return blocked_message(f"{failure.layer} layer failed on {where} ({failure.test}): {failure.summary}")
 
 
 def blocked_message(text: str) -> str:
-    """The skip message of a test blocked by `text` (a failure summary)."""
-    return f"{BLOCKED_PREFIX}{text}"
+    """The skip message of a test blocked by `text` (a failure summary): redacted and one line's size, as it
+    goes to the terminal, JUnit, HTML and the verdict."""
+    return scrub(f"{BLOCKED_PREFIX}{text}", LINE_BYTES, "skip reason", keep="head")
 
 
 def is_blocked(skip_message: str) -> bool:

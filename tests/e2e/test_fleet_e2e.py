@@ -15,7 +15,6 @@ from pathlib import Path
 from e2e_helpers import assert_no_crash, verdict, write_profile
 from support.promparse import parse
 
-LAYERS = "host or service or generation"
 GATE = "service,generation"
 INVENTORY = """
 all:
@@ -44,7 +43,7 @@ def test_fleet_runs_hosts_in_parallel_one_broken_host_fails_alone(run_suite, tmp
     prom = tmp_path / "textfile" / "dflash.prom"
 
     started = time.monotonic()
-    result = run_suite("smoke", "--fleet", str(inventory), "-n", "auto", "-m", LAYERS, "-v", "--gate", GATE,
+    result = run_suite("smoke", "--fleet", str(inventory), "-n", "auto", "-v", "--gate", GATE,
                        "--prometheus", str(prom))
     elapsed = time.monotonic() - started
     assert_no_crash(result)
@@ -102,7 +101,7 @@ def test_fleet_runs_hosts_in_parallel_one_broken_host_fails_alone(run_suite, tmp
             "alpha": 1, "beta": 1, "gamma": 0}
         bad = {(s["host"], s["layer"], s["outcome"]) for s in families["dflash_layer_outcome"].series()
                if s["outcome"] != "passed"}
-        assert bad == {("gamma", "service", "failed"), ("gamma", "generation", "blocked")}
+        assert bad == {("gamma", "service", "failed"), ("gamma", "generation", "blocked"), ("gamma", "perf", "blocked")}
         assert {(s["host"], s["diagnosis"]) for s in families["dflash_failure_diagnosis"].series()} >= {
             ("gamma", "flashinfer-sm12x-nvcc")}
         assert {s["host"] for s in families["dflash_failure_diagnosis"].series()} == {"gamma"}
@@ -114,7 +113,7 @@ def test_fleet_runs_hosts_in_parallel_one_broken_host_fails_alone(run_suite, tmp
     excluded = _merge(str(reports), "--out", str(tmp_path / "g2"), "--gate", GATE, "--exclude", "gamma")
     assert excluded.returncode == 0 and "gate service,generation: PASSED" in excluded.stdout, excluded.stdout
     healthy_reports = tmp_path / "healthy"
-    again = run_suite("smoke", "--fleet", f"{inventory}:healthy", "-n", "auto", "-m", LAYERS, "--gate", GATE,
+    again = run_suite("smoke", "--fleet", f"{inventory}:healthy", "-n", "auto", "--gate", GATE,
                       f"--dflash-report={healthy_reports}")
     assert_no_crash(again)
     assert again.ret == 0, again.stdout.str()[-3000:]

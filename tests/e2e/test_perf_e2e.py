@@ -62,11 +62,13 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
         "        errors PASS, output_tok_s PASS, itl_p99_ms PASS, ttft_p50_ms PASS, accept_length PASS, "
         "speedup_vs_none PASS",
         "    speed-up (output tok/s, same load, 95% bounds): *ddtree/dflash *x [[]*[]] (accept length * vs *)*",
-        f"{HOST}: PASS*perf:passed*",
+        f"{HOST}: PARTIAL*perf:passed*",
     ])
     data = verdict(run_suite.reports, HOST)
     metrics = data["metrics"]
-    assert data["verdict"] == "pass" and data["layers"]["perf"]["outcome"] == "passed"
+    # suites/perf alone is a subset of the suites: its tests pass, the host verdict is "partial"
+    assert data["verdict"] == "partial" and data["tests_verdict"] == "pass"
+    assert data["layers"]["perf"]["outcome"] == "passed"
     for service in ("none", "dflash", "ddtree"):
         assert metrics[f"perf.{service}.output_throughput"] >= floors(service)["output_tok_s"]
         assert metrics[f"perf.{service}.output_tok_s.pass"] == 1.0

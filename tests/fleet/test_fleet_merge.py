@@ -130,7 +130,7 @@ def test_identical_duplicates_collapse_conflicting_ones_are_an_error(shards: Pat
     (lambda d: d.write_text('{"schema": "junit"}'), "not a pytest-dflash verdict (schema 'junit'"),
     (lambda d: d.write_text('[1, 2]'), "not a pytest-dflash verdict (schema 'list'"),
     (lambda d: d.write_text('{"schema": "pytest-dflash/verdict/1", "host": "x", "verdict": "maybe", "layers": {}}'),
-     "invalid verdict: 'verdict' must be 'pass' or 'fail'"),
+     "invalid verdict: 'verdict' must be one of pass, fail, partial, interrupted"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "bad.verdict.json" if "json" in message or "verdict" in message else tmp_path / "bad"
@@ -173,3 +173,46 @@ def test_unwritable_output_is_exit_3(shards: Path, tmp_path: Path, capsys: pytes
     (tmp_path / "file").write_text("")
     assert main(["merge", str(shards), "--out", str(tmp_path / "file" / "sub"), "-q"]) == 3
     assert "cannot write the summary" in capsys.readouterr().err
+
+
+def test_merge_refuses_shards_that_ran_different_gates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "artifacts"
+    make_verdict(root / "shard-1", "gpu-a", GREEN, run_id="shard1", gate=["host", "service"])
+    make_verdict(root / "shard-2", "gpu-b", GREEN, run_id="shard2", gate=["service"])
+    assert main(["merge", str(root), "--out", str(tmp_path / "fleet")]) == 2
+    err = capsys.readouterr().err
+    assert "the shards disagree on the gate (host,service; service)" in err
+    assert not (tmp_path / "fleet" / "fleet-summary.json").exists()
+    # saying which gate applies resolves it
+    assert main(["merge", str(root), "--out", str(tmp_path / "fleet"), "--gate", "service"]) == 0
+
+
+@pytest.mark.parametrize("change", ["exit_code", "interrupted", "refused"])
+def test_merge_gate_honours_a_shard_that_did_not_run_properly(tmp_path: Path, change: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "artifacts"
+    make_verdict(root / "shard-1", "gpu-a", GREEN, run_id="shard1", gate=["service"])
+    path = make_verdict(root / "shard-2", "gpu-b", GREEN, run_id="shard2", gate=["service"])
+    data = json.loads(path.read_text())
+    if change == "exit_code":
+        data["exit_code"] = 2  # the shard was interrupted or broke: its green layers prove nothing
+    elif change == "interrupted":
+        data["verdict"], data["interrupted"] = "interrupted", "stopped early: stopping after 1 failures"
+    else:
+        data["gate"]["refused"] = ["outside the dflash tests: collection error in suites/x.py"]
+    path.write_text(json.dumps(data))
+    assert main(["merge", str(root), "--out", str(tmp_path / "fleet")]) == 1
+    summary = json.loads((tmp_path / "fleet" / "fleet-summary.json").read_text())
+    assert summary["gate"]["passed"] is False and "gpu-b" in summary["gate"]["failing"]
+    assert "gpu-a" not in summary["gate"]["failing"]
+
+
+def test_merge_counts_partial_hosts_as_not_passing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "artifacts"
+    path = make_verdict(root, "gpu-a", GREEN, run_id="r1")
+    data = json.loads(path.read_text())
+    data["verdict"], data["partial"] = "partial", ["-m 'service'"]
+    path.write_text(json.dumps(data))
+    assert main(["merge", str(root), "--out", str(tmp_path / "fleet")]) == 1
+    assert "fleet: 0/1 hosts pass (1 partial)" in capsys.readouterr().out
+    assert not (tmp_path / "fleet" / "history" / "gpu-a" / "last-good.verdict.json").exists()

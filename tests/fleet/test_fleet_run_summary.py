@@ -17,7 +17,7 @@ import pytest
 def test_host(dflash_host):
     env = json.loads(os.environ.get("FLEET_FACTS", "{}")).get(dflash_host.name)
     if env:
-        dflash_host.facts.setdefault("export", {})["env"] = env
+        dflash_host.facts.export["env"] = env
     assert dflash_host.name not in os.environ.get("FLEET_BROKEN", "").split(","), "host check failed"
 """
 PROFILE = """
