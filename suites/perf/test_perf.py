@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_dflash.layers.perf.hooks import PerfLayer
-from pytest_dflash.run.state import ServiceHandle
+from pytest_dflash.api import PerfLayer, ServiceHandle
 
 pytestmark = pytest.mark.perf
 

@@ -1,6 +1,7 @@
 """Generation-layer checks: each one sends real requests and raises AssertionError with the evidence.
 
-Suites call these; they hold the logic so it can be tested against real servers. Every check speaks
+Suites call these; they hold the logic so it can be tested against real servers. (One module over 600
+lines on purpose: the suite's checklist is this file's list of functions, each short.) Every check speaks
 one API flavour: SGLang's native ``/generate`` ("generate", token ids visible) or the OpenAI
 endpoints ("completions", "chat"). A server that is not SGLang has no native flavour.
 """
@@ -12,6 +13,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
+
+import pytest
 
 from pytest_dflash.client import GREEDY, SAMPLED, Generation, InferenceClient, Sampling, Stream
 from pytest_dflash.errors import ApiError, DflashError
@@ -49,6 +52,18 @@ def require_api(native: bool, api: Api) -> str | None:
     if api == "generate" and not native:
         return "SGLang's native /generate is not served here (not an SGLang server)"
     return None
+
+
+def use_api(service: ServiceHandle, api: Api) -> None:
+    """Skip the test when `service` cannot speak `api` (the reason from require_api)."""
+    reason = require_api(service.native, api)
+    if reason:
+        pytest.skip(reason)
+
+
+def default_api(service: ServiceHandle) -> Api:
+    """SGLang's native /generate where served, else the OpenAI completions endpoint."""
+    return "generate" if service.native else "completions"
 
 
 def messages(prompt: str) -> list[dict[str, str]]:
@@ -468,6 +483,35 @@ def bad_request(client: InferenceClient, api: Api, case: str, *, context_tokens:
     return response.status_code
 
 
+def bad_parameters(service: ServiceHandle, api: Api) -> None:
+    """Every BAD_REQUESTS case of `api` gets a 4xx (all of them tried, every problem reported), then the server
+    still serves a greedy request."""
+    __tracebackhide__ = True
+    use_api(service, api)
+    limit = context_limit(service.client, service.server_info)
+    problems = []
+    for case, (apis, _) in BAD_REQUESTS.items():
+        if api not in apis:
+            continue
+        try:
+            bad_request(service.client, api, case, context_tokens=limit.tokens if limit else None)
+        except AssertionError as exc:
+            problems.append(str(exc))
+    still_serving(service.client, native=service.native)
+    if problems:
+        _fail("\n".join(problems))
+
+
+def long_prompt_near_context(service: ServiceHandle, api: Api, *, cap_tokens: int | None) -> None:
+    """long_prompt at ~90% of the context the server reports; skipped when it reports none."""
+    __tracebackhide__ = True
+    use_api(service, api)
+    limit = context_limit(service.client, service.server_info)
+    if limit is None:
+        pytest.skip("the server reports no context length (/v1/models max_model_len, /server_info context_length)")
+    long_prompt(service.client, api, limit, cap_tokens=cap_tokens)
+
+
 def still_serving(client: InferenceClient, *, native: bool, timeout_s: float = 30.0) -> None:
     """After an abusive test: the server still answers a small greedy request (dead or wedged fails here)."""
     __tracebackhide__ = True
@@ -491,6 +535,31 @@ def accept_length(client: InferenceClient, prompts: Sequence[str], *, max_tokens
         return measure(client, prompts, max_tokens=max_tokens).mean
     except AcceptanceUnavailable as exc:
         _fail(str(exc))
+
+
+# ---- what is served -------------------------------------------------------------------------------------
+
+
+def served_algorithm_unknown(service: ServiceHandle) -> str | None:
+    """Why the served algorithm cannot be compared with the profile's (skip reason), or None."""
+    if service.spec.discovery_error is None and not service.native:
+        return "needs SGLang's /server_info (not an SGLang server)"
+    return None
+
+
+def check_served_algorithm(service: ServiceHandle) -> None:
+    """The server runs the profile's speculative algorithm (/server_info speculative_algorithm; none = NONE).
+
+    A DFLASH unit that serves plain decoding passes every generation check and is only slower: this is the one
+    check that sees it.
+    """
+    __tracebackhide__ = True
+    if service.spec.discovery_error is not None:
+        _fail(f"{service.label}: {service.spec.discovery_error}")
+    served = str((service.server_info or {}).get("speculative_algorithm") or "NONE").upper()
+    if served != service.spec.algorithm:
+        _fail(f"{service.label}: the profile says {service.spec.algorithm}, the server runs {served} "
+              "(server_info speculative_algorithm); check the unit's --speculative-algorithm")
 
 
 # ---- greedy fallback ------------------------------------------------------------------------------------
@@ -634,7 +703,21 @@ def check_seed_variation(variation: SeedVariation, *, api: Api, log_line: Callab
 
 __all__ = ["APIS", "BAD_REQUESTS", "GREEDY", "PATHS", "SAMPLED", "SAMPLING_CASES", "Api", "ContextLimit",
            "SeedVariation", "StreamCheck", "accept_length", "bad_request", "check_completion_shape",
-           "check_full_length", "check_seed_variation", "check_stream", "concurrent_sampled", "context_limit",
-           "generate_batch", "greedy", "long_prompt", "max_tokens_boundary", "n_samples", "request", "request_stream",
-           "require_api", "sample_seeds", "sampled", "sampled_case", "service_log_line", "still_serving",
-           "stop_string", "stop_token_id", "streamed"]
+           "check_full_length", "check_seed_variation", "check_served_algorithm", "check_stream", "concurrent_sampled",
+           "context_limit", "generate_batch", "greedy", "long_prompt", "max_tokens_boundary", "n_samples", "request",
+           "request_stream", "require_api", "sample_seeds", "sampled", "sampled_case", "sampling_varies_with_seed",
+           "served_algorithm_unknown", "service_log_line", "still_serving", "stop_string", "stop_token_id",
+           "streamed"]
+
+
+def sampling_varies_with_seed(service: ServiceHandle, api: Api | None = None) -> SeedVariation:
+    """Greedy-fallback detection on `service`: SEED_PROMPT sampled with different seeds must vary beyond token 1.
+
+    One batched native request of 32 samples (else 16 concurrent completions): cheap enough for the smoke suite.
+    On a failure, SGLang's greedy-fallback warning is quoted from the service log when it is there.
+    """
+    __tracebackhide__ = True
+    flavour: Api = api or ("generate" if service.native else "completions")
+    variation = sample_seeds(service.client, flavour)
+    check_seed_variation(variation, api=flavour, log_line=lambda: service_log_line(service, GREEDY_FALLBACK_LINE))
+    return variation

@@ -3,7 +3,9 @@
 SGLang's definition: accept length = completion_tokens / spec_verify_ct (the bonus token counted,
 the prefill token included), per request in ``meta_info``. Older builds lack the per-request
 fields; then the server-wide ``/server_info`` ``internal_states[0].avg_spec_accept_length`` is read
-after a ``/flush_cache`` (which resets it) and the prompts run one at a time.
+after a ``/flush_cache`` (which resets it) and the prompts run one at a time. ``/flush_cache`` changes the
+server's state: on a server this run did not start it is sent only when the user allowed it
+(``--allow-state-changes``); otherwise the fallback is refused with `FlushRefused`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ Source = Literal["meta_info", "server_info"]
 
 class AcceptanceUnavailable(AssertionError):
     """The server reports no accept length at all (per request or server-wide)."""
+
+
+class FlushRefused(Exception):
+    """The accept length needs a /flush_cache that this run may not send (an attached server, no opt-in).
+
+    Not an AssertionError: nothing was measured, so the caller skips with the reason instead of failing.
+    """
 
 
 @dataclass
@@ -79,8 +88,12 @@ def _server_mean(client: InferenceClient) -> float | None:
 
 
 def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int = 64,
-            timeout_s: float | None = None) -> Acceptance:
-    """Greedy generations of `prompts`; accept length per request from meta_info, else from /server_info."""
+            timeout_s: float | None = None, flush_refused: str | None = None) -> Acceptance:
+    """Greedy generations of `prompts`; accept length per request from meta_info, else from /server_info.
+
+    `flush_refused`: why /flush_cache may not be sent (None: it may). The /server_info fallback needs it (the
+    server-wide average is cumulative since the last flush), so it raises `FlushRefused` before sending one.
+    """
     __tracebackhide__ = True
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     result = Acceptance(client.service, "meta_info", len(prompts))
@@ -98,6 +111,9 @@ def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int 
     if not missing:
         return result
     # No per-request fields (older SGLang): the server-wide average since a flush, prompts one at a time.
+    if flush_refused is not None:
+        raise FlushRefused(f"{client.service}: meta_info has no per-request accept length (spec_verify_ct), and the "
+                           f"server-wide average needs a /flush_cache first: {flush_refused}")
     result = Acceptance(client.service, "server_info", len(prompts))
     _flush(client)
     for prompt in prompts:
@@ -119,6 +135,26 @@ def check_at_least_one(acceptance: Acceptance) -> None:
                              "a verify step emits at least one token")
 
 
+def check_floor(acceptance: Acceptance, floor: float | None, *, where: str = "") -> None:
+    """The mean accept length is at least `floor` (the profile's accept_length); without a floor, at least 1.
+
+    A point estimate on a few greedy prompts (deterministic for a given server): the smoke suite's check. The
+    perf suite bounds the same number over many requests.
+    """
+    __tracebackhide__ = True
+    if floor is None:
+        check_at_least_one(acceptance)
+        return
+    if acceptance.mean < floor:
+        per_request = f"; per request {[round(v, 2) for v in acceptance.per_request]}" if acceptance.per_request else ""
+        raise AssertionError(
+            f"{acceptance.service}: accept length {acceptance.mean:.3f} < floor {floor:g}{where and f' ({where})'} "
+            f"on {acceptance.prompts} greedy prompts ({acceptance.source}; {acceptance.tokens} tokens"
+            f"{f' in {acceptance.steps} verify steps' if acceptance.steps else ''}){per_request}: the draft model "
+            "is accepted less often than this host's profile requires (a wrong or mismatched draft model, "
+            "--speculative-num-draft-tokens, or a verifier that rejects good drafts)")
+
+
 def check_ddtree_vs_dflash(ddtree: Acceptance, dflash: Acceptance, *, ratio: float) -> None:
     """DDTREE's mean accept length must be at least `ratio` x DFLASH's on the same prompts."""
     __tracebackhide__ = True
@@ -131,4 +167,5 @@ def check_ddtree_vs_dflash(ddtree: Acceptance, dflash: Acceptance, *, ratio: flo
         )
 
 
-__all__ = ["Acceptance", "AcceptanceUnavailable", "check_at_least_one", "check_ddtree_vs_dflash", "measure"]
+__all__ = ["Acceptance", "AcceptanceUnavailable", "FlushRefused", "check_at_least_one", "check_ddtree_vs_dflash",
+           "check_floor", "measure"]

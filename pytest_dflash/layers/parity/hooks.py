@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_dflash.config.options import add_text_options, option_source, option_text
-from pytest_dflash.layers.parity.distribution import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, DrawPlan, Sample
+from pytest_dflash.layers.parity.distribution import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, DrawPlan
 from pytest_dflash.layers.parity.greedy import BUILTIN_PROMPTS, DEFAULT_MAX_TOKENS, Prompt, load_prompts
+
+if TYPE_CHECKING:
+    from pytest_dflash.run.state import ServiceHandle
 
 PROMPTS_HELP = ("extra prompts for the parity layer (added to the built-in set): a .json list of strings or "
                 "{\"name\", \"text\"} objects, or a text file with one prompt per line")
@@ -41,6 +44,11 @@ ACCEPT_RATIO_HELP = ("DDTREE's mean accept length must be at least RATIO x DFLAS
 CONCURRENCY_HELP = "concurrent sampled requests in the generation layer's concurrency test (default 16)"
 LONG_PROMPT_HELP = ("cap in tokens on the generation layer's long prompt (default: none, 90 percent of the served "
                     "context)")
+ALLOW_STATE_CHANGES_FLAG = "--allow-state-changes"
+ALLOW_STATE_CHANGES_HELP = ("send requests that change a server's state (POST /flush_cache before accept-length "
+                            "measurements) also to servers this run did not start (attach mode); without it they are "
+                            "never sent there: the perf run skips the server-side accept length, and an accept length "
+                            "that needs a flush is skipped naming this option")
 
 # Open-ended prompts, so the first tokens vary at temperature 1 on any model: distribution parity.
 DISTRIBUTION_PROMPTS: tuple[str, ...] = (
@@ -105,6 +113,7 @@ class LayerOptions:
     accept_ratio: float | None = 1.0  # None: check off
     concurrency: int = 16
     long_prompt_tokens: int | None = None
+    allow_state_changes: bool = False  # --allow-state-changes: /flush_cache also on attached servers
 
     def prompts(self, profile_prompts: Path | None = None) -> list[Prompt]:
         """The built-in prompts, the profile's [parity] prompts file, then --parity-prompts."""
@@ -123,6 +132,28 @@ CACHE_KEY = pytest.StashKey[dict[tuple[str, ...], Any]]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_text_options(parser, OPTIONS)
+    group = parser.getgroup("dflash")
+    group.addoption(ALLOW_STATE_CHANGES_FLAG, action="store_true", dest="dflash_allow_state_changes", default=None,
+                    help=ALLOW_STATE_CHANGES_HELP)
+    parser.addini("dflash_allow_state_changes", ALLOW_STATE_CHANGES_HELP, type="bool", default=False)
+
+
+def allow_state_changes(config: pytest.Config) -> bool:
+    """--allow-state-changes, else the ini key dflash_allow_state_changes."""
+    value = config.getoption("dflash_allow_state_changes")
+    return bool(value if value is not None else config.getini("dflash_allow_state_changes"))
+
+
+def state_change_refusal(handle: ServiceHandle, *, allowed: bool) -> str | None:
+    """Why a state-changing request (POST /flush_cache) may not be sent to `handle`'s server, or None.
+
+    A server this run started (provisioned, or derived for triage) is the run's own; any other one is attached and
+    may be serving production: it is left as it was unless the user opted in.
+    """
+    if allowed or handle.manager.provisioned:
+        return None
+    return (f"{handle.label} was not started by this run (attach mode), and POST /flush_cache changes its state; "
+            f"pass {ALLOW_STATE_CHANGES_FLAG} (ini dflash_allow_state_changes = true) to allow it")
 
 
 def _where(dest: str) -> str:
@@ -175,6 +206,7 @@ def options_from_config(config: pytest.Config) -> LayerOptions:
         accept_ratio=_number(config, "dflash_ddtree_accept_ratio", float, 1.0, low=0, allow_off=True),
         concurrency=_number(config, "dflash_gen_concurrency", int, 16, low=1, high=512),
         long_prompt_tokens=_number(config, "dflash_long_prompt_tokens", int, None, low=16),
+        allow_state_changes=allow_state_changes(config),
     )
 
 
@@ -193,11 +225,3 @@ def dflash_layer_options(request: pytest.FixtureRequest) -> LayerOptions:
 def dflash_run_cache(request: pytest.FixtureRequest) -> dict[tuple[str, ...], Any]:
     """Results worth reusing within one run (a reference's greedy outputs and samples), keyed by tuples."""
     return request.config.stash[CACHE_KEY]
-
-
-def reference_samples(cache: dict[tuple[str, ...], Any], host: str, service: str,
-                      plan: DrawPlan) -> dict[str, list[Sample]]:
-    """The per-prompt sample cache of one reference service under one draw plan."""
-    key = ("samples", host, service, repr(plan))
-    samples: dict[str, list[Sample]] = cache.setdefault(key, {})
-    return samples

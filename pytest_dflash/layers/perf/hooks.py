@@ -12,17 +12,23 @@ from __future__ import annotations
 import html
 import math
 import os
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_dflash.client import Sampling
 from pytest_dflash.config.durations import parse_seconds
 from pytest_dflash.config.options import add_text_options, option_source, option_text
 from pytest_dflash.errors import ApiError
+from pytest_dflash.layers.generation.checks import PROMPT, Api, request_stream
+from pytest_dflash.layers.parity.acceptance import check_floor
+from pytest_dflash.layers.parity.checks import measure_acceptance
+from pytest_dflash.layers.parity.hooks import allow_state_changes, state_change_refusal
 from pytest_dflash.layers.perf.layer import (
+    DEFAULT_TPOT_CEILING_MS,
     NOT_PASSING,
     Judgement,
     PerfOverrides,
@@ -36,9 +42,12 @@ from pytest_dflash.layers.perf.layer import (
     judge_baseline,
     judge_floors,
     judge_speedup,
+    judge_token_latency,
     load_baseline,
     safe_name,
     save_baseline,
+    stream_token_latency,
+    token_latency_ceiling,
 )
 from pytest_dflash.run.state import HostContext, ServiceHandle
 
@@ -49,6 +58,9 @@ REQUESTS_HELP = "perf runs: measured requests per service (overrides the profile
 DURATION_HELP = "perf runs: duration per service, e.g. 60s (overrides the profile's [perf] requests / duration)"
 CONCURRENCY_HELP = "perf runs: requests in flight (overrides the profile's [perf] concurrency)"
 WARMUP_HELP = "perf runs: warm-up requests, excluded from every number (overrides the profile's [perf] warmup)"
+TPOT_CEILING_HELP = (f"smoke: sanity ceiling in ms on the time per output token of one streamed request (default "
+                     f"{DEFAULT_TPOT_CEILING_MS:g}, or the service's largest itl_*/tpot_* floor when higher; 'off' "
+                     "disables it)")
 
 OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--baseline-dir", "dflash_baseline_dir", BASELINE_DIR_HELP),
@@ -56,6 +68,7 @@ OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--perf-duration", "dflash_perf_duration", DURATION_HELP),
     ("--perf-concurrency", "dflash_perf_concurrency", CONCURRENCY_HELP),
     ("--perf-warmup", "dflash_perf_warmup", WARMUP_HELP),
+    ("--tpot-ceiling-ms", "dflash_tpot_ceiling_ms", TPOT_CEILING_HELP),
 )
 
 INCONCLUSIVE_HINT = ("INCONCLUSIVE is not a pass: the test fails and a --gate with perf does not pass. Measure longer: "
@@ -69,6 +82,9 @@ class PerfOptions:
     update_baseline: bool = False
     baseline_dir: Path = Path("reports/baselines")
     overrides: PerfOverrides = field(default_factory=PerfOverrides)
+    allow_state_changes: bool = False  # --allow-state-changes (declared by the parity layer's hooks)
+    tpot_ceiling_ms: float | None = None  # --tpot-ceiling-ms; None: the default / the profile's
+    tpot_ceiling_off: bool = False
 
 
 OPTIONS_KEY = pytest.StashKey[PerfOptions]()
@@ -101,6 +117,22 @@ def _count(config: pytest.Config, dest: str, low: int) -> int | None:
     return value
 
 
+def _ceiling(config: pytest.Config) -> tuple[float | None, bool]:
+    raw = option_text(config, "dflash_tpot_ceiling_ms")
+    if not raw:
+        return None, False
+    if raw.lower() in ("off", "none", "no"):
+        return None, True
+    try:
+        value = float(raw.removesuffix("ms"))
+    except ValueError:
+        raise pytest.UsageError(f"{_where('dflash_tpot_ceiling_ms')}: {raw!r} is not a number of milliseconds "
+                                "(or 'off')") from None
+    if not value > 0:
+        raise pytest.UsageError(f"{_where('dflash_tpot_ceiling_ms')}: {raw!r} must be > 0")
+    return value, False
+
+
 def options_from_config(config: pytest.Config) -> PerfOptions:
     duration_raw = option_text(config, "dflash_perf_duration")
     duration = None
@@ -115,6 +147,7 @@ def options_from_config(config: pytest.Config) -> PerfOptions:
     if not directory.is_absolute():
         directory = config.invocation_params.dir / directory
     update = config.getoption("dflash_update_baseline")
+    ceiling, ceiling_off = _ceiling(config)
     return PerfOptions(
         update_baseline=bool(update if update is not None else config.getini("dflash_update_baseline")),
         baseline_dir=directory,
@@ -124,6 +157,9 @@ def options_from_config(config: pytest.Config) -> PerfOptions:
             concurrency=_count(config, "dflash_perf_concurrency", 1),
             warmup=_count(config, "dflash_perf_warmup", 0),
         ),
+        allow_state_changes=allow_state_changes(config),
+        tpot_ceiling_ms=ceiling,
+        tpot_ceiling_off=ceiling_off,
     )
 
 
@@ -186,9 +222,10 @@ class PerfBook:
         if handle.spec.api_key_env and os.environ.get(handle.spec.api_key_env):
             headers["Authorization"] = f"Bearer {os.environ[handle.spec.api_key_env]}"
         progress(f"{handle.label}: perf run ({settings.describe(handle.native)})")
+        refusal = state_change_refusal(handle, allowed=self.options.allow_state_changes)
         run = ServiceRun.measure(host=handle.host.name, service=handle.name, algorithm=handle.algorithm,
                                  url=handle.url, settings=settings, native=handle.native, model=model,
-                                 headers=headers, say=progress)
+                                 headers=headers, say=progress, flush_refused=refusal)
         progress(run.headline())
         self.runs[key] = run
         item.use(run)
@@ -211,10 +248,10 @@ class PerfBook:
                     self.publish(host, peers[faster])
 
     def publish(self, host: HostContext, run: ServiceRun) -> None:
-        """Numbers into the verdict (host.facts['metrics']), the per-service JSON under the report dir."""
-        host.facts.setdefault("metrics", {}).update(run.metrics())
+        """Numbers into the verdict (host.facts.metrics), the per-service JSON under the report dir."""
+        host.facts.metrics.update(run.metrics())
         if run.accept_length is not None:
-            host.facts[f"accept_length:{run.service}"] = round(run.accept_length, 4)
+            host.facts.accept_lengths[run.service] = round(run.accept_length, 4)
         run.write(self.report_dir(host.name) / f"{safe_name(run.service)}.json")
 
     def _write_plots(self, run: ServiceRun) -> None:
@@ -300,6 +337,42 @@ class PerfLayer:
             pytest.skip(f"{handle.label} does not use speculative decoding")
         run = self.measure(handle)
         self.check(run, [judge_accept_length(run, self.floors(handle))])
+
+    def quick_accept_length_of(self, handle: ServiceHandle, prompts: Sequence[str], *, max_tokens: int = 64) -> None:
+        """Smoke: accept length on a few greedy prompts >= [floors.SERVICE] accept_length (>= 1 without one).
+
+        A point estimate (greedy accept length is deterministic for a given server); suites/perf bounds it.
+        """
+        __tracebackhide__ = True
+        if not handle.native:
+            pytest.skip("accept length needs SGLang's native /generate meta_info")
+        if handle.algorithm == "NONE":  # an attached server says what it runs only in /server_info
+            pytest.skip(f"{handle.label} does not use speculative decoding")
+        raw = self.floors(handle).get("accept_length")
+        floor = float(raw) if isinstance(raw, int | float) else None
+        result = measure_acceptance(handle, prompts, max_tokens=max_tokens,
+                                    allowed=self.options.allow_state_changes)
+        check_floor(result, floor, where=f"[floors.{handle.name}] accept_length of {handle.host.profile.source}")
+
+    def token_latency_of(self, handle: ServiceHandle, *, tokens: int = 32) -> Judgement:
+        """Smoke: one streamed greedy request; its time per output token must stay under a sanity ceiling."""
+        __tracebackhide__ = True
+        if self.options.tpot_ceiling_off:
+            pytest.skip("--tpot-ceiling-ms off")
+        ceiling, source = token_latency_ceiling(self.floors(handle), self.options.tpot_ceiling_ms)
+        api: Api = "generate" if handle.native else "completions"
+        stream = request_stream(handle.client, api, PROMPT, Sampling(max_tokens=tokens, temperature=0.0,
+                                                                     ignore_eos=True))
+        latency = stream_token_latency(stream, tokens)
+        judgement = judge_token_latency(latency, ceiling, source)
+        tpot = None if latency.tpot_ms is None else round(latency.tpot_ms, 2)
+        ttft = round(latency.ttft_ms, 2) if math.isfinite(latency.ttft_ms) else None
+        handle.host.facts.metrics[f"token_latency:{handle.name}"] = {
+            "ttft_ms": ttft, "tpot_ms": tpot, "tokens": tokens, "ceiling_ms": ceiling, "source": source,
+            "outcome": judgement.outcome}
+        if judgement.outcome != "pass":
+            pytest.fail(f"{handle.label}: {judgement.message}", pytrace=False)
+        return judgement
 
     def speedup_of(self, handle: ServiceHandle) -> None:
         __tracebackhide__ = True

@@ -9,16 +9,15 @@ from pathlib import Path
 import pytest
 
 from pytest_dflash.config.profiles import load_profile
-from pytest_dflash.layers.parity.greedy import (
-    BUILTIN_PROMPTS,
+from pytest_dflash.layers.parity.greedy import BUILTIN_PROMPTS, load_prompts
+from pytest_dflash.run.state import DflashRun, HostContext, RunOptions
+from pytest_dflash.services.plain import (
     PlainUnavailable,
     derive_plain_spec,
-    load_prompts,
     plain_service,
     strip_speculative_args,
     strip_speculative_text,
 )
-from pytest_dflash.run.state import DflashRun, HostContext, RunOptions
 
 ROOT = Path(__file__).parents[3]
 

@@ -1,0 +1,154 @@
+"""The parity layer's checks as the suites call them: one function per suite test (suites/parity/).
+
+Each takes the fixtures a test gets (the service pair or service, the layer options, the run's cache), skips
+with the reason where the check cannot apply, records its numbers in the verdict (host.facts.metrics) and
+fails with the report's own message. The comparisons themselves live in greedy.py, distribution.py and
+acceptance.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_dflash.layers.generation import checks as generation
+from pytest_dflash.layers.parity import acceptance
+from pytest_dflash.layers.parity import greedy as parity
+from pytest_dflash.layers.parity.distribution import DrawPlan, Sample, compare_distributions
+from pytest_dflash.layers.parity.hooks import (
+    ACCEPTANCE_PROMPTS,
+    DISTRIBUTION_PROMPTS,
+    LayerOptions,
+    state_change_refusal,
+)
+from pytest_dflash.run.fixtures import ready_or_blocked
+
+if TYPE_CHECKING:
+    from pytest_dflash.run.state import ServiceHandle
+
+Pair = tuple["ServiceHandle", "ServiceHandle"]
+Cache = dict[tuple[str, ...], Any]
+
+
+def require_native(pair: Sequence[ServiceHandle]) -> None:
+    """Skip unless every service serves SGLang's native /generate (parity compares token ids)."""
+    for service in pair:
+        if not service.native:
+            pytest.skip(f"parity compares token ids: {service.label} does not serve SGLang's native /generate")
+
+
+def greedy_parity(pair: Pair, options: LayerOptions, cache: Cache, *, concurrent_requests: bool) -> parity.ParityReport:
+    """Greedy outputs of the compared service against the reference's, triaged at ties; recorded, then checked.
+
+    The reference's outputs (and, for the concurrent variant, the compared service's outputs alone) are
+    computed once per run and shared by both tests."""
+    __tracebackhide__ = True
+    require_native(pair)
+    reference, compared = pair
+    spec = reference.host.profile.parity
+    prompts = options.prompts(spec.prompts if spec else None)
+
+    def alone(service: ServiceHandle) -> Any:
+        key = ("greedy", service.host.name, service.name, str(options.max_tokens), *(p.text for p in prompts))
+        if key not in cache:
+            cache[key] = parity.greedy_outputs(service.client, prompts, max_tokens=options.max_tokens)
+        return cache[key]
+
+    report = parity.compare_pair(reference, compared, prompts, max_tokens=options.max_tokens,
+                                 tie_gap=options.tie_gap, max_tie_rate=options.max_tie_rate,
+                                 plain_port=options.plain_port, concurrent_requests=concurrent_requests,
+                                 reference_outputs=alone(reference),
+                                 compared_alone=alone(compared) if concurrent_requests else None,
+                                 noise_gap=options.noise_gap)
+    kind = "parity-concurrent" if concurrent_requests else "parity"
+    reference.host.facts.metrics[f"{kind}:{reference.name}~{compared.name}"] = report.as_fact()
+    report.check()
+    return report
+
+
+def reference_samples(cache: Cache, host: str, service: str, plan: DrawPlan) -> dict[str, list[Sample]]:
+    """The per-prompt sample cache of one reference service under one draw plan."""
+    key = ("samples", host, service, repr(plan))
+    samples: dict[str, list[Sample]] = cache.setdefault(key, {})
+    return samples
+
+
+def distribution_parity(pair: Pair, options: LayerOptions, cache: Cache) -> None:
+    """Sampled first-K-token distributions of the pair compared (chi-square); a failure quotes a greedy-fallback
+    line from either service's log when there is one (the usual cause: a verifier that ignores temperature)."""
+    __tracebackhide__ = True
+    require_native(pair)
+    reference, compared = pair
+    samples = reference_samples(cache, reference.host.name, reference.name, options.draw)
+    report = compare_distributions(reference.client, compared.client, DISTRIBUTION_PROMPTS, options.draw,
+                                   alpha=options.alpha, min_samples=options.min_samples, reference_samples=samples)
+    reference.host.facts.metrics[f"distribution:{reference.name}~{compared.name}"] = report.as_fact()
+    evidence = ""
+    if report.outcome == "fail":
+        for service in (compared, reference):
+            line = generation.service_log_line(service, generation.GREEDY_FALLBACK_LINE)
+            if line:
+                evidence += f"{service.label}'s log says: {line}\n"
+    report.check(evidence=evidence.strip(), min_samples=options.min_samples)
+
+
+def measure_acceptance(handle: ServiceHandle, prompts: Sequence[str], *, max_tokens: int,
+                       allowed: bool) -> acceptance.Acceptance:
+    """acceptance.measure on `handle`, recorded in the verdict; skipped (naming the option) when it needs a
+    /flush_cache this run may not send."""
+    try:
+        result = acceptance.measure(handle.client, prompts, max_tokens=max_tokens,
+                                    flush_refused=state_change_refusal(handle, allowed=allowed))
+    except acceptance.FlushRefused as exc:
+        pytest.skip(f"accept length not measured: {exc}")
+    handle.host.facts.accept_lengths[handle.name] = round(result.mean, 4)
+    handle.host.facts.metrics[f"acceptance:{handle.name}"] = result.as_fact()
+    return result
+
+
+def _acceptance(service: ServiceHandle, options: LayerOptions, cache: Cache) -> acceptance.Acceptance:
+    """The service's accept length on the acceptance prompts (and --parity-prompts), measured once per run."""
+    if not service.native:
+        pytest.skip("accept length needs SGLang's native /generate meta_info or /server_info")
+    prompts = [*ACCEPTANCE_PROMPTS, *(p.text for p in options.extra_prompts)]
+    key = ("acceptance", service.host.name, service.name, str(options.max_tokens), *prompts)
+    if key not in cache:
+        cache[key] = measure_acceptance(service, prompts, max_tokens=options.max_tokens,
+                                        allowed=options.allow_state_changes)
+    measured: acceptance.Acceptance = cache[key]
+    return measured
+
+
+def accept_length(service: ServiceHandle, options: LayerOptions, cache: Cache) -> acceptance.Acceptance:
+    """The service's mean accept length, measured and checked to be >= 1 token per verify step."""
+    __tracebackhide__ = True
+    measured = _acceptance(service, options, cache)
+    acceptance.check_at_least_one(measured)
+    return measured
+
+
+def ddtree_accepts_at_least_dflash(service: ServiceHandle, options: LayerOptions, cache: Cache,
+                                   node: pytest.Item | None) -> None:
+    """The DDTREE service's mean accept length >= --ddtree-accept-ratio x every DFLASH service's on the host.
+
+    A DFLASH service that is not usable blocks this test (through the one ready-or-blocked path)."""
+    __tracebackhide__ = True
+    if options.accept_ratio is None:
+        pytest.skip("--ddtree-accept-ratio off")
+    host = service.host
+    linear = [name for name, spec in host.profile.services.items() if spec.algorithm == "DFLASH"]
+    if not linear:
+        pytest.skip(f"no DFLASH service on {host.name} to compare {service.name} with")
+    ddtree = _acceptance(service, options, cache)
+    for name in linear:
+        other = ready_or_blocked(host.service(name), node, role="DFLASH service compared with")
+        dflash = _acceptance(other, options, cache)
+        ratio = round(ddtree.mean / dflash.mean, 4) if dflash.mean else None
+        host.facts.metrics[f"accept_ratio:{service.name}/{name}"] = ratio
+        acceptance.check_ddtree_vs_dflash(ddtree, dflash, ratio=options.accept_ratio)
+
+
+__all__ = ["accept_length", "ddtree_accepts_at_least_dflash", "distribution_parity", "greedy_parity",
+           "measure_acceptance", "reference_samples", "require_native"]

@@ -1,0 +1,42 @@
+"""check_served_algorithm: the algorithm /server_info reports is the profile's (shared by suites/service and smoke)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_dflash.config.profiles import attach_profile, load_profile
+from pytest_dflash.layers.generation import checks as generation
+from pytest_dflash.run.state import DflashRun, RunOptions, ServiceHandle
+
+LOCAL = Path(__file__).parents[3] / "pytest_dflash" / "config" / "builtin" / "local.toml"
+
+
+def _local(service: str, server_info: dict[str, object] | None) -> ServiceHandle:
+    profile = load_profile(LOCAL)
+    handle = DflashRun({profile.name: profile}, RunOptions(), "r1").host(profile.name).service(service)
+    handle.server_info = server_info  # what ensure_ready() stores from GET /server_info
+    return handle
+
+
+def test_a_dflash_profile_served_by_plain_decoding_fails_naming_both() -> None:
+    plain = _local("dflash", {"version": "0.5.17", "speculative_algorithm": None})  # SGLang without --speculative-*
+    assert generation.served_algorithm_unknown(plain) is None
+    with pytest.raises(AssertionError, match=r"local/dflash: the profile says DFLASH, the server runs NONE "
+                                             r"\(server_info speculative_algorithm\)"):
+        generation.check_served_algorithm(plain)
+
+
+def test_the_profiles_algorithm_passes_whatever_its_case() -> None:
+    generation.check_served_algorithm(_local("ddtree", {"speculative_algorithm": "ddtree"}))
+    generation.check_served_algorithm(_local("none", {"speculative_algorithm": None}))
+
+
+def test_without_server_info_or_for_an_attached_url_nothing_is_compared() -> None:
+    assert generation.served_algorithm_unknown(_local("dflash", None))
+    profile = attach_profile("http://127.0.0.1:30000", 0)
+    attached = DflashRun({profile.name: profile}, RunOptions(), "r1").host(profile.name).service("attached")
+    attached.server_info = {"speculative_algorithm": "DFLASH"}
+    assert "needs SGLang's /server_info and a profile that names the algorithm" in str(
+        generation.served_algorithm_unknown(attached))
