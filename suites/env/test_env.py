@@ -9,199 +9,57 @@ Every probe runs with the profile's python (the server's venv) and each service'
 
 from __future__ import annotations
 
-import os
-import warnings
-from typing import Any
-
 import pytest
 
-from pytest_dflash.layers.gpu import GpuHost
-from pytest_dflash.layers.gpu.chains import ALL_CHAINS
-from pytest_dflash.layers.gpu.checks import (
-    chain_failure,
-    chain_result,
-    companion_mismatches,
-    installed_versions,
-    pip_conflicts,
-    requirement_issues,
-    sgl_kernel_problems,
-    torch_coverage,
-)
-from pytest_dflash.layers.gpu.cuda import check_driver, driver_api_to_release
-from pytest_dflash.layers.gpu.hooks import SNAPSHOT_PROPERTY
-from pytest_dflash.layers.gpu.layer import REQUIRERS
-from pytest_dflash.layers.gpu.packages import diff, is_serving, read_baseline, snapshot
-from pytest_dflash.layers.gpu.report import explain
-from pytest_dflash.layers.gpu.services import ProbeGroup
+from pytest_dflash.api import GpuHost, env
 
 pytestmark = pytest.mark.env
 
 
-class EnvWarning(UserWarning):
-    """An env finding that does not fail the layer (non-serving packages, unverified details)."""
-
-
-def _groups(gpu: GpuHost) -> list[ProbeGroup]:
-    if not gpu.host.has_host_access:
-        pytest.skip("attached by URL: no host access")
-    if not gpu.groups:
-        pytest.skip(f"no service of {gpu.host.name} runs with host access")
-    return gpu.groups
-
-
-def _values(gpu: GpuHost) -> dict[str, str]:
-    return {"python": gpu.host.profile.python}
-
-
-def _torch(gpu: GpuHost, group: ProbeGroup) -> dict[str, Any]:
-    raw = gpu.torch_facts(group)
-    if "transport_error" in raw:
-        pytest.fail(explain(f"the torch probe could not run with {gpu.host.profile.python}", raw["transport_error"]),
-                    pytrace=False)
-    if raw.get("import_error"):
-        pytest.fail(explain(f"torch does not import in {gpu.host.profile.python} (services {group.label})",
-                            raw["import_error"], values=_values(gpu)), pytrace=False)
-    facts: dict[str, Any] = raw["torch"]
-    return facts
-
-
-def _packages(gpu: GpuHost, group: ProbeGroup) -> dict[str, Any]:
-    raw = gpu.packages(group)
-    if "transport_error" in raw:
-        pytest.fail(explain("the packages probe could not run", raw["transport_error"]), pytrace=False)
-    return raw
-
-
-def _with_flashinfer(gpu: GpuHost) -> list[ProbeGroup]:
-    groups = [g for g in _groups(gpu) if "flashinfer-python" in installed_versions(_packages(gpu, g))]
-    if not groups:
-        pytest.skip(f"flashinfer-python is not installed for {gpu.host.profile.python}: nothing JIT-compiles")
-    return groups
-
-
 def test_service_python_is_the_profiles(dflash_gpu: GpuHost) -> None:
     """The probes run the profile's python; a service that runs another interpreter would not be the one probed."""
-    _groups(dflash_gpu)
-    python = dflash_gpu.host.profile.python
-    others = [f"{v.name} ({v.source}) runs {v.argv[0]}" for v in dflash_gpu.views
-              if v.argv and os.path.isabs(v.argv[0]) and "python" in os.path.basename(v.argv[0])
-              and os.path.normpath(v.argv[0]) != os.path.normpath(python)]
-    assert not others, explain(f"services run another interpreter than host.python = {python}: the env layer "
-                               "would check the wrong venv; set host.python to the service's", "\n".join(others))
+    env.service_python_is_the_profiles(dflash_gpu)
 
 
 def test_torch_imports(dflash_gpu: GpuHost) -> None:
     """torch imports in the server's venv (an undefined symbol here is a broken torch/CUDA overlay)."""
-    for group in _groups(dflash_gpu):
-        _torch(dflash_gpu, group)
+    env.torch_imports(dflash_gpu)
 
 
 def test_torch_initialises_cuda(dflash_gpu: GpuHost) -> None:
     """On a GPU host, torch is a CUDA build and initialises CUDA (driver new enough, devices visible)."""
-    for group in _groups(dflash_gpu):
-        facts = _torch(dflash_gpu, group)
-        if not dflash_gpu.has_gpu:
-            pytest.skip(dflash_gpu.no_gpu_reason() + f" (torch {facts['version']}, CUDA {facts['cuda']})")
-        dflash_gpu.export("torch", {k: facts.get(k) for k in ("version", "cuda", "arch_list", "devices")})
-        evidence = "\n".join([str(w) for w in facts.get("warnings") or []] + [str(facts.get("cuda_error") or "")])
-        assert facts["cuda"], explain(f"torch {facts['version']} is a CPU build on a GPU host", evidence)
-        assert facts["cuda_available"], explain(
-            f"torch {facts['version']} (CUDA {facts['cuda']}) cannot initialise CUDA (services {group.label})",
-            evidence, values=_values(dflash_gpu))
+    env.torch_initialises_cuda(dflash_gpu)
 
 
 def test_torch_arch_list_covers_gpus(dflash_gpu: GpuHost) -> None:
     """torch.cuda.get_arch_list() has SASS for, or a lower-or-equal PTX of, every GPU's compute capability."""
-    for group in _groups(dflash_gpu):
-        facts = _torch(dflash_gpu, group)
-        if not dflash_gpu.has_gpu:
-            pytest.skip(dflash_gpu.no_gpu_reason())
-        arch_list = [str(a) for a in facts.get("arch_list") or []]
-        gaps = [c.describe() for c in torch_coverage(arch_list, dflash_gpu.inventory.capabilities) if not c.ok]
-        assert not gaps, explain(f"torch {facts['version']} has no kernels for this GPU: any CUDA op fails with "
-                                 "'no kernel image is available for execution on the device'", "\n".join(gaps),
-                                 diagnosis="no-kernel-image")
+    env.torch_arch_list_covers_gpus(dflash_gpu)
 
 
 def test_driver_supports_torch_cuda(dflash_gpu: GpuHost) -> None:
     """The NVIDIA driver is new enough for the CUDA release torch was built with."""
-    for group in _groups(dflash_gpu):
-        facts = _torch(dflash_gpu, group)
-        if not dflash_gpu.has_gpu or not facts.get("cuda"):
-            pytest.skip(dflash_gpu.no_gpu_reason() if not dflash_gpu.has_gpu else "torch is a CPU build")
-        inventory = dflash_gpu.inventory
-        api = facts.get("driver_api_version")
-        driver_cuda = inventory.driver_cuda or (driver_api_to_release(int(str(api))) if api else None)
-        assert inventory.driver, "nvidia-smi reported no driver version"
-        check = check_driver(str(facts["cuda"]), inventory.driver, driver_cuda)
-        assert check.ok, explain(check.describe(), f"driver {inventory.driver} (supports CUDA {driver_cuda}); "
-                                 f"torch {facts['version']} built for CUDA {facts['cuda']}",
-                                 diagnosis="cuda-driver-too-old")
-        if not check.full:
-            warnings.warn(EnvWarning(f"{dflash_gpu.host.name}: {check.describe()}"), stacklevel=1)
+    env.driver_supports_torch_cuda(dflash_gpu)
 
 
-@pytest.mark.parametrize("chain", ALL_CHAINS)
+@pytest.mark.parametrize("chain", env.ALL_CHAINS)
 def test_import_chain(dflash_gpu: GpuHost, chain: str) -> None:
     """The serving chain imports in a fresh interpreter of the server's venv, in the service's environment."""
-    ran = False
-    for group in _groups(dflash_gpu):
-        if chain not in [c.name for c in dflash_gpu.chains(group)]:
-            continue
-        ran = True
-        raw = dflash_gpu.import_chains(group)
-        if "transport_error" in raw:
-            pytest.fail(explain("the import-chain probe could not run", raw["transport_error"]), pytrace=False)
-        result = chain_result(raw, chain)
-        assert result is not None, f"the probe did not report chain {chain!r}: {raw}"
-        failure = chain_failure(result)
-        assert failure is None, explain(
-            f"services {group.label}: `{' '.join(result['modules'])}` does not import with "
-            f"{dflash_gpu.host.profile.python} ({failure.error}); fix package {failure.package}",
-            failure.evidence(), values=_values(dflash_gpu))
-    if not ran:
-        pytest.skip(f"no service of {dflash_gpu.host.name} runs an entry point that imports chain {chain!r}")
+    env.import_chain(dflash_gpu, chain)
 
 
 def test_installed_versions_satisfy_requirements(dflash_gpu: GpuHost) -> None:
     """Requires-Dist pins of sglang, sglang-kernel, flashinfer, torch, xgrammar hold for the serving stack."""
-    for group in _groups(dflash_gpu):
-        packages = _packages(dflash_gpu, group)
-        present = [r for r in REQUIRERS if r in packages.get("requires", {})]
-        issues = requirement_issues(packages, present)
-        serving = [i.describe() for i in issues if i.serving and i.installed is not None]
-        serving_missing = [i.describe() for i in issues if i.serving and i.installed is None]
-        other = [i.describe() for i in issues if not i.serving]
-        if other:
-            warnings.warn(EnvWarning(f"{dflash_gpu.host.name}: {len(other)} requirements outside the serving stack "
-                                     f"are not met: {'; '.join(other[:20])}"), stacklevel=1)
-        assert not serving, explain(f"installed serving-stack versions violate their dependents' pins ({group.label})",
-                                    "\n".join(serving + serving_missing), values=_values(dflash_gpu))
-        if serving_missing:
-            warnings.warn(EnvWarning(f"{dflash_gpu.host.name}: serving-stack requirements not installed (the "
-                                     f"import chain decides whether they matter): {'; '.join(serving_missing)}"),
-                          stacklevel=1)
+    env.installed_versions_satisfy_requirements(dflash_gpu)
 
 
 def test_pip_check_clean_for_serving_stack(dflash_gpu: GpuHost) -> None:
     """`pip check` reports no version conflict that involves a serving-stack package."""
-    for group in _groups(dflash_gpu):
-        packages = _packages(dflash_gpu, group)
-        check = packages.get("pip_check") or {}
-        if not check.get("ran"):
-            pytest.skip(f"pip is not available in {dflash_gpu.host.profile.python}: {check.get('stderr')}")
-        issues, notes = pip_conflicts(packages)
-        if notes:
-            warnings.warn(EnvWarning(f"{dflash_gpu.host.name}: pip check: {'; '.join(notes[:20])}"), stacklevel=1)
-        assert not issues, explain("pip check reports conflicts in the serving stack",
-                                   "\n".join(i.text for i in issues))
+    env.pip_check_clean_for_serving_stack(dflash_gpu)
 
 
 def test_flashinfer_companions_match(dflash_gpu: GpuHost) -> None:
     """flashinfer-cubin and flashinfer-jit-cache, when installed, match flashinfer-python's version."""
-    for group in _with_flashinfer(dflash_gpu):
-        problems = companion_mismatches(installed_versions(_packages(dflash_gpu, group)))
-        assert not problems, explain("FlashInfer refuses to load mismatched companion packages", "\n".join(problems))
+    env.flashinfer_companions_match(dflash_gpu)
 
 
 def test_flashinfer_toolkit_supports_gpu_arch(dflash_gpu: GpuHost) -> None:
@@ -210,88 +68,30 @@ def test_flashinfer_toolkit_supports_gpu_arch(dflash_gpu: GpuHost) -> None:
     FlashInfer <= 0.7.0 needs nvcc >= 12.9 for any SM 12.x GPU and otherwise drops the GPU and fails
     with the misleading "FlashInfer requires GPUs with sm75 or higher" (seed 000/004).
     """
-    for group in _with_flashinfer(dflash_gpu):
-        report = dflash_gpu.toolkit(group)
-        raw = dflash_gpu.cuda_toolkit(group)
-        dflash_gpu.export("jit_toolkit", report.summary())
-        evidence = (f"{report.summary()}\nnvcc --version: {(raw.get('nvcc') or {}).get('text', '')}\n"
-                    f"other toolkits: {', '.join(report.other_toolkits) or 'none'}")
-        assert report.home, explain(f"FlashInfer finds no CUDA toolkit: {raw['resolution'].get('error')}", evidence)
-        assert report.nvcc, explain(f"FlashInfer's JIT needs {report.home}/bin/nvcc, which does not run", evidence)
-        rejected = [t for t in report.targets if t.error]
-        then = "; FlashInfer then raises 'FlashInfer requires GPUs with sm75 or higher'" if not report.eligible else ""
-        assert not rejected, explain(
-            "; ".join(f"GPU {t.capability[0]}.{t.capability[1]}: {t.error} (nvcc {report.release} from "
-                      f"{report.source} {report.home})" for t in rejected) + then,
-            evidence, diagnosis="flashinfer-sm12x-nvcc" if any(t.capability[0] == 12 for t in rejected) else None)
-        configured = dflash_gpu.host.profile.cuda_home
-        if configured and os.path.normpath(configured) != os.path.normpath(report.home):
-            pytest.fail(explain(f"the profile says host.cuda_home = {configured}, but the service's FlashInfer "
-                                f"resolves {report.home} (from {report.source})", evidence), pytrace=False)
+    env.flashinfer_toolkit_supports_gpu_arch(dflash_gpu)
 
 
 def test_toolkit_has_curand_headers(dflash_gpu: GpuHost) -> None:
     """curand.h / curand_kernel.h are on the JIT's include path (sampling and norm kernels include them)."""
-    for group in _with_flashinfer(dflash_gpu):
-        report = dflash_gpu.toolkit(group)
-        missing = [h for h in ("curand.h", "curand_kernel.h", "cuda_runtime.h") if not report.headers.get(h)]
-        dirs = dflash_gpu.cuda_toolkit(group).get("include_dirs", [])
-        assert not missing, explain(f"{', '.join(missing)} not found for the JIT of {report.home}",
-                                    "searched: " + "\n  ".join(dirs), diagnosis="curand-header-missing"
-                                    if any(h.startswith("curand") for h in missing) else None)
+    env.toolkit_has_curand_headers(dflash_gpu)
 
 
 def test_jit_link_finds_cuda_libraries(dflash_gpu: GpuHost) -> None:
     """The JIT link (`-L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda`) finds both libraries."""
-    for group in _with_flashinfer(dflash_gpu):
-        report = dflash_gpu.toolkit(group)
-        missing = [f"lib{lib}.so" for lib in ("cudart", "cuda") if not report.libraries.get(lib)]
-        dirs = dflash_gpu.cuda_toolkit(group).get("library_dirs", [])
-        assert not missing, explain(f"{', '.join(missing)} not on the JIT's link path for CUDA home {report.home}",
-                                    "searched: " + "\n  ".join(dirs), diagnosis="cannot-find-libcuda")
+    env.jit_link_finds_cuda_libraries(dflash_gpu)
 
 
 def test_ninja_on_service_path(dflash_gpu: GpuHost) -> None:
     """FlashInfer's JIT runs `ninja` from PATH; the service's PATH must have it."""
-    for group in _with_flashinfer(dflash_gpu):
-        raw = dflash_gpu.cuda_toolkit(group)
-        assert raw.get("ninja"), explain("ninja is not on the service's PATH: every FlashInfer JIT build fails "
-                                         "(install ninja system-wide or add the venv's bin/ to PATH)",
-                                         f"PATH={raw['env'].get('PATH')}")
+    env.ninja_on_service_path(dflash_gpu)
 
 
 def test_sgl_kernel_has_build_for_gpu_arch(dflash_gpu: GpuHost) -> None:
     """sglang-kernel ships the common_ops build this GPU loads (sm90 on compute 9.0, sm100 otherwise)."""
-    for group in _groups(dflash_gpu):
-        builds = dflash_gpu.sgl_kernel_builds(group)
-        if not builds.get("found"):
-            pytest.skip(f"sgl_kernel is not installed for {dflash_gpu.host.profile.python}")
-        problems = sgl_kernel_problems(builds, dflash_gpu.capabilities(group))
-        assert not problems, explain("sgl_kernel has no build for this GPU", "\n".join(problems))
+    env.sgl_kernel_has_build_for_gpu_arch(dflash_gpu)
 
 
 def test_serving_stack_matches_baseline(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
     """With --env-baseline: torch, sglang, sglang-kernel, flashinfer*, xgrammar, transformers, triton,
     nvidia-* CUDA libraries and the driver equal the known-good snapshot. Always records this host's snapshot."""
-    group = _groups(dflash_gpu)[0]
-    packages = _packages(dflash_gpu, group)
-    torch = dflash_gpu.torch_facts(group).get("torch") or {}
-    driver = dflash_gpu.inventory.driver if dflash_gpu.has_gpu else None
-    current = snapshot(packages, driver=driver, torch_cuda=torch.get("cuda"))
-    request.node.user_properties.append((SNAPSHOT_PROPERTY, {"host": dflash_gpu.host.name, "snapshot": current}))
-    dflash_gpu.export("serving_stack", {name: version for name, version in current["packages"].items()
-                                        if is_serving(name)})
-    baseline_path = dflash_gpu.options.baseline
-    if baseline_path is None:
-        pytest.skip("no --env-baseline given (this host's snapshot is recorded for --save-env-snapshot)")
-    try:
-        baseline = read_baseline(baseline_path, dflash_gpu.host.name)
-    except ValueError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    drifts = diff(baseline, current)
-    serving = [d.describe() for d in drifts if d.serving]
-    other = [d.describe() for d in drifts if not d.serving]
-    if other:
-        warnings.warn(EnvWarning(f"{dflash_gpu.host.name}: {len(other)} other packages differ from {baseline_path}: "
-                                 f"{'; '.join(other[:20])}"), stacklevel=1)
-    assert not serving, explain(f"the serving stack differs from the baseline {baseline_path}", "\n".join(serving))
+    env.serving_stack_matches_baseline(dflash_gpu, request)

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from pytest_dflash.config.durations import format_seconds, parse_seconds
-from pytest_dflash.config.options import option_text
-from pytest_dflash.layers.gpu.layer import GpuHost, GpuOptions
+from pytest_dflash.config.options import option, option_text
+from pytest_dflash.layers.gpu.layer import ALLOW_GPU_USE_FLAG, ALLOW_GPU_USE_INI, GpuHost, GpuOptions
 from pytest_dflash.layers.gpu.packages import write_snapshots
 
 SAVE_SNAPSHOT_HELP = "write the env layer's package/driver snapshot of every host to FILE (JSON)"
@@ -28,6 +28,8 @@ JIT_OBJECTS_HELP = ("compile only these sources of each FlashInfer module on hos
                     "(comma-separated; a cheaper compile-only check, no link)")
 JIT_JOBS_HELP = "parallel compile jobs for the kernels layer's JIT builds (default: ninja's, or MAX_JOBS)"
 KERNELS_TIMEOUT_HELP = "deadline for one cold JIT build + run in the kernels layer (default 25m)"
+ALLOW_GPU_USE_HELP = ("let the kernels layer build and launch kernels on the host's GPUs in attach mode (next to the "
+                      "running services); without it those tests skip. With --provision they always run")
 
 GPU_KEY = pytest.StashKey[dict[str, GpuHost]]()
 OPTIONS_KEY = pytest.StashKey[GpuOptions]()
@@ -48,6 +50,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--jit-jobs", dest="dflash_jit_jobs", default=None, metavar="N", help=JIT_JOBS_HELP)
     group.addoption("--kernels-timeout", dest="dflash_kernels_timeout", default=None, metavar="DURATION",
                     help=KERNELS_TIMEOUT_HELP)
+    group.addoption(ALLOW_GPU_USE_FLAG, action="store_true", dest=ALLOW_GPU_USE_INI, default=None,
+                    help=ALLOW_GPU_USE_HELP)
     parser.addini("dflash_save_env_snapshot", SAVE_SNAPSHOT_HELP, default="")
     parser.addini("dflash_env_baseline", BASELINE_HELP, default="")
     parser.addini("dflash_probe_dump", PROBE_DUMP_HELP, default="")
@@ -55,6 +59,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("dflash_jit_objects", JIT_OBJECTS_HELP, default="")
     parser.addini("dflash_jit_jobs", JIT_JOBS_HELP, default="")
     parser.addini("dflash_kernels_timeout", KERNELS_TIMEOUT_HELP, default="25m")
+    parser.addini(ALLOW_GPU_USE_INI, ALLOW_GPU_USE_HELP, type="bool", default=False)
 
 
 def _path(config: pytest.Config, name: str) -> Path | None:
@@ -86,7 +91,8 @@ def options_from_config(config: pytest.Config) -> GpuOptions:
         raise pytest.UsageError(f"--env-baseline / dflash_env_baseline: {baseline} does not exist")
     objects = tuple(part.strip() for part in option_text(config, "dflash_jit_objects").split(",") if part.strip())
     return GpuOptions(dump_dir=_path(config, "dflash_probe_dump"), jit_arch_list=arch_list, jit_objects=objects,
-                      jit_jobs=int(jobs_raw) if jobs_raw else None, kernels_timeout_s=timeout, baseline=baseline)
+                      jit_jobs=int(jobs_raw) if jobs_raw else None, kernels_timeout_s=timeout, baseline=baseline,
+                      allow_gpu_use=bool(option(config, ALLOW_GPU_USE_INI)))
 
 
 def pytest_configure(config: pytest.Config) -> None:

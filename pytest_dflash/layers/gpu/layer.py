@@ -2,7 +2,7 @@
 
 `GpuHost` runs the probe scripts in pytest_dflash/hostaccess/probes/ on the host with the profile's python
 and each service's own environment, under a deadline, and keeps the raw JSON in
-`host.facts["gpu.probes"]` (and, with --dflash-probe-dump, in files). Parsed views (inventory,
+`host.facts.gpu_probes` (and, with --dflash-probe-dump, in files). Parsed views (inventory,
 toolkit report, ...) are derived from those raw results by the pure functions in smi/checks.
 """
 
@@ -30,6 +30,8 @@ PROBE_TIMEOUTS_S = {"gpu_inventory": 60.0, "kernel_log": 60.0, "torch_facts": 18
                     "cuda_toolkit": 90.0, "sgl_kernel_builds": 60.0, "jit_cache": 60.0}
 REQUIRERS = ("sglang", "sglang-kernel", "flashinfer-python", "torch", "xgrammar")
 KERNEL_STEPS = ("sampling", "decode", "triton")
+ALLOW_GPU_USE_FLAG = "--allow-gpu-use"
+ALLOW_GPU_USE_INI = "dflash_allow_gpu_use"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class GpuOptions:
     kernels_timeout_s: float = 1500.0
     chain_timeout_s: float = 300.0
     baseline: Path | None = None
+    allow_gpu_use: bool = False  # --allow-gpu-use: the kernels layer may build and launch in attach mode
 
 
 def probe_source(name: str) -> str:
@@ -59,7 +62,7 @@ class GpuHost:
 
     @property
     def cache(self) -> dict[str, Any]:
-        cache: dict[str, Any] = self.host.facts.setdefault("gpu.probes", {})
+        cache: dict[str, Any] = self.host.facts.gpu_probes
         return cache
 
     def probe(self, name: str, params: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None,
@@ -88,8 +91,8 @@ class GpuHost:
         path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
     def export(self, key: str, value: Any) -> None:
-        """Put a JSON-able fact into the host's verdict (host.facts["export"])."""
-        self.host.facts.setdefault("export", {})[key] = value
+        """Put a JSON-able fact into the host's verdict (host.facts.export)."""
+        self.host.facts.export[key] = value
 
     # ---- what runs on the host --------------------------------------------------------------------------
 
@@ -179,12 +182,24 @@ class GpuHost:
 
     # ---- kernels layer ------------------------------------------------------------------------------------
 
+    @property
+    def may_use_gpus(self) -> bool:
+        """Whether the kernels layer may build and launch kernels here: when provisioning, or when opted in."""
+        return self.host.provisioning or self.options.allow_gpu_use
+
+    def gpu_use_refusal(self) -> str:
+        """Why the kernels layer does not run on this host in attach mode (names the opt-in option)."""
+        return (f"attach mode: the kernels layer would build and launch kernels on {self.host.name}'s GPUs next to "
+                f"its running services; pass {ALLOW_GPU_USE_FLAG} (ini {ALLOW_GPU_USE_INI} = true) to allow it")
+
     def jit_cache(self, group: ProbeGroup) -> dict[str, Any]:
         params = {"user": group.user}  # the probe reads FLASHINFER_WORKSPACE_BASE from the service env itself
         return self.probe("jit_cache", params, env=group.env, key=self.group_key("jit_cache", group))
 
     def kernels(self, step: str, group: ProbeGroup) -> dict[str, Any]:
         """Build (and on a GPU run) one kernel step on a cold cache, in the service's environment."""
+        if not self.may_use_gpus:  # attach changes nothing unless asked: refuse before anything is sent
+            raise DflashError(self.gpu_use_refusal())
         params: dict[str, Any] = {"step": step, "mode": "run" if self.has_gpu else "compile",
                                   "timeout_s": self.options.kernels_timeout_s}
         if not self.has_gpu:

@@ -6,6 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.layers.gpu.layer import GpuHost, GpuOptions
+from pytest_dflash.run.state import DflashRun, RunOptions
+
 DATA = Path(__file__).parents[2] / "data" / "gpu"
 H200 = DATA / "h200"
 CPU = DATA / "cpu-nvcc13"
@@ -20,3 +24,31 @@ def load(path: Path | str) -> Any:
 
 def text(path: Path | str) -> str:
     return (DATA / path).read_text(encoding="utf-8", errors="replace")
+
+
+PROBES = ("gpu_inventory", "kernel_log", "torch_facts", "import_chain", "packages", "cuda_toolkit",
+          "sgl_kernel_builds", "jit_cache", "kernels_sampling", "kernels_decode", "kernels_triton")
+
+
+def recorded(folder: str, **replaced: Any) -> dict[str, Any]:
+    """The probe outputs recorded in tests/data/gpu/`folder`/, by probe cache key; `replaced` wins."""
+    found = {name: load(f"{folder}/{name}.json") for name in PROBES if (DATA / folder / f"{name}.json").is_file()}
+    return {**found, **replaced}
+
+
+def recorded_gpu(profile: Path, probes: dict[str, Any], *, provision: bool = False, tmp_path: Path,
+                 options: GpuOptions | None = None) -> GpuHost:
+    """A real GpuHost of `profile` whose probe cache already holds `probes`: the layers read the recorded host.
+
+    `provision` False is attach mode. A probe missing from `probes` would really run: `ran_nothing` checks.
+    """
+    host_profile = load_profile(profile)
+    run = DflashRun({host_profile.name: host_profile}, RunOptions(provision=provision, report_dir=tmp_path), "rec")
+    host = run.host(host_profile.name)
+    host.facts.gpu_probes.update(probes)
+    return GpuHost(host, options or GpuOptions())
+
+
+def ran_nothing(gpu: GpuHost, probes: dict[str, Any]) -> bool:
+    """No probe ran on this machine: the layers read only what was recorded."""
+    return set(gpu.cache) == set(probes)

@@ -67,7 +67,7 @@ def _run(pytester: pytest.Pytester, tmp_path: Path, env: dict[str, str]) -> pyte
     return pytester.runpytest_subprocess(
         str(SUITES / "kernels"), "-p", "no:cacheprovider", "-rA", f"--dflash-report={tmp_path / 'r'}",
         "--host", str(_profile(tmp_path, env)), "--jit-arch-list=9.0", "--jit-objects=renorm", "--jit-jobs=1",
-        "-k", "sampling")
+        "--allow-gpu-use", "-k", "sampling")  # the profile attaches: building needs the opt-in
 
 
 def test_compile_fails_on_missing_curand_header(pytester: pytest.Pytester, tmp_path: Path) -> None:

@@ -1,0 +1,139 @@
+"""Host layer checks: are the GPUs the profile names there, identified and healthy? Nothing is started.
+
+Each function is one check of suites/host (smoke runs a subset of the same functions): it skips with the
+reason when the check cannot apply to this host, and otherwise passes or raises AssertionError with the
+evidence (`explain`). Evidence: `nvidia-smi --query-gpu ... --format=csv`, `nvidia-smi -q -x`, the
+compute-apps list and the kernel log since boot (Xid, "fallen off the bus", OOM killer), all read-only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+
+from pytest_dflash.layers.gpu.checks import classify_kernel_lines, gpu_health, xid_codes
+from pytest_dflash.layers.gpu.layer import GpuHost
+from pytest_dflash.layers.gpu.report import explain
+
+
+class GpuHostWarning(UserWarning):
+    """Something on a GPU host worth knowing that does not fail it."""
+
+
+def require_host_access(gpu: GpuHost) -> None:
+    """Skip on a host attached by URL: there is nothing to run commands on."""
+    if not gpu.host.has_host_access:
+        pytest.skip("attached by URL: no host access")
+
+
+def require_gpus(gpu: GpuHost) -> None:
+    """Skip without host access or without a GPU (with nvidia-smi's reason)."""
+    require_host_access(gpu)
+    if not gpu.has_gpu:
+        pytest.skip(gpu.no_gpu_reason())
+
+
+def nvidia_smi_lists_gpus(gpu: GpuHost) -> None:
+    """nvidia-smi answers and lists GPUs; a host whose profile names GPUs must have them."""
+    __tracebackhide__ = True
+    require_host_access(gpu)
+    inventory = gpu.inventory
+    if not inventory.gpus and not gpu.expected_gpus:
+        pytest.skip(gpu.no_gpu_reason() + " (and its profile names none)")
+    raw = gpu.probe("gpu_inventory")
+    evidence = "\n".join(str((raw.get(k) or {}).get("stderr") or "") for k in ("query", "xml")) or str(raw)
+    assert inventory.available, explain(
+        f"the profile names GPUs {list(gpu.expected_gpus)} but nvidia-smi did not answer: {inventory.reason}",
+        evidence)
+    assert inventory.gpus, explain("nvidia-smi answered but lists no GPU", str(raw.get("query")))
+
+
+def profile_gpus_present(gpu: GpuHost) -> None:
+    """Every GPU index named in the profile (host.gpus, services.*.gpus) exists on the host."""
+    __tracebackhide__ = True
+    require_gpus(gpu)
+    if not gpu.expected_gpus:
+        pytest.skip("the profile names no GPU indices")
+    present = [g.index for g in gpu.inventory.gpus]
+    missing = [index for index in gpu.expected_gpus if index not in present]
+    assert not missing, explain(f"GPUs {missing} named in {gpu.host.profile.source} are not on the host "
+                                f"(nvidia-smi lists {present})", "\n".join(g.label for g in gpu.inventory.gpus))
+
+
+def gpus_visible(gpu: GpuHost) -> None:
+    """nvidia-smi lists GPUs and every one the profile names (smoke: the two checks above as one)."""
+    __tracebackhide__ = True
+    nvidia_smi_lists_gpus(gpu)
+    if gpu.expected_gpus:  # a GPU host whose profile names no index has nothing more to check
+        profile_gpus_present(gpu)
+
+
+def gpu_identity_reported(gpu: GpuHost) -> None:
+    """Name, compute capability, driver and memory are known for every GPU (recorded in the verdict)."""
+    __tracebackhide__ = True
+    require_gpus(gpu)
+    inventory = gpu.inventory
+    gpu.export("gpus", {
+        "driver": inventory.driver, "driver_cuda": inventory.driver_cuda,
+        "gpus": [dataclasses.asdict(g) for g in inventory.gpus],  # processes on each GPU included
+    })
+    incomplete = [g.label for g in inventory.gpus
+                  if not g.name or g.capability is None or not g.driver or not g.memory_total_mib]
+    assert not incomplete, explain(f"nvidia-smi does not report name / compute_cap / driver / memory for "
+                                   f"{incomplete} (compute_cap needs driver >= 510)",
+                                   str(gpu.probe("gpu_inventory").get("query")))
+    off = [g.label for g in inventory.gpus if g.persistence is False]
+    if off:
+        warnings.warn(GpuHostWarning(f"{gpu.host.name}: persistence mode is off on {off}: the first CUDA "
+                                     "call after idle re-initialises the driver (nvidia-smi -pm 1)"), stacklevel=2)
+
+
+def gpu_memory_healthy(gpu: GpuHost) -> None:
+    """No uncorrectable ECC errors, no pages pending retirement, no pending or failed row remapping."""
+    __tracebackhide__ = True
+    require_gpus(gpu)
+    problems = [p for g in gpu.inventory.gpus for p in gpu_health(g)]
+    assert not problems, explain("GPU memory is not healthy", "\n".join(problems))
+
+
+def service_gpus_not_held_by_other_processes(gpu: GpuHost) -> None:
+    """Before provisioning starts services, no other process holds memory on their GPUs."""
+    __tracebackhide__ = True
+    require_gpus(gpu)
+    if not gpu.host.provisioning:
+        pytest.skip("attach mode: the running services hold their own GPUs")
+    wanted = {i for spec in gpu.host.profile.services.values() for i in spec.gpus}
+    busy = [f"{g.label}: pid {p.pid} {p.name} ({p.used_mib or '?'} MiB)"
+            for g in gpu.inventory.gpus if not wanted or g.index in wanted for p in g.processes]
+    assert not busy, explain("other processes hold the services' GPUs before they start", "\n".join(busy))
+
+
+def kernel_log_lines(gpu: GpuHost) -> list[str]:
+    """The kernel-log lines since boot that match the GPU / OOM patterns; skips when the log is unreadable."""
+    require_host_access(gpu)
+    log = gpu.kernel_log()
+    if "transport_error" in log:
+        pytest.fail(explain("the kernel-log probe could not run", log["transport_error"]), pytrace=False)
+    if not log.get("readable"):
+        tried = "; ".join(f"{' '.join(a['argv'][:2])}: rc {a['rc']} {a['stderr'][:200]}" for a in log["attempts"])
+        pytest.skip(f"the kernel log is not readable on {gpu.host.name} ({tried})")
+    lines: list[str] = log.get("matches", [])
+    return lines
+
+
+def kernel_log_has_no_gpu_faults(gpu: GpuHost) -> None:
+    """No Xid errors and no GPU "fallen off the bus" since boot."""
+    __tracebackhide__ = True
+    found = classify_kernel_lines(kernel_log_lines(gpu))
+    faults = found.get("gpu-fallen-off-bus", []) + found.get("gpu-xid", [])
+    codes = sorted({code for _, code in xid_codes(faults)})
+    assert not faults, explain(f"the kernel log reports GPU faults since boot (Xid codes {codes})", "\n".join(faults))
+
+
+def kernel_log_has_no_oom_kills(gpu: GpuHost) -> None:
+    """The kernel OOM killer has not killed anything since boot."""
+    __tracebackhide__ = True
+    kills = classify_kernel_lines(kernel_log_lines(gpu)).get("oom-killer", [])
+    assert not kills, explain("the kernel OOM killer fired since boot", "\n".join(kills))
