@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from pytest_dflash.errors import DflashError
 from pytest_dflash.layers.generation import checks as generation
-from pytest_dflash.layers.gpu import GpuHost
+from pytest_dflash.layers.gpu import GpuHost, env, host, kernels
 from pytest_dflash.layers.gpu.report import explain
 from pytest_dflash.layers.parity import acceptance, distribution
+from pytest_dflash.layers.parity import checks as parity_checks
 from pytest_dflash.layers.parity import greedy as parity
 from pytest_dflash.layers.parity.hooks import LayerOptions
 from pytest_dflash.layers.perf.hooks import PerfLayer
+from pytest_dflash.layers.service import checks as service_checks
 from pytest_dflash.run.fixtures import ready_or_blocked
 from pytest_dflash.run.state import HostContext, ServiceHandle
 
@@ -34,8 +36,13 @@ __all__ = [
     "ServiceHandle",
     "acceptance",
     "distribution",
+    "env",
     "explain",
     "generation",
+    "host",
+    "kernels",
     "parity",
+    "parity_checks",
     "ready_or_blocked",
+    "service_checks",
 ]

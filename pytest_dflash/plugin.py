@@ -21,10 +21,10 @@ import pytest
 from pytest_dflash.config import options
 from pytest_dflash.config.targets import load_targets
 from pytest_dflash.evidence import attach
-from pytest_dflash.evidence.redact import redact
+from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
 from pytest_dflash.report import session as report_session
 from pytest_dflash.report.verdict import VerdictBuilder
-from pytest_dflash.run import cleanup, collection
+from pytest_dflash.run import cleanup, collection, discovery, timeouts
 from pytest_dflash.run.layers import LAYER_HELP, LAYERS, blocked_reason
 from pytest_dflash.run.stash import BUILDER_KEY, EMPTY_SHARD_KEY, GATE_KEY, INFO_KEY, RUN_KEY
 from pytest_dflash.run.state import DflashRun, RunOptions
@@ -59,6 +59,10 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"{profile.source}: host.provision = \"never\" but --provision was given")
     workerinput = getattr(config, "workerinput", None)
     run_id = workerinput.get("dflash_run_id") if workerinput else None
+    # Attached servers' algorithms, before collection: asked by the controller, taken by its workers.
+    answers = workerinput["dflash_discovered"] if workerinput and "dflash_discovered" in workerinput else (
+        discovery.discover(profiles))
+    profiles = discovery.apply(profiles, answers)
     run = DflashRun(profiles, run_options, run_id or uuid.uuid4().hex[:12], progress=_progress_printer(config))
     config.stash[RUN_KEY] = run
     config.stash[BUILDER_KEY] = VerdictBuilder(run.run_id)
@@ -66,16 +70,22 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     cleanup.arm(config, run)
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_XdistHooks(run), "dflash-xdist")
+        config.pluginmanager.register(_XdistHooks(run, answers), "dflash-xdist")
         if getattr(config.option, "dist", "no") == "load":
             # Each host's tests must run in one worker (its lock, its service state).
             config.option.dist = "loadgroup"
-    if not hasattr(config, "workerinput"):
+    if _writes_verdicts(config):
         config.pluginmanager.register(report_session.VerdictCollector(config.stash[BUILDER_KEY]), "dflash-verdicts")
     if config.pluginmanager.hasplugin("html"):
         from pytest_dflash.report import html
 
         config.pluginmanager.register(html.HtmlHooks(config), "dflash-html")
+
+
+def _writes_verdicts(config: pytest.Config) -> bool:
+    """The controller of a run that runs tests (not an xdist worker, not --collect-only: a listing must leave
+    the hosts' last verdicts as they were)."""
+    return not hasattr(config, "workerinput") and not config.getoption("collectonly", False)
 
 
 def _progress_printer(config: pytest.Config) -> Callable[[str], None]:
@@ -86,7 +96,7 @@ def _progress_printer(config: pytest.Config) -> Callable[[str], None]:
             return
         quiet = capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext()
         with quiet:
-            reporter.write_line(f"[dflash] {redact(message)}")
+            reporter.write_line(f"[dflash] {scrub(message, LINE_BYTES, 'progress line')}")
 
     return progress
 
@@ -96,13 +106,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 class _XdistHooks:
-    """Give every worker the controller's run id (one run, one set of markers and locks)."""
+    """Give every worker the controller's run id (one run, one set of markers and locks) and its answers about
+    attached servers (so every worker collects the same tests)."""
 
-    def __init__(self, run: DflashRun) -> None:
+    def __init__(self, run: DflashRun, answers: discovery.Answers) -> None:
         self.run = run
+        self.answers = answers
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput["dflash_run_id"] = self.run.run_id
+        node.workerinput["dflash_discovered"] = self.answers
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -145,8 +158,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     info = item.stash.get(INFO_KEY, None)
     run = item.config.stash.get(RUN_KEY, None)
     if info is not None and run is not None:
+        timeouts.record_timeout_kill(item, report, run, info.host)
         attach.annotate(item, call, report, run, info)
     return report
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    run = session.config.stash.get(RUN_KEY, None)
+    if run is not None and run.profiles and _writes_verdicts(session.config):
+        report_session.start(session)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -158,11 +178,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     for problem in run.cleanup():
         run.progress(f"cleanup problem: {problem}")
-    if not hasattr(config, "workerinput"):
-        report_session.finish(session)
+    collector = config.pluginmanager.get_plugin("dflash-verdicts")
+    if isinstance(collector, report_session.VerdictCollector):
+        report_session.finish(session, collector)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     run = config.stash.get(RUN_KEY, None)
-    if run is not None and run.profiles and not hasattr(config, "workerinput"):
+    if run is not None and run.profiles and _writes_verdicts(config):
         report_session.terminal_summary(terminalreporter, config)

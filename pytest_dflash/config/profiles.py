@@ -21,6 +21,9 @@ from pytest_dflash.config.durations import parse_seconds
 from pytest_dflash.errors import InventoryError
 
 ALGORITHMS = ("NONE", "DFLASH", "DDTREE", "EAGLE", "EAGLE3", "NGRAM", "STANDALONE")
+# An external service whose profile names no algorithm: read from its /server_info before tests are selected
+# (run/discovery.py); while unknown, only tests that do not depend on the algorithm select it.
+AUTO = "AUTO"
 SERVICE_KINDS = ("systemd", "process", "external")
 PROVISION_MODES = ("never", "allowed", "always")
 FLOOR_KEYS = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms", "accept_length", "speedup_vs", "speedup")
@@ -56,10 +59,11 @@ class ServiceSpec:
     sampled_timeout_s: float = 300.0
     api_key_env: str | None = None
     model: str | None = None
+    discovery_error: str | None = None  # AUTO that could not be resolved: why (the service layer fails with it)
 
     @property
     def speculative(self) -> bool:
-        return self.algorithm != "NONE"
+        return self.algorithm not in ("NONE", AUTO)
 
 
 @dataclass(frozen=True)
@@ -275,10 +279,10 @@ def _check_connection(table: _Table, raw: str) -> tuple[str, float]:
 def _service(name: str, table: _Table, host: HostProfile, profile_dir: Path) -> ServiceSpec:
     kind = table.choice("kind", SERVICE_KINDS, "systemd" if host.connection and not host.is_local else "process")
     assert kind is not None
-    algorithm = table.get("algorithm", str, required=True)
-    assert algorithm is not None
-    if algorithm.upper() not in ALGORITHMS:
-        raise table.fail("algorithm", f"expected one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    algorithm = table.get("algorithm", str, required=kind != "external") or AUTO
+    if algorithm.upper() not in ALGORITHMS and not (kind == "external" and algorithm.upper() == AUTO):
+        allowed = ", ".join(ALGORITHMS) + (" (or auto: read from /server_info)" if kind == "external" else "")
+        raise table.fail("algorithm", f"expected one of {allowed}, got {algorithm!r}")
     unit = table.get("unit", str)
     template_raw = table.get("template", str)
     command = table.str_list("command")
@@ -577,7 +581,7 @@ def attach_profile(url: str, index: int) -> HostProfile:
     checked = _check_url(table, "url", url)
     parsed = urllib.parse.urlparse(checked)
     name = f"{parsed.hostname}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
-    service = ServiceSpec(name="attached", kind="external", url=checked, algorithm="NONE")
+    service = ServiceSpec(name="attached", kind="external", url=checked, algorithm=AUTO)
     return HostProfile(
         name=name if index == 0 else f"{name}#{index}",
         source=Path("--attach"),

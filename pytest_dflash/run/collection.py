@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.config.profiles import AUTO, ServiceSpec
 from pytest_dflash.run.layers import LAYERS, rank
 from pytest_dflash.run.stash import EMPTY_SHARD_KEY, INFO_KEY
 from pytest_dflash.run.state import DflashRun
@@ -39,9 +39,11 @@ def selected(spec: ServiceSpec, marker: pytest.Mark | None) -> bool:
         return True
     speculative = marker.kwargs.get("speculative")
     algorithms = marker.kwargs.get("algorithms")
-    if speculative is not None and spec.speculative != speculative and spec.kind != "external":
+    if spec.algorithm == AUTO:  # an attached server that could not be asked: nothing algorithm-specific
+        return speculative is None and not algorithms
+    if speculative is not None and spec.speculative != speculative:
         return False
-    return not (algorithms and spec.algorithm not in algorithms and spec.kind != "external")
+    return not (algorithms and spec.algorithm not in algorithms)
 
 
 def parametrize(metafunc: pytest.Metafunc, run: DflashRun) -> None:

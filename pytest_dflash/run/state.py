@@ -22,9 +22,11 @@ from pytest_dflash.client import InferenceClient
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.errors import (
     ApiError,
+    Death,
     DflashError,
     ServiceCrashed,
     ServiceError,
+    ServiceGone,
     ServiceNotReady,
     ServiceRestarted,
     TransportError,
@@ -35,7 +37,7 @@ from pytest_dflash.run.layers import LayerBook
 from pytest_dflash.services.base import LogMark, ServiceManager
 from pytest_dflash.services.external import ExternalService
 from pytest_dflash.services.process import ProcessService, reap_stale, state_root
-from pytest_dflash.services.readiness import ReadinessWatcher, ReadyReport
+from pytest_dflash.services.readiness import HttpLiveness, ReadinessWatcher, ReadyReport
 from pytest_dflash.services.systemd import SystemdService, reap_stale_units
 
 Progress = Callable[[str], None]
@@ -64,6 +66,9 @@ class ServiceHandle:
     started_mark: LogMark | None = None
     server_info: dict[str, Any] | None = None
     base_restarts: int = 0
+    # the test that failed with `failure`: later tests are skipped as blocked naming it (none yet: the next
+    # test that needs the service fails with it, e.g. a peer whose start failed while another one started)
+    failure_reported_by: str | None = None
     _client: InferenceClient | None = None
 
     @property
@@ -151,17 +156,15 @@ class ServiceHandle:
             self.manager, self.client, native=native, budget_s=budget,
             sampled_budget_s=min(budget, self.spec.sampled_timeout_s),
             log_lines=self.host.run.options.journal_lines, progress=self.host.run.progress,
-            log_mark=self.started_mark,
+            log_mark=self.started_mark, request_timeout_s=self.host.run.options.request_timeout_s,
         )
         return watcher.wait()
 
-    def _detect_native(self) -> bool:
+    def _detect_native(self) -> bool | None:
+        """True for SGLang's native API; None: an external server, asked (/server_info) once it answers HTTP."""
         if self.spec.kind != "external":
             return True  # SGLang (or the refserver) by construction
-        try:
-            return self.client.server_info(timeout_s=5) is not None
-        except ApiError:
-            return False
+        return None  # asking now would call a server that is not up yet "not SGLang"
 
     def check_alive(self) -> ServiceCrashed | ServiceRestarted | None:
         """After a test: did the service die or restart? (one cheap state read)"""
@@ -171,6 +174,11 @@ class ServiceHandle:
             state = self.manager.state()
         except TransportError:
             return None
+        if state.running is None:  # attached by URL: ask HTTP (a refusal after readiness is conclusive)
+            if HttpLiveness(self.client).probe() != "refused":
+                return None
+            return ServiceGone(self.label, Death(detail="seen over HTTP: connection refused"),
+                               seen="connections refused after it had passed readiness")
         if state.death is not None:
             time.sleep(0.2)
             lines = self.host.run.options.journal_lines
@@ -183,6 +191,17 @@ class ServiceHandle:
 
 
 @dataclass
+class HostFacts:
+    """What the layers learn about one host during the run: for each other and for the verdict. Named fields,
+    not string keys, so a reader (and mypy) sees who writes what."""
+
+    metrics: dict[str, Any] = field(default_factory=dict)  # the verdict's "metrics": perf, parity, acceptance
+    export: dict[str, Any] = field(default_factory=dict)  # the verdict's "facts": env snapshot, driver, JIT builds
+    accept_lengths: dict[str, float] = field(default_factory=dict)  # service -> latest measured mean accept length
+    gpu_probes: dict[str, Any] = field(default_factory=dict)  # the GPU layers' probe results, run once per host
+
+
+@dataclass
 class HostContext:
     """One host under test."""
 
@@ -190,7 +209,7 @@ class HostContext:
     run: DflashRun
     services: dict[str, ServiceHandle] = field(default_factory=dict)
     needed: set[str] = field(default_factory=set)
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: HostFacts = field(default_factory=HostFacts)
     notes: list[str] = field(default_factory=list)
     _transport: Transport | None = None
     _lock: HostLock | None = None

@@ -43,10 +43,13 @@ READ_ONLY = [re.compile(p) for p in (
 # Probes are sent inline (`printf %s <base64> | base64 -d | <python> - <args>`); these only read
 # (reviewed: they list, stat and query; nvidia-smi queries, metadata, journal). kernels.py is not
 # one of them: it compiles (in a scratch dir), which is a layer attach mode must not run unasked.
+# import_chain.py imports the server's modules in child interpreters, FlashInfer's JIT workspace pointed at a
+# scratch directory it removes: no file of the host changes, no kernel is built or launched.
 READ_ONLY_PROBES = ("gpu_inventory.py", "cuda_toolkit.py", "jit_cache.py", "kernel_log.py", "packages.py",
-                    "sgl_kernel_builds.py", "torch_facts.py")
+                    "sgl_kernel_builds.py", "torch_facts.py", "import_chain.py")
 PROBE = re.compile(r"printf %s (?P<source>[A-Za-z0-9+/=]+) \| base64 -d \| (?P<python>\S+) - .*", re.S)
 PROBES = Path(__file__).resolve().parents[2] / "pytest_dflash" / "hostaccess" / "probes"
+ALL_SUITES = ("smoke", "host", "env", "kernels", "service", "generation", "parity", "perf")
 
 
 def read_only(command: str, python: str) -> bool:
@@ -67,15 +70,18 @@ def test_attach_sends_only_read_only_commands(testhost: TestHost, guest: Guest, 
     # Two units the test starts itself: a healthy one, and one that is SIGKILLed during the tests (so
     # that failure evidence is collected too: journal, unit properties, kernel log).
     units = {"good": RefUnit(unit_name("ro-good"), "DFLASH"),
+             "plain": RefUnit(unit_name("ro-plain"), "NONE"),
              "oom": RefUnit(unit_name("ro-oom"), "DFLASH", "--inject oom-kill=3")}
     for name, spec in units.items():
         guest.track(spec.unit)
         guest.install_unit(spec.unit, render_unit(spec, name))
     before = {name: guest.show(spec.unit, "InvocationID", "MainPID", "ActiveState") for name, spec in units.items()}
     assert all(props["ActiveState"] == "active" for props in before.values()), before
-    profile = write_profile(tmp_path, testhost, "ro", units)
+    profile = write_profile(tmp_path, testhost, "ro", units, parity=("plain", ["good"]))
     log = tmp_path / "commands.jsonl"
-    outcome = runs(profile, "-m", "host or service or generation", env={"DFLASH_COMMAND_LOG": str(log)}).wait(180)
+    # Every layer smoke and the full suites run (issue 11 item 8): nothing in any of them may change the host,
+    # the server (no POST /flush_cache) or use its GPUs (the kernels layer skips, naming --allow-gpu-use).
+    outcome = runs(profile, env={"DFLASH_COMMAND_LOG": str(log)}, suites=ALL_SUITES).wait(420)
     outcome.assert_clean()
     data = outcome.verdict("ro")
     assert data["services"]["good"]["provisioned"] is False
@@ -90,6 +96,14 @@ def test_attach_sends_only_read_only_commands(testhost: TestHost, guest: Guest, 
         assert read_only(command, GUEST_PYTHON), f"not a read-only command: {command[:300]}"
     kinds = {str(r["command"]).split(" ")[0] for r in sent}
     assert {"echo", "date", "systemctl", "journalctl", "(journalctl"} <= kinds, kinds
+
+    layers = data["layers"]
+    assert {layer for layer, o in layers.items() if o["outcome"] != "not-run"} >= {
+        "host", "env", "service", "generation", "parity", "perf"}, layers
+    assert "--allow-gpu-use" in outcome.out or layers["kernels"]["outcome"] in ("skipped", "not-run"), layers
+    served = guest.journal_text(units["good"].unit)
+    assert "POST /flush_cache" not in served, "attach mode sent POST /flush_cache to a server it did not start"
+    assert "POST /generate" in served  # the journal does show the requests the run sent
 
     # The units are as the run found them: same process, same invocation; the dead one not reset.
     assert guest.show(units["good"].unit, "InvocationID", "MainPID", "ActiveState") == before["good"]

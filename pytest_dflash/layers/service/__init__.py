@@ -1,0 +1,1 @@
+"""The service layer: a service starts, stays up and serves what its profile says."""

@@ -1,0 +1,118 @@
+"""Service-layer checks, one per suite test (suites/service/): each takes a ServiceHandle, skips with the
+reason where it cannot apply, and fails with the evidence (the unit's state, the server's own answers)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pytest
+
+from pytest_dflash.layers.generation import checks as generation
+from pytest_dflash.services.readiness import ReadyReport
+
+if TYPE_CHECKING:
+    from pytest_dflash.run.state import ServiceHandle
+
+STAY_UP_S = 2.0  # the seed's service was "active" 2-3 s before it died
+
+
+def _fail(message: str) -> NoReturn:
+    __tracebackhide__ = True
+    raise AssertionError(message)
+
+
+def ready_by_real_generation(service: ServiceHandle) -> ReadyReport:
+    """Ready = a real greedy AND a real sampled generation succeeded (ensure_ready raises otherwise)."""
+    __tracebackhide__ = True
+    report = service.ensure_ready()
+    if report.greedy_s is None or report.sampled_s is None:
+        _fail(f"{service.label}: readiness finished without a greedy and a sampled generation ({report})")
+    return report
+
+
+def serves_the_profiles_algorithm(service: ServiceHandle) -> None:
+    """/server_info speculative_algorithm is the profile's (or, attached, the one read at collection)."""
+    __tracebackhide__ = True
+    if reason := generation.served_algorithm_unknown(service):
+        pytest.skip(reason)
+    generation.check_served_algorithm(service)
+
+
+def has_not_restarted(service: ServiceHandle) -> None:
+    """No death and NRestarts = 0 since the service started (Restart= hides crash loops from is-active)."""
+    __tracebackhide__ = True
+    if not service.host.has_host_access:
+        pytest.skip("attached by URL: no unit to inspect")
+    state = service.manager.state()
+    if state.death is not None:
+        _fail(f"{service.label}: {state.summary()}")
+    if state.restarts:
+        _fail(f"{service.label}: NRestarts={state.restarts}: it crashed and was restarted since it started "
+              "(Restart= hides crash loops from is-active); the journal shows the earlier crash")
+
+
+def stays_up(service: ServiceHandle, seconds: float = STAY_UP_S) -> None:
+    """No death, restart or lost connection in the seconds after readiness (watched every 0.25 s)."""
+    __tracebackhide__ = True
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        problem = service.check_alive()
+        if problem is not None:
+            _fail(str(problem))
+        time.sleep(0.25)
+
+
+def health_answers(service: ServiceHandle) -> None:
+    """/v1/models lists a model; on SGLang's native API /health_generate answers 200."""
+    __tracebackhide__ = True
+    if not service.client.models():
+        _fail(f"{service.label}: /v1/models lists no model")
+    if service.native:
+        status = service.client.health_generate(timeout_s=30)
+        if status != 200:
+            _fail(f"{service.label}: /health_generate answered {status} after readiness")
+
+
+def served_models(service: ServiceHandle) -> dict[str, Any]:
+    """What the server says it serves, from each endpoint that says it: /v1/models ids, /model_info model_path,
+    /server_info model_path and served_model_name (SGLang's /v1/models id is the served name)."""
+    said: dict[str, Any] = {"/v1/models": service.client.models()}
+    if service.native:
+        model_info = service.client.model_info() or {}
+        server_info = service.server_info or {}
+        said["/model_info model_path"] = model_info.get("model_path")
+        said["/server_info model_path"] = server_info.get("model_path")
+        said["/server_info served_model_name"] = server_info.get("served_model_name")
+    return said
+
+
+def model_problems(said: dict[str, Any], profile_model: str | None) -> list[str]:
+    """Where the server's endpoints disagree with each other or with the profile's `model` (empty: they agree)."""
+    problems = []
+    listed = [str(m) for m in said.get("/v1/models") or []]
+    paths = {str(said[k]) for k in ("/model_info model_path", "/server_info model_path") if said.get(k)}
+    if len(paths) > 1:
+        problems.append(f"/model_info and /server_info name different model paths: {sorted(paths)}")
+    served = said.get("/server_info served_model_name") or next(iter(paths), None)
+    if served is not None and listed and str(served) not in listed:
+        problems.append(f"/v1/models lists {listed}, /server_info serves {served!r}")
+    if profile_model is not None:
+        known = set(listed) | paths | ({str(served)} if served else set())
+        if profile_model not in known:
+            problems.append(f"the profile's model {profile_model!r} is none of what the server names: "
+                            f"{sorted(known) or 'nothing'}")
+    return problems
+
+
+def serves_one_consistent_model(service: ServiceHandle) -> None:
+    """/v1/models, /model_info and /server_info name the same model, and it is the profile's `model` if set."""
+    __tracebackhide__ = True
+    said = served_models(service)
+    problems = model_problems(said, service.spec.model)
+    if problems:
+        _fail(f"{service.label}: " + "; ".join(problems) + f" (the server said: {said})")
+
+
+__all__ = ["STAY_UP_S", "has_not_restarted", "health_answers", "model_problems", "ready_by_real_generation",
+           "served_models", "serves_one_consistent_model", "serves_the_profiles_algorithm", "stays_up"]

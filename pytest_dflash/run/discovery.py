@@ -1,0 +1,94 @@
+"""What an attached server runs, read before tests are selected.
+
+`--attach URL` and `kind = "external"` services without an `algorithm` (AUTO) are asked once, at configure time,
+for /server_info's speculative_algorithm, so that speculative-only tests are never collected for a plain
+server (and the algorithm filter applies to attached servers as to provisioned ones). One read-only GET per
+service, in parallel across services, bounded by a short timeout; an answer that cannot be had leaves the
+service AUTO with the reason, and its service-layer test fails with it.
+
+Under xdist the controller asks and the workers take its answers (workerinput), so that every worker collects
+the same tests.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+from collections.abc import Mapping
+
+import httpx
+
+from pytest_dflash.config.profiles import AUTO, HostProfile, ServiceSpec
+from pytest_dflash.evidence.bounds import scrub
+
+DISCOVERY_TIMEOUT_S = 5.0
+INFO_CAP = 256 * 1024  # /server_info is ~31 KB on SGLang 0.5.17; anything far bigger is not it
+
+Answers = dict[str, dict[str, str]]  # "host/service" -> {"algorithm": ...} or {"error": ...}
+
+
+def pending(profiles: Mapping[str, HostProfile]) -> list[tuple[str, ServiceSpec]]:
+    return [(f"{host}/{name}", spec) for host, profile in profiles.items()
+            for name, spec in profile.services.items() if spec.algorithm == AUTO]
+
+
+def ask(spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S) -> dict[str, str]:
+    """{"algorithm": "DFLASH" | "NONE" | ...} from the server's /server_info, or {"error": why}."""
+    url = spec.url.rstrip("/")
+    key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with httpx.Client(timeout=timeout_s, headers=headers) as client:
+            for path in ("/server_info", "/get_server_info"):
+                with client.stream("GET", url + path) as response:
+                    if response.status_code == 404:
+                        continue
+                    body = b""
+                    for chunk in response.iter_bytes():
+                        body += chunk
+                        if len(body) > INFO_CAP:
+                            return {"error": f"GET {path} sent more than {INFO_CAP // 1024} KB: not SGLang's "
+                                             "server_info"}
+                    if response.status_code != 200:
+                        return {"error": f"GET {path} answered HTTP {response.status_code}"}
+                    info = httpx.Response(200, content=body).json()
+                    if not isinstance(info, dict):
+                        return {"error": f"GET {path} did not answer a JSON object"}
+                    return {"algorithm": str(info.get("speculative_algorithm") or "NONE").upper()}
+    except (httpx.HTTPError, ValueError) as exc:
+        return {"error": scrub(f"{type(exc).__name__}: {exc}", 300, "discovery")}
+    return {"algorithm": "NONE", "note": "no /server_info (not an SGLang server): treated as plain"}
+
+
+def discover(profiles: Mapping[str, HostProfile], timeout_s: float = DISCOVERY_TIMEOUT_S) -> Answers:
+    """Ask every AUTO service at once; the answers keyed "host/service"."""
+    todo = pending(profiles)
+    if not todo:
+        return {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
+        futures = {key: pool.submit(ask, spec, timeout_s) for key, spec in todo}
+        return {key: future.result() for key, future in futures.items()}
+
+
+def apply(profiles: Mapping[str, HostProfile], answers: Answers) -> dict[str, HostProfile]:
+    """The profiles with the answers in their service specs (the algorithm, else why it is unknown)."""
+    out: dict[str, HostProfile] = {}
+    for host, profile in profiles.items():
+        services = dict(profile.services)
+        for name, spec in profile.services.items():
+            answer = answers.get(f"{host}/{name}")
+            if spec.algorithm != AUTO or answer is None:
+                continue
+            if "algorithm" in answer:
+                services[name] = dataclasses.replace(spec, algorithm=answer["algorithm"])
+            else:
+                services[name] = dataclasses.replace(
+                    spec, discovery_error=f"{spec.url}/server_info could not be read before the tests were "
+                                          f"selected ({answer.get('error')}): its algorithm is unknown, so no "
+                                          "algorithm-specific test was selected for it")
+        out[host] = dataclasses.replace(profile, services=services) if services != profile.services else profile
+    return out
+
+
+__all__ = ["DISCOVERY_TIMEOUT_S", "apply", "ask", "discover", "pending"]
