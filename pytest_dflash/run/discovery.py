@@ -3,8 +3,10 @@
 `--attach URL` and `kind = "external"` services without an `algorithm` (AUTO) are asked once, at configure time,
 for /server_info's speculative_algorithm, so that speculative-only tests are never collected for a plain
 server (and the algorithm filter applies to attached servers as to provisioned ones). One read-only GET per
-service, in parallel across services, bounded by a short timeout; an answer that cannot be had leaves the
-service AUTO with the reason, and its service-layer test fails with it.
+service, in parallel across services. A server that refuses connections is not up yet (a deploy pipeline
+attaches right after a restart): it is asked again every 0.25 s until it answers, up to WAIT_UP_S (at most
+the service's ready_timeout); any other failure (an HTTP error, a timeout, garbage) is an answer at once. An
+answer that cannot be had leaves the service AUTO with the reason, and its service-layer test fails with it.
 
 Under xdist the controller asks and the workers take its answers (workerinput), so that every worker collects
 the same tests.
@@ -15,6 +17,8 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import sys
+import time
 from collections.abc import Mapping
 
 import httpx
@@ -23,6 +27,8 @@ from pytest_dflash.config.profiles import AUTO, HostProfile, ServiceSpec
 from pytest_dflash.evidence.bounds import scrub
 
 DISCOVERY_TIMEOUT_S = 5.0
+WAIT_UP_S = 180.0  # how long a server that refuses connections may take to open its port
+PROGRESS_EVERY_S = 10.0
 INFO_CAP = 256 * 1024  # /server_info is ~31 KB on SGLang 0.5.17; anything far bigger is not it
 
 Answers = dict[str, dict[str, str]]  # "host/service" -> {"algorithm": ...} or {"error": ...}
@@ -61,13 +67,33 @@ def ask(spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S) -> dict[str, 
     return {"algorithm": "NONE", "note": "no /server_info (not an SGLang server): treated as plain"}
 
 
-def discover(profiles: Mapping[str, HostProfile], timeout_s: float = DISCOVERY_TIMEOUT_S) -> Answers:
+def ask_when_up(key: str, spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S,
+                wait_up_s: float = WAIT_UP_S) -> dict[str, str]:
+    """ask(), again every 0.25 s while the server refuses connections (not up yet), within the wait budget."""
+    started = time.monotonic()
+    deadline = started + min(wait_up_s, spec.ready_timeout_s)
+    next_say = started + PROGRESS_EVERY_S
+    while True:
+        answer = ask(spec, timeout_s)
+        refused = "ConnectError" in answer.get("error", "")
+        now = time.monotonic()
+        if not refused or now >= deadline:
+            return answer
+        if now >= next_say:
+            print(f"[dflash] {key}: waiting {now - started:.0f}s for {spec.url} to answer /server_info "
+                  "(connection refused; its algorithm selects its tests)", file=sys.stderr, flush=True)
+            next_say = now + PROGRESS_EVERY_S
+        time.sleep(0.25)
+
+
+def discover(profiles: Mapping[str, HostProfile], timeout_s: float = DISCOVERY_TIMEOUT_S,
+             wait_up_s: float = WAIT_UP_S) -> Answers:
     """Ask every AUTO service at once; the answers keyed "host/service"."""
     todo = pending(profiles)
     if not todo:
         return {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
-        futures = {key: pool.submit(ask, spec, timeout_s) for key, spec in todo}
+        futures = {key: pool.submit(ask_when_up, key, spec, timeout_s, wait_up_s) for key, spec in todo}
         return {key: future.result() for key, future in futures.items()}
 
 
@@ -91,4 +117,4 @@ def apply(profiles: Mapping[str, HostProfile], answers: Answers) -> dict[str, Ho
     return out
 
 
-__all__ = ["DISCOVERY_TIMEOUT_S", "apply", "ask", "discover", "pending"]
+__all__ = ["DISCOVERY_TIMEOUT_S", "WAIT_UP_S", "apply", "ask", "ask_when_up", "discover", "pending"]

@@ -111,6 +111,21 @@ class _InFlight:
         return time.monotonic() - self.started
 
 
+SAMPLED_PENDING = "sampled generation (top_k=20, top_p=0.9) not answered yet"
+
+
+def _generation_answered(report: ReadyReport, phase: str, request_s: float, elapsed_s: float) -> bool:
+    """Record a readiness generation that was answered; True when that completes readiness (the sampled one)."""
+    if phase == "greedy":
+        report.greedy_s, report.greedy_request_s = elapsed_s, request_s
+        return False
+    report.sampled_s, report.sampled_request_s = elapsed_s, request_s
+    report.total_s = elapsed_s
+    if request_s > 30:
+        report.notes.append(f"first sampled request took {format_seconds(request_s)} (a cold kernel JIT?)")
+    return True
+
+
 @dataclass
 class ReadinessWatcher:
     """Waits for one service to be ready, failing fast when it dies or restarts."""
@@ -190,16 +205,10 @@ class ReadinessWatcher:
                 elif in_flight is not None and in_flight.done:
                     finished, in_flight = in_flight, None
                     if finished.result is not None:
-                        if phase == "greedy":
-                            report.greedy_s, report.greedy_request_s = now - started, finished.age
-                            phase, problem = "sampled", "sampled generation (top_k=20, top_p=0.9) not answered yet"
-                            continue
-                        report.sampled_s, report.sampled_request_s = now - started, finished.age
-                        report.total_s = now - started
-                        if finished.age > 30:
-                            report.notes.append(f"first sampled request took {format_seconds(finished.age)} "
-                                                "(a cold kernel JIT?)")
-                        return report
+                        if _generation_answered(report, phase, finished.age, now - started):
+                            return report
+                        phase, problem = "sampled", SAMPLED_PENDING
+                        continue
                     error = finished.error
                     assert error is not None
                     problem = str(error)
@@ -317,16 +326,10 @@ class ReadinessWatcher:
                         raise ServiceNotReady(self.service.name, now - started,
                                               f"warmup phase: {HEALTH_PATH} answered HTTP {status}")
                     continue
-                if phase == "greedy":
-                    report.greedy_s, report.greedy_request_s = now - started, finished.age
-                    phase, problem = "sampled", "sampled generation (top_k=20, top_p=0.9) not answered yet"
-                    continue
-                report.sampled_s, report.sampled_request_s = now - started, finished.age
-                report.total_s = now - started
-                if finished.age > 30:
-                    report.notes.append(f"first sampled request took {format_seconds(finished.age)} "
-                                        "(a cold kernel JIT?)")
-                return report
+                if _generation_answered(report, phase, finished.age, now - started):
+                    return report
+                phase, problem = "sampled", SAMPLED_PENDING
+                continue
             error = finished.error
             problem = str(error)
             if error.cause == "refused":
