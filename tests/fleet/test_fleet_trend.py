@@ -9,6 +9,8 @@ from support.fleet_helpers import BROKEN, GREEN, SERVICES, make_verdict
 
 from pytest_dflash.cli import main
 from pytest_dflash.fleet import summary as fleet
+from pytest_dflash.fleet import trend
+from pytest_dflash.fleet.values import iso
 
 DAY = 86400.0
 T0 = 1796000000.0
@@ -49,7 +51,7 @@ def test_three_nights_new_failure_still_failing_fixed_disappeared(tmp_path: Path
     ttft = perf[("gpu-a", "dflash.ttft_p99_ms")]
     assert ttft["pct"] == 60.0 and ttft["regression"], "a higher latency is a regression"
     gpu_b = second["hosts"]["gpu-b"]
-    assert gpu_b["failing_since"] == fleet.iso(T0 + DAY)
+    assert gpu_b["failing_since"] == iso(T0 + DAY)
     assert gpu_b["last_good"]["run_id"] == "n1"
     assert gpu_b["changed"]["basis"] == "services" and gpu_b["changed"]["count"] == 0
     night3 = tmp_path / "n3"
@@ -60,8 +62,8 @@ def test_three_nights_new_failure_still_failing_fixed_disappeared(tmp_path: Path
     third = _merge(night3, out)
     trend = third["trend"]
     assert [f["host"] for f in trend["new_failures"]] == ["gpu-d"] and trend["still_failing"] == ["gpu-b"]
-    assert third["hosts"]["gpu-b"]["failing_since"] == fleet.iso(T0 + DAY), "the streak started on night 2"
-    assert third["hosts"]["gpu-d"]["failing_since"] == fleet.iso(T0 + 2 * DAY)
+    assert third["hosts"]["gpu-b"]["failing_since"] == iso(T0 + DAY), "the streak started on night 2"
+    assert third["hosts"]["gpu-d"]["failing_since"] == iso(T0 + 2 * DAY)
     night4 = tmp_path / "n4"
     make_verdict(night4, "gpu-b", GREEN, run_id="n4", finished=T0 + 3 * DAY)
     fourth = _merge(night4, out, "--exclude", "gpu-d")
@@ -155,9 +157,9 @@ def test_direction_of_perf_numbers_the_perf_layer_writes() -> None:
                          "perf.dflash.client_saturated"]
     worse_when_lower = ["perf.dflash.output_throughput", "perf.dflash.request_throughput", "perf.dflash.accept_length",
                         "perf.ddtree.speedup_vs_dflash", "perf.dflash.output_tok_s.pass", "service:dflash.accept_length"]
-    assert all(fleet.lower_is_better(m) for m in worse_when_higher)
-    assert not any(fleet.lower_is_better(m) for m in worse_when_lower)
-    deltas = fleet.perf_deltas({"perf.dflash.failed": 0.0, "perf.dflash.output_throughput": 100.0},
+    assert all(trend.lower_is_better(m) for m in worse_when_higher)
+    assert not any(trend.lower_is_better(m) for m in worse_when_lower)
+    deltas = trend.perf_deltas({"perf.dflash.failed": 0.0, "perf.dflash.output_throughput": 100.0},
                                {"perf.dflash.failed": 3.0, "perf.dflash.output_throughput": 103.0}, 5.0)
     assert deltas["perf.dflash.failed"]["regression"] and deltas["perf.dflash.failed"]["pct"] is None
     assert not deltas["perf.dflash.output_throughput"]["significant"]

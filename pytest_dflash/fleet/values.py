@@ -1,0 +1,55 @@
+"""Flat values of verdicts and summaries: timestamps, nested objects as dotted keys, their numbers."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+
+def parse_time(value: Any) -> float | None:
+    """A verdict's ISO time (`2026-11-30T04:53:28+0000`) -> unix seconds; None when absent or malformed."""
+    if not isinstance(value, str) or not value:
+        return None
+    for parse in (lambda v: datetime.strptime(v, "%Y-%m-%dT%H:%M:%S%z"), datetime.fromisoformat):
+        try:
+            return parse(value).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+def iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(ts))
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested objects -> {"a.b.c": scalar}; a list of scalars stays one value, a list of objects is indexed."""
+    out: dict[str, Any] = {}
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(value, list) and any(isinstance(item, Mapping | list) for item in value):
+        for index, item in enumerate(value):
+            out.update(flatten(item, f"{prefix}[{index}]"))
+    else:
+        out[prefix] = value
+    return out
+
+
+def numbers(value: Any) -> dict[str, float]:
+    """The finite numeric leaves of a nested object (bools are not numbers)."""
+    return {key: float(item) for key, item in flatten(value).items()
+            if isinstance(item, int | float) and not isinstance(item, bool) and math.isfinite(item)}
+
+
+def host_numbers(entry: Mapping[str, Any]) -> dict[str, float]:
+    """Perf-like numbers of a summary host entry: perf metrics, then service readiness and accept length."""
+    values = dict(entry.get("metrics", {}))
+    for service, facts in entry.get("services", {}).items():
+        for key in ("accept_length", "ready_s"):
+            if isinstance(facts.get(key), int | float):
+                values[f"service:{service}.{key}"] = float(facts[key])
+    return values
