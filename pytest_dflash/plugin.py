@@ -36,7 +36,7 @@ pytest_plugins: list[str] = ["pytest_dflash.run.fixtures", "pytest_dflash.layers
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    options.add_core_options(parser)
+    options.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,14 +1,17 @@
-"""Options: the core flags of the plugin and the helpers every layer module uses for its own.
+"""Options: every flag and ini key the plugin declares, and the one set of validators that read them.
 
 Each option is a command-line flag and an ini key of the same name (dflash_ prefix); the command line wins.
-Values are parsed here, at the edge, and a bad one is a `pytest.UsageError` that names flag and ini key.
+The declarations are the tables below (`Opt`: flag, ini key, help, kind, ini default), registered together
+by `add_options`; a layer turns the values into its typed settings with the validators here (`text`,
+`number`, `duration`, `flag`, `path`), so a bad value is always a `pytest.UsageError` naming flag and ini key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -45,6 +48,9 @@ def option_source(options: Sequence[Option], dest: str) -> str:
 HOST_HELP = ("host profile to test: a name looked up in --hosts-dir (or the built-in 'local'), "
              "or a path to a .toml file; repeatable")
 ATTACH_HELP = "attach to an already running OpenAI-compatible server at URL (no host access); repeatable"
+ATTACH_LOG_COMMAND_HELP = ("a command on this machine printing the attached server's log, for failure evidence, e.g. "
+                           "'kubectl logs deploy/sglang --since-time={since}'; once for every --attach, or once per "
+                           "--attach in order")
 PROVISION_HELP = ("deploy and start the profile's services (systemd units / processes) and remove them afterwards; "
                   "default: attach to the services already running")
 KEEP_HELP = "leave provisioned services running after the run (for debugging)"
@@ -55,8 +61,9 @@ READY_TIMEOUT_HELP = "override every service's readiness budget (e.g. 90s, 15m)"
 GATE_HELP = ("comma-separated layers that must pass on every host for exit code 0, e.g. "
              "'host,service,generation,parity' (see docs/gating.md)")
 LOCK_WAIT_HELP = "how long to wait for another run's host lock before failing (default 10m)"
-FLEET_HELP = ("test every host of a fleet: a folder of *.toml profiles, or an Ansible-style YAML/INI inventory "
-              "FILE[:GROUP] whose hosts name a base profile in their dflash_profile var")
+FLEET_HELP = ("test every host of a fleet: a folder of *.toml profiles, or an Ansible inventory FILE[:GROUP] "
+              "(YAML, INI or a dynamic script; resolved by ansible-inventory when installed) whose hosts name a "
+              "base profile in their dflash_profile var")
 SHARD_HELP = "run only shard I of N of the hosts (1-based, deterministic by host name), e.g. --shard 2/8"
 REQUEST_TIMEOUT_HELP = "timeout of one HTTP request made by a test (default 60s; readiness has its own budgets)"
 
@@ -68,6 +75,8 @@ def add_core_options(parser: pytest.Parser) -> None:
                     help=HOST_HELP)
     group.addoption("--attach", action="append", dest="dflash_attach", default=None, metavar="URL",
                     help=ATTACH_HELP)
+    group.addoption("--attach-log-command", action="append", dest="dflash_attach_log_command", default=None,
+                    metavar="CMD", help=ATTACH_LOG_COMMAND_HELP)
     group.addoption("--provision", action="store_true", dest="dflash_provision", default=None,
                     help=PROVISION_HELP)
     group.addoption("--keep", action="store_true", dest="dflash_keep", default=None, help=KEEP_HELP)
@@ -86,6 +95,7 @@ def add_core_options(parser: pytest.Parser) -> None:
     group.addoption("--shard", dest="dflash_shard", default=None, metavar="I/N", help=SHARD_HELP)
     parser.addini("dflash_hosts", HOST_HELP, type="linelist", default=[])
     parser.addini("dflash_attach", ATTACH_HELP, type="linelist", default=[])
+    parser.addini("dflash_attach_log_command", ATTACH_LOG_COMMAND_HELP, type="linelist", default=[])
     parser.addini("dflash_provision", PROVISION_HELP, type="bool", default=False)
     parser.addini("dflash_keep", KEEP_HELP, type="bool", default=False)
     parser.addini("dflash_journal_lines", JOURNAL_LINES_HELP, default="200")
@@ -140,3 +150,158 @@ def gate_layers(config: pytest.Config) -> list[str]:
 def report_dir(config: pytest.Config) -> Path:
     path = Path(str(option(config, "dflash_report")))
     return path if path.is_absolute() else config.invocation_params.dir / path
+
+
+# ---- the declarations ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Opt:
+    """One option: `--flag` on the command line, `dest` as the ini key. kind: "text" (a value), "flag" (a
+    switch, ini bool) or "list" (repeatable, ini linelist)."""
+
+    flag: str
+    dest: str
+    help: str
+    kind: Literal["text", "flag", "list"] = "text"
+    ini_default: str = ""
+    metavar: str | None = None
+
+
+GPU_OPTIONS: tuple[Opt, ...] = (
+    Opt("--save-env-snapshot", "dflash_save_env_snapshot",
+        "write the env layer's package/driver snapshot of every host to FILE (JSON)", metavar="FILE"),
+    Opt("--env-baseline", "dflash_env_baseline",
+        "fail the env layer when a host's serving stack differs from the snapshot in FILE", metavar="FILE"),
+    Opt("--dflash-probe-dump", "dflash_probe_dump",
+        "write every probe's raw JSON output under DIR/<host>/ (evidence, test data)", metavar="DIR"),
+    Opt("--jit-arch-list", "dflash_jit_arch_list",
+        "FLASHINFER_CUDA_ARCH_LIST for the kernels layer's compile step on hosts without a GPU (default '9.0'; "
+        "the service's own FLASHINFER_CUDA_ARCH_LIST wins)", ini_default="9.0", metavar="LIST"),
+    Opt("--jit-objects", "dflash_jit_objects",
+        "compile only these sources of each FlashInfer module on hosts without a GPU, e.g. 'renorm' "
+        "(comma-separated; a cheaper compile-only check, no link)", metavar="NAMES"),
+    Opt("--jit-jobs", "dflash_jit_jobs",
+        "parallel compile jobs for the kernels layer's JIT builds (default: ninja's, or MAX_JOBS)", metavar="N"),
+    Opt("--kernels-timeout", "dflash_kernels_timeout",
+        "deadline for one cold JIT build + run in the kernels layer (default 25m)", ini_default="25m",
+        metavar="DURATION"),
+    Opt("--allow-gpu-use", "dflash_allow_gpu_use",
+        "let the kernels layer build and launch kernels on the host's GPUs in attach mode (next to the running "
+        "services); without it those tests skip. With --provision they always run", kind="flag"),
+)
+
+GENERATION_PARITY_OPTIONS: tuple[Opt, ...] = (
+    Opt("--parity-prompts", "dflash_parity_prompts",
+        "extra prompts for the parity layer (added to the built-in set): a .json list of strings or "
+        "{\"name\", \"text\"} objects, or a text file with one prompt per line"),
+    Opt("--parity-max-tokens", "dflash_parity_max_tokens",
+        "greedy tokens compared per prompt in the parity layer (default 64)"),
+    Opt("--parity-tie-gap", "dflash_parity_tie_gap",
+        "logprob gap at or below which a divergence is a numerical tie (default: the profile's [parity] tie_gap, "
+        "else 0.001)"),
+    Opt("--parity-max-tie-rate", "dflash_parity_max_tie_rate",
+        "fraction of prompts allowed to diverge at numerical ties (default: the profile's [parity] max_tie_rate, "
+        "else 0.25)"),
+    Opt("--parity-noise-gap", "dflash_parity_noise_gap",
+        "a divergence within this many nats of the top logprob is numerical noise, counted with ties, when the "
+        "compared service gives the reference's token for the prompt sent again alone (default: the profile's "
+        "[parity] noise_gap, else 0.5)"),
+    Opt("--parity-plain-port", "dflash_parity_plain_port",
+        "port of the plain (non-speculative) server the parity layer derives and starts under --provision when "
+        "the profile has none (default: the reference's port + 100; process services: a free port)"),
+    Opt("--dist-samples", "dflash_dist_samples",
+        "samples per prompt and service for distribution parity (default 200; fewer than 200 makes the test "
+        "inconclusive, which fails it)"),
+    Opt("--dist-tokens", "dflash_dist_tokens",
+        "the first K tokens of every sample are compared in distribution parity (default 4)"),
+    Opt("--dist-alpha", "dflash_dist_alpha",
+        "family-wise false-alarm rate of distribution parity per service pair (default 0.001)"),
+    Opt("--dist-temperature", "dflash_dist_temperature", "sampling temperature of distribution parity (default 1.0)"),
+    Opt("--dist-seed", "dflash_dist_seed",
+        "first sampling seed of distribution parity (default 0; another value draws a fresh sample)"),
+    Opt("--ddtree-accept-ratio", "dflash_ddtree_accept_ratio",
+        "DDTREE's mean accept length must be at least RATIO x DFLASH's on the same prompts (default 1.0; 'off' "
+        "disables the check)"),
+    Opt("--gen-concurrency", "dflash_gen_concurrency",
+        "concurrent sampled requests in the generation layer's concurrency test (default 16)"),
+    Opt("--long-prompt-tokens", "dflash_long_prompt_tokens",
+        "cap in tokens on the generation layer's long prompt (default: none, 90 percent of the served context)"),
+    Opt("--allow-state-changes", "dflash_allow_state_changes",
+        "send requests that change a server's state (POST /flush_cache before accept-length measurements) also "
+        "to servers this run did not start (attach mode); without it they are never sent there: the perf run "
+        "skips the server-side accept length, and an accept length that needs a flush is skipped naming this "
+        "option", kind="flag"),
+)
+
+DECLARED: tuple[Opt, ...] = GPU_OPTIONS + GENERATION_PARITY_OPTIONS
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Register every option of the plugin: the core ones, then each table above."""
+    add_core_options(parser)
+    group = parser.getgroup("dflash")
+    for opt in DECLARED:
+        if opt.kind == "flag":
+            group.addoption(opt.flag, action="store_true", dest=opt.dest, default=None, help=opt.help)
+            parser.addini(opt.dest, opt.help, type="bool", default=False)
+        else:
+            metavar = opt.metavar or opt.flag.rsplit("-", 1)[-1].upper()
+            group.addoption(opt.flag, dest=opt.dest, default=None, metavar=metavar, help=opt.help)
+            parser.addini(opt.dest, opt.help, default=opt.ini_default)
+
+
+def where(dest: str) -> str:
+    """'--flag / ini_key' of a declared option, for messages that say where a bad value came from."""
+    flag = next((o.flag for o in DECLARED if o.dest == dest), "--" + dest.removeprefix("dflash_").replace("_", "-"))
+    return f"{flag} / {dest}"
+
+
+def text(config: pytest.Config, dest: str) -> str:
+    """The option's value as stripped text: the command line, else the ini key, else ''."""
+    return option_text(config, dest)
+
+
+def flag(config: pytest.Config, dest: str) -> bool:
+    """A switch: the command line if given, else the ini key (bool)."""
+    value = config.getoption(dest)
+    return bool(value if value is not None else config.getini(dest))
+
+
+def number(config: pytest.Config, dest: str, kind: type[int] | type[float], default: Any, *,
+           low: float | None = None, high: float | None = None, allow_off: bool = False) -> Any:
+    """An int or float option within [low, high]; '' -> default; 'off' -> None where allowed."""
+    raw = option_text(config, dest)
+    if not raw:
+        return default
+    if allow_off and raw.lower() in ("off", "none", "no"):
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        expected = "an integer" if kind is int else "a number"
+        raise pytest.UsageError(f"{where(dest)}: {raw!r} is not {expected}") from None
+    if (low is not None and value < low) or (high is not None and value > high):
+        span = f"[{low:g}, {high:g}]" if high is not None else f">= {low:g}"
+        raise pytest.UsageError(f"{where(dest)}: {raw!r} must be {span}")
+    return value
+
+
+def duration(config: pytest.Config, dest: str, default: str) -> float:
+    """A duration option ('90s', '25m') in seconds."""
+    try:
+        return parse_seconds(option_text(config, dest) or default, where=where(dest))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def path(config: pytest.Config, dest: str, *, must_exist: bool = False) -> Path | None:
+    """A path option, relative to the directory pytest was started in; None when not given."""
+    raw = option_text(config, dest)
+    if not raw:
+        return None
+    found = Path(raw).expanduser()
+    found = found if found.is_absolute() else config.invocation_params.dir / found
+    if must_exist and not found.exists():
+        raise pytest.UsageError(f"{where(dest)}: {found} does not exist")
+    return found

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 import pytest
 
 from pytest_dflash.client import GREEDY, SAMPLED, Generation, InferenceClient, Sampling, Stream
+from pytest_dflash.config.profiles import AUTO
 from pytest_dflash.errors import ApiError, DflashError
 
 if TYPE_CHECKING:
@@ -542,8 +543,12 @@ def accept_length(client: InferenceClient, prompts: Sequence[str], *, max_tokens
 
 def served_algorithm_unknown(service: ServiceHandle) -> str | None:
     """Why the served algorithm cannot be compared with the profile's (skip reason), or None."""
-    if service.spec.discovery_error is None and not service.native:
+    if service.spec.discovery_error is not None:
+        return None  # check_served_algorithm fails with it
+    if not service.native:
         return "needs SGLang's /server_info (not an SGLang server)"
+    if service.spec.algorithm == AUTO:
+        return "the attached server's algorithm was not read before the tests were selected (no profile algorithm)"
     return None
 
 

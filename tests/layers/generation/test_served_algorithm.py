@@ -8,6 +8,7 @@ import pytest
 
 from pytest_dflash.config.profiles import attach_profile, load_profile
 from pytest_dflash.layers.generation import checks as generation
+from pytest_dflash.run import discovery
 from pytest_dflash.run.state import DflashRun, RunOptions, ServiceHandle
 
 LOCAL = Path(__file__).parents[3] / "pytest_dflash" / "config" / "builtin" / "local.toml"
@@ -33,10 +34,32 @@ def test_the_profiles_algorithm_passes_whatever_its_case() -> None:
     generation.check_served_algorithm(_local("none", {"speculative_algorithm": None}))
 
 
-def test_without_server_info_or_for_an_attached_url_nothing_is_compared() -> None:
-    assert generation.served_algorithm_unknown(_local("dflash", None))
+def _attached(answers: dict[str, dict[str, str]] | None) -> ServiceHandle:
     profile = attach_profile("http://127.0.0.1:30000", 0)
-    attached = DflashRun({profile.name: profile}, RunOptions(), "r1").host(profile.name).service("attached")
+    profiles = discovery.apply({profile.name: profile}, answers or {})
+    return DflashRun(profiles, RunOptions(), "r1").host(profile.name).service("attached")
+
+
+def test_without_server_info_or_an_algorithm_nothing_is_compared() -> None:
+    assert generation.served_algorithm_unknown(_local("dflash", None))
+    never_asked = _attached(None)  # AUTO, discovery never ran (outside the plugin)
+    never_asked.server_info = {"speculative_algorithm": "DFLASH"}
+    assert "was not read before the tests were selected" in str(generation.served_algorithm_unknown(never_asked))
+
+
+def test_an_attached_server_is_compared_with_what_it_said_at_collection() -> None:
+    attached = _attached({"127.0.0.1:30000/attached": {"algorithm": "DFLASH"}})
     attached.server_info = {"speculative_algorithm": "DFLASH"}
-    assert "needs SGLang's /server_info and a profile that names the algorithm" in str(
-        generation.served_algorithm_unknown(attached))
+    assert attached.spec.algorithm == "DFLASH" and generation.served_algorithm_unknown(attached) is None
+    generation.check_served_algorithm(attached)
+    attached.server_info = {"speculative_algorithm": None}  # restarted without speculation since collection
+    with pytest.raises(AssertionError, match="the profile says DFLASH, the server runs NONE"):
+        generation.check_served_algorithm(attached)
+
+
+def test_an_attached_server_that_could_not_be_asked_fails_with_why() -> None:
+    attached = _attached({"127.0.0.1:30000/attached": {"error": "ConnectError: [Errno 111] Connection refused"}})
+    attached.server_info = {"speculative_algorithm": "DFLASH"}
+    assert generation.served_algorithm_unknown(attached) is None
+    with pytest.raises(AssertionError, match=r"could not be read before the tests were selected \(ConnectError"):
+        generation.check_served_algorithm(attached)

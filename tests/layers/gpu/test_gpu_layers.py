@@ -113,7 +113,8 @@ def test_env_snapshot_then_baseline_drift(pytester: pytest.Pytester, tmp_path: P
 
 @pytest.mark.parametrize(("option", "message"), [
     ("--jit-arch-list=hopper", "--jit-arch-list / dflash_jit_arch_list: not a CUDA architecture: 'hopper'"),
-    ("--jit-jobs=0", "--jit-jobs / dflash_jit_jobs: '0' is not a positive integer"),
+    ("--jit-jobs=0", "--jit-jobs / dflash_jit_jobs: '0' must be >= 1"),
+    ("--jit-jobs=two", "--jit-jobs / dflash_jit_jobs: 'two' is not an integer"),
     ("--env-baseline=/nonexistent/good.json", "--env-baseline / dflash_env_baseline: /nonexistent/good.json does "
                                               "not exist"),
     ("--kernels-timeout=soon", "--kernels-timeout / dflash_kernels_timeout: 'soon' is not a duration"),
