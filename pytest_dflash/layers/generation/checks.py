@@ -524,20 +524,6 @@ def still_serving(client: InferenceClient, *, native: bool, timeout_s: float = 3
     check_completion_shape(gen, sampling, what="greedy request after the test")
 
 
-# ---- accept length (the smoke suite's slice; the parity suite uses layers.parity.acceptance) ----------------------
-
-
-def accept_length(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int = 64) -> float:
-    """Mean accept length (tokens per verify step, bonus included) over `prompts`."""
-    __tracebackhide__ = True
-    from pytest_dflash.layers.parity.acceptance import AcceptanceUnavailable, measure
-
-    try:
-        return measure(client, prompts, max_tokens=max_tokens).mean
-    except AcceptanceUnavailable as exc:
-        _fail(str(exc))
-
-
 # ---- what is served -------------------------------------------------------------------------------------
 
 
@@ -706,13 +692,48 @@ def check_seed_variation(variation: SeedVariation, *, api: Api, log_line: Callab
           "have left the journal); check the speculative verifier's sampling path")
 
 
-__all__ = ["APIS", "BAD_REQUESTS", "GREEDY", "PATHS", "SAMPLED", "SAMPLING_CASES", "Api", "ContextLimit",
-           "SeedVariation", "StreamCheck", "accept_length", "bad_request", "check_completion_shape",
-           "check_full_length", "check_seed_variation", "check_served_algorithm", "check_stream", "concurrent_sampled",
-           "context_limit", "generate_batch", "greedy", "long_prompt", "max_tokens_boundary", "n_samples", "request",
-           "request_stream", "require_api", "sample_seeds", "sampled", "sampled_case", "sampling_varies_with_seed",
-           "served_algorithm_unknown", "service_log_line", "still_serving", "stop_string", "stop_token_id",
-           "streamed"]
+__all__ = [
+    "APIS",
+    "BAD_REQUESTS",
+    "GREEDY",
+    "PATHS",
+    "SAMPLED",
+    "SAMPLING_CASES",
+    "Api",
+    "ContextLimit",
+    "SeedVariation",
+    "StreamCheck",
+    "bad_parameters",
+    "bad_request",
+    "check_completion_shape",
+    "check_full_length",
+    "check_seed_variation",
+    "check_served_algorithm",
+    "check_stream",
+    "concurrent_sampled",
+    "context_limit",
+    "default_api",
+    "generate_batch",
+    "greedy",
+    "long_prompt",
+    "long_prompt_near_context",
+    "max_tokens_boundary",
+    "n_samples",
+    "request",
+    "request_stream",
+    "require_api",
+    "sample_seeds",
+    "sampled",
+    "sampled_case",
+    "sampling_varies_with_seed",
+    "served_algorithm_unknown",
+    "service_log_line",
+    "still_serving",
+    "stop_string",
+    "stop_token_id",
+    "streamed",
+    "use_api",
+]
 
 
 def sampling_varies_with_seed(service: ServiceHandle, api: Api | None = None) -> SeedVariation:
