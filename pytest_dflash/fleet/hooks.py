@@ -7,6 +7,7 @@ summary that was there before and "what changed" against each host's last good v
 single-runner nightly needs no merge step.
 
     pytest --fleet hosts/ suites/smoke -n auto --prometheus /var/lib/node_exporter/textfile/dflash.prom
+    pytest --fleet inventory.yml suites/smoke -n 8 --prometheus-push http://pushgateway:9091/metrics/job/nightly
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ from typing import Any
 
 import pytest
 
+from pytest_dflash.fleet import prometheus
 from pytest_dflash.fleet import summary as fleet_summary
 from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
 
 PROMETHEUS_HELP = ("also write the run's Prometheus textfile (node_exporter textfile-collector format, atomic) "
                    "to FILE; the report dir always gets fleet.prom")
+PUSH_HELP = ("also push the run's metrics to this Prometheus Pushgateway (PUT, 10 s timeout): http://HOST:9091 "
+             "(job pytest-dflash) or a group URL http://HOST:9091/metrics/job/NAME[/LABEL/VALUE]...; a failed push "
+             "is reported and does not change the exit code")
 PREVIOUS_HELP = ("the previous fleet-summary.json to compare with (default: the one already in the report dir, "
                  "e.g. restored from a CI cache)")
 HISTORY_HELP = "folder of per-host last good verdicts (default: <report dir>/history)"
@@ -31,12 +36,14 @@ RESULT_KEY = pytest.StashKey[dict[str, Any]]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("dflash")
     group.addoption("--prometheus", dest="dflash_prometheus", default=None, metavar="FILE", help=PROMETHEUS_HELP)
+    group.addoption("--prometheus-push", dest="dflash_prometheus_push", default=None, metavar="URL", help=PUSH_HELP)
     group.addoption("--previous-summary", dest="dflash_previous_summary", default=None, metavar="FILE",
                     help=PREVIOUS_HELP)
     group.addoption("--dflash-history", dest="dflash_history", default=None, metavar="DIR", help=HISTORY_HELP)
     group.addoption("--no-fleet-summary", dest="dflash_fleet_summary", action="store_false", default=None,
                     help=NO_SUMMARY_HELP)
     parser.addini("dflash_prometheus", PROMETHEUS_HELP, default="")
+    parser.addini("dflash_prometheus_push", PUSH_HELP, default="")
     parser.addini("dflash_previous_summary", PREVIOUS_HELP, default="")
     parser.addini("dflash_history", HISTORY_HELP, default="")
     parser.addini("dflash_fleet_summary", "write the fleet summary at the end of a run (default true)", type="bool",
@@ -61,6 +68,11 @@ def pytest_configure(config: pytest.Config) -> None:
     previous = _path(config, "dflash_previous_summary")
     if previous is not None and not previous.is_file():
         raise pytest.UsageError(f"--previous-summary / dflash_previous_summary: {previous}: no such file")
+    if push_url := _push_url(config):
+        try:
+            prometheus.check_push_url(push_url)
+        except prometheus.PushError as exc:
+            raise pytest.UsageError(f"--prometheus-push / dflash_prometheus_push: {exc}") from None
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_LoadGroupToWorkers(config), "dflash-fleet-loadgroup")
 
@@ -120,6 +132,10 @@ def _targets(config: pytest.Config) -> bool:
     return run is not None and bool(run.profiles)
 
 
+def _push_url(config: pytest.Config) -> str:
+    return str(config.getoption("dflash_prometheus_push") or config.getini("dflash_prometheus_push") or "").strip()
+
+
 def _enabled(config: pytest.Config) -> bool:
     option = config.getoption("dflash_fleet_summary")
     return bool(config.getini("dflash_fleet_summary")) if option is None else bool(option)
@@ -156,6 +172,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     except (OSError, fleet_summary.FleetInputError) as exc:
         # The verdicts and the exit code stand; the summary is a view of them.
         result["error"] = f"fleet summary not written: {exc}"
+    if "summary" in result and (push_url := _push_url(config)):
+        try:
+            result["pushed"] = prometheus.push(push_url, result["summary"])
+        except prometheus.PushError as exc:
+            result["push_error"] = f"prometheus push failed: {exc}"
     config.stash[RESULT_KEY] = result
 
 
@@ -164,7 +185,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     result = config.stash.get(RESULT_KEY, None)
     if not result:
         return
-    for key in ("warning", "error"):
+    for key in ("warning", "error", "push_error"):
         if key in result:
             terminalreporter.write_line(f"dflash: {result[key]}", red=True)
     summary = result.get("summary")
@@ -179,3 +200,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.write_line(f"fleet summary: {result['outputs'].summary_html}")
     for path in result["outputs"].prometheus[1:]:
         terminalreporter.write_line(f"prometheus: {path}")
+    if "pushed" in result:
+        terminalreporter.write_line(f"prometheus push: {result['pushed']}")

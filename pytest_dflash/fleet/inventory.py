@@ -3,7 +3,14 @@
     --fleet hosts/                      every *.toml profile in the folder
     --fleet inventory.yml[:GROUP]       an Ansible YAML inventory (default group: all)
     --fleet inventory.ini[:GROUP]       an Ansible INI inventory
+    --fleet inventory.py[:GROUP]        a dynamic inventory script (needs ansible-inventory)
     --shard 2/8                         this runner takes the 2nd of 8 deterministic host shards
+
+Inventories are resolved by Ansible itself when `ansible-inventory` is installed (`ansible-inventory -i FILE
+--list`: host ranges such as gpu[01:64], group_vars/ and host_vars/ beside the inventory, inventory plugins and
+dynamic scripts, exactly as a playbook sees them). It is looked up in $DFLASH_ANSIBLE_INVENTORY (a path, or
+"none" for the built-in parser), then on PATH, then next to the running Python (a venv's bin/). Without it, a
+built-in parser reads static YAML and INI inventories (groups, children, vars; no ranges, no group_vars files).
 
 An inventory host becomes a profile: its `dflash_profile` var names a base TOML profile (relative to the
 inventory file, or a name in --hosts-dir), and the Ansible connection vars override how it is reached:
@@ -20,7 +27,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
+import os
+import re
 import shlex
+import shutil
+import subprocess
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -71,7 +84,26 @@ def load_fleet(spec: str, hosts_dir: Path) -> list[HostProfile]:
     return [_profile_for(path, name, hostvars, hosts_dir) for name, hostvars in sorted(hosts.items())]
 
 
+ANSIBLE_ENV = "DFLASH_ANSIBLE_INVENTORY"
+ANSIBLE_TIMEOUT_S = 120.0  # a dynamic inventory script may query a CMDB; it may not hang the run
+INSTALL_HINT = "apt-get install ansible-core, or pip install ansible-core"
+
+
+def ansible_inventory() -> str | None:
+    """The ansible-inventory executable that resolves inventories, or None for the built-in parser."""
+    override = os.environ.get(ANSIBLE_ENV)
+    if override is not None:
+        return None if override.strip().lower() in ("", "none", "0", "off", "builtin") else override
+    beside_python = Path(sys.executable).parent / "ansible-inventory"
+    return shutil.which("ansible-inventory") or (str(beside_python) if os.access(beside_python, os.X_OK) else None)
+
+
 def _inventory_hosts(path: Path, group: str) -> dict[str, dict[str, Any]]:
+    executable = ansible_inventory()
+    if executable is not None:
+        return _ansible_hosts(executable, path, group)
+    if _is_script(path):
+        raise InventoryError(str(path), "", f"a dynamic inventory script needs ansible-inventory ({INSTALL_HINT})")
     text = path.read_text(encoding="utf-8")
     if path.suffix in (".yml", ".yaml"):
         try:
@@ -89,6 +121,74 @@ def _inventory_hosts(path: Path, group: str) -> dict[str, dict[str, Any]]:
     everyone = _resolve(groups, "all", {}, str(path), ())
     members = set(_resolve(groups, group, {}, str(path), ()))
     return {name: hostvars for name, hostvars in everyone.items() if name in members}
+
+
+def _is_script(path: Path) -> bool:
+    if not os.access(path, os.X_OK):
+        return False
+    with path.open("rb") as handle:
+        return handle.read(2) == b"#!"
+
+
+def _ansible_hosts(executable: str, path: Path, group: str) -> dict[str, dict[str, Any]]:
+    """The hosts of `group` and their merged vars, as `ansible-inventory -i PATH --list` resolves them."""
+    data = _ansible_list(executable, path)
+    meta = data.pop("_meta", {}) if isinstance(data.get("_meta"), dict) else {}
+    hostvars: Mapping[str, Any] = meta.get("hostvars") or {}
+    groups = {name: body for name, body in data.items() if isinstance(body, dict)}
+    groups.setdefault("all", {"children": [g for g in groups if g != "all"]})
+    if group not in groups:
+        raise InventoryError(str(path), group, f"no such group (groups: {', '.join(sorted(groups))})")
+    members: dict[str, None] = {}  # ordered set
+    pending, seen = [group], set()
+    while pending:
+        name = pending.pop(0)
+        if name in seen or name not in groups:
+            continue
+        seen.add(name)
+        members.update(dict.fromkeys(str(h) for h in groups[name].get("hosts") or []))
+        pending.extend(str(c) for c in groups[name].get("children") or [])
+    return {host: dict(hostvars.get(host) or {}) for host in members}
+
+
+def _ansible_list(executable: str, path: Path) -> dict[str, Any]:
+    env = {**os.environ, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True", "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_DEPRECATION_WARNINGS": "False"}
+    try:
+        done = subprocess.run([executable, "-i", str(path), "--list"], capture_output=True, text=True, env=env,
+                              timeout=ANSIBLE_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        raise InventoryError(str(path), "", f"ansible-inventory did not finish within {ANSIBLE_TIMEOUT_S:g} s "
+                                            "(a dynamic inventory script that hangs?)") from None
+    except OSError as exc:
+        raise InventoryError(str(path), "", f"cannot run {executable} ({exc.strerror or exc}; {INSTALL_HINT}, "
+                                            f"or set {ANSIBLE_ENV}=none for the built-in parser)") from None
+    if done.returncode != 0:
+        raise InventoryError(str(path), "", f"ansible-inventory: {_ansible_error(done.stderr, path)}")
+    try:
+        data = json.loads(done.stdout)
+    except json.JSONDecodeError as exc:
+        raise InventoryError(str(path), "", f"ansible-inventory printed no JSON inventory ({exc})") from None
+    if not isinstance(data, dict):
+        raise InventoryError(str(path), "", "ansible-inventory printed no JSON inventory (not an object)")
+    return data
+
+
+_PLUGIN_FAILURE = re.compile(r"Failed to parse .*? with (\S+) plugin: (.*)")
+_YAML_SYNTAX = re.compile(r"Syntax Error while loading YAML\.\s*(.*?)\s*The error appears to be in '[^']*': "
+                          r"(line \d+, column \d+)")
+
+
+def _ansible_error(stderr: str, path: Path) -> str:
+    """The one line of ansible-inventory's (wrapped, multi-message) stderr that says what is wrong."""
+    messages = [" ".join(chunk.split()) for chunk in re.split(r"\[WARNING\]:|ERROR!", stderr) if chunk.strip()]
+    failures = {m.group(1): m.group(2) for text in messages if (m := _PLUGIN_FAILURE.search(text))}
+    preferred = "script" if _is_script(path) else "yaml" if path.suffix in (".yml", ".yaml", ".json") else "ini"
+    text = failures.get(preferred) or next(iter(failures.values()), None) or (messages[-1] if messages else "")
+    text = text.lstrip("* ").strip()
+    if syntax := _YAML_SYNTAX.search(text):
+        text = f"not valid YAML: {syntax.group(1)} ({syntax.group(2)})"
+    return (text[:400] + " …" if len(text) > 400 else text) or "failed with no message"
 
 
 Group = dict[str, Any]  # {"hosts": {name: vars}, "vars": {...}, "children": [names]}

@@ -1,27 +1,41 @@
-"""Prometheus text exposition (node_exporter textfile-collector format) of a fleet summary.
+"""Prometheus exposition of a fleet summary, through prometheus_client: a node_exporter textfile and a
+Pushgateway push.
 
     pytest --fleet hosts/ suites/smoke -n auto --prometheus /var/lib/node_exporter/textfile/dflash.prom
     pytest-dflash merge shards/ --out fleet/ --prometheus /var/lib/node_exporter/textfile/dflash.prom
+    pytest-dflash merge shards/ --out fleet/ --prometheus-push http://pushgateway:9091/metrics/job/dflash-nightly
 
-The file is written atomically (a temporary file in the same folder, then rename), so the collector never
-reads half a file; the temporary name does not end in `.prom`, so the collector ignores it. Only gauges,
-no sample timestamps (the textfile collector rejects them). Metric names are listed in `METRICS` and in
-docs/fleet.md; every family has HELP and TYPE lines, label values are escaped (\\ " and newline).
+`Exposition` is a prometheus_client collector: the text is prometheus_client's `generate_latest`, the push
+its `push_to_gateway` (PUT: the pushed group is replaced as a whole). Only gauges, no sample timestamps (the
+textfile collector rejects them). Metric names are listed in `METRICS` and in docs/fleet.md.
+
+The textfile is still written by `report.files.atomic_write`, not `prometheus_client.write_to_textfile`:
+the latter neither fsyncs before the rename (a crash can leave an empty `.prom` in place of the last good
+one), nor sets the mode (a 0600 umask hides the file from node_exporter), nor creates the folder.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import re
-from collections.abc import Iterable, Mapping
+import urllib.parse
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest, push_to_gateway
+from prometheus_client.exposition import basic_auth_handler, default_handler
+from prometheus_client.metrics_core import Metric
 
 from pytest_dflash.report.files import atomic_write
 
 NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+PUSH_JOB = "pytest-dflash"  # the Pushgateway job when the URL names none
+PUSH_TIMEOUT_S = 10.0
 
 # name -> help. Every family is a gauge.
 METRICS: dict[str, str] = {
@@ -49,14 +63,12 @@ METRICS: dict[str, str] = {
 
 
 def escape_label(value: str) -> str:
+    """A label value as the text format writes it (what prometheus_client does, for tools and tests)."""
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def escape_help(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n")
-
-
 def format_value(value: float) -> str:
+    """A sample value in its shortest exact form (1, 0.5, NaN, +Inf, 1e+20), as a person would write it."""
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
@@ -66,15 +78,19 @@ def format_value(value: float) -> str:
     return repr(float(value))
 
 
+Labels = tuple[tuple[str, str], ...]
+
+
 @dataclass
 class Family:
     name: str
     help: str
-    samples: list[tuple[tuple[tuple[str, str], ...], float]] = field(default_factory=list)
+    samples: dict[Labels, float] = field(default_factory=dict)
 
 
 class Exposition:
-    """Families in insertion order; each sample's label set is unique within its family."""
+    """A prometheus_client collector of gauge families in insertion order; each sample's label set is unique
+    within its family (the first value wins: a duplicate series would make the whole file invalid)."""
 
     def __init__(self) -> None:
         self.families: dict[str, Family] = {}
@@ -88,22 +104,22 @@ class Exposition:
             if not LABEL_RE.match(key) or key.startswith("__"):
                 raise ValueError(f"invalid label name {key!r}")
         family = self.families.setdefault(name, Family(name, METRICS[name]))
-        family.samples.append((tuple((k, str(v)) for k, v in labels.items()), float(value)))
+        family.samples.setdefault(tuple((k, str(v)) for k, v in labels.items()), float(value))
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.families.values():
+            metric = Metric(family.name, family.help, "gauge")
+            for labels, value in family.samples.items():
+                metric.add_sample(family.name, dict(labels), value)
+            yield metric
+
+    def registry(self) -> CollectorRegistry:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        return registry
 
     def render(self) -> str:
-        lines: list[str] = []
-        for family in self.families.values():
-            lines.append(f"# HELP {family.name} {escape_help(family.help)}")
-            lines.append(f"# TYPE {family.name} gauge")
-            seen: set[tuple[tuple[str, str], ...]] = set()
-            for labels, value in family.samples:
-                if labels in seen:
-                    continue  # a duplicate series would make the whole file invalid
-                seen.add(labels)
-                text = ",".join(f'{key}="{escape_label(val)}"' for key, val in labels)
-                lines.append(f"{family.name}{{{text}}} {format_value(value)}" if text
-                             else f"{family.name} {format_value(value)}")
-        return "\n".join(lines) + "\n"
+        return generate_latest(self.registry()).decode("utf-8")
 
 
 def write_textfile(path: Path, text: str) -> None:
@@ -113,6 +129,11 @@ def write_textfile(path: Path, text: str) -> None:
 
 def fleet_exposition(summary: Mapping[str, Any]) -> str:
     """The textfile of a fleet summary (pytest_dflash.fleet.summary.build_summary)."""
+    return fleet_metrics(summary).render()
+
+
+def fleet_metrics(summary: Mapping[str, Any]) -> Exposition:
+    """The metrics of a fleet summary."""
     out = Exposition()
     hosts: Mapping[str, Mapping[str, Any]] = summary.get("hosts", {})
     totals = summary.get("totals", {})
@@ -151,7 +172,7 @@ def fleet_exposition(summary: Mapping[str, Any]) -> str:
     for name, host in hosts.items():
         for metric, value in host.get("metrics", {}).items():
             _maybe(out, "dflash_perf", {"host": name, "metric": metric}, value)
-    return out.render()
+    return out
 
 
 def _maybe(out: Exposition, name: str, labels: Mapping[str, Any], value: Any) -> None:
@@ -159,6 +180,78 @@ def _maybe(out: Exposition, name: str, labels: Mapping[str, Any], value: Any) ->
         out.add(name, labels, float(value))
 
 
-def samples_of(text: str) -> Iterable[str]:
-    """The sample lines of an exposition (for quick greps in tools and tests)."""
-    return (line for line in text.splitlines() if line and not line.startswith("#"))
+class PushError(Exception):
+    """The Pushgateway could not be reached or refused the push (one line, credentials masked)."""
+
+
+def push(url: str, summary: Mapping[str, Any], *, timeout_s: float = PUSH_TIMEOUT_S) -> str:
+    """PUT the fleet summary's metrics to a Pushgateway; returns the group URL pushed to (credentials masked).
+
+    `url` is the gateway (`http://pgw:9091`, job `pytest-dflash`) or a group URL in the Pushgateway's own form,
+    `http://pgw:9091/metrics/job/<job>[/<label>/<value>]...` (one group per shard: `.../shard/2`), optionally
+    with `user:password@` for basic auth. Raises PushError."""
+    gateway, job, grouping, auth, shown = _push_target(url)
+    handler = default_handler if auth is None else partial(basic_auth_handler, username=auth[0], password=auth[1])
+    try:
+        push_to_gateway(gateway, job=job, registry=fleet_metrics(summary).registry(), grouping_key=grouping,
+                        timeout=timeout_s, handler=handler)
+    except OSError as exc:  # urllib's URLError / HTTPError, refused connections and timeouts are all OSErrors
+        reason = getattr(exc, "reason", None) or exc
+        status = f"HTTP {exc.code} " if hasattr(exc, "code") and isinstance(exc.code, int) else ""
+        raise PushError(f"{shown}: {status}{_one_line(str(reason))}") from None
+    except ValueError as exc:
+        raise PushError(f"{shown}: {_one_line(str(exc))}") from None
+    return shown
+
+
+def check_push_url(url: str) -> str:
+    """The URL a --prometheus-push value pushes to (credentials masked); raises PushError on a malformed one."""
+    return _push_target(url)[4]
+
+
+def _push_target(url: str) -> tuple[str, str, dict[str, str], tuple[str, str] | None, str]:
+    """(gateway, job, grouping key, basic auth, URL to show) of a --prometheus-push value."""
+    parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise PushError(f"{url!r}: expected a Pushgateway URL like http://pushgateway:9091[/metrics/job/NAME]")
+    try:
+        port = parsed.port
+    except ValueError:
+        raise PushError(f"{url!r}: expected a numeric port") from None
+    host = parsed.hostname if ":" not in parsed.hostname else f"[{parsed.hostname}]"
+    netloc = f"{host}:{port}" if port else host
+    auth = None
+    if parsed.username is not None:
+        auth = (urllib.parse.unquote(parsed.username), urllib.parse.unquote(parsed.password or ""))
+    parts = [urllib.parse.unquote(p) for p in parsed.path.split("/") if p]
+    job, grouping = PUSH_JOB, {}
+    if parts:
+        if "metrics" not in parts:
+            raise PushError(f"{url!r}: expected the gateway or .../metrics/job/NAME[/LABEL/VALUE]..., got path "
+                            f"{parsed.path!r}")
+        at = parts.index("metrics")
+        rest = parts[at + 1:]
+        if len(rest) < 2 or len(rest) % 2 or rest[0] not in ("job", "job@base64"):
+            raise PushError(f"{url!r}: expected .../metrics/job/NAME[/LABEL/VALUE]... after the gateway")
+        job = _decode(rest[0], rest[1])
+        pairs = zip(rest[2::2], rest[3::2], strict=True)
+        grouping = {key.removesuffix("@base64"): _decode(key, value) for key, value in pairs}
+        prefix = "/" + "/".join(parts[:at])
+        netloc += prefix if prefix != "/" else ""
+    gateway = f"{parsed.scheme}://{netloc}"
+    shown = f"{parsed.scheme}://{'***@' if auth else ''}{netloc}/metrics/job/{job}" + "".join(
+        f"/{key}/{value}" for key, value in grouping.items())
+    return gateway, job, grouping, auth, shown
+
+
+def _decode(key: str, value: str) -> str:
+    if not key.endswith("@base64"):
+        return value
+    try:
+        return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode("utf-8")
+    except ValueError:
+        raise PushError(f"{key}/{value}: not URL-safe base64") from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300] or "no reason given"

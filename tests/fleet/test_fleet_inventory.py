@@ -1,13 +1,41 @@
-"""--fleet: folders of profiles and Ansible-style inventories become validated host profiles."""
+"""--fleet: folders of profiles and Ansible-style inventories become validated host profiles — resolved by the
+real ansible-inventory when it is installed, by the built-in parser otherwise (both are tested)."""
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from pytest_dflash.errors import InventoryError
-from pytest_dflash.fleet.inventory import load_fleet, parse_shard, select_shard, shard_of
+from pytest_dflash.fleet.inventory import (
+    ANSIBLE_ENV,
+    ansible_inventory,
+    load_fleet,
+    parse_shard,
+    select_shard,
+    shard_of,
+)
+
+BESIDE_PYTHON = Path(sys.executable).parent / "ansible-inventory"
+ANSIBLE = shutil.which("ansible-inventory") or (str(BESIDE_PYTHON) if BESIDE_PYTHON.exists() else None)
+needs_ansible = pytest.mark.skipif(ANSIBLE is None, reason="ansible-inventory is not installed "
+                                                          "(apt-get install ansible-core; .ci/run installs it)")
+
+
+@pytest.fixture(params=["builtin", pytest.param("ansible", marks=needs_ansible)])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test once with the built-in parser and once with the real ansible-inventory."""
+    monkeypatch.setenv(ANSIBLE_ENV, "none" if request.param == "builtin" else str(ANSIBLE))
+    return str(request.param)
+
+
+@pytest.fixture
+def builtin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in parser's own messages (ansible-inventory words structural errors its own way)."""
+    monkeypatch.setenv(ANSIBLE_ENV, "none")
 
 BASE = """
 [host]
@@ -28,7 +56,7 @@ def base(tmp_path: Path) -> Path:
     return path
 
 
-def test_yaml_inventory_groups_children_and_vars(tmp_path: Path, base: Path) -> None:
+def test_yaml_inventory_groups_children_and_vars(tmp_path: Path, base: Path, parser: str) -> None:
     inventory = tmp_path / "fleet.yml"
     inventory.write_text("""
 all:
@@ -56,7 +84,7 @@ all:
     assert only == {"h1"}
 
 
-def test_ini_inventory(tmp_path: Path, base: Path) -> None:
+def test_ini_inventory(tmp_path: Path, base: Path, parser: str) -> None:
     inventory = tmp_path / "fleet.ini"
     inventory.write_text("""
 [gpus]
@@ -90,7 +118,7 @@ def test_folder_of_profiles(tmp_path: Path, base: Path) -> None:
         ("all: [\n", "not valid YAML"),
     ],
 )
-def test_bad_inventory_is_one_line(tmp_path: Path, base: Path, text: str, message: str) -> None:
+def test_bad_inventory_is_one_line(tmp_path: Path, base: Path, builtin: None, text: str, message: str) -> None:
     inventory = tmp_path / "bad.yml"
     inventory.write_text(text)
     with pytest.raises(InventoryError) as info:
@@ -98,7 +126,7 @@ def test_bad_inventory_is_one_line(tmp_path: Path, base: Path, text: str, messag
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_base_profile_errors_name_the_host(tmp_path: Path) -> None:
+def test_base_profile_errors_name_the_host(tmp_path: Path, parser: str) -> None:
     (tmp_path / "b.toml").write_text(BASE.replace('url = "http://{address}:30001"', 'url = "nope"'))
     inventory = tmp_path / "f.yml"
     inventory.write_text("all:\n  hosts:\n    gpu9: {ansible_host: 10.0.0.9, dflash_profile: b.toml}\n")
@@ -106,11 +134,108 @@ def test_base_profile_errors_name_the_host(tmp_path: Path) -> None:
         load_fleet(str(inventory), tmp_path)
 
 
-def test_unknown_group_lists_the_known_ones(tmp_path: Path, base: Path) -> None:
+def test_unknown_group_lists_the_known_ones(tmp_path: Path, base: Path, parser: str) -> None:
     inventory = tmp_path / "f.yml"
     inventory.write_text("gpus:\n  hosts:\n    a: {dflash_profile: gpu-base.toml, ansible_host: 1.1.1.1}\n")
     with pytest.raises(InventoryError, match="no such group .*gpus"):
         load_fleet(f"{inventory}:cpus", tmp_path)
+
+
+RANGE_INVENTORY = """
+[gpus]
+gpu[01:04]
+
+[canary]
+local0 ansible_connection=local
+
+[blackwell:children]
+gpus
+"""
+SCRIPT = """#!/usr/bin/env python3
+import json, sys
+if "--host" in sys.argv:
+    print("{}")
+else:
+    print(json.dumps({
+        "hopper": {"hosts": ["h1", "h2"], "vars": {"dflash_profile": "gpu-base.toml", "ansible_user": "svc"}},
+        "_meta": {"hostvars": {"h1": {"ansible_host": "10.3.0.1"}, "h2": {"ansible_host": "10.3.0.2",
+                                                                         "dflash_gpus": [2, 3]}}},
+    }))
+"""
+
+
+@pytest.fixture
+def ansible(monkeypatch: pytest.MonkeyPatch) -> str:
+    if ANSIBLE is None:
+        pytest.skip("ansible-inventory is not installed (apt-get install ansible-core; .ci/run installs it)")
+    monkeypatch.delenv(ANSIBLE_ENV, raising=False)
+    assert ansible_inventory() == ANSIBLE, "found without configuration, as a user's run would find it"
+    return ANSIBLE
+
+
+def test_ansible_resolves_ranges_group_vars_and_host_vars(tmp_path: Path, base: Path, ansible: str) -> None:
+    (tmp_path / "inventory.ini").write_text(RANGE_INVENTORY)
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all.yml").write_text("dflash_profile: gpu-base.toml\nansible_user: root\n")
+    (tmp_path / "group_vars" / "blackwell.yml").write_text("dflash_gpus: [0, 1]\n")
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "gpu03.yml").write_text("ansible_host: 10.1.2.203\nansible_port: 2203\n")
+    (tmp_path / "host_vars" / "local0.yml").write_text("dflash_profile: local\n")
+    profiles = {p.name: p for p in load_fleet(f"{tmp_path / 'inventory.ini'}:blackwell", tmp_path)}
+    assert sorted(profiles) == ["gpu01", "gpu02", "gpu03", "gpu04"], "gpu[01:04] is four hosts"
+    assert profiles["gpu01"].connection == "ssh://root@gpu01?timeout=3"
+    assert profiles["gpu03"].connection == "ssh://root@10.1.2.203:2203?timeout=3"  # host_vars/gpu03.yml
+    assert profiles["gpu03"].services["dflash"].url == "http://10.1.2.203:30001"
+    assert all(p.gpus == (0, 1) for p in profiles.values())  # group_vars/blackwell.yml via the children group
+    everyone = {p.name: p for p in load_fleet(str(tmp_path / "inventory.ini"), tmp_path)}
+    assert sorted(everyone) == ["gpu01", "gpu02", "gpu03", "gpu04", "local0"]
+    assert everyone["local0"].is_local and everyone["local0"].gpus == ()
+
+
+def test_ansible_runs_a_dynamic_inventory_script(tmp_path: Path, base: Path, ansible: str) -> None:
+    script = tmp_path / "cmdb.py"
+    script.write_text(SCRIPT)
+    script.chmod(0o755)
+    profiles = {p.name: p for p in load_fleet(f"{script}:hopper", tmp_path)}
+    assert profiles["h1"].connection == "ssh://svc@10.3.0.1?timeout=3"
+    assert profiles["h2"].gpus == (2, 3) and profiles["h2"].services["dflash"].url == "http://10.3.0.2:30001"
+
+
+def test_a_dynamic_script_without_ansible_names_what_to_install(tmp_path: Path, base: Path, builtin: None) -> None:
+    script = tmp_path / "cmdb.py"
+    script.write_text(SCRIPT)
+    script.chmod(0o755)
+    with pytest.raises(InventoryError, match=r"cmdb\.py: a dynamic inventory script needs ansible-inventory "
+                                             r"\(apt-get install ansible-core"):
+        load_fleet(str(script), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "mode", "message"),
+    [
+        ("bad.yml", "all:\n  hosts: [a, b]\n", 0o644, 'Invalid "hosts" entry for "all" group, requires a dictionary'),
+        ("bad.yml", "all: [\n", 0o644, "not valid YAML: did not find expected node content (line 2, column 1)"),
+        ("bad.ini", "[gpus]\nx y\n", 0o644, "bad.ini:2: Expected key=value host variable assignment, got: y"),
+        ("broken.py", "#!/bin/sh\necho 'cmdb down' >&2\nexit 3\n", 0o755, "cmdb down"),
+    ],
+)
+def test_ansible_errors_are_one_line(tmp_path: Path, base: Path, ansible: str, name: str, text: str, mode: int,
+                                     message: str) -> None:
+    inventory = tmp_path / name
+    inventory.write_text(text)
+    inventory.chmod(mode)
+    with pytest.raises(InventoryError) as info:
+        load_fleet(str(inventory), tmp_path)
+    assert str(info.value).startswith(f"{inventory}: ansible-inventory: ")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_missing_ansible_inventory_executable_is_one_line(tmp_path: Path, base: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "f.ini").write_text("[g]\nx dflash_profile=gpu-base.toml\n")
+    monkeypatch.setenv(ANSIBLE_ENV, str(tmp_path / "no-such-ansible-inventory"))
+    with pytest.raises(InventoryError, match=r"f\.ini: cannot run .*no-such-ansible-inventory \(No such file"):
+        load_fleet(str(tmp_path / "f.ini"), tmp_path)
 
 
 def test_shards_partition_the_fleet_deterministically() -> None:

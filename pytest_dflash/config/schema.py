@@ -1,0 +1,226 @@
+"""JSON Schema (draft 2020-12) of a host profile, for editors: `pytest-dflash schema > dflash-profile.schema.json`.
+
+The validator in `config/profiles.py` is the authority; this schema is built from its constants (algorithms,
+service kinds, provision modes, floor keys, perf endpoints) and describes every key it accepts, so an editor
+completes `hosts/*.toml` and flags most mistakes while typing. What a schema cannot say — a [parity] or
+[floors] entry naming a service of *this* host, `{port}` only for process services, the default `kind`
+depending on the connection, template files existing — stays with the validator.
+
+Kept in sync by tests/config/test_schema.py: the keys of every table here are exactly the keys the validator
+accepts (read from its own "unknown key (known: …)" answer), every shipped profile validates, and broken
+profiles the validator rejects are rejected here too. Adding a key to the validator without adding it here
+fails that test.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pytest_dflash.config.profiles import (
+    ALGORITHMS,
+    AUTO,
+    CONTAINER_ENGINES,
+    CONTAINER_KEYS,
+    FLOOR_KEYS,
+    LATENCY_FLOOR,
+    PERF_ENDPOINTS,
+    PROVISION_MODES,
+    SERVICE_KINDS,
+)
+
+SCHEMA_ID = "https://pytest-dflash.invalid/schemas/host-profile.schema.json"
+SERVICE_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+# config/durations.py: 90, 1.5, "90s", "15m", "250ms", "2h" (spaces allowed around the number and unit)
+DURATION_TEXT = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h)?\s*$"
+# _check_connection: local://, or ssh:// (paramiko://, safe-ssh://) with a host name; ?timeout in (0, 5]
+CONNECTION = r"^(local://.*|(ssh|paramiko|safe-ssh)://([^@/?#]+@)?[^@/?#:]+(:\d+)?/?(\?.*)?)$"
+HTTP_URL = r"^[Hh][Tt][Tt][Pp][Ss]?://[^/?#]+"
+
+
+def _any_case(word: str) -> str:
+    """A regex matching `word` in any letter case (ECMA-262 regexes have no inline (?i) flag)."""
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word)
+
+
+def _algorithm(*, auto: bool) -> dict[str, Any]:
+    names = (*ALGORITHMS, AUTO.lower()) if auto else ALGORITHMS
+    words = (*ALGORITHMS, AUTO) if auto else ALGORITHMS
+    return {
+        "description": "speculative algorithm" + (" (auto: read from /server_info)" if auto else ""),
+        "type": "string",
+        "anyOf": [{"enum": list(names)}, {"pattern": "^(" + "|".join(_any_case(w) for w in words) + ")$"}],
+    }
+
+
+def _defs() -> dict[str, Any]:
+    count = {"type": "integer", "minimum": 1}
+    positive = {"type": "number", "exclusiveMinimum": 0}
+    return {
+        "duration": {
+            "description": "seconds, or a string like '90s', '15m', '250ms', '2h'",
+            "oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": DURATION_TEXT}],
+        },
+        "gpus": {"description": "GPU indices", "type": "array", "items": {"type": "integer", "minimum": 0}},
+        "strings": {"type": "array", "items": {"type": "string"}},
+        "text_map": {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
+        "host": {
+            "description": "how to reach the host",
+            "type": "object",
+            "required": ["connection"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string", "description": "host name in reports (default: the file's stem)"},
+                "connection": {"type": "string", "pattern": CONNECTION,
+                               "description": "local://, or ssh://[user@]host[:port][?timeout=N] (N in (0, 5])"},
+                "python": {"type": "string", "description": "python on the host for probes ('auto': this one)"},
+                "gpus": {"$ref": "#/$defs/gpus"},
+                "provision": {"enum": list(PROVISION_MODES), "default": "allowed"},
+                "ssh_config": {"type": "string"},
+                "ssh_identity_file": {"type": "string"},
+                "cuda_home": {"type": "string"},
+                "command_timeout": {"$ref": "#/$defs/duration"},
+            },
+        },
+        "service": {
+            "description": "one inference service of the host",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "kind": {"enum": list(SERVICE_KINDS),
+                         "description": "default: systemd for ssh:// hosts, process for local://"},
+                "algorithm": _algorithm(auto=True),
+                "unit": {"type": "string", "pattern": r"^[^/]+\.service$"},
+                "template": {"type": "string", "description": "unit template, relative to the profile"},
+                "command": {"$ref": "#/$defs/strings"},
+                "url": {"type": "string", "pattern": HTTP_URL,
+                        "description": "http(s) URL; {port} and {address} are filled in"},
+                "port": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 65535}, {"const": "auto"}]},
+                "env": {"$ref": "#/$defs/text_map"},
+                "vars": {"$ref": "#/$defs/text_map"},
+                "gpus": {"$ref": "#/$defs/gpus"},
+                "ready_timeout": {"$ref": "#/$defs/duration"},
+                "sampled_timeout": {"$ref": "#/$defs/duration"},
+                "api_key_env": {"type": "string"},
+                "model": {"type": "string"},
+                "log_command": {"type": "string", "description": "external: a command printing its log ({since})"},
+                "log_file": {"type": "string", "pattern": "^/", "description": "external: a log file on the host"},
+                # kind = "container" (docker / podman)
+                "engine": {"enum": list(CONTAINER_ENGINES), "default": "docker"},
+                "runtime": {"type": "string"},
+                "container": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+                "label": {"type": "string", "pattern": r"^[A-Za-z0-9_.\-/]+=\S*$"},
+                "image": {"type": "string"},
+                "args": {"$ref": "#/$defs/strings"},
+                "devices": {"$ref": "#/$defs/strings"},
+                "mounts": {"type": "array", "items": {"type": "string", "pattern": ":"}},
+                "network": {"type": "string"},
+                "ipc": {"type": "string"},
+                "shm_size": {"type": "string"},
+                "restart": {"type": "string", "pattern": r"^(no|always|unless-stopped|on-failure(:\d+)?)$"},
+                "memory": {"type": "string"},
+                "ulimits": {"type": "array", "items": {"type": "string", "pattern": r"^[a-z]+=-?\d+(:-?\d+)?$"}},
+                "run_args": {"$ref": "#/$defs/strings"},
+                "stop_timeout": {"$ref": "#/$defs/duration"},
+            },
+            "allOf": [
+                {"if": {"required": ["kind"], "properties": {"kind": {"const": "external"}}},
+                 "else": {"required": ["algorithm"], "properties": {"algorithm": _algorithm(auto=False)}}},
+                {"if": {"required": ["kind"], "properties": {"kind": {"const": "external"}}},
+                 "else": {"properties": {"log_command": False, "log_file": False}}},
+                {"if": {"required": ["kind"], "properties": {"kind": {"const": "container"}}},
+                 "then": {"properties": {"gpus": {"anyOf": [{"$ref": "#/$defs/gpus"}, {"const": "all"}]}}},
+                 "else": {"properties": dict.fromkeys(CONTAINER_KEYS, False)}},
+                {"if": {"required": ["kind"], "properties": {"kind": {"const": "systemd"}}},
+                 "then": {"required": ["unit"]}},
+                {"if": {"required": ["kind"], "properties": {"kind": {"const": "process"}}},
+                 "then": {"required": ["command"]}},
+            ],
+        },
+        "parity": {
+            "type": "object",
+            "required": ["reference"],
+            "additionalProperties": False,
+            "properties": {
+                "reference": {"type": "string", "description": "the service others are compared to"},
+                "compare": {"$ref": "#/$defs/strings"},
+                "plain": {"type": "string"},
+                "tie_gap": {"type": "number"},
+                "max_tie_rate": {"type": "number", "minimum": 0, "maximum": 1},
+                "noise_gap": {"type": "number", "minimum": 0},
+                "prompts": {"type": "string"},
+            },
+        },
+        "floors": {
+            "description": "perf-layer thresholds of one service (docs/perf.md)",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                **{key: positive for key in FLOOR_KEYS if key != "speedup_vs"},
+                "speedup_vs": {"type": "string", "description": "another service of this host"},
+                # FLOOR_SETTINGS
+                "regression_pct": {**positive, "exclusiveMaximum": 100},
+                "confidence": {"type": "number", "exclusiveMinimum": 0.5, "exclusiveMaximum": 1},
+            },
+            "patternProperties": {LATENCY_FLOOR.pattern: positive},
+            "dependentRequired": {"speedup": ["speedup_vs"], "speedup_vs": ["speedup"]},
+        },
+        "perf_service": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"requests": count, "duration": {"$ref": "#/$defs/duration"},
+                           "warmup": {"type": "integer", "minimum": 0}},
+        },
+        "perf": {
+            "description": "how the perf layer loads the services; [perf.SERVICE] overrides requests/duration/warmup",
+            "type": "object",
+            "properties": {
+                "endpoint": {"enum": list(PERF_ENDPOINTS)},
+                "concurrency": count,
+                "requests": count,
+                "duration": {"$ref": "#/$defs/duration"},
+                "warmup": {"type": "integer", "minimum": 0},
+                "prompt_len": count,
+                "output_len": count,
+                "temperature": {"type": "number", "minimum": 0},
+                "seed": {"type": "integer", "minimum": 0},
+                "request_timeout": {"$ref": "#/$defs/duration"},
+                "max_loop_lag_ms": positive,
+                "max_client_cpu": positive,
+                "retries": {"type": "integer", "minimum": 0},
+                "client_procs": count,
+            },
+            "additionalProperties": {"$ref": "#/$defs/perf_service"},
+        },
+    }
+
+
+def profile_schema() -> dict[str, Any]:
+    """The JSON Schema of a host profile (a parsed TOML document)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "pytest-dflash host profile",
+        "description": "hosts/NAME.toml: how to reach a host and which DFlash / DDTree services it serves "
+                       "(docs/profiles.md)",
+        "type": "object",
+        "required": ["host", "services"],
+        "additionalProperties": False,
+        "properties": {
+            "host": {"$ref": "#/$defs/host"},
+            "services": {
+                "type": "object",
+                "minProperties": 1,
+                "propertyNames": {"pattern": SERVICE_NAME},
+                "additionalProperties": {"$ref": "#/$defs/service"},
+            },
+            "parity": {"$ref": "#/$defs/parity"},
+            "floors": {"type": "object", "additionalProperties": {"$ref": "#/$defs/floors"}},
+            "perf": {"$ref": "#/$defs/perf"},
+        },
+        "$defs": _defs(),
+    }
+
+
+def schema_text() -> str:
+    return json.dumps(profile_schema(), indent=2) + "\n"
