@@ -46,7 +46,8 @@ Where each part lives
 :mod:`.transport` (the stamped HTTP/1.1 transport, :func:`make_client`) · :mod:`.sse` (one streamed
 request: SSE framing and the token/usage consumers) · :mod:`.monitor` (event-loop lag, CPU,
 saturation) · :mod:`.results` (records, :class:`LoadResult`, aggregates) · :mod:`.run` (the run,
-server-side accept length) · :mod:`.__main__` (the CLI).
+server-side accept length) · :mod:`.procs` (one run over ``client_procs`` processes, merged) ·
+:mod:`.__main__` (the CLI).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pytest_dflash.load.procs import run_load_procs
 from pytest_dflash.load.run import _run_coro, run_load_async
 from pytest_dflash.load.spec import ENDPOINT_PATHS, LoadSpec
 
@@ -30,6 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--request-timeout", type=float, default=120.0)
     ap.add_argument("--server-accept-length", action="store_true")
+    ap.add_argument("--client-procs", type=int, default=1,
+                    help="spread the run over N client processes, each its own event loop (default 1)")
     ap.add_argument("--stock-httpx", action="store_true", help="httpx's own transport (httpcore + h11)")
     ap.add_argument("--out", default=None, help="write LoadResult JSON here")
     ap.add_argument("--no-records", action="store_true", help="leave per-request records out of --out")
@@ -38,8 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     num_requests=a.num_requests, duration_s=a.duration, warmup_requests=a.warmup,
                     prompt_len=a.prompt_len, output_len=a.output_len, dataset=a.dataset, seed=a.seed,
                     temperature=a.temperature, request_timeout_s=a.request_timeout,
-                    server_accept_length=a.server_accept_length)
-    result = _run_coro(run_load_async(a.base_url, spec, _stamped=not a.stock_httpx))
+                    server_accept_length=a.server_accept_length, client_procs=a.client_procs)
+    if spec.client_procs > 1:
+        result = run_load_procs(a.base_url, spec, stamped=not a.stock_httpx)
+    else:
+        result = _run_coro(run_load_async(a.base_url, spec, _stamped=not a.stock_httpx))
     print(result.summary())
     if a.out:
         Path(a.out).write_text(result.to_json(records=not a.no_records))

@@ -124,6 +124,10 @@ class Saturation:
     loop_cpu: float = 0.0  # CPU seconds of the event-loop thread per wall second (cores)
     process_cpu: float = 0.0  # CPU seconds of the whole client process per wall second
     schedule_lag_p99_ms: float | None = None  # open loop: actual - planned send time
+    # A run over several client processes: lags and loop_cpu are the worst process's, process_cpu the sum,
+    # and one saturated process saturates the run (its numbers 1..processes are listed).
+    processes: int = 1
+    saturated_processes: list[int] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)

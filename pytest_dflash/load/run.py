@@ -11,6 +11,7 @@ import random
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -65,6 +66,30 @@ async def server_accept_length(base_url: str, *, headers: Mapping[str, str] | No
 # ------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Share:
+    """This process's part of a run spread over ``of`` client processes (:mod:`.procs`).
+
+    Request *i* belongs to process ``i % of``; every process builds it from the same spec and seed, so
+    it is the same request as in a one-process run. ``t0_ns`` is the run's common clock origin
+    (``perf_counter_ns`` is CLOCK_MONOTONIC, one clock for every process of the machine);
+    ``measure()`` is awaited after the warm-up: it returns when every process is warm, with the
+    measured phase's common start.
+    """
+
+    index: int
+    of: int
+    t0_ns: int
+    measure: Callable[[], Awaitable[int]]
+
+
+def _part(total: int | None, index: int, of: int) -> int | None:
+    """Process ``index``'s part of ``total`` slots (in flight, or None: no cap) over ``of`` processes."""
+    if total is None:
+        return None
+    return total // of + (1 if index < total % of else 0)
+
+
 def _want_progress(progress: bool | None) -> bool:
     if progress is not None:
         return progress
@@ -76,12 +101,19 @@ def _want_progress(progress: bool | None) -> bool:
 
 async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str, str] | None = None,
                          progress: bool | None = None, keep_token_times: bool = False,
-                         _stamped: bool = True) -> LoadResult:
-    """Run ``spec`` against ``base_url`` inside the running event loop (see :func:`run_load`)."""
+                         _stamped: bool = True, _share: _Share | None = None) -> LoadResult:
+    """Run ``spec`` against ``base_url`` inside the running event loop (see :func:`run_load`).
+
+    One event loop: ``spec.client_procs`` > 1 is :func:`run_load`'s (it starts the processes).
+    """
+    if spec.client_procs > 1 and _share is None:
+        raise ValueError(f"run_load_async runs one event loop: use run_load for client_procs={spec.client_procs}")
     base_url = base_url.rstrip("/")
     workload = _Workload(spec)
     path = ENDPOINT_PATHS[spec.endpoint]
-    limit = spec.effective_concurrency()
+    own, step = (_share.index, _share.of) if _share is not None else (0, 1)
+    limit = _part(spec.effective_concurrency(), own, step)
+    server_side = spec.server_accept_length and _share is None  # several processes: the parent reads it
     timeout = httpx.Timeout(spec.request_timeout_s, connect=spec.connect_timeout_s)
     records: list[RequestRecord] = []
     notes: list[str] = []
@@ -89,21 +121,26 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
     server_acc: float | None = None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + spec.deadline_s()
-    if spec.server_accept_length and not await flush_cache(base_url, headers=headers):
+    if server_side and not await flush_cache(base_url, headers=headers):
         notes.append("/flush_cache refused (server busy): server_accept_length includes earlier requests")
 
     monitor = _Monitor(progress=_want_progress(progress), total=spec.num_requests, duration_s=spec.duration_s)
     start_wall = end_wall = time.time()
     async with make_client(base_url, limit=limit, timeout=timeout, headers=headers, stamped=_stamped) as client:
-        t0_ns = time.perf_counter_ns()
-        counter = 0
+        t0_ns = time.perf_counter_ns() if _share is None else _share.t0_ns
+        # Request i is process i % step's: warm-up ids 0..W-1, then measured ids W, W+1, ... (one process: all).
+        warm_ids = iter(range(own, spec.warmup_requests, step))
+        next_id = spec.warmup_requests + own
 
         def new_record(warmup: bool) -> tuple[RequestRecord, bytes]:
-            nonlocal counter
-            item = workload.item(counter)
-            rec = RequestRecord(index=counter, warmup=warmup, prompt_len=item.prompt_len,
+            nonlocal next_id
+            if warmup:
+                index = next(warm_ids)
+            else:
+                index, next_id = next_id, next_id + step
+            item = workload.item(index)
+            rec = RequestRecord(index=index, warmup=warmup, prompt_len=item.prompt_len,
                                 max_tokens=item.max_tokens)
-            counter += 1
             records.append(rec)
             return rec, workload.body(item)
 
@@ -121,9 +158,10 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
 
         monitor.start()
         try:
-            if spec.warmup_requests:
+            own_warmup = len(range(own, spec.warmup_requests, step))
+            if own_warmup:
                 async def warm() -> None:
-                    remaining = spec.warmup_requests
+                    remaining = own_warmup
 
                     async def worker() -> None:
                         nonlocal remaining
@@ -131,13 +169,17 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
                             remaining -= 1
                             await send(*new_record(True))
 
-                    await asyncio.gather(*(worker() for _ in range(min(limit or 8, spec.warmup_requests))))
+                    await asyncio.gather(*(worker() for _ in range(min(limit or 8, own_warmup))))
 
                 await guarded(warm)
-            measure_start_ns = time.perf_counter_ns()
+            if _share is not None:
+                measure_start_ns = await _share.measure()  # every process warm: one common start
+            else:
+                measure_start_ns = time.perf_counter_ns()
             start_wall = time.time()
             stop_at = None if spec.duration_s is None else measure_start_ns + int(spec.duration_s * 1e9)
-            budget = spec.num_requests
+            budget = (None if spec.num_requests is None else
+                      len(range(spec.warmup_requests + own, spec.warmup_requests + spec.num_requests, step)))
 
             def more() -> bool:
                 nonlocal budget
@@ -166,8 +208,9 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
                     arrivals = random.Random(spec.seed ^ 0x5EED_5EED)
                     sem = asyncio.Semaphore(limit) if limit else None
                     tasks: set[asyncio.Task[None]] = set()
-                    base = loop.time()
+                    base = loop.time() - (time.perf_counter_ns() - measure_start_ns) / 1e9
                     planned = 0.0
+                    arrival = -1  # every process draws every arrival; it sends those of its own requests
 
                     async def launch(rec: RequestRecord, body: bytes) -> None:
                         if sem is None:
@@ -179,9 +222,12 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
                     try:
                         while True:
                             planned += arrivals.expovariate(rate)
+                            arrival += 1
                             when = base + planned
                             if stop_at is not None and (measure_start_ns + int(planned * 1e9)) >= stop_at:
                                 break
+                            if arrival % step != own:
+                                continue
                             if not more():
                                 break
                             fut: asyncio.Future[None] = loop.create_future()
@@ -211,7 +257,7 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
                 if rec.end_s is None:
                     rec.end_s = (time.perf_counter_ns() - t0_ns) / 1e9
 
-    if spec.server_accept_length:
+    if server_side:
         try:
             server_acc = await server_accept_length(base_url, headers=headers)
         except httpx.HTTPError as exc:
@@ -230,8 +276,13 @@ def run_load(base_url: str, spec: LoadSpec, *, headers: Mapping[str, str] | None
     ``headers`` are sent with every request (e.g. an Authorization header). ``progress``: None =
     a progress bar on stderr when it is a terminal and the run lasts more than 2 s; True/False
     force it. ``keep_token_times`` records each token event's arrival (for tokens/s-over-time plots).
-    Uses uvloop when ``PYTEST_DFLASH_UVLOOP=1`` and uvloop is importable.
+    Uses uvloop when ``PYTEST_DFLASH_UVLOOP=1`` and uvloop is importable. ``spec.client_procs`` > 1
+    spreads the run over that many processes (:mod:`.procs`; no progress bar then), merged into one result.
     """
+    if spec.client_procs > 1:
+        from pytest_dflash.load.procs import run_load_procs  # it imports this module
+
+        return run_load_procs(base_url, spec, headers=headers, keep_token_times=keep_token_times)
     return _run_coro(run_load_async(base_url, spec, headers=headers, progress=progress,
                                     keep_token_times=keep_token_times))
 

@@ -99,7 +99,8 @@ class LoadSpec:
     then caps the requests in flight (None = no cap). The run stops issuing at ``num_requests`` or
     after ``duration_s`` (whichever comes first; at least one must be set); requests in flight then
     finish (within ``request_timeout_s``). ``warmup_requests`` run first (same shape, closed loop)
-    and are excluded from every aggregate.
+    and are excluded from every aggregate. ``client_procs`` > 1 spreads the run over that many
+    processes (:mod:`.procs`): request *i* is the same request as in a one-process run.
     """
 
     endpoint: Endpoint = "chat"
@@ -125,6 +126,7 @@ class LoadSpec:
     strict_json: bool = False  # decode every SSE event in full (slower; for debugging servers)
     max_loop_lag_ms: float = 5.0  # p99 event-loop lag above this = client saturated
     max_client_cpu: float = 0.9  # loop-thread CPU (cores) at or above this = client saturated
+    client_procs: int = 1  # client processes the run is spread over (run_load; each its own loop and pool)
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINT_PATHS:
@@ -143,6 +145,12 @@ class LoadSpec:
             raise ValueError(f"LoadSpec.warmup_requests must be >= 0, got {self.warmup_requests}")
         if not self.request_timeout_s > 0 or not self.connect_timeout_s > 0:
             raise ValueError("LoadSpec: request_timeout_s and connect_timeout_s must be > 0")
+        if self.client_procs < 1:
+            raise ValueError(f"LoadSpec.client_procs must be >= 1, got {self.client_procs}")
+        cap = self.effective_concurrency()
+        if cap is not None and self.client_procs > cap:
+            raise ValueError(f"LoadSpec.client_procs ({self.client_procs}) > concurrency ({cap}): every client "
+                             "process needs at least one request in flight")
         _as_dist(self.prompt_len)
         _as_dist(self.output_len)
 

@@ -2,7 +2,16 @@
 
 The clock is read when the bytes reach user space, not when a parser gets to them (see the package
 docstring); the sibling modules read the stamp from :class:`_Connection`, the response's
-``network_stream``."""
+``network_stream``.
+
+Why hand-written, measured side by side with an aiohttp client written as sglang's bench_serving
+writes it (benchmarks/aiohttp_ab.py, same synthetic server and prompts, 5 interleaved runs on a
+shared 2-core machine, medians): at a client-bound load (256 tokens in one write, concurrency 32)
+this transport takes 263k output tokens per client CPU-second against aiohttp's 143k (1.8x); at a
+light load (TTFT 50 ms, ITL 10 ms, concurrency 8) its TTFT p50 error is +0.16 ms against +1.20 ms.
+It does not win everywhere: at that light load the whole client used slightly more CPU per token
+than aiohttp (11.3k vs 12.3k tokens per CPU-s; the 10 ms lag ticker of :mod:`.monitor` is most of
+a client's work there), which is immaterial at 0.07 of a core."""
 
 from __future__ import annotations
 

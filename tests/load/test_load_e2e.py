@@ -24,16 +24,22 @@ from pytest_dflash.load import (
 SynthFactory = Callable[..., Any]  # conftest.Synth: .url, .stats(), .get(path)
 
 
-def test_metrics_match_the_server_timing(synth: SynthFactory) -> None:
+@pytest.mark.parametrize("procs", [1, 2], ids=["1-proc", "2-procs"])
+def test_metrics_match_the_server_timing(synth: SynthFactory, procs: int) -> None:
     srv = synth("--tokens", "32", "--ttft-ms", "30", "--itl-ms", "5")
-    r = run_load(srv.url, LoadSpec(concurrency=4, num_requests=24, output_len=32, model="synth-model"),
-                 progress=False)
+    r = run_load(srv.url, LoadSpec(concurrency=4, num_requests=24, output_len=32, model="synth-model",
+                                   client_procs=procs), progress=False)
+    assert r.saturation.processes == procs
     st = srv.stats()
     m = r.metrics
     assert m["completed"] == 24 and m["failed"] == 0 and r.errors_by_kind == {}
     assert m["total_output_tokens"] == 24 * 32  # from usage
     # what the client saw vs what the server did, request for request
-    assert 0.0 <= m["median_ttft_ms"] - st["ttft_ms"]["p50"] < 2.0
+    # The client's own event-loop lag (measured by its ticker) is the part of the error the machine's load adds;
+    # on an idle box it is ~0, so the bound stays 2 ms there (a loaded 2-core CI box shares the cores with
+    # other tests' servers).
+    slack = 2.0 + r.saturation.loop_lag_p50_ms
+    assert 0.0 <= m["median_ttft_ms"] - st["ttft_ms"]["p50"] < slack, r.saturation
     assert abs(m["mean_itl_ms"] - st["itl_ms"]["mean"]) < 0.3
     assert abs(m["mean_tpot_ms"] - 5.0) < 0.5
     assert m["output_throughput"] == pytest.approx(st["tokens_per_s"], rel=0.02)

@@ -57,6 +57,9 @@ BASELINE_DIR_HELP = "directory of perf baselines, <dir>/<host>/<service>.json (d
 REQUESTS_HELP = "perf runs: measured requests per service (overrides the profile's [perf] requests / duration)"
 DURATION_HELP = "perf runs: duration per service, e.g. 60s (overrides the profile's [perf] requests / duration)"
 CONCURRENCY_HELP = "perf runs: requests in flight (overrides the profile's [perf] concurrency)"
+CLIENT_PROCS_HELP = ("perf runs: spread each load run over N client processes, each its own event loop and "
+                     "connection pool (overrides the profile's [perf] client_procs; default 1; at most the "
+                     "concurrency)")
 WARMUP_HELP = "perf runs: warm-up requests, excluded from every number (overrides the profile's [perf] warmup)"
 TPOT_CEILING_HELP = (f"smoke: sanity ceiling in ms on the time per output token of one streamed request (default "
                      f"{DEFAULT_TPOT_CEILING_MS:g}, or the service's largest itl_*/tpot_* floor when higher; 'off' "
@@ -68,6 +71,7 @@ OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--perf-duration", "dflash_perf_duration", DURATION_HELP),
     ("--perf-concurrency", "dflash_perf_concurrency", CONCURRENCY_HELP),
     ("--perf-warmup", "dflash_perf_warmup", WARMUP_HELP),
+    ("--perf-client-procs", "dflash_perf_client_procs", CLIENT_PROCS_HELP),
     ("--tpot-ceiling-ms", "dflash_tpot_ceiling_ms", TPOT_CEILING_HELP),
 )
 
@@ -156,6 +160,7 @@ def options_from_config(config: pytest.Config) -> PerfOptions:
             duration_s=duration,
             concurrency=_count(config, "dflash_perf_concurrency", 1),
             warmup=_count(config, "dflash_perf_warmup", 0),
+            client_procs=_count(config, "dflash_perf_client_procs", 1),
         ),
         allow_state_changes=allow_state_changes(config),
         tpot_ceiling_ms=ceiling,

@@ -98,6 +98,7 @@ class PerfOverrides:
     duration_s: float | None = None
     concurrency: int | None = None
     warmup: int | None = None
+    client_procs: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +118,7 @@ class PerfSettings:
     max_loop_lag_ms: float = 5.0
     max_client_cpu: float = 0.9
     retries: int = 1  # runs measured again when the client was saturated
+    client_procs: int = 1  # load client processes the run is spread over (one event loop each)
 
     @classmethod
     def resolve(cls, perf: Mapping[str, Any], service: str,
@@ -130,7 +132,7 @@ class PerfSettings:
         names = {"endpoint": "endpoint", "concurrency": "concurrency", "warmup": "warmup",
                  "prompt_len": "prompt_len", "output_len": "output_len", "temperature": "temperature",
                  "seed": "seed", "request_timeout": "request_timeout_s", "max_loop_lag_ms": "max_loop_lag_ms",
-                 "max_client_cpu": "max_client_cpu", "retries": "retries"}
+                 "max_client_cpu": "max_client_cpu", "retries": "retries", "client_procs": "client_procs"}
         for key, attr in names.items():
             if key in perf:
                 kw[attr] = perf[key]
@@ -148,6 +150,8 @@ class PerfSettings:
                 kw["concurrency"] = overrides.concurrency
             if overrides.warmup is not None:
                 kw["warmup"] = overrides.warmup
+            if overrides.client_procs is not None:
+                kw["client_procs"] = overrides.client_procs
         kw["requests"], kw["duration_s"] = length
         return cls(**kw)
 
@@ -174,14 +178,16 @@ class PerfSettings:
             server_accept_length=native and speculative and may_flush,
             max_loop_lag_ms=self.max_loop_lag_ms,
             max_client_cpu=self.max_client_cpu,
+            client_procs=self.client_procs,
         )
 
     def describe(self, native: bool) -> str:
         size = " and ".join(part for part in (
             f"{self.requests} requests" if self.requests is not None else "",
             f"{self.duration_s:g} s" if self.duration_s is not None else "") if part)
+        procs = f", {self.client_procs} client processes" if self.client_procs > 1 else ""
         return (f"{self.endpoint_for(native)}, concurrency {self.concurrency}, {self.prompt_len}+{self.output_len} "
-                f"tokens, {size}")
+                f"tokens, {size}{procs}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -548,9 +554,15 @@ class ServiceRun:
         """Why no floor may be judged on this run (the client was the bottleneck), or None."""
         if not self.result.client_saturated:
             return None
-        reasons = "; ".join(self.result.saturation.reasons) or "saturated"
+        sat = self.result.saturation
+        reasons = "; ".join(sat.reasons) or "saturated"
+        spread = ""
+        if sat.processes > 1:  # one saturated process of N refuses the whole run: its share measured the client
+            which = ", ".join(str(k) for k in sat.saturated_processes) or "?"
+            spread = (f"; the run was spread over {sat.processes} client processes and process(es) {which} "
+                      "saturated, which refuses the whole run")
         return (f"the load client was saturated ({reasons}) in {self.saturated_attempts} of {self.attempts} "
-                f"run(s): its numbers measure the client, not {self.label}")
+                f"run(s): its numbers measure the client, not {self.label}{spread}")
 
     @property
     def accept_length(self) -> float | None:

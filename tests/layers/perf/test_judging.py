@@ -79,6 +79,22 @@ def test_a_saturated_client_gets_no_judgement_at_all() -> None:
     assert judge_accept_length(run, {"accept_length": 2.0}).outcome == "refused"
 
 
+def test_one_saturated_client_process_refuses_the_whole_run() -> None:
+    from pytest_dflash.load.procs import merge_saturation
+
+    calm, busy = fake_result().saturation, fake_result(saturated=True).saturation
+    run = fake_run()
+    run.result.saturation = merge_saturation([calm, busy, calm])
+    assert run.result.client_saturated and run.result.saturation.saturated_processes == [2]
+    judged = judge_floors(run, {"output_tok_s": 10.0})
+    assert outcomes(judged) == {"errors": "pass", "output_tok_s": "refused"}
+    message = judged[1].message
+    assert "(client process 2 of 3: event-loop lag p99 80.0 ms > 5 ms)" in message
+    assert "spread over 3 client processes and process(es) 2 saturated, which refuses the whole run" in message
+    run.result.saturation = merge_saturation([calm, calm])
+    assert run.refusal is None and run.result.saturation.processes == 2
+
+
 def test_a_saturated_run_is_measured_again_and_the_clean_retry_is_judged() -> None:
     results = [fake_result(saturated=True), fake_result()]
     said: list[str] = []

@@ -81,6 +81,7 @@ regression_pct = 15
         ("[perf]\nduration = 'soon'\n", "perf.duration: expected a duration like 90, '90s' or '15m'"),
         ("[perf]\nduration = 0\n", "perf.duration: expected a positive duration"),
         ("[perf]\nmax_loop_lag_ms = -1\n", "perf.max_loop_lag_ms: expected a positive number"),
+        ("[perf]\nclient_procs = 0\n", "perf.client_procs: expected an integer >= 1, got 0"),
         ("[perf.ddtree]\nrequests = 5\n", "perf.ddtree: expected a service of this host (none, dflash)"),
         ("[perf.none]\nconcurrency = 5\n", "perf.none.concurrency: unknown key"),
         ("[floors.dflash]\noutput_tok_s = -3\n", "floors.dflash.output_tok_s: expected a positive number, got integer -3"),
@@ -143,6 +144,7 @@ def test_load_spec_follows_the_server_dialect() -> None:
         (["--perf-requests", "0"], "--perf-requests / dflash_perf_requests: '0' must be >= 1"),
         (["--perf-concurrency", "two"], "--perf-concurrency / dflash_perf_concurrency: 'two' is not an integer"),
         (["--perf-duration", "soon"], "--perf-duration / dflash_perf_duration: 'soon' is not a duration"),
+        (["--perf-client-procs", "0"], "--perf-client-procs / dflash_perf_client_procs: '0' must be >= 1"),
     ],
 )
 def test_bad_perf_options_are_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:
@@ -155,4 +157,27 @@ def test_bad_perf_options_are_usage_errors(pytester: pytest.Pytester, args: list
 def test_perf_options_are_in_help(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(["*--update-baseline*", "*--baseline-dir=DIR*", "*--perf-requests=REQUESTS*",
-                                 "*--perf-duration=DURATION*"], consecutive=False)
+                                 "*--perf-duration=DURATION*", "*--perf-client-procs=*"], consecutive=False)
+
+
+def test_client_procs_from_the_profile_and_the_command_line(tmp_path: Path) -> None:
+    profile = load(tmp_path, "[perf]\nconcurrency = 4\nclient_procs = 2\n")
+    perf = profile.perf  # type: ignore[attr-defined]
+    assert perf["client_procs"] == 2
+    settings = PerfSettings.resolve(perf, "dflash")
+    assert settings.load_spec(native=True, speculative=True).client_procs == 2
+    assert "2 client processes" in settings.describe(True)
+    assert PerfSettings.resolve(perf, "dflash", PerfOverrides(client_procs=4)).client_procs == 4
+    assert PerfSettings.resolve({}, "dflash").load_spec(native=True, speculative=False).client_procs == 1
+    with pytest.raises(ValueError, match=r"client_procs \(4\) > concurrency \(1\)"):
+        PerfSettings(concurrency=1, client_procs=4).load_spec(native=True, speculative=False)
+
+
+def test_perf_client_procs_option_reaches_the_settings(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+from pytest_dflash.layers.perf.hooks import OPTIONS_KEY
+
+def test_option(pytestconfig):
+    assert pytestconfig.stash[OPTIONS_KEY].overrides.client_procs == 3
+""")
+    pytester.runpytest("--perf-client-procs", "3", "-p", "no:cacheprovider").assert_outcomes(passed=1)
