@@ -8,7 +8,6 @@ by `add_options`; a layer turns the values into its typed settings with the vali
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -18,16 +17,6 @@ import pytest
 from pytest_dflash.config.durations import parse_seconds
 from pytest_dflash.run.layers import LAYERS
 
-Option = tuple[str, str, str]  # (flag, dest = ini key, help)
-
-
-def add_text_options(parser: pytest.Parser, options: Sequence[Option]) -> None:
-    """Register each (flag, dest, help) as a flag with a metavar from its last word and an ini key `dest`."""
-    group = parser.getgroup("dflash")
-    for flag, dest, text in options:
-        group.addoption(flag, dest=dest, default=None, metavar=flag.rsplit("-", 1)[-1].upper(), help=text)
-        parser.addini(dest, text, default="")
-
 
 def option_text(config: pytest.Config, dest: str) -> str:
     """The option's value as stripped text: the command line, else the ini key, else ''."""
@@ -35,12 +24,6 @@ def option_text(config: pytest.Config, dest: str) -> str:
     if value is None:
         value = config.getini(dest)
     return str(value or "").strip()
-
-
-def option_source(options: Sequence[Option], dest: str) -> str:
-    """'--flag / ini_key', for messages that say where a bad value came from."""
-    flag = next(f for f, d, _ in options if d == dest)
-    return f"{flag} / {dest}"
 
 
 # ---- the core options ----------------------------------------------------------------------------------
@@ -69,7 +52,7 @@ REQUEST_TIMEOUT_HELP = "timeout of one HTTP request made by a test (default 60s;
 
 
 def add_core_options(parser: pytest.Parser) -> None:
-    """The plugin's own flags and ini keys (the layer modules add theirs through `add_text_options`)."""
+    """The core flags and ini keys (hosts, attach, provisioning, budgets, the gate, report dirs)."""
     group = parser.getgroup("dflash", "pytest-dflash: DFlash / DDTree inference host acceptance")
     group.addoption("--host", action="append", dest="dflash_hosts", default=None, metavar="NAME|PATH",
                     help=HOST_HELP)
@@ -158,12 +141,12 @@ def report_dir(config: pytest.Config) -> Path:
 @dataclass(frozen=True)
 class Opt:
     """One option: `--flag` on the command line, `dest` as the ini key. kind: "text" (a value), "flag" (a
-    switch, ini bool) or "list" (repeatable, ini linelist)."""
+    switch that turns something on, ini bool default false) or "off" (a --no-... switch, ini bool default true)."""
 
     flag: str
     dest: str
     help: str
-    kind: Literal["text", "flag", "list"] = "text"
+    kind: Literal["text", "flag", "off"] = "text"
     ini_default: str = ""
     metavar: str | None = None
 
@@ -234,7 +217,47 @@ GENERATION_PARITY_OPTIONS: tuple[Opt, ...] = (
         "option", kind="flag"),
 )
 
-DECLARED: tuple[Opt, ...] = GPU_OPTIONS + GENERATION_PARITY_OPTIONS
+PERF_OPTIONS: tuple[Opt, ...] = (
+    Opt("--update-baseline", "dflash_update_baseline",
+        "record this run of each perf-tested service as its baseline (only a run that passes its floors is "
+        "recorded); without it, runs are compared with the recorded baseline", kind="flag"),
+    Opt("--baseline-dir", "dflash_baseline_dir",
+        "directory of perf baselines, <dir>/<host>/<service>.json (default: reports/baselines)", metavar="DIR"),
+    Opt("--perf-requests", "dflash_perf_requests",
+        "perf runs: measured requests per service (overrides the profile's [perf] requests / duration)"),
+    Opt("--perf-duration", "dflash_perf_duration",
+        "perf runs: duration per service, e.g. 60s (overrides the profile's [perf] requests / duration)"),
+    Opt("--perf-concurrency", "dflash_perf_concurrency",
+        "perf runs: requests in flight (overrides the profile's [perf] concurrency)"),
+    Opt("--perf-warmup", "dflash_perf_warmup",
+        "perf runs: warm-up requests, excluded from every number (overrides the profile's [perf] warmup)"),
+    Opt("--perf-client-procs", "dflash_perf_client_procs",
+        "perf runs: spread each load run over N client processes, each its own event loop and connection pool "
+        "(overrides the profile's [perf] client_procs; default 1; at most the concurrency)"),
+    Opt("--tpot-ceiling-ms", "dflash_tpot_ceiling_ms",
+        "smoke: sanity ceiling in ms on the time per output token of one streamed request (default 250, or the "
+        "service's largest itl_*/tpot_* floor when higher; 'off' disables it)"),
+)
+
+FLEET_OPTIONS: tuple[Opt, ...] = (
+    Opt("--prometheus", "dflash_prometheus",
+        "also write the run's Prometheus textfile (node_exporter textfile-collector format, atomic) to FILE; the "
+        "report dir always gets fleet.prom", metavar="FILE"),
+    Opt("--prometheus-push", "dflash_prometheus_push",
+        "also push the run's metrics to this Prometheus Pushgateway (PUT, 10 s timeout): http://HOST:9091 (job "
+        "pytest-dflash) or a group URL http://HOST:9091/metrics/job/NAME[/LABEL/VALUE]...; a failed push is "
+        "reported and does not change the exit code", metavar="URL"),
+    Opt("--previous-summary", "dflash_previous_summary",
+        "the previous fleet-summary.json to compare with (default: the one already in the report dir, e.g. "
+        "restored from a CI cache)", metavar="FILE"),
+    Opt("--dflash-history", "dflash_history",
+        "folder of per-host last good verdicts (default: <report dir>/history)", metavar="DIR"),
+    Opt("--no-fleet-summary", "dflash_fleet_summary",
+        "do not write the fleet summary, history and Prometheus file at the end of the run (ini "
+        "dflash_fleet_summary = false)", kind="off"),
+)
+
+DECLARED: tuple[Opt, ...] = GPU_OPTIONS + GENERATION_PARITY_OPTIONS + PERF_OPTIONS + FLEET_OPTIONS
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -242,9 +265,10 @@ def add_options(parser: pytest.Parser) -> None:
     add_core_options(parser)
     group = parser.getgroup("dflash")
     for opt in DECLARED:
-        if opt.kind == "flag":
-            group.addoption(opt.flag, action="store_true", dest=opt.dest, default=None, help=opt.help)
-            parser.addini(opt.dest, opt.help, type="bool", default=False)
+        if opt.kind in ("flag", "off"):
+            action = "store_true" if opt.kind == "flag" else "store_false"
+            group.addoption(opt.flag, action=action, dest=opt.dest, default=None, help=opt.help)
+            parser.addini(opt.dest, opt.help, type="bool", default=opt.kind == "off")
         else:
             metavar = opt.metavar or opt.flag.rsplit("-", 1)[-1].upper()
             group.addoption(opt.flag, dest=opt.dest, default=None, metavar=metavar, help=opt.help)
@@ -287,12 +311,18 @@ def number(config: pytest.Config, dest: str, kind: type[int] | type[float], defa
     return value
 
 
-def duration(config: pytest.Config, dest: str, default: str) -> float:
-    """A duration option ('90s', '25m') in seconds."""
+def duration(config: pytest.Config, dest: str, default: str | None) -> float | None:
+    """A positive duration option ('90s', '25m') in seconds; None when not given and no default."""
+    raw = option_text(config, dest) or default
+    if not raw:
+        return None
     try:
-        return parse_seconds(option_text(config, dest) or default, where=where(dest))
+        seconds = parse_seconds(raw, where=where(dest))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if not seconds > 0:
+        raise pytest.UsageError(f"{where(dest)}: {raw!r} must be > 0")
+    return seconds
 
 
 def path(config: pytest.Config, dest: str, *, must_exist: bool = False) -> Path | None:

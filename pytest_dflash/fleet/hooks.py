@@ -17,45 +17,12 @@ from typing import Any
 
 import pytest
 
+from pytest_dflash.config import options
 from pytest_dflash.fleet import prometheus
 from pytest_dflash.fleet import summary as fleet_summary
 from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
 
-PROMETHEUS_HELP = ("also write the run's Prometheus textfile (node_exporter textfile-collector format, atomic) "
-                   "to FILE; the report dir always gets fleet.prom")
-PUSH_HELP = ("also push the run's metrics to this Prometheus Pushgateway (PUT, 10 s timeout): http://HOST:9091 "
-             "(job pytest-dflash) or a group URL http://HOST:9091/metrics/job/NAME[/LABEL/VALUE]...; a failed push "
-             "is reported and does not change the exit code")
-PREVIOUS_HELP = ("the previous fleet-summary.json to compare with (default: the one already in the report dir, "
-                 "e.g. restored from a CI cache)")
-HISTORY_HELP = "folder of per-host last good verdicts (default: <report dir>/history)"
-NO_SUMMARY_HELP = "do not write the fleet summary, history and Prometheus file at the end of the run"
 RESULT_KEY = pytest.StashKey[dict[str, Any]]()
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("dflash")
-    group.addoption("--prometheus", dest="dflash_prometheus", default=None, metavar="FILE", help=PROMETHEUS_HELP)
-    group.addoption("--prometheus-push", dest="dflash_prometheus_push", default=None, metavar="URL", help=PUSH_HELP)
-    group.addoption("--previous-summary", dest="dflash_previous_summary", default=None, metavar="FILE",
-                    help=PREVIOUS_HELP)
-    group.addoption("--dflash-history", dest="dflash_history", default=None, metavar="DIR", help=HISTORY_HELP)
-    group.addoption("--no-fleet-summary", dest="dflash_fleet_summary", action="store_false", default=None,
-                    help=NO_SUMMARY_HELP)
-    parser.addini("dflash_prometheus", PROMETHEUS_HELP, default="")
-    parser.addini("dflash_prometheus_push", PUSH_HELP, default="")
-    parser.addini("dflash_previous_summary", PREVIOUS_HELP, default="")
-    parser.addini("dflash_history", HISTORY_HELP, default="")
-    parser.addini("dflash_fleet_summary", "write the fleet summary at the end of a run (default true)", type="bool",
-                  default=True)
-
-
-def _path(config: pytest.Config, name: str) -> Path | None:
-    raw = config.getoption(name) or config.getini(name)
-    if not raw:
-        return None
-    path = Path(str(raw)).expanduser()
-    return path if path.is_absolute() else config.invocation_params.dir / path
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -65,7 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
             # See _LoadGroupToWorkers: without this the worker never tags its items with their xdist_group.
             config.option.loadgroup = True
         return
-    previous = _path(config, "dflash_previous_summary")
+    previous = options.path(config, "dflash_previous_summary")
     if previous is not None and not previous.is_file():
         raise pytest.UsageError(f"--previous-summary / dflash_previous_summary: {previous}: no such file")
     if push_url := _push_url(config):
@@ -133,12 +100,11 @@ def _targets(config: pytest.Config) -> bool:
 
 
 def _push_url(config: pytest.Config) -> str:
-    return str(config.getoption("dflash_prometheus_push") or config.getini("dflash_prometheus_push") or "").strip()
+    return options.text(config, "dflash_prometheus_push")
 
 
 def _enabled(config: pytest.Config) -> bool:
-    option = config.getoption("dflash_fleet_summary")
-    return bool(config.getini("dflash_fleet_summary")) if option is None else bool(option)
+    return options.flag(config, "dflash_fleet_summary")
 
 
 @pytest.hookimpl(trylast=True)
@@ -151,7 +117,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if run is None or not run.profiles or not reported:
         return
     report_dir = run.options.report_dir
-    previous = _path(config, "dflash_previous_summary")
+    previous = options.path(config, "dflash_previous_summary")
     if previous is None and (report_dir / fleet_summary.SUMMARY_JSON).is_file():
         previous = report_dir / fleet_summary.SUMMARY_JSON
     result: dict[str, Any] = {}
@@ -166,8 +132,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         gate: list[str] = config.stash.get(GATE_KEY, [])
         summary, outputs = fleet_summary.summarize(
             verdicts, report_dir, previous_path=previous,
-            history_dir=_path(config, "dflash_history") or report_dir / fleet_summary.HISTORY,
-            gate_layers=gate, prometheus=_path(config, "dflash_prometheus"))
+            history_dir=options.path(config, "dflash_history") or report_dir / fleet_summary.HISTORY,
+            gate_layers=gate, prometheus=options.path(config, "dflash_prometheus"))
         result.update(summary=summary, outputs=outputs)
     except (OSError, fleet_summary.FleetInputError) as exc:
         # The verdicts and the exit code stand; the summary is a view of them.

@@ -46,6 +46,25 @@ def classify_kernel_lines(lines: Iterable[str]) -> dict[str, list[str]]:
     return found
 
 
+_MEMCG_KILL = re.compile(r"Memory cgroup out of memory: Killed process|constraint=CONSTRAINT_MEMCG")
+
+
+def split_oom_kills(lines: Iterable[str]) -> tuple[list[str], list[str]]:
+    """OOM-killer lines -> (host-wide ones, memory-cgroup ones). A memory-cgroup kill is a container's or unit's
+    own limit (the kernel says 'Memory cgroup out of memory' / constraint=CONSTRAINT_MEMCG): the workload that
+    hit it, not the host, ran out of memory; a host-wide kill means the whole machine did."""
+    host_wide: list[str] = []
+    memcg: list[str] = []
+    for line in lines:
+        if not KERNEL_CATEGORIES["oom-killer"].search(line):
+            continue
+        if _MEMCG_KILL.search(line):
+            memcg.append(line)
+        elif "Killed process" in line or "constraint=" in line:
+            host_wide.append(line)
+    return host_wide, memcg
+
+
 def xid_codes(lines: Iterable[str]) -> list[tuple[str, int]]:
     """(PCI address, Xid code) of every Xid line."""
     return [(m.group(1), int(m.group(2))) for line in lines if (m := _XID.search(line))]

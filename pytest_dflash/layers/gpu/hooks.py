@@ -37,7 +37,7 @@ def options_from_config(config: pytest.Config) -> GpuOptions:
     objects = tuple(part.strip() for part in options.text(config, "dflash_jit_objects").split(",") if part.strip())
     return GpuOptions(dump_dir=options.path(config, "dflash_probe_dump"), jit_arch_list=arch_list,
                       jit_objects=objects, jit_jobs=options.number(config, "dflash_jit_jobs", int, None, low=1),
-                      kernels_timeout_s=options.duration(config, "dflash_kernels_timeout", "25m"),
+                      kernels_timeout_s=options.duration(config, "dflash_kernels_timeout", "25m") or 1500.0,
                       baseline=options.path(config, "dflash_env_baseline", must_exist=True),
                       allow_gpu_use=options.flag(config, ALLOW_GPU_USE_INI))
 

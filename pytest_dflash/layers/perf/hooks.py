@@ -20,15 +20,13 @@ from typing import Any
 import pytest
 
 from pytest_dflash.client import Sampling
-from pytest_dflash.config.durations import parse_seconds
-from pytest_dflash.config.options import add_text_options, option_source, option_text
+from pytest_dflash.config import options
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.generation.checks import PROMPT, Api, request_stream
 from pytest_dflash.layers.parity.acceptance import check_floor
 from pytest_dflash.layers.parity.checks import measure_acceptance
 from pytest_dflash.layers.parity.hooks import allow_state_changes, state_change_refusal
 from pytest_dflash.layers.perf.layer import (
-    DEFAULT_TPOT_CEILING_MS,
     NOT_PASSING,
     Judgement,
     PerfOverrides,
@@ -51,30 +49,6 @@ from pytest_dflash.layers.perf.layer import (
 )
 from pytest_dflash.run.state import HostContext, ServiceHandle
 
-UPDATE_BASELINE_HELP = ("record this run of each perf-tested service as its baseline (only a run that passes its "
-                        "floors is recorded); without it, runs are compared with the recorded baseline")
-BASELINE_DIR_HELP = "directory of perf baselines, <dir>/<host>/<service>.json (default: reports/baselines)"
-REQUESTS_HELP = "perf runs: measured requests per service (overrides the profile's [perf] requests / duration)"
-DURATION_HELP = "perf runs: duration per service, e.g. 60s (overrides the profile's [perf] requests / duration)"
-CONCURRENCY_HELP = "perf runs: requests in flight (overrides the profile's [perf] concurrency)"
-CLIENT_PROCS_HELP = ("perf runs: spread each load run over N client processes, each its own event loop and "
-                     "connection pool (overrides the profile's [perf] client_procs; default 1; at most the "
-                     "concurrency)")
-WARMUP_HELP = "perf runs: warm-up requests, excluded from every number (overrides the profile's [perf] warmup)"
-TPOT_CEILING_HELP = (f"smoke: sanity ceiling in ms on the time per output token of one streamed request (default "
-                     f"{DEFAULT_TPOT_CEILING_MS:g}, or the service's largest itl_*/tpot_* floor when higher; 'off' "
-                     "disables it)")
-
-OPTIONS: tuple[tuple[str, str, str], ...] = (
-    ("--baseline-dir", "dflash_baseline_dir", BASELINE_DIR_HELP),
-    ("--perf-requests", "dflash_perf_requests", REQUESTS_HELP),
-    ("--perf-duration", "dflash_perf_duration", DURATION_HELP),
-    ("--perf-concurrency", "dflash_perf_concurrency", CONCURRENCY_HELP),
-    ("--perf-warmup", "dflash_perf_warmup", WARMUP_HELP),
-    ("--perf-client-procs", "dflash_perf_client_procs", CLIENT_PROCS_HELP),
-    ("--tpot-ceiling-ms", "dflash_tpot_ceiling_ms", TPOT_CEILING_HELP),
-)
-
 INCONCLUSIVE_HINT = ("INCONCLUSIVE is not a pass: the test fails and a --gate with perf does not pass. Measure longer: "
                      "--perf-requests {requests} (or [perf] requests in the profile).")
 REFUSED_HINT = ("REFUSED: the load client was the bottleneck, so nothing was judged. Run the client on a quieter "
@@ -96,33 +70,8 @@ BOOK_KEY = pytest.StashKey["PerfBook"]()
 ITEM_KEY = pytest.StashKey["PerfItem"]()
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("dflash")
-    group.addoption("--update-baseline", action="store_true", dest="dflash_update_baseline", default=None,
-                    help=UPDATE_BASELINE_HELP)
-    parser.addini("dflash_update_baseline", UPDATE_BASELINE_HELP, type="bool", default=False)
-    add_text_options(parser, OPTIONS)
-
-
-def _where(dest: str) -> str:
-    return option_source(OPTIONS, dest)
-
-
-def _count(config: pytest.Config, dest: str, low: int) -> int | None:
-    raw = option_text(config, dest)
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise pytest.UsageError(f"{_where(dest)}: {raw!r} is not an integer") from None
-    if value < low:
-        raise pytest.UsageError(f"{_where(dest)}: {raw!r} must be >= {low}")
-    return value
-
-
 def _ceiling(config: pytest.Config) -> tuple[float | None, bool]:
-    raw = option_text(config, "dflash_tpot_ceiling_ms")
+    raw = options.text(config, "dflash_tpot_ceiling_ms")
     if not raw:
         return None, False
     if raw.lower() in ("off", "none", "no"):
@@ -130,37 +79,24 @@ def _ceiling(config: pytest.Config) -> tuple[float | None, bool]:
     try:
         value = float(raw.removesuffix("ms"))
     except ValueError:
-        raise pytest.UsageError(f"{_where('dflash_tpot_ceiling_ms')}: {raw!r} is not a number of milliseconds "
+        raise pytest.UsageError(f"{options.where('dflash_tpot_ceiling_ms')}: {raw!r} is not a number of milliseconds "
                                 "(or 'off')") from None
     if not value > 0:
-        raise pytest.UsageError(f"{_where('dflash_tpot_ceiling_ms')}: {raw!r} must be > 0")
+        raise pytest.UsageError(f"{options.where('dflash_tpot_ceiling_ms')}: {raw!r} must be > 0")
     return value, False
 
 
 def options_from_config(config: pytest.Config) -> PerfOptions:
-    duration_raw = option_text(config, "dflash_perf_duration")
-    duration = None
-    if duration_raw:
-        try:
-            duration = parse_seconds(duration_raw, where=_where("dflash_perf_duration"))
-        except ValueError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        if not duration > 0:
-            raise pytest.UsageError(f"{_where('dflash_perf_duration')}: {duration_raw!r} must be > 0")
-    directory = Path(option_text(config, "dflash_baseline_dir") or "reports/baselines").expanduser()
-    if not directory.is_absolute():
-        directory = config.invocation_params.dir / directory
-    update = config.getoption("dflash_update_baseline")
     ceiling, ceiling_off = _ceiling(config)
     return PerfOptions(
-        update_baseline=bool(update if update is not None else config.getini("dflash_update_baseline")),
-        baseline_dir=directory,
+        update_baseline=options.flag(config, "dflash_update_baseline"),
+        baseline_dir=options.path(config, "dflash_baseline_dir") or config.invocation_params.dir / "reports/baselines",
         overrides=PerfOverrides(
-            requests=_count(config, "dflash_perf_requests", 1),
-            duration_s=duration,
-            concurrency=_count(config, "dflash_perf_concurrency", 1),
-            warmup=_count(config, "dflash_perf_warmup", 0),
-            client_procs=_count(config, "dflash_perf_client_procs", 1),
+            requests=options.number(config, "dflash_perf_requests", int, None, low=1),
+            duration_s=options.duration(config, "dflash_perf_duration", None),
+            concurrency=options.number(config, "dflash_perf_concurrency", int, None, low=1),
+            warmup=options.number(config, "dflash_perf_warmup", int, None, low=0),
+            client_procs=options.number(config, "dflash_perf_client_procs", int, None, low=1),
         ),
         allow_state_changes=allow_state_changes(config),
         tpot_ceiling_ms=ceiling,
@@ -169,9 +105,9 @@ def options_from_config(config: pytest.Config) -> PerfOptions:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    options = options_from_config(config)
-    config.stash[OPTIONS_KEY] = options
-    config.stash[BOOK_KEY] = PerfBook(config, options)
+    perf_options = options_from_config(config)
+    config.stash[OPTIONS_KEY] = perf_options
+    config.stash[BOOK_KEY] = PerfBook(config, perf_options)
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(PerfSummary(), "dflash-perf-summary")
 

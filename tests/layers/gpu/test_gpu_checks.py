@@ -16,6 +16,7 @@ from pytest_dflash.layers.gpu.checks import (
     gpu_health,
     sampling_problems,
     sgl_kernel_problems,
+    split_oom_kills,
     toolkit_report,
     torch_coverage,
     triton_problems,
@@ -193,3 +194,14 @@ def test_cached_modules_not_built_here_are_unverified_or_suspect() -> None:
                                cold={"sampling": True}).unverified == ["v/90a/norm"]
     suspect = warm_cache_reliance(cache, flashinfer_version="v", arch_dirs={"90a"}, cold={"sampling": False})
     assert suspect.relied == ["v/90a/norm (not built here, but the same toolchain failed)"]
+
+
+def test_a_memory_cgroup_oom_kill_is_not_a_host_wide_one() -> None:
+    """Lines as this machine's kernel (6.x) wrote them for a podman container over its --memory limit."""
+    memcg = ["[14548.468848] python invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0",
+             "[14548.469286] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=libpod-e1ae,mems_allowed=0,"
+             "oom_memcg=/libpod_parent/libpod-e1ae,task_memcg=/libpod_parent/libpod-e1ae,task=python,pid=2541,uid=0"]
+    host = ["[1000.0] Out of memory: Killed process 4242 (python3) total-vm:90000kB, anon-rss:8000kB",
+            "[1000.0] oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom"]
+    assert split_oom_kills(memcg) == ([], memcg[1:])
+    assert split_oom_kills(memcg + host) == (host, memcg[1:])

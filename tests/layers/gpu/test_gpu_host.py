@@ -100,8 +100,18 @@ def test_xid_and_oom_lines_fail_the_kernel_log_checks(tmp_path: Path) -> None:
     gpu, _ = _h200(tmp_path, kernel_log=log)
     with pytest.raises(AssertionError, match=r"the kernel log reports GPU faults since boot \(Xid codes \[79\]\)"):
         host.kernel_log_has_no_gpu_faults(gpu)
-    with pytest.raises(AssertionError, match="the kernel OOM killer fired since boot"):
+    with pytest.raises(AssertionError, match="the kernel OOM killer fired host-wide since boot"):
         host.kernel_log_has_no_oom_kills(gpu)
+
+
+def test_a_containers_own_memory_limit_is_a_note_not_a_host_failure(tmp_path: Path) -> None:
+    log = dict(load("h200/layers/kernel_log.json"))
+    log["matches"] = ["[14548.468848] python invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0",
+                      "[14548.469286] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=libpod-e1ae,"
+                      "mems_allowed=0,oom_memcg=/libpod_parent/libpod-e1ae,task=python,pid=2541,uid=0"]
+    gpu, _ = _h200(tmp_path, kernel_log=log)
+    host.kernel_log_has_no_oom_kills(gpu)
+    assert any("memory-cgroup OOM kill" in note for note in gpu.host.notes), gpu.host.notes
 
 
 def test_an_unreadable_kernel_log_skips_and_a_failed_probe_fails(tmp_path: Path) -> None:
