@@ -13,7 +13,7 @@ import sys
 import tomllib
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -24,7 +24,11 @@ ALGORITHMS = ("NONE", "DFLASH", "DDTREE", "EAGLE", "EAGLE3", "NGRAM", "STANDALON
 # An external service whose profile names no algorithm: read from its /server_info before tests are selected
 # (run/discovery.py); while unknown, only tests that do not depend on the algorithm select it.
 AUTO = "AUTO"
-SERVICE_KINDS = ("systemd", "process", "external")
+SERVICE_KINDS = ("systemd", "process", "external", "container")
+CONTAINER_ENGINES = ("docker", "podman")
+# The container keys of a [services.NAME] table with kind = "container" (docs/profiles.md).
+CONTAINER_KEYS = ("engine", "runtime", "container", "label", "image", "args", "devices", "mounts", "network",
+                  "ipc", "shm_size", "restart", "memory", "ulimits", "run_args", "stop_timeout")
 PROVISION_MODES = ("never", "allowed", "always")
 FLOOR_KEYS = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms", "accept_length", "speedup_vs", "speedup")
 FLOOR_SETTINGS = ("regression_pct", "confidence")
@@ -36,8 +40,31 @@ DEFAULT_CONNECT_TIMEOUT_S = 4.0
 BUILTIN_PROFILES = Path(__file__).parent / "builtin"
 
 ProvisionMode = Literal["never", "allowed", "always"]
-ServiceKind = Literal["systemd", "process", "external"]
+ServiceKind = Literal["systemd", "process", "external", "container"]
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """How a kind = "container" service is found (attach) or run (--provision) by docker / podman."""
+
+    engine: str = "docker"
+    runtime: str | None = None  # OCI runtime (podman: a global flag; docker: `run --runtime`)
+    name: str | None = None  # attach to / provision under this container name
+    label: str | None = None  # attach: the one container carrying this "key=value" label
+    image: str | None = None
+    args: tuple[str, ...] = ()  # appended after `command` (keep the image's entrypoint, give it args)
+    gpus: str | None = None  # "all" or "device=0,1" (`--gpus`); from the service's gpus list when numbers
+    devices: tuple[str, ...] = ()  # `--device`, e.g. CDI names "nvidia.com/gpu=all"
+    mounts: tuple[str, ...] = ()  # `-v SRC:DST[:ro]`
+    network: str | None = None
+    ipc: str | None = None
+    shm_size: str | None = None
+    restart: str | None = None  # no | on-failure[:N] | always | unless-stopped
+    memory: str | None = None
+    ulimits: tuple[str, ...] = ()  # `--ulimit nofile=1024:1024`
+    run_args: tuple[str, ...] = ()  # any other `run` options, as written
+    stop_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +87,9 @@ class ServiceSpec:
     api_key_env: str | None = None
     model: str | None = None
     discovery_error: str | None = None  # AUTO that could not be resolved: why (the service layer fails with it)
+    container: ContainerSpec | None = None  # kind = "container"
+    log_command: str | None = None  # kind = "external": a command printing its log ({since}: unix time)
+    log_file: str | None = None  # kind = "external": a log file on the host
 
     @property
     def speculative(self) -> bool:
@@ -324,6 +354,21 @@ def _service(name: str, table: _Table, host: HostProfile, profile_dir: Path) -> 
         template = (profile_dir / template_raw).resolve()
         if not template.is_file():
             raise table.fail("template", f"expected a unit template file, {template} does not exist")
+    container = _container(table, kind) if kind == "container" else None
+    gpus = () if container is not None and table.raw("gpus") == "all" else table.int_list("gpus")
+    if container is not None and gpus:
+        container = replace(container, gpus="device=" + ",".join(str(g) for g in gpus))
+    log_command = table.get("log_command", str)
+    log_file = table.get("log_file", str)
+    if (log_command or log_file) and kind != "external":
+        key = "log_command" if log_command else "log_file"
+        raise table.fail(key, f'only for kind = "external" (a {kind} service has its own log)')
+    if log_command and log_file:
+        raise table.fail("log_file", "give log_command or log_file, not both")
+    if log_file and not log_file.startswith("/"):
+        raise table.fail("log_file", f"expected an absolute path on the host, got {log_file!r}")
+    if (log_command or log_file) and host.connection is None:
+        raise table.fail("log_command" if log_command else "log_file", "needs host access (a connection)")
     needs_port = any("{port}" in part for part in (url, *command))
     if port_value is None and needs_port and kind != "process":
         raise table.fail("port", "expected a fixed port: only process services get an automatic one")
@@ -337,15 +382,59 @@ def _service(name: str, table: _Table, host: HostProfile, profile_dir: Path) -> 
         command=command,
         env=table.str_map("env"),
         vars=table.str_map("vars"),
-        gpus=table.int_list("gpus"),
+        gpus=gpus,
         port=port_value,
         ready_timeout_s=table.duration("ready_timeout", 900.0),
         sampled_timeout_s=table.duration("sampled_timeout", 300.0),
         api_key_env=table.get("api_key_env", str),
         model=table.get("model", str),
+        container=container,
+        log_command=log_command,
+        log_file=log_file,
     )
     table.done()
     return spec
+
+
+def _container(table: _Table, kind: str) -> ContainerSpec:
+    """The container keys of a kind = "container" service (the other kinds reject them as unknown keys)."""
+    engine = table.choice("engine", CONTAINER_ENGINES, "docker")
+    name = table.get("container", str)
+    label = table.get("label", str)
+    if label is not None and not re.fullmatch(r"[A-Za-z0-9_.\-/]+=\S*", label):
+        raise table.fail("label", f'expected "key=value", got {label!r}')
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise table.fail("container", f"expected a container name ([A-Za-z0-9][A-Za-z0-9_.-]*), got {name!r}")
+    restart = table.get("restart", str)
+    if restart is not None and not re.fullmatch(r"no|always|unless-stopped|on-failure(:\d+)?", restart):
+        raise table.fail("restart", f"expected no, on-failure[:N], always or unless-stopped, got {restart!r}")
+    ulimits = table.str_list("ulimits")
+    for item in ulimits:
+        if not re.fullmatch(r"[a-z]+=-?\d+(:-?\d+)?", item):
+            raise table.fail("ulimits", f'expected items like "nofile=1024:1024", got {item!r}')
+    mounts = table.str_list("mounts")
+    for item in mounts:
+        if ":" not in item:
+            raise table.fail("mounts", f'expected items like "/host/dir:/container/dir[:ro]", got {item!r}')
+    return ContainerSpec(
+        engine=engine or "docker",
+        runtime=table.get("runtime", str),
+        name=name,
+        label=label,
+        image=table.get("image", str),
+        args=table.str_list("args"),
+        gpus="all" if table.raw("gpus") == "all" else None,
+        devices=table.str_list("devices"),
+        mounts=mounts,
+        network=table.get("network", str),
+        ipc=table.get("ipc", str),
+        shm_size=table.get("shm_size", str),
+        restart=restart,
+        memory=table.get("memory", str),
+        ulimits=ulimits,
+        run_args=table.str_list("run_args"),
+        stop_timeout_s=table.duration("stop_timeout", 30.0),
+    )
 
 
 def _parity(table: _Table, services: Mapping[str, ServiceSpec], profile_dir: Path) -> ParitySpec:
@@ -470,6 +559,7 @@ def _perf(table: _Table, services: Mapping[str, ServiceSpec]) -> dict[str, Any]:
         "max_loop_lag_ms": number(table, "max_loop_lag_ms"),
         "max_client_cpu": number(table, "max_client_cpu"),
         "retries": count(table, "retries", 0),
+        "client_procs": count(table, "client_procs", 1),
     }
     for name in per_service:
         table.get(name, dict)  # seen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,10 @@ def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
         for spec in option(config, "dflash_hosts") or []:
             profile = load_profile(resolve_profile_path(spec, [hosts_dir]))
             profiles[profile.name] = profile
-        for index, url in enumerate(option(config, "dflash_attach") or []):
-            profile = attach_profile(url, index)
+        urls = list(option(config, "dflash_attach") or [])
+        log_commands = attach_log_commands(config, len(urls))
+        for index, url in enumerate(urls):
+            profile = with_log_command(attach_profile(url, index), log_commands[index])
             profiles[profile.name] = profile
         for spec in option(config, "dflash_fleet") or []:
             for profile in inventory.load_fleet(str(spec), hosts_dir):
@@ -44,3 +47,26 @@ def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
             config.stash[EMPTY_SHARD_KEY] = f"shard {index}/{count} holds none of the {len(profiles)} hosts"
         profiles = selected
     return profiles
+
+
+def attach_log_commands(config: pytest.Config, attached: int) -> list[str | None]:
+    """--attach-log-command: one for every --attach, or one per --attach in order."""
+    commands = [str(c).strip() for c in option(config, "dflash_attach_log_command") or [] if str(c).strip()]
+    if not commands:
+        return [None] * attached
+    if not attached:
+        raise pytest.UsageError("--attach-log-command / dflash_attach_log_command: needs --attach URL")
+    if len(commands) == 1:
+        return [commands[0]] * attached
+    if len(commands) != attached:
+        raise pytest.UsageError(f"--attach-log-command / dflash_attach_log_command: given {len(commands)} times for "
+                                f"{attached} --attach URLs (give it once, or once per --attach)")
+    return list(commands)
+
+
+def with_log_command(profile: HostProfile, command: str | None) -> HostProfile:
+    """An --attach profile whose service reads its log with `command` (run on this machine, read-only)."""
+    if command is None:
+        return profile
+    services = {name: dataclasses.replace(spec, log_command=command) for name, spec in profile.services.items()}
+    return dataclasses.replace(profile, services=services)

@@ -8,6 +8,7 @@ stop it even when readiness failed half way.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -35,6 +36,7 @@ from pytest_dflash.hostaccess.hostlock import HostLock
 from pytest_dflash.hostaccess.transport import Transport
 from pytest_dflash.run.layers import LayerBook
 from pytest_dflash.services.base import LogMark, ServiceManager
+from pytest_dflash.services.container import ContainerService, reap_stale_containers
 from pytest_dflash.services.external import ExternalService
 from pytest_dflash.services.process import ProcessService, reap_stale, state_root
 from pytest_dflash.services.readiness import HttpLiveness, ReadinessWatcher, ReadyReport
@@ -143,13 +145,18 @@ class ServiceHandle:
         return self.ready
 
     def _wait(self) -> ReadyReport:
-        if isinstance(self.manager, SystemdService) and not self.manager.provisioned:
-            self.manager.attach()
-            state = self.manager.state()
+        if isinstance(self.manager, SystemdService | ContainerService) and not self.manager.provisioned:
+            if isinstance(self.manager, SystemdService):
+                self.manager.attach()
+            try:
+                state = self.manager.state()
+            except ServiceError as exc:
+                raise ServiceCrashed(self.label, Death(detail=str(exc)), "", "attach") from None
             if state.death is not None:
+                what = "unit" if isinstance(self.manager, SystemdService) else "container"
                 raise ServiceCrashed(self.label, state.death,
                                      self.manager.logs_since(None, self.host.run.options.journal_lines),
-                                     "attach (the unit is not running; attach mode never starts it)")
+                                     f"attach (the {what} is not running; attach mode never starts it)")
         native = self._detect_native()
         budget = self.host.run.options.ready_timeout_s or self.spec.ready_timeout_s
         watcher = ReadinessWatcher(
@@ -250,7 +257,15 @@ class HostContext:
 
     def _manager(self, spec: ServiceSpec) -> ServiceManager:
         if spec.kind == "external":
-            return ExternalService(spec)
+            if not (spec.log_command or spec.log_file):
+                return ExternalService(spec)
+            if self.has_host_access:
+                return ExternalService(spec, self.transport)
+            # --attach-log-command: no host access, the log command runs on this machine (read-only).
+            local = dataclasses.replace(self.profile, connection="local://")
+            return ExternalService(spec, Transport(local, read_only=True))
+        if spec.kind == "container":
+            return ContainerService(spec, self.transport, host=self.name, run_id=self.run.run_id)
         if spec.kind == "process":
             return ProcessService(spec, host=self.name, run_id=self.run.run_id, python=self.profile.python,
                                   log_dir=self.run.log_dir)
@@ -300,6 +315,10 @@ class HostContext:
         notes = reap_stale(self.name) if self.profile.is_local else []
         if any(s.kind == "systemd" for s in self.profile.services.values()):
             notes += reap_stale_units(self.transport, self.run.run_id)
+        engines = {(s.container.engine, s.container.runtime): s.container for s in self.profile.services.values()
+                   if s.kind == "container" and s.container is not None}
+        for container in engines.values():
+            notes += reap_stale_containers(self.transport, container, host=self.name, run_id=self.run.run_id)
         return notes
 
     def teardown(self) -> list[str]:

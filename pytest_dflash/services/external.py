@@ -1,21 +1,33 @@
-"""A service reached only by URL (--attach, or kind = "external"): no host access, no logs.
+"""A service reached only by URL (--attach, or kind = "external"): its state is read over HTTP.
 
 Its state is unknown (`running=None`), which tells readiness and `check_alive` to read death and silence
 over HTTP instead (services/readiness.py: `HttpLiveness`).
+
+Its log comes from where the profile says, through the host's (read-only in attach mode) transport with a
+deadline, and is used for evidence, diagnosis and redaction like a journal:
+`log_command = "kubectl logs deploy/sglang --since-time={since}"` ({since}: RFC 3339 UTC, {since_unix}:
+seconds, {lines}: the tail length; only the last `lines` lines are kept), or `log_file = "/var/log/x.log"`
+(read from the byte offset the test started at). Neither: no logs.
 """
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass
 
-from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.config.profiles import ServiceSpec, render
+from pytest_dflash.errors import DflashError
+from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, Transport
 from pytest_dflash.services.base import LogMark, ServiceState
+
+LOG_COMMAND_TIMEOUT_S = 30.0
 
 
 @dataclass
 class ExternalService:
     spec: ServiceSpec
+    transport: Transport | None = None  # where log_command runs / log_file is read (None: no logs)
 
     @property
     def name(self) -> str:
@@ -39,11 +51,55 @@ class ExternalService:
         return ServiceState(running=None)
 
     def log_mark(self) -> LogMark:
-        return LogMark(time.time())
+        if self.transport is None or not (self.spec.log_command or self.spec.log_file):
+            return LogMark(time.time())
+        try:
+            wall = time.time() + self.transport.clock_offset()
+            if self.spec.log_file:
+                size = self.transport.run("stat -c %%s %s 2>/dev/null || echo 0", self.spec.log_file, timeout_s=10)
+                return LogMark(wall, int(size.stdout.strip() or 0) if size.stdout.strip().isdigit() else 0)
+        except DflashError:
+            return LogMark(time.time())
+        return LogMark(wall)
 
     def logs_since(self, mark: LogMark | None, lines: int) -> str:
+        if self.transport is None:
+            return ""
+        lines = int(lines)
+        if self.spec.log_file:
+            path = shlex.quote(self.spec.log_file)
+            offset = mark.offset if mark else 0
+            # From the test's offset, unless the file is shorter now (rotated or truncated): then its tail.
+            command = (f"if [ $(stat -c %s {path}) -ge {offset} ]; then tail -c +{offset + 1} {path}; "
+                       f"else cat {path}; fi | tail -n {lines}")
+            return self._read(command, f"log_file {self.spec.log_file}")
+        if self.spec.log_command:
+            wall = (mark.wall_time - self.transport.clock_error_s - JOURNAL_SLACK_S) if mark else 0.0
+            values = {"since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(0.0, wall))),
+                      "since_unix": f"{max(0.0, wall):.3f}", "lines": str(lines)}
+            try:
+                command = render(self.spec.log_command, values, where=f"services.{self.name}.log_command")
+            except ValueError as exc:
+                return f"(no logs: {exc})"
+            text = self._read(f"{command} 2>&1", "log_command")
+            return "\n".join(text.splitlines()[-lines:]) + ("\n" if text.strip() else "") if lines else ""
         return ""
 
+    def _read(self, command: str, what: str) -> str:
+        assert self.transport is not None
+        try:
+            result = self.transport.run(command, timeout_s=LOG_COMMAND_TIMEOUT_S)
+        except DflashError as exc:
+            return f"(could not read the log ({what}): {exc})"
+        if not result.ok and not result.stdout.strip():
+            return f"(could not read the log ({what}): exit {result.rc}: {' '.join(result.tail(3).split())})"
+        return result.stdout
+
     def describe(self) -> dict[str, str]:
-        return {"kind": "external", "url": self.url, "logs": "none (no host access with --attach)",
+        logs = "none (give log_command or log_file; --attach-log-command with --attach)"
+        if self.transport is not None and self.spec.log_command:
+            logs = f"log_command: {self.spec.log_command}"
+        elif self.transport is not None and self.spec.log_file:
+            logs = f"log_file: {self.spec.log_file}"
+        return {"kind": "external", "url": self.url, "logs": logs,
                 "liveness": "over HTTP (GET /v1/models; refused after it had answered = gone)"}

@@ -1,0 +1,361 @@
+"""Services that are docker / podman containers on a host, driven through the host's transport.
+
+Attach mode finds a running container by name (`container = "sglang"`) or by one label
+(`label = "app=sglang"`) and only reads it: `inspect`, `logs`, `exec` of read-only probes, `ps`.
+`--provision` runs one from the profile (`run -d`), labelled `pytest-dflash.run=<run id>` and
+`pytest-dflash.host=<profile>`; teardown stops and removes it. A container left by a killed run still
+carries those labels: `reap_stale_containers` removes it on the next run of that profile, and never a
+container without the label (this tool did not create it).
+
+State is one `inspect` call: Status, ExitCode, OOMKilled, RestartCount, health, StartedAt. An exited
+or restarting container is dead (with how it ended); a RestartCount that grows is a restart loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shlex
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_dflash.config.profiles import ContainerSpec, ServiceSpec, render
+from pytest_dflash.errors import Death, ServiceError, TransportError
+from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, CommandResult, Transport, parse_probe_output
+from pytest_dflash.services.base import LogMark, ServiceState
+
+RUN_LABEL = "pytest-dflash.run"
+HOST_LABEL = "pytest-dflash.host"
+OWNER_LABEL = "pytest-dflash.owner"
+SERVICE_LABEL = "pytest-dflash.service"
+# One line of `inspect` output: what the state needs, and nothing else (Config.Env may hold secrets).
+INSPECT_FORMAT = ("{{json .State}}\t{{.RestartCount}}\t{{.Id}}\t"
+                  '{{index .Config.Labels "' + RUN_LABEL + '"}}\t{{.Name}}')
+DESCRIBE_FORMAT = "{{.Config.Image}}\t{{json .HostConfig.RestartPolicy}}\t{{.HostConfig.Memory}}\t{{json .Config.Cmd}}"
+SIGNAL_NAMES = {1: "HUP", 2: "INT", 3: "QUIT", 6: "ABRT", 9: "KILL", 11: "SEGV", 15: "TERM"}
+NOT_FOUND = ("no such container", "no such object", "not found")
+
+
+def engine_prefix(container: ContainerSpec) -> str:
+    """`podman --runtime runc` / `docker`: the engine and its global options."""
+    podman_runtime = container.runtime and container.engine == "podman"
+    runtime = f" --runtime {shlex.quote(container.runtime or '')}" if podman_runtime else ""
+    return f"{container.engine}{runtime}"
+
+
+def state_from_inspect(line: str, *, restart_policy: str | None = None) -> ServiceState:
+    """One `inspect --format INSPECT_FORMAT` line to a ServiceState (death when exited, restarting or dead)."""
+    raw_state, _, rest = line.strip().partition("\t")
+    restarts_raw, _, rest = rest.partition("\t")
+    try:
+        state: dict[str, Any] = json.loads(raw_state)
+    except json.JSONDecodeError:
+        return ServiceState(running=False, death=Death(detail=f"unreadable inspect output: {line[:200]!r}"))
+    restarts = int(restarts_raw) if restarts_raw.strip().isdigit() else 0
+    status = str(state.get("Status") or "").lower()
+    health = state.get("Health") or state.get("Healthcheck") or {}
+    health_status = str(health.get("Status") or "") if isinstance(health, dict) else ""
+    code = int(state.get("ExitCode") or 0)
+    oom = bool(state.get("OOMKilled"))
+    props = {"ActiveState": status, "SubState": health_status or "no-healthcheck", "ExitCode": str(code),
+             "OOMKilled": str(oom).lower(), "RestartCount": str(restarts), "StartedAt": str(state.get("StartedAt", "")),
+             "FinishedAt": str(state.get("FinishedAt", "")), "Error": str(state.get("Error") or "")}
+    pid = int(state.get("Pid") or 0) or None
+    restarting = bool(state.get("Restarting")) or status == "restarting"
+    if status == "running" and not restarting:
+        return ServiceState(running=True, restarts=restarts, pid=pid, properties=props)
+    if status in ("created", "configured", "initialized") and not code:
+        return ServiceState(running=True, restarts=restarts, properties=props)  # starting
+    policy = f", restart policy {restart_policy}" if restart_policy and restart_policy != "no" else ""
+    loop = f", restart loop (RestartCount={restarts}{policy})" if restarts or restarting else ""
+    if not loop and policy:
+        loop = f", RestartCount=0{policy}: the engine will start it again"
+    ended = props["FinishedAt"]
+    finished = f" at {ended}" if ended and not ended.startswith("0001") else ""
+    if oom:
+        death = Death(exit_status=code or 137, signal="KILL", result="oom-kill",
+                      detail=f"OOMKilled=true: the container hit its memory limit{finished}{loop}")
+    elif code > 128 and code - 128 in SIGNAL_NAMES:
+        death = Death(exit_status=code, signal=SIGNAL_NAMES[code - 128],
+                      detail=f"container {status or 'gone'} (ExitCode={code}){finished}{loop}")
+    else:
+        error = f", error: {props['Error']}" if props["Error"] else ""
+        death = Death(exit_status=code, detail=f"container {status or 'gone'} (ExitCode={code}){finished}{loop}{error}")
+    return ServiceState(running=False, death=death, restarts=restarts, properties=props)
+
+
+@dataclass
+class ContainerService:
+    """A docker / podman container on a host."""
+
+    spec: ServiceSpec
+    transport: Transport
+    host: str
+    run_id: str
+    _provisioned: bool = False
+    _attached: str | None = None  # the container name found by attach
+    _log_error: str = ""
+    _oom_checked: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def box(self) -> ContainerSpec:
+        assert self.spec.container is not None
+        return self.spec.container
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def container(self) -> str:
+        """The container's name on the host."""
+        if self._attached:
+            return self._attached
+        if self.box.name:
+            return self.box.name
+        if self.box.label and not self._provisioned:
+            return self._find_by_label()
+        return f"pytest-dflash-{self.host}-{self.name}-{self.run_id}".replace(":", "-").replace("/", "-")
+
+    @property
+    def provisioned(self) -> bool:
+        return self._provisioned
+
+    @property
+    def url(self) -> str:
+        return self.spec.url.replace("{port}", str(self.spec.port or ""))
+
+    @property
+    def engine(self) -> str:
+        return engine_prefix(self.box)
+
+    def _find_by_label(self) -> str:
+        out = self.transport.check(f"{self.engine} ps -a --filter %s --format '{{{{.Names}}}}'",
+                                   f"label={self.box.label}", timeout_s=20)
+        names = sorted(set(out.split()))
+        if len(names) != 1:
+            found = f"{len(names)} ({', '.join(names[:5])})" if names else "none"
+            raise ServiceError(f"{self.host}/{self.name}: expected one container labelled {self.box.label}, "
+                               f"found {found}")
+        self._attached = names[0]
+        return names[0]
+
+    # ---- provisioning ------------------------------------------------------------------------------
+
+    def values(self) -> dict[str, str]:
+        return {"port": str(self.spec.port or ""), "service": self.name, "host": self.host, "run_id": self.run_id,
+                "gpus": ",".join(str(g) for g in self.spec.gpus), **self.spec.vars}
+
+    def run_argv(self, name: str) -> list[str]:
+        """The `run` arguments after the engine: options, image, command."""
+        box = self.box
+        if not box.image:
+            raise ServiceError(f"{self.host}/{self.name}: --provision needs services.{self.name}.image")
+        argv = ["run", "-d", "--name", name, "--label", f"{RUN_LABEL}={self.run_id}", "--label",
+                f"{HOST_LABEL}={self.host}", "--label", f"{SERVICE_LABEL}={self.name}", "--label",
+                f"{OWNER_LABEL}={socket.gethostname()}:{os.getpid()}"]
+        if box.runtime and box.engine == "docker":
+            argv += ["--runtime", box.runtime]
+        for item in box.ulimits:
+            argv += ["--ulimit", item]
+        if box.gpus:
+            argv += ["--gpus", box.gpus if box.gpus == "all" else f'"{box.gpus}"']
+        for device in box.devices:
+            argv += ["--device", device]
+        for key in self.spec.env:
+            argv += ["--env", key]  # the value comes from the command's environment: never on a command line
+        for mount in box.mounts:
+            argv += ["-v", os.path.expanduser(mount) if mount.startswith("~") else mount]
+        if box.network:
+            argv += ["--network", box.network]
+        if self.spec.port and box.network != "host":
+            argv += ["-p", f"{self.spec.port}:{self.spec.port}"]
+        for flag, value in (("--ipc", box.ipc), ("--shm-size", box.shm_size), ("--restart", box.restart),
+                            ("--memory", box.memory)):
+            if value:
+                argv += [flag, value]
+        if box.memory:
+            argv += ["--memory-swap", box.memory]  # the limit is the limit: no swap to hide an OOM in
+        argv += list(box.run_args)
+        try:
+            command = [render(part, self.values(), where=f"services.{self.name}.command")
+                       for part in (*self.spec.command, *box.args)]
+        except ValueError as exc:
+            raise ServiceError(str(exc)) from None
+        return [*argv, box.image, *command]
+
+    def start(self) -> None:
+        name = self.container
+        existing = self._inspect_line(name)
+        if existing is not None:
+            owner = existing.split("\t")[3] if existing.count("\t") >= 3 else ""
+            if not owner or owner == "<no value>":
+                raise ServiceError(
+                    f"{self.host}: container {name} exists and was not created by pytest-dflash; refusing to "
+                    "replace it (attach to it instead, or give the profile another container name)")
+            raise ServiceError(f"{self.host}: container {name} of run {owner} still exists (a live run of this "
+                               "profile on another controller?); not touching it")
+        argv = self.run_argv(name)
+        self._provisioned = True  # recorded before it is started: cleanup removes it even if `run` half failed
+        result = self.transport.run(f"{self.engine} {' '.join(shlex.quote(a) for a in argv)}", mutating=True,
+                                    timeout_s=max(120.0, self.transport.timeout_s), env=dict(self.spec.env))
+        if not result.ok:
+            raise ServiceError(f"{self.host}/{self.name}: `{self.box.engine} run` exited {result.rc}: "
+                               f"{' '.join(result.tail(3).split())}")
+
+    def stop(self) -> None:
+        if not self._provisioned:
+            return
+        name = self.container
+        timeout = f"{self.box.stop_timeout_s:g}"
+        errors = []
+        for command in (f"{self.engine} stop -t {timeout} {shlex.quote(name)}",
+                        f"{self.engine} rm -f {shlex.quote(name)}"):
+            try:
+                result = self.transport.run(command, mutating=True, timeout_s=self.box.stop_timeout_s + 60)
+            except TransportError as exc:
+                errors.append(str(exc))
+                continue
+            if not result.ok and not _not_found(result):
+                errors.append(f"`{command}` exited {result.rc}: {' '.join(result.tail(2).split())}")
+        self._provisioned = False
+        gone = self._inspect_line(name) is None
+        if errors and not gone:
+            raise ServiceError(f"{self.host}/{self.name}: teardown incomplete: {'; '.join(errors)}")
+
+    # ---- reading -----------------------------------------------------------------------------------
+
+    def _inspect_line(self, name: str) -> str | None:
+        result = self.transport.run(f"{self.engine} container inspect --format %s %s", INSPECT_FORMAT, name,
+                                    timeout_s=15)
+        if result.ok and result.stdout.strip():
+            return result.stdout.strip().splitlines()[0]
+        if _not_found(result):
+            return None
+        raise TransportError(f"{self.host}: `{self.box.engine} inspect {name}` exited {result.rc}: "
+                             f"{' '.join(result.tail(2).split())}")
+
+    def state(self) -> ServiceState:
+        try:
+            name = self.container
+        except ServiceError as exc:
+            return ServiceState(running=False, death=Death(detail=str(exc).split(": ", 1)[-1]))
+        line = self._inspect_line(name)
+        if line is None:
+            return ServiceState(running=False, death=Death(detail=f"container {name} not found on the host"))
+        state = state_from_inspect(line, restart_policy=self.box.restart)
+        death = state.death
+        if death is not None and death.exit_status == 137 and death.result != "oom-kill":
+            # Some engines miss their own OOM kills (podman 4.3 + runc on hybrid cgroups: OOMKilled=false):
+            # the kernel log names the container's memory cgroup, which holds its id.
+            container_id = line.split("\t")[2] if line.count("\t") >= 2 else ""
+            kernel = self._kernel_oom_line(container_id)
+            if kernel:
+                death.result = "oom-kill"
+                death.detail += f"; the kernel OOM-killed it (memory cgroup of this container; inspect said " \
+                                f"OOMKilled=false): {kernel}"
+        return state
+
+    def _kernel_oom_line(self, container_id: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{12,64}", container_id):
+            return ""
+        if container_id in self._oom_checked:
+            return self._oom_checked[container_id]
+        command = (f"{{ journalctl -k --no-pager 2>/dev/null; dmesg 2>/dev/null; }} | grep -F {container_id} "
+                   "| grep -E 'oom-kill|Killed process|out of memory' | tail -n 1")
+        try:
+            line = self.transport.run(command, timeout_s=15).stdout.strip()
+        except TransportError:
+            line = ""
+        found = line[-300:]
+        self._oom_checked[container_id] = found
+        return found
+
+    def log_mark(self) -> LogMark:
+        return LogMark(time.time() + self.transport.clock_offset())
+
+    def logs_since(self, mark: LogMark | None, lines: int) -> str:
+        try:
+            name = self.container
+        except ServiceError as exc:
+            return f"(no logs: {exc})"
+        since = ""
+        if mark is not None:
+            since = f" --since {mark.wall_time - self.transport.clock_error_s - JOURNAL_SLACK_S:.3f}"
+        result = self.transport.run(
+            f"{self.engine} logs{since} --tail {int(lines)} --timestamps {shlex.quote(name)} 2>&1", timeout_s=20)
+        return result.stdout
+
+    def describe(self) -> dict[str, str]:
+        try:
+            name = self.container
+            result = self.transport.run(f"{self.engine} container inspect --format %s %s", DESCRIBE_FORMAT, name,
+                                        timeout_s=15)
+        except (ServiceError, TransportError) as exc:
+            return {"container": self.box.name or self.box.label or "?", "error": str(exc)}
+        info = {"engine": self.box.engine, "container": name}
+        if result.ok:
+            image, policy, memory, cmd = [*result.stdout.strip().split("\t"), "", "", "", ""][:4]
+            info.update(image=image, restart_policy=policy, memory_limit=memory, command=cmd)
+        return {k: v for k, v in info.items() if v and v != "0"}
+
+    # ---- probes inside the container ---------------------------------------------------------------
+
+    def exec_python(self, source: str, args: Sequence[str] = (), *, python: str = "python3",
+                    timeout_s: float | None = None) -> CommandResult:
+        """Run a read-only probe script inside the container, in the service's own environment (`exec -i`)."""
+        payload = base64.b64encode(source.encode()).decode()
+        argv = " ".join(shlex.quote(a) for a in args)
+        return self.transport.run(f"printf %s {payload} | base64 -d | {self.engine} exec -i "
+                                  f"{shlex.quote(self.container)} {shlex.quote(python)} - {argv}", timeout_s=timeout_s)
+
+    def exec_probe(self, source: str, args: Sequence[str] = (), **kwargs: Any) -> dict[str, Any]:
+        return parse_probe_output(self.exec_python(source, args, **kwargs), host=f"{self.host}/{self.container}")
+
+
+def _not_found(result: CommandResult) -> bool:
+    text = f"{result.stdout}\n{result.stderr}".lower()
+    return not result.ok and any(marker in text for marker in NOT_FOUND)
+
+
+def reap_stale_containers(transport: Transport, container: ContainerSpec, *, host: str, run_id: str) -> list[str]:
+    """Remove containers a dead run of this host profile left (by their labels). Call only holding the host lock.
+
+    Only containers carrying `pytest-dflash.host=<host>` and a run label other than `run_id`; on a local host,
+    only when their controller process is gone (a live run of another profile is never touched)."""
+    engine = engine_prefix(container)
+    out = transport.run(f"{engine} ps -a --filter %s --filter %s --format '{{{{.Names}}}}'",
+                        f"label={HOST_LABEL}={host}", f"label={RUN_LABEL}", timeout_s=20)
+    done: list[str] = []
+    if not out.ok:
+        return [f"could not list stale containers: {' '.join(out.tail(2).split())}"]
+    for name in sorted(set(out.stdout.split())):
+        labels = transport.run(f"{engine} container inspect --format %s %s",
+                               '{{index .Config.Labels "' + RUN_LABEL + '"}}\t{{index .Config.Labels "'
+                               + OWNER_LABEL + '"}}', name, timeout_s=15)
+        if not labels.ok:
+            continue
+        owner_run, _, owner = labels.stdout.strip().partition("\t")
+        if not owner_run or owner_run == "<no value>" or owner_run == run_id:
+            continue
+        owner_host, _, owner_pid = owner.partition(":")
+        if transport.is_local and owner_host == socket.gethostname() and owner_pid.isdigit() and _alive(int(owner_pid)):
+            continue
+        transport.run(f"{engine} rm -f {shlex.quote(name)}", mutating=True, timeout_s=container.stop_timeout_s + 60)
+        done.append(f"removed stale container {name} left by run {owner_run}")
+    return done
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
