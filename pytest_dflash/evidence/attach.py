@@ -39,6 +39,11 @@ from pytest_dflash.run.state import DflashRun, HostContext, ServiceHandle, readi
 from pytest_dflash.services.base import LogMark
 
 LOG_TAIL_LINES = 40  # of the service log in a failure message (the full window is its own report section)
+JUNIT_PREFIX = "dflash."  # flat JUnit <property> names: dflash.host, dflash.layer, dflash.verdict, …
+JUNIT_EVIDENCE = "dflash evidence for JUnit"
+# A test's outcome as the verdict counts it, worst first: what dflash.verdict says after its last phase.
+_OUTCOME_RANK = ("failed", "blocked", "skipped", "passed")
+_OUTCOME_KEY = pytest.StashKey[str]()
 
 
 def failure_text(exc: BaseException) -> str:
@@ -109,6 +114,8 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
         # Redacted and capped first: the summary a later blocked skip quotes is taken from this text.
         _bound_longrepr(report, secrets)
         _attach_evidence(item, report, run, host, info, handles)
+        if getattr(item.config.option, "xmlpath", None):
+            _junit_evidence(report, secrets)
     elif report.skipped:
         _bound_longrepr(report, secrets)
         if report.when in ("setup", "call"):
@@ -116,6 +123,63 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
     property_ = bounded_info(_report_info(host, info, handles), secrets)
     _bound_sections(report, secrets, TEST_BYTES - nbytes(report.longreprtext) - _json_size(property_))
     report.user_properties.append(("dflash", property_))
+    report.user_properties.extend(junit_properties(item, report, host, info, handles, secrets))
+
+
+def junit_properties(item: pytest.Item, report: pytest.TestReport, host: HostContext, info: ItemInfo,
+                     handles: list[ServiceHandle], secrets: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """Flat string properties for JUnit's <property> (the `dflash` dict reaches it only as a Python repr):
+    host, layer, service(s), algorithm(s), diagnosis ids, and the test's outcome so far as the verdict counts
+    it (failed > blocked > skipped > passed) — JUnit keeps the last phase's properties, so its testcase says
+    what the whole test did."""
+    if report.failed:
+        outcome = "failed"
+    elif report.skipped:
+        outcome = "blocked" if info.blocked else "skipped"
+    else:
+        outcome = "passed"
+    previous = item.stash.get(_OUTCOME_KEY, "passed")
+    outcome = min(outcome, previous, key=_OUTCOME_RANK.index)
+    item.stash[_OUTCOME_KEY] = outcome
+    algorithms = []
+    for name in info.services:
+        handle = next((h for h in handles if h.name == name), None) or host.services.get(name)
+        spec = host.profile.services.get(name)
+        algorithms.append(handle.algorithm if handle is not None else spec.algorithm if spec is not None else "?")
+    values = {
+        "host": info.host,
+        "layer": info.layer,
+        "service": ",".join(info.services),
+        "algorithm": ",".join(algorithms),
+        "diagnosis": ",".join(str(d.get("id", "")) for d in info.diagnosis),
+        "verdict": outcome,
+    }
+    return [(JUNIT_PREFIX + key, scrub(value, LINE_BYTES, "property", extra=secrets))
+            for key, value in values.items() if value or key in ("host", "layer", "verdict")]
+
+
+def _junit_evidence(report: pytest.TestReport, secrets: tuple[str, ...]) -> None:
+    """With --junitxml: the evidence report sections (diagnosis, service state, the end of each log) also go
+    into the failure text, which JUnit writes as <failure>; JUnit writes report sections only with
+    junit_logging, and then only captured output. Bounded so the failure text stays within LONGREPR_BYTES."""
+    parts = []
+    tail_in_text = "--- last lines of the service log ---" in report.longreprtext
+    for title, body in report.sections:
+        if title == "dflash diagnosis" or title.startswith(("service ", "kernel log ")):
+            parts.append(f"--- {title} ---\n{body.strip()}")
+        elif title.startswith(("log ", "journal ")) and not tail_in_text:
+            lines = "\n".join(body.strip().splitlines()[-LOG_TAIL_LINES:])
+            parts.append(f"--- {title} (last {LOG_TAIL_LINES} lines) ---\n{lines}")
+    room = min(LONGREPR_BYTES - nbytes(report.longreprtext) - 256, LOG_BYTES // 2)
+    if not parts or room < 512:
+        return
+    text = scrub("\n".join(parts), room, "JUnit evidence", keep="both", extra=secrets)
+    longrepr = report.longrepr
+    addsection = getattr(longrepr, "addsection", None)
+    if callable(addsection):  # pytest's exception repr: the traceback and crash line stay as they are
+        addsection(JUNIT_EVIDENCE, text)
+    else:
+        report.longrepr = f"{longrepr}\n--- {JUNIT_EVIDENCE} ---\n{text}"
 
 
 def _secrets(handles: list[ServiceHandle]) -> tuple[str, ...]:

@@ -1,19 +1,34 @@
-"""pytest-html integration: the diagnosis as a highlighted extra in each failed row, and the
-host x layer verdict table at the top of the report. (The journal tails already appear in each
-row's log block, because they are report sections.) Registered only when pytest-html is active."""
+"""pytest-html integration: the diagnosis as a highlighted extra in each failed row, Host / Layer / Service /
+Diagnosis columns (sortable, like pytest-html's own), the run's metadata in the Environment table (through
+pytest-metadata: run id, plugin version, the SGLang / torch / FlashInfer versions seen), and the host x layer
+verdict table at the top of the report. (The journal tails already appear in each row's log block, because they
+are report sections.) Registered only when pytest-html is active."""
 
 from __future__ import annotations
 
 import html
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_dflash import __version__
+from pytest_dflash.evidence.redact import redact
 from pytest_dflash.run.layers import LAYERS
+
+if TYPE_CHECKING:
+    from pytest_dflash.report.verdict import VerdictBuilder
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "blocked": "#ef6c00", "skipped": "#757575",
            "not-run": "#bdbdbd"}
+COLUMNS = (("host", "Host"), ("layer", "Layer"), ("service", "Service"), ("diagnosis", "Diagnosis"))
+# Where a version seen on a host comes from, first found wins: (verdict fact, field); SGLang from /server_info.
+# The env layer exports "torch" (torch's own facts, GPU hosts) and "serving_stack" (installed distributions).
+VERSION_FACTS = {
+    "torch": (("torch", "version"), ("serving_stack", "torch")),
+    "FlashInfer": (("serving_stack", "flashinfer-python"), ("serving_stack", "flashinfer_python"),
+                   ("serving_stack", "flashinfer")),
+}
 
 
 class HtmlHooks:
@@ -34,10 +49,30 @@ class HtmlHooks:
                 report.extras = [*getattr(report, "extras", []), extras.html(box)]  # type: ignore[attr-defined]
         return report
 
+    def pytest_html_results_table_header(self, cells: list[str]) -> None:
+        at = _after_test_column(cells, "testId")
+        cells[at:at] = [f'<th class="sortable" data-column-type="{key}">{title}</th>' for key, title in COLUMNS]
+
+    def pytest_html_results_table_row(self, report: pytest.TestReport | pytest.CollectReport, cells: list[str]) -> None:
+        properties = getattr(report, "user_properties", ())  # a collection error's row has none
+        info = next((v for k, v in properties if k == "dflash" and isinstance(v, dict)), {})
+        diagnoses = [d for d in info.get("diagnosis") or () if isinstance(d, dict)]
+        values = {
+            "host": (str(info.get("host", "")), ""),
+            "layer": (str(info.get("layer", "")), ""),
+            "service": (", ".join(str(s) for s in info.get("services") or ()), ""),
+            "diagnosis": (", ".join(str(d.get("id", "")) for d in diagnoses),
+                          "; ".join(f"[{d.get('id', '')}] {d.get('title', '')}" for d in diagnoses)),
+        }
+        at = _after_test_column(cells, "col-testId")
+        cells[at:at] = [f'<td class="col-{key}"{_title(values[key][1])}>{html.escape(redact(values[key][0]))}</td>'
+                        for key, _ in COLUMNS]
+
     def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str]) -> None:
         from pytest_dflash.run.stash import BUILDER_KEY
 
         builder = self.config.stash.get(BUILDER_KEY, None)
+        self._metadata(builder)
         if builder is None or not builder.hosts:
             return
         head = "".join(f"<th>{layer}</th>" for layer in LAYERS)
@@ -59,3 +94,52 @@ class HtmlHooks:
                  "text-align:left}</style>")
         prefix.append(f'{style}<h2>dflash verdict</h2><table class="dflash-verdict"><tr><th>host</th><th>verdict</th>'
                       f"{head}</tr>{''.join(rows)}</table>")
+
+    def _metadata(self, builder: VerdictBuilder | None) -> None:
+        """The run's facts into pytest-metadata's dict, which pytest-html renders as its Environment table (it
+        holds that very dict from session start, so what is added before the report is written shows)."""
+        try:
+            from pytest_metadata.plugin import metadata_key  # type: ignore[import-untyped]
+        except ImportError:  # pytest-html without pytest-metadata: no Environment table to add to
+            return
+        metadata = self.config.stash.get(metadata_key, None)
+        if metadata is None:
+            return
+        metadata["dflash plugin"] = __version__
+        if builder is None:
+            return
+        metadata["dflash run id"] = builder.run_id
+        for name, versions in versions_seen(builder).items():
+            metadata[name] = redact(versions)
+
+
+def versions_seen(builder: VerdictBuilder) -> dict[str, str]:
+    """{'SGLang': '0.5.17', 'torch': '2.9.1+cu129 (gpu-a), 2.8.0 (gpu-b)', …}: each version the run saw, naming
+    the hosts only when they differ; a version nobody reported is left out."""
+    seen: dict[str, dict[str, set[str]]] = {}
+    for host, verdict in sorted(builder.hosts.items()):
+        for facts in verdict.services.values():
+            if facts.get("version"):
+                seen.setdefault("SGLang", {}).setdefault(str(facts["version"]), set()).add(host)
+        for name, sources in VERSION_FACTS.items():
+            found = (verdict.facts.get(key) for key, _ in sources)
+            version = next((fact[field] for fact, (_, field) in zip(found, sources, strict=True)
+                            if isinstance(fact, dict) and fact.get(field)), None)
+            if version:
+                seen.setdefault(name, {}).setdefault(str(version), set()).add(host)
+    out = {}
+    for name, versions in seen.items():
+        if len(versions) == 1:
+            out[name] = next(iter(versions))
+        else:
+            out[name] = ", ".join(f"{v} ({', '.join(sorted(hosts))})" for v, hosts in sorted(versions.items()))
+    return out
+
+
+def _after_test_column(cells: list[str], marker: str) -> int:
+    """Where the dflash columns go: right after pytest-html's Test column (at the end if it is not there)."""
+    return next((i + 1 for i, cell in enumerate(cells) if marker in cell), len(cells))
+
+
+def _title(text: str) -> str:
+    return f' title="{html.escape(redact(text))}"' if text else ""

@@ -4,6 +4,7 @@ exit code, verdict files written at session start (as 'interrupted') and end, an
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from pytest_dflash import __version__
 from pytest_dflash.evidence.attach import first_line, skip_message
 from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
 from pytest_dflash.evidence.redact import redact
+from pytest_dflash.report import step_summary
 from pytest_dflash.report.verdict import RunStatus, VerdictBuilder, summary_lines
 from pytest_dflash.run.stash import BUILDER_KEY, GATE_KEY, REPORTED_KEY, RUN_KEY
 
@@ -85,7 +87,9 @@ class VerdictCollector:
         if missing:
             what = f"{len(missing)} of {len(self.expected)} collected tests never finished (first: {missing[0]})"
             interrupted = f"{interrupted}; {what}" if interrupted else what
-        partial = narrowed_by(config, self.suites - {""}, available_suites(self.suites - {""}, config))
+        available = available_suites(self.suites - {""}, config)
+        suites = (self.suites - {""}) | pyargs_suites(config, available)
+        partial = narrowed_by(config, suites, available | suites)
         foreign = list(self.foreign[:FOREIGN_SHOWN])
         if len(self.foreign) > FOREIGN_SHOWN:
             foreign.append(f"… and {len(self.foreign) - FOREIGN_SHOWN} more")
@@ -93,7 +97,7 @@ class VerdictCollector:
             "args": [redact(str(a)) for a in config.invocation_params.args],
             "plugin_version": __version__,
             "layers": sorted(layer for layer in self.layers if layer),
-            "suites": sorted(suite for suite in self.suites if suite),
+            "suites": sorted(suites),
             "collected": len(self.expected),
             "finished": len(self.expected & self.finished),
         }
@@ -124,9 +128,35 @@ def suite_of(path: Path) -> str | None:
     return None
 
 
+def installed_suites_root() -> Path | None:
+    """Where `pytest_dflash.suites` lives (a wheel's site-packages, or the clone's suites/ when editable)."""
+    try:
+        spec = importlib.util.find_spec("pytest_dflash.suites")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def pyargs_suites(config: pytest.Config, available: set[str]) -> set[str]:
+    """The suites a --pyargs run names (pytest_dflash.suites.smoke -> smoke; pytest_dflash.suites -> all): its
+    node ids are relative to the package, so they do not say."""
+    if not getattr(config.option, "pyargs", False):
+        return set()
+    named: set[str] = set()
+    for arg in config.invocation_params.args:
+        parts = str(arg).split("::", 1)[0].split(".")
+        if parts[:2] == ["pytest_dflash", "suites"]:
+            named |= {parts[2]} if len(parts) > 2 else set(available)
+    return named
+
+
 def available_suites(seen: set[str], config: pytest.Config) -> set[str]:
     """The suites that exist beside the ones this run collected (folders of test files under suites/)."""
     roots = {Path(str(config.invocation_params.dir)) / "suites"}
+    installed = installed_suites_root()
+    if installed is not None and getattr(config.option, "pyargs", False):
+        roots.add(installed)
     for arg in config.invocation_params.args:
         path = Path(str(arg).split("::", 1)[0])
         for candidate in (path, *path.parents):
@@ -190,6 +220,7 @@ def finish(session: pytest.Session, collector: VerdictCollector) -> None:
     if session.exitstatus == 0 and builder.status.interrupted:
         session.exitstatus = pytest.ExitCode.INTERRUPTED
     paths = builder.write(run.options.report_dir, exit_code=int(session.exitstatus), gate=gate)
+    step_summary.append(config, builder, gate)  # $GITHUB_STEP_SUMMARY, when set
     config.stash[REPORTED_KEY] = [str(p) for p in paths]
 
 

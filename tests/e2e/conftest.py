@@ -10,9 +10,10 @@ from e2e_helpers import SUITES
 
 
 @pytest.fixture
-def run_suite(pytester: pytest.Pytester, tmp_path: Path):  # type: ignore[no-untyped-def]
+def run_suite(pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """Run a suite in a real pytest subprocess: run_suite("smoke", "--host", profile, ...) -> (RunResult, report dir)."""
     reports = tmp_path / "reports"
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)  # self-tests inside Actions: not the job's summary
 
     def run(suite: str | Sequence[str], *args: str) -> pytest.RunResult:
         suites = [suite] if isinstance(suite, str) else list(suite)

@@ -1,0 +1,1 @@
+"""The env suite (`pytest_dflash.suites.env` when installed)."""

@@ -1,0 +1,1 @@
+"""The generation suite (`pytest_dflash.suites.generation` when installed)."""

@@ -1,0 +1,1 @@
+"""The host suite (`pytest_dflash.suites.host` when installed)."""

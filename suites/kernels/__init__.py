@@ -1,0 +1,1 @@
+"""The kernels suite (`pytest_dflash.suites.kernels` when installed)."""

@@ -1,0 +1,1 @@
+"""The parity suite (`pytest_dflash.suites.parity` when installed)."""

@@ -1,0 +1,1 @@
+"""The perf suite (`pytest_dflash.suites.perf` when installed)."""

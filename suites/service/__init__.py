@@ -1,0 +1,1 @@
+"""The service suite (`pytest_dflash.suites.service` when installed)."""

@@ -1,0 +1,1 @@
+"""The smoke suite (`pytest_dflash.suites.smoke` when installed)."""
