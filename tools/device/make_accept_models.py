@@ -51,7 +51,8 @@ HIDDEN, INTER, LAYERS, HEADS, KV, HEAD_DIM = 256, 512, 4, 4, 2, 64
 DRAFT_LAYERS, BLOCK = 2, 16
 TARGET_LAYER_IDS = [1, 2]
 TEXT = """The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step.
-Speculative decoding uses a small draft model to propose several tokens, and the large target model verifies them in one pass.
+Speculative decoding uses a small draft model to propose several tokens, and the large \
+target model verifies them in one pass.
 Block diffusion drafters propose a whole block of tokens at once, conditioned on hidden states from the target model.
 The server answers requests over HTTP with JSON bodies. It streams tokens with server sent events when asked.
 Hello world! How are you today? I am fine, thank you. What is the capital of France? Paris is the capital of France.
@@ -63,6 +64,11 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
 TARGET_LOGIT = 8.0   # the target's logit of its successor token
 NOISE_RMS = 1.0      # std of the target's other logits (through the noise dims)
 DRAFT_GAP = 0.25     # draft logit of A minus that of B (mode alternate): A is the draft's argmax
+
+
+def write_json(path: str, obj: object) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
 
 
 def build_tokenizer(tgt: str):
@@ -185,7 +191,7 @@ def check(tw: dict, ids: dict, info: dict, prompt_last: list[int], ddtree_src: s
     utils = load_ddtree_utils(ddtree_src)
     out = {"successor_of": {str(t): int(succ[t]) for t in sorted({info["A"], info["B"], *prompt_last})},
            "min_greedy_margin": round(margin, 3), "p_successor_t1_mean": round(float(p_succ.mean()), 3),
-           "draft_top": [[int(i), round(float(v), 3)] for v, i in zip(dtop.values, dtop.indices)],
+           "draft_top": [[int(i), round(float(v), 3)] for v, i in zip(dtop.values, dtop.indices, strict=True)],
            "ddtree_sim": "port's _build_single_tree" if utils else "own best-first"}
 
     def gen(last: int, n: int) -> list[int]:
@@ -273,7 +279,9 @@ def main() -> int:
     ids = {s: tok.token_to_id(s) for s in SPECIALS}
     a, b = tok.token_to_id("Ġfox"), tok.token_to_id("Ġdog")
     assert a is not None and b is not None, "tokenizer lost ' fox' / ' dog'"
-    chat_template = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    chat_template = ("{% for message in messages %}"
+                     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+                     "{% endfor %}"
                      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -283,9 +291,9 @@ def main() -> int:
         "added_tokens_decoder": {str(ids[s]): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
                                                 "single_word": False, "special": True} for s in SPECIALS},
     }
-    json.dump(tok_cfg, open(os.path.join(tgt, "tokenizer_config.json"), "w"), indent=2)
-    json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
-              open(os.path.join(tgt, "special_tokens_map.json"), "w"), indent=2)
+    write_json(os.path.join(tgt, "tokenizer_config.json"), tok_cfg)
+    write_json(os.path.join(tgt, "special_tokens_map.json"),
+               {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
     common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_attention_heads=HEADS,
                   num_key_value_heads=KV, head_dim=HEAD_DIM, hidden_act="silu", max_position_embeddings=4096,
                   rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=False, tie_word_embeddings=False)
@@ -293,14 +301,14 @@ def main() -> int:
                 bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], torch_dtype="bfloat16",
                 use_sliding_window=False, sliding_window=None, max_window_layers=LAYERS, attention_dropout=0.0,
                 initializer_range=0.02, use_cache=True)
-    json.dump(tcfg, open(os.path.join(tgt, "config.json"), "w"), indent=2)
-    json.dump({"bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]},
-              open(os.path.join(tgt, "generation_config.json"), "w"), indent=2)
+    write_json(os.path.join(tgt, "config.json"), tcfg)
+    write_json(os.path.join(tgt, "generation_config.json"),
+               {"bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]})
     dcfg = dict(common, architectures=["DFlashDraftModel"], model_type="qwen3", num_hidden_layers=DRAFT_LAYERS,
                 torch_dtype="bfloat16", block_size=BLOCK, num_target_layers=LAYERS,
                 dflash_config={"target_layer_ids": TARGET_LAYER_IDS, "mask_token_id": ids["<|MASK|>"]},
                 auto_map={"AutoModel": "dflash.DFlashDraftModel"})
-    json.dump(dcfg, open(os.path.join(drf, "config.json"), "w"), indent=2)
+    write_json(os.path.join(drf, "config.json"), dcfg)
 
     tw, dw, info = weights(args.mode, ids, a, b)
     save_file(tw, os.path.join(tgt, "model.safetensors"), metadata={"format": "pt"})
