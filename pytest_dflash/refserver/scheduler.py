@@ -119,6 +119,7 @@ class Scheduler(threading.Thread):
         self.parked: list[Request] = []  # the hang fault: admitted, never stepped
         self.totals = SpecTotals()
         self.verify_calls_total = 0  # /metrics: never reset
+        self._ddtree_verified = False
         self.last_gen_throughput = 0.0
         self.last_output = 0.0  # wall time of the last token out: what /health_generate watches
         self._window = _Window()
@@ -279,6 +280,11 @@ class Scheduler(threading.Thread):
             before = req.seq.stats.verify_ct, req.seq.stats.accepted_drafts, req.seq.stats.proposed_drafts
             self._maybe_sampling_kernel(req.params)
             step = self.engine.step(req.seq)
+            if self.engine.algorithm == "DDTREE" and not self._ddtree_verified and req.seq.stats.verify_ct > before[0]:
+                # the ddtree-v2 port logs its first verify step once (recorded on the H200: [1] on a random
+                # draft; [16] = the whole block on the lossy tree)
+                self._ddtree_verified = True
+                logger.info("DDTREE v2 verify completed. first commit_lens=[%d]", len(step.tokens))
             self._account(req.seq.stats, before)
             self._emit(req, step.tokens, step.rows)
         self._window.steps += 1

@@ -58,6 +58,11 @@ def launch_server(args: ServerArgs) -> None:
     """Load, bind, serve until killed (SGLang ends by SIGKILLing itself; so does this)."""
     setup_logging(args.log_level)
     torch.set_num_threads(1)  # a shared 2-core machine: one core for the model is plenty
+    if (args.speculative_algorithm or "NONE") == "DDTREE" and args.grammar_backend != "none":
+        # as the ddtree-v2 port does (recorded on the H200), before the server_args line
+        logger.info("DDTREE does not support grammar-constrained decoding; setting --grammar-backend none (was %r) "
+                    "so such requests are rejected instead of crashing the scheduler.", args.grammar_backend)
+        args.grammar_backend = "none"
     logger.info(args.log_line())
     t0 = time.monotonic()
     config = ModelConfig(context_length=args.effective_context_length)
@@ -71,11 +76,19 @@ def launch_server(args: ServerArgs) -> None:
     algo = args.speculative_algorithm or "NONE"
     active = faults.active()
     if algo != "NONE":
+        # DDTREE drafts with the DFLASH draft runner too (real SGLang logs this line for both), then logs its worker
         logger.info(
-            "Initialized %s draft runner. attention_backend=%s, model=EarlyExitDraftModel, block_size=%d, "
+            "Initialized DFLASH draft runner. attention_backend=%s, model=EarlyExitDraftModel, block_size=%d, "
             "draft_window_size=None, compact_cache=False",
-            algo, args.attention_backend, args.block_size,
+            args.attention_backend, args.block_size,
         )  # fmt: skip
+        if algo == "DDTREE":
+            budget = args.ddtree_budget
+            logger.info(
+                "Initialized DDTREE v2 worker. block_size=%d, tree_budget=%d, max_tree_nodes=%d, prune=False, "
+                "tree_attention=False, cpu_build=False, cpu_follow=False, graph_buckets=[%d]",
+                args.block_size, budget, budget + 1, budget + 1,
+            )  # fmt: skip
         if "greedy-fallback" in active:
             logger.warning(
                 "DFLASH non-greedy verification is unavailable on this build/device; "

@@ -28,11 +28,15 @@ class VerdictCollector:
 
     def __init__(self, builder: VerdictBuilder) -> None:
         self.builder = builder
-        self.expected: set[str] = set()
+        self.expected: dict[str, None] = {}  # collection order (an ordered set)
+        self.started: dict[str, None] = {}
         self.finished: set[str] = set()
         self.foreign: list[str] = []
         self.layers: set[str] = set()
         self.suites: set[str] = set()
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        self.started[nodeid] = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         dflash = False
@@ -71,13 +75,14 @@ class VerdictCollector:
         self.foreign.append(f"internal error: {redact(str(excrepr).strip().splitlines()[-1][:300])}")
 
     def _expect(self, ids: Any) -> None:
-        self.expected.update(ids)
+        self.expected.update(dict.fromkeys(ids))
 
     def status(self, session: pytest.Session) -> RunStatus:
         """Judge the run's completeness at session end."""
         config = session.config
         interrupted = None
-        missing = sorted(self.expected - self.finished)
+        missing = [nodeid for nodeid in self.expected if nodeid not in self.finished]
+        running = [nodeid for nodeid in self.started if nodeid not in self.finished]
         if session.exitstatus == pytest.ExitCode.INTERRUPTED:
             interrupted = "interrupted (Ctrl-C / SIGTERM / pytest.exit)"
         elif session.shouldstop:
@@ -85,7 +90,8 @@ class VerdictCollector:
         elif session.shouldfail:
             interrupted = f"stopped early: {session.shouldfail}"
         if missing:
-            what = f"{len(missing)} of {len(self.expected)} collected tests never finished (first: {missing[0]})"
+            where = f"in progress: {', '.join(running[:3])}" if running else f"first not run: {missing[0]}"
+            what = f"{len(missing)} of {len(self.expected)} collected tests never finished ({where})"
             interrupted = f"{interrupted}; {what}" if interrupted else what
         available = available_suites(self.suites - {""}, config)
         suites = (self.suites - {""}) | pyargs_suites(config, available)
@@ -99,7 +105,7 @@ class VerdictCollector:
             "layers": sorted(layer for layer in self.layers if layer),
             "suites": sorted(suites),
             "collected": len(self.expected),
-            "finished": len(self.expected & self.finished),
+            "finished": len(self.expected.keys() & self.finished),
         }
         return RunStatus(interrupted=interrupted, partial=tuple(partial), foreign=tuple(foreign),
                          selection=selection)

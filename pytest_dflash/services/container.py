@@ -28,6 +28,7 @@ from pytest_dflash.config.profiles import ContainerSpec, ServiceSpec, render
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, CommandResult, Transport, parse_probe_output
 from pytest_dflash.services.base import LogMark, ServiceState
+from pytest_dflash.services.process import pid_alive
 
 RUN_LABEL = "pytest-dflash.run"
 HOST_LABEL = "pytest-dflash.host"
@@ -344,18 +345,9 @@ def reap_stale_containers(transport: Transport, container: ContainerSpec, *, hos
         if not owner_run or owner_run == "<no value>" or owner_run == run_id:
             continue
         owner_host, _, owner_pid = owner.partition(":")
-        if transport.is_local and owner_host == socket.gethostname() and owner_pid.isdigit() and _alive(int(owner_pid)):
+        mine_alive = owner_host == socket.gethostname() and owner_pid.isdigit() and pid_alive(int(owner_pid))
+        if transport.is_local and mine_alive:
             continue
         transport.run(f"{engine} rm -f {shlex.quote(name)}", mutating=True, timeout_s=container.stop_timeout_s + 60)
         done.append(f"removed stale container {name} left by run {owner_run}")
     return done
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -63,6 +63,7 @@ def test_sigterm_during_a_run_is_interrupted_never_pass(tmp_path: Path) -> None:
     data = verdict(tmp_path, "term")
     assert data["verdict"] == "interrupted", data["verdict"]
     assert data["complete"] is False and "interrupted" in data["interrupted"]
+    assert "in progress: " in data["interrupted"] and "[term/plain]" in data["interrupted"], data["interrupted"]
     assert "PASS" not in out.split("dflash verdict")[-1].split("\n")[1], out[-2000:]
     assert "term: INTERRUPTED" in out
     summary = json.loads((tmp_path / "fleet-summary.json").read_text())
