@@ -40,10 +40,12 @@ from pytest_dflash.layers.perf.layer import (
     judge_baseline,
     judge_floors,
     judge_speedup,
-    judge_token_latency,
     load_baseline,
     safe_name,
     save_baseline,
+)
+from pytest_dflash.layers.perf.token_latency import (
+    judge_token_latency,
     stream_token_latency,
     token_latency_ceiling,
 )

@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_dflash.client import Stream
 from pytest_dflash.config.profiles import LATENCY_FLOOR
 from pytest_dflash.layers.perf.stats import (
     Sample,
@@ -60,11 +59,8 @@ __all__ = [
     "judge_baseline",
     "judge_floors",
     "judge_speedup",
-    "judge_token_latency",
     "load_baseline",
     "save_baseline",
-    "stream_token_latency",
-    "token_latency_ceiling",
 ]
 
 Outcome = Literal["pass", "fail", "inconclusive", "refused"]
@@ -78,11 +74,6 @@ BASELINE_METRICS = ("output_tok_s", "accept_length")
 COMPARABLE_FIELDS = ("endpoint", "concurrency", "request_rate", "prompt_len", "output_len", "dataset",
                      "temperature", "top_p", "top_k", "ignore_eos")
 UNITS = {"output_tok_s": "tok/s", "accept_length": "tokens/step"}
-# Sanity ceiling on the time per output token of one streamed request: a server slower than 4 tokens a second
-# is broken whatever its outputs. Generous on purpose: a 400B-class model at concurrency 1 on one H200 node
-# streams 20-40 tokens a second (25-50 ms); the refserver 2-15 ms. --tpot-ceiling-ms changes it.
-DEFAULT_TPOT_CEILING_MS = 250.0
-PER_TOKEN_FLOOR = re.compile(r"^(itl|tpot)_(mean|median|p\d+(?:\.\d+)?)_ms$")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -336,101 +327,6 @@ def _accept_pair(run: ServiceRun, other: ServiceRun) -> str:
 
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
-
-
-# ------------------------------------------------------------------------------------------------
-# Per-token latency of one streamed request: the smoke suite's sanity ceiling
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenLatency:
-    """Time to first token and time per output token after it, of one streamed request."""
-
-    tokens: int
-    ttft_ms: float
-    tpot_ms: float | None  # None: fewer than two token-bearing events (nothing after the first)
-    events: int
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        return 1000.0 / self.tpot_ms if self.tpot_ms else None
-
-
-def _event_tokens(event: Mapping[str, Any]) -> int | None:
-    """Cumulative tokens after a native event (its output_ids), else None (OpenAI chunks carry text only)."""
-    ids = event.get("output_ids")
-    return len(ids) if isinstance(ids, list) else None
-
-
-def _has_content(event: Mapping[str, Any]) -> bool:
-    for choice in event.get("choices") or []:
-        if isinstance(choice, dict) and (choice.get("text") or (choice.get("delta") or {}).get("content")):
-            return True
-    return False
-
-
-def stream_token_latency(stream: Stream, tokens: int) -> TokenLatency:
-    """bench_serving's TPOT: (last token's arrival - first token's arrival) / (tokens after the first event).
-
-    Native events carry cumulative output_ids, so the first event's token count is known (a speculative server
-    may send several tokens in it); an OpenAI chunk counts as one token.
-    """
-    first: tuple[float, int] | None = None
-    last = 0.0
-    count = 0
-    for arrival, event in zip(stream.arrival_s, stream.events, strict=False):
-        cumulative = _event_tokens(event)
-        grew = cumulative is not None and cumulative > count
-        if not grew and not (cumulative is None and _has_content(event)):
-            continue
-        count = cumulative if cumulative is not None else count + 1
-        if first is None:
-            first = (arrival, count)
-        last = arrival
-    if first is None:
-        return TokenLatency(tokens=tokens, ttft_ms=math.nan, tpot_ms=None, events=len(stream.events))
-    after = tokens - first[1]
-    tpot = (last - first[0]) * 1000.0 / after if after > 0 and last > first[0] else None
-    return TokenLatency(tokens=tokens, ttft_ms=first[0] * 1000.0, tpot_ms=tpot, events=len(stream.events))
-
-
-def token_latency_ceiling(floors: Mapping[str, float | str], option_ms: float | None) -> tuple[float, str]:
-    """The sanity ceiling on time per output token and where it comes from.
-
-    ``--tpot-ceiling-ms`` when given; else DEFAULT_TPOT_CEILING_MS, raised to the largest per-token latency ceiling
-    of the service's [floors] table (``itl_*_ms``, ``tpot_*_ms``) where that is higher: a profile that declares
-    a slower service is not failed by the generic ceiling.
-    """
-    if option_ms is not None:
-        return option_ms, "--tpot-ceiling-ms"
-    declared = {key: float(value) for key, value in floors.items()
-                if PER_TOKEN_FLOOR.match(key) and isinstance(value, int | float)}
-    if declared:
-        key = max(declared, key=lambda k: declared[k])
-        if declared[key] > DEFAULT_TPOT_CEILING_MS:
-            return declared[key], f"the profile's {key}"
-    return DEFAULT_TPOT_CEILING_MS, "the default sanity ceiling"
-
-
-def judge_token_latency(latency: TokenLatency, ceiling_ms: float, source: str) -> Judgement:
-    """One request's time per output token against a sanity ceiling (not a perf floor: no bound, one sample)."""
-    key = "tpot_sanity_ms"
-    if latency.tpot_ms is None:
-        return Judgement(key=key, outcome="inconclusive", threshold=ceiling_ms,
-                         message=f"TPOT (time per output token) INCONCLUSIVE — {latency.tokens} tokens came in "
-                                 f"{latency.events} event(s): nothing streamed after the first token")
-    rate = 1000.0 / latency.tpot_ms
-    if latency.tpot_ms > ceiling_ms:
-        return Judgement(key=key, outcome="fail", point=latency.tpot_ms, threshold=ceiling_ms, n=1,
-                         message=f"TPOT (time per output token) FAIL — {latency.tpot_ms:.1f} ms "
-                                 f"({rate:.1f} tokens/s) > ceiling {ceiling_ms:g} ms ({source}) on one streamed "
-                                 f"greedy request of {latency.tokens} tokens (TTFT {latency.ttft_ms:.0f} ms): a server "
-                                 "this slow per token is broken whatever its outputs")
-    return Judgement(key=key, outcome="pass", point=latency.tpot_ms, threshold=ceiling_ms, n=1,
-                     message=f"TPOT (time per output token) pass — {latency.tpot_ms:.1f} ms ({rate:.1f} tokens/s) <= "
-                             f"ceiling {ceiling_ms:g} ms ({source}), TTFT {latency.ttft_ms:.0f} ms, "
-                             f"{latency.tokens} tokens")
 
 
 # ------------------------------------------------------------------------------------------------

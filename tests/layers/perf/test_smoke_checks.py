@@ -12,10 +12,12 @@ from perf_fakes import fake_result
 from pytest_dflash.client import Stream
 from pytest_dflash.config.profiles import load_profile
 from pytest_dflash.layers.perf.layer import (
-    DEFAULT_TPOT_CEILING_MS,
     PerfSettings,
     ServiceRun,
     judge_accept_length,
+)
+from pytest_dflash.layers.perf.token_latency import (
+    DEFAULT_TPOT_CEILING_MS,
     judge_token_latency,
     stream_token_latency,
     token_latency_ceiling,
