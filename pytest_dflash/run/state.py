@@ -72,6 +72,10 @@ class ServiceHandle:
     # test that needs the service fails with it, e.g. a peer whose start failed while another one started)
     failure_reported_by: str | None = None
     _client: InferenceClient | None = None
+    # A peer started beside the service a test asked for waits for readiness in the background (wait_in_background)
+    _background: threading.Thread | None = None
+    _background_error: BaseException | None = None
+    _background_said: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -124,13 +128,52 @@ class ServiceHandle:
 
     def ensure_ready(self) -> ReadyReport:
         """Start (when provisioning) and wait until a real greedy and sampled generation succeeded."""
+        if self._background is not None:
+            self._join_background()
         if self.failure is not None:
             raise self.failure
         if self.ready is not None:
             return self.ready
         try:
             self.host.prestart(self)
-            self.ready = self._wait()
+        except DflashError as exc:
+            self.failure = exc
+            raise
+        return self._become_ready(self.host.run.progress)
+
+    def wait_in_background(self) -> None:
+        """Wait for this just-started peer's readiness now, beside the wait a test is in: on the H200 each new
+        SGLang process took 80-114 s for its first sampled request, so waits one after another add up. The
+        outcome is the same as a foreground wait's (ready, or the failure its first test then reports)."""
+        if self.ready is not None or self.failure is not None or self._background is not None:
+            return
+        self._background = threading.Thread(target=self._become_ready_in_background, name=f"ready {self.label}",
+                                            daemon=True)
+        self._background.start()
+
+    def _become_ready_in_background(self) -> None:
+        try:
+            self._become_ready(self._background_said.append)
+        except DflashError:
+            pass  # kept in self.failure
+        except BaseException as exc:  # a bug: re-raised in the test that joins
+            self._background_error = exc
+
+    def _join_background(self) -> None:
+        assert self._background is not None
+        while self._background.is_alive():
+            self._background.join(0.25)  # short joins: Ctrl-C still reaches the main thread
+        self._background = None
+        if self._background_said:
+            said = self._background_said
+            self.host.run.progress(f"{self.label}: readiness ran beside another service's ({len(said)} progress "
+                                   f"line(s); last: {said[-1]})")
+        if self._background_error is not None:
+            raise self._background_error
+
+    def _become_ready(self, progress: Callable[[str], None]) -> ReadyReport:
+        try:
+            self.ready = self._wait(progress)
         except DflashError as exc:
             self.failure = exc
             raise
@@ -144,7 +187,7 @@ class ServiceHandle:
             self.base_restarts = 0
         return self.ready
 
-    def _wait(self) -> ReadyReport:
+    def _wait(self, progress: Callable[[str], None]) -> ReadyReport:
         if isinstance(self.manager, SystemdService | ContainerService) and not self.manager.provisioned:
             if isinstance(self.manager, SystemdService):
                 self.manager.attach()
@@ -162,7 +205,7 @@ class ServiceHandle:
         watcher = ReadinessWatcher(
             self.manager, self.client, native=native, budget_s=budget,
             sampled_budget_s=min(budget, self.spec.sampled_timeout_s),
-            log_lines=self.host.run.options.journal_lines, progress=self.host.run.progress,
+            log_lines=self.host.run.options.journal_lines, progress=progress,
             log_mark=self.started_mark, request_timeout_s=self.host.run.options.request_timeout_s,
         )
         return watcher.wait()
@@ -308,6 +351,8 @@ class HostContext:
                 if handle is first:
                     raise
             self.run.progress(f"{handle.label}: started ({handle.url})")
+        for handle in batch[1:]:
+            handle.wait_in_background()
 
     def _reap(self) -> list[str]:
         if self.profile.is_local and all(s.kind == "process" for s in self.profile.services.values()):

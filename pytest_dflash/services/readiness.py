@@ -66,11 +66,13 @@ class ReadyReport:
     sampled_request_s: float | None = None
     server_info: dict[str, object] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    waited_from: float = field(default_factory=time.time)  # wall clock: when the wait began (unix seconds)
 
     def as_dict(self) -> dict[str, object]:
         return {"http_s": self.http_s, "greedy_s": self.greedy_s, "sampled_s": self.sampled_s,
                 "total_s": self.total_s, "greedy_request_s": self.greedy_request_s,
-                "sampled_request_s": self.sampled_request_s, "notes": self.notes}
+                "sampled_request_s": self.sampled_request_s, "notes": self.notes,
+                "waited_from": round(self.waited_from, 3), "ready_at": round(self.waited_from + self.total_s, 3)}
 
 
 class _InFlight:

@@ -178,3 +178,16 @@ def test_service_layer_catches_a_wrong_algorithm_and_an_early_death(run_suite, t
     assert "test_serves_the_profiles_algorithm[svc/dflash]" in failed, failed
     assert any(name.endswith("[svc/dies]") for name in failed), failed  # it died within seconds of being ready
     assert data["layers"]["service"]["outcome"] == "failed"
+
+
+def test_services_started_together_wait_for_readiness_together(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A peer started beside the service a test asked for waits in the background: on the H200 each SGLang process
+    took 80-114 s for its first sampled request, so one-after-another waits added up to minutes (issue 16's run)."""
+    profile = write_profile(tmp_path, "together", {"a": ("DFLASH", ["--inject", "cold-jit=3"]),
+                                                   "b": ("DFLASH", ["--inject", "cold-jit=3"])})
+    result = run_suite("service", "--host", str(profile), "-k", "ready_by_real_generation")
+    assert_no_crash(result)
+    assert result.ret in (0, 1) and result.parseoutcomes().get("passed") == 2, result.stdout.str()[-3000:]
+    ready = {name: verdict(run_suite.reports, "together")["services"][name]["ready"] for name in ("a", "b")}
+    # the waits overlapped: the later one began before the earlier one was ready (one after another, it could not)
+    assert max(r["waited_from"] for r in ready.values()) < min(r["ready_at"] for r in ready.values()), ready
