@@ -37,6 +37,8 @@ LATENCY_FLOOR = re.compile(r"^(ttft|itl|tpot|e2e)_(mean|median|p(\d+(?:\.\d+)?))
 PERF_ENDPOINTS = ("auto", "generate", "chat", "completions")
 PERF_SERVICE_KEYS = ("requests", "duration", "warmup")
 DEFAULT_CONNECT_TIMEOUT_S = 4.0
+# [host] become_user: a POSIX-ish user name (what `sudo -u` takes), never an option or a shell word
+BECOME_USER = r"[A-Za-z_][A-Za-z0-9_.-]{0,31}"
 BUILTIN_PROFILES = Path(__file__).parent / "builtin"
 
 ProvisionMode = Literal["never", "allowed", "always"]
@@ -131,6 +133,9 @@ class HostProfile:
     parity: ParitySpec | None = None
     floors: Mapping[str, Mapping[str, float | str]] = field(default_factory=dict)
     perf: Mapping[str, Any] = field(default_factory=dict)
+    # [host] become = true: commands that need root run through `sudo -n -u <become_user>` (transport.py)
+    become: bool = False
+    become_user: str = "root"
 
     @property
     def is_local(self) -> bool:
@@ -506,11 +511,25 @@ def _floors(table: _Table, services: Mapping[str, ServiceSpec]) -> dict[str, dic
     return floors
 
 
-def _perf(table: _Table, services: Mapping[str, ServiceSpec]) -> dict[str, Any]:
+def _perf(table: _Table, services: Mapping[str, ServiceSpec], profile_dir: Path | None = None) -> dict[str, Any]:
     """[perf]: how the perf layer loads each service; [perf.SERVICE] overrides requests/duration/warmup.
 
-    Values are normalised: durations in seconds (float), per-service tables under "services".
+    Values are normalised: durations in seconds (float), per-service tables under "services", `dataset` an
+    absolute path (relative to the profile file; "builtin": the shipped prompt set), read and checked here.
     """
+
+    def dataset(name: str) -> str | None:
+        value = table.get(name, str)
+        if value is None:
+            return None
+        from pytest_dflash.load.workload import BUILTIN_NAME, DatasetError, dataset_path, load_dataset
+
+        path = dataset_path(value) if value == BUILTIN_NAME else (profile_dir or Path.cwd()) / Path(value).expanduser()
+        try:
+            load_dataset(path)
+        except DatasetError as exc:
+            raise table.fail(name, str(exc)) from None
+        return str(path.resolve())
 
     def count(sub: _Table, name: str, low: int) -> int | None:
         value = sub.get(name, int)
@@ -560,6 +579,7 @@ def _perf(table: _Table, services: Mapping[str, ServiceSpec]) -> dict[str, Any]:
         "max_client_cpu": number(table, "max_client_cpu"),
         "retries": count(table, "retries", 0),
         "client_procs": count(table, "client_procs", 1),
+        "dataset": dataset("dataset"),
     }
     for name in per_service:
         table.get(name, dict)  # seen
@@ -608,6 +628,8 @@ def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None
         cuda_home=host.get("cuda_home", str),
         command_timeout_s=host.duration("command_timeout", 30.0),
         connect_timeout_s=connect_timeout,
+        become=bool(host.get("become", bool, False)),
+        become_user=_become_user(host),
     )
     host.done()
     services_table = root.sub("services", required=True)
@@ -640,10 +662,21 @@ def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None
         cuda_home=profile.cuda_home,
         command_timeout_s=profile.command_timeout_s,
         connect_timeout_s=profile.connect_timeout_s,
+        become=profile.become,
+        become_user=profile.become_user,
         parity=_parity(parity_table, services, source.parent) if parity_table else None,
         floors=_floors(floors_table, services) if floors_table else {},
-        perf=_perf(perf_table, services) if perf_table else {},
+        perf=_perf(perf_table, services, source.parent) if perf_table else {},
     )
+
+
+def _become_user(host: _Table) -> str:
+    """[host] become_user: a user name (`sudo -n -u NAME`), root unless told."""
+    user = host.get("become_user", str, "root")
+    assert user is not None
+    if not re.fullmatch(BECOME_USER, user):
+        raise host.fail("become_user", f"expected a user name (letters, digits, '_', '-', '.'), got {user!r}")
+    return user
 
 
 def resolve_profile_path(spec: str, hosts_dirs: list[Path]) -> Path:

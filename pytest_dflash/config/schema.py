@@ -20,6 +20,7 @@ from typing import Any
 from pytest_dflash.config.profiles import (
     ALGORITHMS,
     AUTO,
+    BECOME_USER,
     CONTAINER_ENGINES,
     CONTAINER_KEYS,
     FLOOR_KEYS,
@@ -80,6 +81,10 @@ def _defs() -> dict[str, Any]:
                 "ssh_identity_file": {"type": "string"},
                 "cuda_home": {"type": "string"},
                 "command_timeout": {"$ref": "#/$defs/duration"},
+                "become": {"type": "boolean", "default": False,
+                           "description": "ssh as an unprivileged user; what needs root runs through `sudo -n`"},
+                "become_user": {"type": "string", "pattern": f"^{BECOME_USER}$", "default": "root",
+                                "description": "with become = true: the user sudo runs those commands as"},
             },
         },
         "service": {
@@ -189,6 +194,9 @@ def _defs() -> dict[str, Any]:
                 "max_client_cpu": positive,
                 "retries": {"type": "integer", "minimum": 0},
                 "client_procs": count,
+                "dataset": {"type": "string",
+                            "description": "prompts the load sends instead of synthetic words: a JSONL or ShareGPT "
+                                           "file (relative to the profile), or \"builtin\" (the shipped set)"},
             },
             "additionalProperties": {"$ref": "#/$defs/perf_service"},
         },

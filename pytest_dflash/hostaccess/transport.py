@@ -6,6 +6,15 @@ that stalls mid-command dies), and a local watchdog thread is the last line of d
 
 Attach mode builds a read-only transport: a command declared `mutating=True` raises
 `ReadOnlyViolation` before anything is sent. Every command sent is logged (`Transport.sent`).
+
+Non-root hosts (`[host] become = true`): a command that needs root — every `mutating=True` one, and
+a read-only one declared `root=True` (container engine commands) — runs as
+`timeout … sudo -n -u <become_user> -- sh -c …`, here and nowhere else. The first such command is
+preceded by one `sudo -n -u <user> -- true`: a sudo that wants a password fails it at once (`-n`), and
+every root command of the run then raises the same one-line error without being sent. (testinfra's
+own sudo support — `host.sudo()`, `?sudo=true` — is not used: it runs `sudo` without `-n`, which
+waits for a password, and `host.sudo()` flips shared backend state under concurrent threads.)
+Everything else (systemctl show, journalctl -u, cat of a unit file) runs as the ssh user.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ SSH_OPTIONS = "-o BatchMode=yes -o ServerAliveInterval=2 -o ServerAliveCountMax=
 # (two runs against one host, xdist workers) under that run's in-flight commands.
 CONTROL_PATH = "/tmp/pytest-dflash-ssh-{pid}-%C"
 KILL_GRACE_S = 5
+# The sudo check before the first root command (sudo -n answers at once, or not at all: a stuck NSS/PAM)
+BECOME_CHECK_TIMEOUT_S = 10
 # journalctl --since windows start this much before their mark (on top of the clock uncertainty).
 JOURNAL_SLACK_S = 0.05
 
@@ -66,6 +77,7 @@ class SentCommand:
     mutating: bool
     rc: int | None = None
     duration_s: float = 0.0
+    become: str | None = None  # the user it ran as through `sudo -n -u` (None: as the ssh user)
 
 
 @dataclass
@@ -80,6 +92,9 @@ class Transport:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _clock_offset: float | None = None
     _clock_error: float = 0.0
+    _become_lock: threading.Lock = field(default_factory=threading.Lock)
+    _become_checked: bool = False
+    _become_error: TransportError | None = None
 
     @property
     def name(self) -> str:
@@ -115,12 +130,14 @@ class Transport:
         *args: str,
         timeout_s: float | None = None,
         mutating: bool = False,
+        root: bool | None = None,
         env: Mapping[str, str] | None = None,
         shown: str | None = None,
     ) -> CommandResult:
         """Run `command` (with shell-quoted `args` substituted for %s) on the host, within `timeout_s`.
 
-        `shown` replaces the command text in the audit log and messages (e.g. a file payload)."""
+        `root`: the command needs root (default: `mutating`); on a `become = true` host it runs through
+        `sudo -n`. `shown` replaces the command text in the audit log and messages (e.g. a file payload)."""
         text = command % tuple(shlex.quote(a) for a in args) if args else command
         if mutating and self.read_only:
             refused = redact(shown or text)
@@ -128,10 +145,13 @@ class Transport:
         if self._unreachable is not None:
             raise self._unreachable
         limit = timeout_s or self.timeout_s
+        become = self.profile.become_user if self.profile.become and (mutating if root is None else root) else None
+        if become is not None:
+            self._check_become()
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
         inner = f"env {prefix} sh -c {shlex.quote(text)}" if prefix else f"sh -c {shlex.quote(text)}"
-        wrapped = f"timeout -k {KILL_GRACE_S} {limit:g} {inner}"
-        entry = SentCommand(redact(shown or text), mutating)
+        wrapped = f"timeout -k {KILL_GRACE_S} {limit:g} {_sudo(become)}{inner}"
+        entry = SentCommand(redact(shown or text), mutating, become=become)
         self.sent.append(entry)
         started = time.monotonic()
         try:
@@ -140,10 +160,45 @@ class Transport:
         finally:
             entry.duration_s = time.monotonic() - started
             audit_command(self.name, self.read_only, entry.command, mutating=entry.mutating, rc=entry.rc,
-                          duration_s=entry.duration_s)
+                          duration_s=entry.duration_s, become=become)
         if raw.rc == 124:
             raise TransportError(f"{self.name}: command timed out after {limit:g}s: {_short(entry.command)}")
         return CommandResult(entry.command, raw.rc, raw.stdout, raw.stderr, entry.duration_s)
+
+    def _check_become(self) -> None:
+        """Once per transport, before its first root command: `sudo -n` works for the ssh user, or a
+        one-line error (cached: later root commands raise it without being sent)."""
+        with self._become_lock:
+            if self._become_error is not None:
+                raise self._become_error
+            if self._become_checked:
+                return
+            user = self.profile.become_user
+            probe = f"{_sudo(user)}true"
+            entry = SentCommand(probe, mutating=False, become=user)
+            self.sent.append(entry)
+            started = time.monotonic()
+            try:
+                raw = self._call_with_watchdog(f"timeout -k {KILL_GRACE_S} {BECOME_CHECK_TIMEOUT_S} {probe}",
+                                               BECOME_CHECK_TIMEOUT_S + KILL_GRACE_S
+                                               + self.profile.connect_timeout_s + 5)
+                entry.rc = raw.rc
+            finally:
+                entry.duration_s = time.monotonic() - started
+                audit_command(self.name, self.read_only, probe, mutating=False, rc=entry.rc,
+                              duration_s=entry.duration_s, become=user)
+            if raw.rc == 0:
+                self._become_checked = True
+                return
+            said = " ".join((raw.stderr or raw.stdout).split()) or f"exit {raw.rc}"
+            if raw.rc == 124:
+                said = f"no answer within {BECOME_CHECK_TIMEOUT_S}s"
+            login = urllib.parse.urlparse(self.profile.connection or "").username or "the ssh user"
+            self._become_error = TransportError(
+                f"{self.name}: become = true, but `sudo -n -u {user}` failed for {login} ({_short(said, 200)}): "
+                f"{login} needs passwordless sudo to {user} (a NOPASSWD rule in /etc/sudoers.d)"
+            )
+            raise self._become_error
 
     def _call_with_watchdog(self, wrapped: str, deadline_s: float) -> CommandResult:
         outcome: dict[str, Any] = {}
@@ -263,7 +318,7 @@ class Transport:
 
 
 def audit_command(host: str, read_only: bool, command: str, *, mutating: bool, rc: int | None = None,
-                  duration_s: float | None = None) -> None:
+                  duration_s: float | None = None, become: str | None = None) -> None:
     """Append a command sent to a host to $DFLASH_COMMAND_LOG (JSON lines), so a run can prove what it sent.
 
     Everything that reaches a host goes through here: the transport's commands and the host lock's ssh session."""
@@ -272,6 +327,8 @@ def audit_command(host: str, read_only: bool, command: str, *, mutating: bool, r
         return
     record = {"host": host, "read_only": read_only, "mutating": mutating, "command": command, "rc": rc,
               "duration_s": None if duration_s is None else round(duration_s, 3), "time": time.time()}
+    if become is not None:
+        record["become"] = become  # run through `sudo -n -u <become>`
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
 
@@ -304,6 +361,11 @@ def journal_since(host_time: float, error_s: float = 0.0) -> str:
     journald stamps an entry when it receives it, never before it was written, so a line stamped
     before `host_time` (less the clock uncertainty) was written before it: it is outside the window."""
     return f"--since @{host_time - error_s - JOURNAL_SLACK_S:.3f}"
+
+
+def _sudo(user: str | None) -> str:
+    """The `sudo -n` prefix of a root command on a `become = true` host ("" when not becoming)."""
+    return f"sudo -n -u {shlex.quote(user)} -- " if user is not None else ""
 
 
 def _short(command: str, limit: int = 160) -> str:

@@ -137,7 +137,7 @@ class ContainerService:
 
     def _find_by_label(self) -> str:
         out = self.transport.check(f"{self.engine} ps -a --filter %s --format '{{{{.Names}}}}'",
-                                   f"label={self.box.label}", timeout_s=20)
+                                   f"label={self.box.label}", timeout_s=20, root=True)
         names = sorted(set(out.split()))
         if len(names) != 1:
             found = f"{len(names)} ({', '.join(names[:5])})" if names else "none"
@@ -233,7 +233,7 @@ class ContainerService:
 
     def _inspect_line(self, name: str) -> str | None:
         result = self.transport.run(f"{self.engine} container inspect --format %s %s", INSPECT_FORMAT, name,
-                                    timeout_s=15)
+                                    timeout_s=15, root=True)
         if result.ok and result.stdout.strip():
             return result.stdout.strip().splitlines()[0]
         if _not_found(result):
@@ -289,14 +289,15 @@ class ContainerService:
         if mark is not None:
             since = f" --since {mark.wall_time - self.transport.clock_error_s - JOURNAL_SLACK_S:.3f}"
         result = self.transport.run(
-            f"{self.engine} logs{since} --tail {int(lines)} --timestamps {shlex.quote(name)} 2>&1", timeout_s=20)
+            f"{self.engine} logs{since} --tail {int(lines)} --timestamps {shlex.quote(name)} 2>&1", timeout_s=20,
+            root=True)
         return result.stdout
 
     def describe(self) -> dict[str, str]:
         try:
             name = self.container
             result = self.transport.run(f"{self.engine} container inspect --format %s %s", DESCRIBE_FORMAT, name,
-                                        timeout_s=15)
+                                        timeout_s=15, root=True)
         except (ServiceError, TransportError) as exc:
             return {"container": self.box.name or self.box.label or "?", "error": str(exc)}
         info = {"engine": self.box.engine, "container": name}
@@ -313,10 +314,75 @@ class ContainerService:
         payload = base64.b64encode(source.encode()).decode()
         argv = " ".join(shlex.quote(a) for a in args)
         return self.transport.run(f"printf %s {payload} | base64 -d | {self.engine} exec -i "
-                                  f"{shlex.quote(self.container)} {shlex.quote(python)} - {argv}", timeout_s=timeout_s)
+                                  f"{shlex.quote(self.container)} {shlex.quote(python)} - {argv}", timeout_s=timeout_s,
+                                  root=True)
 
     def exec_probe(self, source: str, args: Sequence[str] = (), **kwargs: Any) -> dict[str, Any]:
         return parse_probe_output(self.exec_python(source, args, **kwargs), host=f"{self.host}/{self.container}")
+
+    @property
+    def guest_python(self) -> str:
+        """The python the service runs inside its image: its command's interpreter (an absolute path), else python3."""
+        first = [*self.spec.command, *self.box.args][:1]
+        if first and first[0].startswith("/") and "python" in os.path.basename(first[0]):
+            return first[0]
+        return "python3"
+
+    def run_probe(self, source: str, args: Sequence[str] = (), *, timeout_s: float | None = None) -> dict[str, Any]:
+        """Run a read-only probe in the service's own environment (its image's python, the container's env).
+
+        A running container: `exec -i` into it (read-only, allowed in attach mode). Not running yet while
+        provisioning (the env / kernels layers start nothing): a throwaway `run --rm -i` of the service's image
+        with its env, mounts, GPUs and devices (not its memory limit), labelled like the service (a killed run's
+        leftover is reaped).
+        Attached and not running: a one-line ServiceError."""
+        attached = self.transport.read_only
+        name: str | None = None
+        line: str | None = None
+        if attached or self._provisioned:  # provisioning: only the container this run started, never a namesake
+            try:
+                name = self.container
+                line = self._inspect_line(name)
+            except ServiceError:
+                name = None
+            if name and line is not None and state_from_inspect(line, restart_policy=self.box.restart).running:
+                return self.exec_probe(source, args, python=self.guest_python, timeout_s=timeout_s)
+        if attached or not self.box.image:
+            found = f"container {name} is not running" if name and line is not None else \
+                f"no container {name or self.box.label or self.name} found"
+            raise ServiceError(f"{self.host}/{self.name}: {found}: its probes run inside it (`{self.box.engine} "
+                               f"exec`); start it, or run with --provision and services.{self.name}.image")
+        payload = base64.b64encode(source.encode()).decode()
+        argv = [*self.probe_run_argv(), *args]
+        result = self.transport.run(f"printf %s {payload} | base64 -d | {self.engine} "
+                                    f"{' '.join(shlex.quote(a) for a in argv)}", mutating=True, timeout_s=timeout_s,
+                                    env=dict(self.spec.env), shown=f"{self.engine} {' '.join(argv[:3])} … (probe "
+                                    f"in a throwaway container of {self.box.image})")
+        return parse_probe_output(result, host=f"{self.host}/{self.box.image}")
+
+    def probe_run_argv(self) -> list[str]:
+        """`run --rm -i` of the service's image, its python reading a probe on stdin (the args after the engine)."""
+        box = self.box
+        argv = ["run", "--rm", "-i", "--label", f"{RUN_LABEL}={self.run_id}", "--label", f"{HOST_LABEL}={self.host}",
+                "--label", f"{SERVICE_LABEL}={self.name}", "--label",
+                f"{OWNER_LABEL}={socket.gethostname()}:{os.getpid()}"]
+        if box.runtime and box.engine == "docker":
+            argv += ["--runtime", box.runtime]
+        for item in box.ulimits:
+            argv += ["--ulimit", item]
+        if box.gpus:
+            argv += ["--gpus", box.gpus if box.gpus == "all" else f'"{box.gpus}"']
+        for device in box.devices:
+            argv += ["--device", device]
+        for key in self.spec.env:
+            argv += ["--env", key]
+        for mount in box.mounts:
+            argv += ["-v", os.path.expanduser(mount) if mount.startswith("~") else mount]
+        for flag, value in (("--ipc", box.ipc), ("--shm-size", box.shm_size)):
+            if value:
+                argv += [flag, value]
+        # no --memory: the limit sizes the server, and a probe importing torch under a server-sized 64m would die
+        return [*argv, "--entrypoint", self.guest_python, str(box.image), "-"]
 
 
 def _not_found(result: CommandResult) -> bool:
@@ -331,14 +397,14 @@ def reap_stale_containers(transport: Transport, container: ContainerSpec, *, hos
     only when their controller process is gone (a live run of another profile is never touched)."""
     engine = engine_prefix(container)
     out = transport.run(f"{engine} ps -a --filter %s --filter %s --format '{{{{.Names}}}}'",
-                        f"label={HOST_LABEL}={host}", f"label={RUN_LABEL}", timeout_s=20)
+                        f"label={HOST_LABEL}={host}", f"label={RUN_LABEL}", timeout_s=20, root=True)
     done: list[str] = []
     if not out.ok:
         return [f"could not list stale containers: {' '.join(out.tail(2).split())}"]
     for name in sorted(set(out.stdout.split())):
         labels = transport.run(f"{engine} container inspect --format %s %s",
                                '{{index .Config.Labels "' + RUN_LABEL + '"}}\t{{index .Config.Labels "'
-                               + OWNER_LABEL + '"}}', name, timeout_s=15)
+                               + OWNER_LABEL + '"}}', name, timeout_s=15, root=True)
         if not labels.ok:
             continue
         owner_run, _, owner = labels.stdout.strip().partition("\t")

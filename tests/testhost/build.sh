@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build (or reuse) the cached test-host rootfs: Debian bookworm minbase that boots systemd under
-# systemd-nspawn, runs sshd (key-only root), and carries a venv at /opt/dflash-venv with the
+# systemd-nspawn, runs sshd (key-only root, plus two unprivileged users for `become = true`), and carries a venv at /opt/dflash-venv with the
 # refserver's dependencies. Three cached layers, each with a stamp, each redone only when its
 # inputs change:
 #   base   debootstrap (slow, network)          stamp: $ROOTFS/etc/dflash-testhost/base.stamp
@@ -22,8 +22,9 @@ source "$here/lib.sh"
 ROOTFS=$DFLASH_TESTHOST_ROOTFS
 MIRROR=${DFLASH_TESTHOST_MIRROR:-http://deb.debian.org/debian}
 SUITE=bookworm
-# python3 (not python3-minimal: that lacks http.server); python3-venv for the guest venv.
-APT_INCLUDE=systemd,systemd-sysv,dbus,openssh-server,iproute2,procps,python3,python3-venv,ca-certificates
+# python3 (not python3-minimal: that lacks http.server); python3-venv for the guest venv; sudo for the
+# non-root provisioning scenarios (`become = true`, test_remote_become.py).
+APT_INCLUDE=systemd,systemd-sysv,dbus,openssh-server,iproute2,procps,python3,python3-venv,ca-certificates,sudo
 # The guest venv: the refserver's runtime dependencies, read from the checkout's pyproject.toml
 # (the `refserver` extra, so the venv follows it when it changes), plus numpy (a core dependency
 # the refserver imports) and httpx (clients in the guest). torch is pinned there: an unpinned torch
@@ -39,7 +40,7 @@ PY
 }
 VENV_PKGS=${DFLASH_TESTHOST_VENV_PKGS:-$(refserver_deps || echo "torch==2.13.0 fastapi uvicorn soundfile") numpy httpx}
 # Bumped whenever configure_rootfs() changes what it writes.
-CONFIG_VERSION=3
+CONFIG_VERSION=4
 
 force_base=0; force_venv=0
 for a in "$@"; do
@@ -152,6 +153,21 @@ MaxStartups 64:30:128
 MaxSessions 64
 CONF
   chroot "$r" passwd -l root >/dev/null 2>&1 || true
+  # Unprivileged ssh users for `become = true` (key-only, locked passwords; up.sh bind-mounts the
+  # instance's public key, world-readable, over their empty authorized_keys as it does for root):
+  #   dflash     sudo to root without a password (NOPASSWD), in systemd-journal (journalctl -u as itself)
+  #   dflash-pw  sudo rights that ask for a password: `sudo -n` must fail at once, never hang
+  for u in dflash dflash-pw; do
+    chroot "$r" id -u "$u" >/dev/null 2>&1 || chroot "$r" useradd --create-home --shell /bin/sh "$u"
+    chroot "$r" passwd -l "$u" >/dev/null 2>&1 || true
+    install -d -m 700 -o "$(chroot "$r" id -u "$u")" -g "$(chroot "$r" id -g "$u")" "$r/home/$u/.ssh"
+    install -m 644 /dev/null "$r/home/$u/.ssh/authorized_keys"
+  done
+  chroot "$r" usermod -a -G systemd-journal dflash
+  install -d -m 750 "$r/etc/sudoers.d"
+  printf 'dflash ALL=(root) NOPASSWD: ALL\n' >"$r/etc/sudoers.d/dflash"
+  printf 'dflash-pw ALL=(root) ALL\n' >"$r/etc/sudoers.d/dflash-pw"
+  chmod 440 "$r/etc/sudoers.d/dflash" "$r/etc/sudoers.d/dflash-pw"
   # Units that only slow the boot or fail in a network-less container.
   for u in apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer \
            e2scrub_reap.service systemd-pstore.service getty@tty1.service console-getty.service \

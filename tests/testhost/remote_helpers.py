@@ -82,12 +82,18 @@ def _toml(value: str) -> str:
 
 
 def write_profile(directory: Path, th: TestHost, name: str, services: Mapping[str, RefUnit], *,
-                  address: str | None = None, parity: tuple[str, Sequence[str]] | None = None) -> Path:
-    """A host profile for the test host: ssh://root@<address> with the instance's ssh_config, the
+                  address: str | None = None, parity: tuple[str, Sequence[str]] | None = None,
+                  user: str = "root", become: bool = False) -> Path:
+    """A host profile for the test host: ssh://<user>@<address> with the instance's ssh_config, the
     venv python of the guest, and one systemd service per `services` entry. `address` (default:
-    the guest's) is where ssh goes; the services' URLs always name the guest."""
-    lines = ["[host]", f"connection = {_toml(f'ssh://root@{address or th.guest_ip}?timeout=4')}",
-             f"ssh_config = {_toml(str(th.ssh_config))}", f"python = {_toml(GUEST_PYTHON)}", ""]
+    the guest's) is where ssh goes; the services' URLs always name the guest. `user` other than root:
+    one of the guest's unprivileged users (build.sh: dflash, dflash-pw), with `become`: root's
+    commands go through `sudo -n`."""
+    lines = ["[host]", f"connection = {_toml(f'ssh://{user}@{address or th.guest_ip}?timeout=4')}",
+             f"ssh_config = {_toml(str(th.ssh_config))}", f"python = {_toml(GUEST_PYTHON)}"]
+    if become:
+        lines.append("become = true")
+    lines.append("")
     for service, spec in services.items():
         lines += [f"[services.{service}]", 'kind = "systemd"', f"unit = {_toml(spec.unit)}",
                   f"template = {_toml(str(UNITS / spec.template))}", f"algorithm = {_toml(spec.algorithm)}",

@@ -66,6 +66,7 @@ def _sent(log: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.timeout(600)  # every suite against three units on a shared 2-core machine
 def test_attach_sends_only_read_only_commands(testhost: TestHost, guest: Guest, runs: Runs, tmp_path: Path) -> None:
     # Two units the test starts itself: a healthy one, and one that is SIGKILLed during the tests (so
     # that failure evidence is collected too: journal, unit properties, kernel log).
@@ -81,11 +82,13 @@ def test_attach_sends_only_read_only_commands(testhost: TestHost, guest: Guest, 
     log = tmp_path / "commands.jsonl"
     # Every layer smoke and the full suites run (issue 11 item 8): nothing in any of them may change the host,
     # the server (no POST /flush_cache) or use its GPUs (the kernels layer skips, naming --allow-gpu-use).
-    outcome = runs(profile, env={"DFLASH_COMMAND_LOG": str(log)}, suites=ALL_SUITES).wait(420)
+    # A short perf run: what it measures is not the point here (an INCONCLUSIVE floor may fail), what it sends is.
+    outcome = runs(profile, "--perf-requests", "24", "--perf-warmup", "1", env={"DFLASH_COMMAND_LOG": str(log)},
+                   suites=ALL_SUITES).wait(540)
     outcome.assert_clean()
     data = outcome.verdict("ro")
     assert data["services"]["good"]["provisioned"] is False
-    assert [f["services"] for f in data["failures"]] == [["oom"]], data["failures"]
+    assert [f["services"] for f in data["failures"] if f["layer"] != "perf"] == [["oom"]], data["failures"]
     assert "journal ro/oom since" in outcome.out  # evidence was collected, through the same audit trail
 
     sent = _sent(log)

@@ -206,6 +206,12 @@ done <<<"$cg_roots"
 # --- ssh: per-instance client key, pinned host key -------------------------------------------------
 ssh-keygen -q -t ed25519 -N '' -C "pytest-dflash-testhost-$NAME" -f "$STATE/id_ed25519"
 install -m 600 "$STATE/id_ed25519.pub" "$STATE/authorized_keys"
+# The same key for the unprivileged users (build.sh: dflash, dflash-pw). sshd reads a user's
+# authorized_keys as that user: world-readable here (still root-owned, so StrictModes accepts it).
+install -m 644 "$STATE/id_ed25519.pub" "$STATE/authorized_keys.users"
+# The guest's /etc/hosts names the guest itself (sudo resolves its own host name, and says so on
+# stderr of every command when it cannot).
+printf '127.0.0.1 localhost %s\n::1 localhost\n' "$NAME" >"$STATE/hosts"
 { printf '%s ' "$GUEST_IP"; cut -d' ' -f1,2 "$ROOTFS/etc/ssh/ssh_host_ed25519_key.pub"; } >"$STATE/known_hosts"
 cat >"$STATE/ssh_config" <<CONF
 # pytest-dflash test host '$NAME' (state: $STATE)
@@ -240,6 +246,9 @@ setsid bash -c 'for f in $1; do echo $$ >"$f"; done; shift; exec "$@"' nspawn-la
     --resolv-conf=off --timezone=off \
     --bind-ro="$CHECKOUT:$GUEST_CHECKOUT" \
     --bind-ro="$STATE/authorized_keys:/root/.ssh/authorized_keys" \
+    --bind-ro="$STATE/authorized_keys.users:/home/dflash/.ssh/authorized_keys" \
+    --bind-ro="$STATE/authorized_keys.users:/home/dflash-pw/.ssh/authorized_keys" \
+    --bind-ro="$STATE/hosts:/etc/hosts" \
   </dev/null >"$STATE/console.log" 2>&1 {ilock}>&- {rlock}>&- &
 NSPID=$!
 state_set "$STATE" NSPAWN_PID "$NSPID"

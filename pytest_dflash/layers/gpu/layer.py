@@ -1,7 +1,9 @@
 """One host as the host / env / kernels layers see it: probes run once, results cached and recorded.
 
-`GpuHost` runs the probe scripts in pytest_dflash/hostaccess/probes/ on the host with the profile's python
-and each service's own environment, under a deadline, and keeps the raw JSON in
+`GpuHost` runs the probe scripts in pytest_dflash/hostaccess/probes/ under a deadline, where each service
+runs (`probe_runner`): on the host with the profile's python and the service's own environment, or, for a
+container service, inside its container (`exec`: the image's python and the container's env). Host-wide
+probes (gpu_inventory, kernel_log) always run on the host. It keeps the raw JSON in
 `host.facts.gpu_probes` (and, with --dflash-probe-dump, in files). Parsed views (inventory,
 toolkit report, ...) are derived from those raw results by the pure functions in smi/checks.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
@@ -22,6 +24,7 @@ from pytest_dflash.layers.gpu.chains import Chain, chains_for
 from pytest_dflash.layers.gpu.checks import KERNEL_PATTERN, ToolkitReport, installed_versions, toolkit_report
 from pytest_dflash.layers.gpu.services import ProbeGroup, ServiceView, probe_groups, service_view
 from pytest_dflash.layers.gpu.smi import Inventory, inventory_from_probe
+from pytest_dflash.services.container import ContainerService
 
 if TYPE_CHECKING:
     from pytest_dflash.run.state import HostContext
@@ -48,6 +51,31 @@ class GpuOptions:
     allow_gpu_use: bool = False  # --allow-gpu-use: the kernels layer may build and launch in attach mode
 
 
+# (source, argv, timeout_s, env) -> the probe's JSON object
+ProbeRunner = Callable[[str, Sequence[str], float, Mapping[str, str] | None], dict[str, Any]]
+
+
+def probe_runner(host: HostContext, group: ProbeGroup | None) -> ProbeRunner:
+    """How a probe of `group` runs: inside the container of a container service (`exec` of a read-only probe,
+    its image's python and the container's own env; `env` is not applied), else on the host with the profile's
+    python and `env`. Host-wide probes (no group) run on the host."""
+    managers = [host.service(name).manager for name in group.services] if group is not None else []
+    containers = [m for m in managers if isinstance(m, ContainerService)]
+    if containers:
+        container = containers[0]  # a container service is a group of its own (GpuHost.groups)
+
+        def in_container(source: str, args: Sequence[str], timeout_s: float,
+                         env: Mapping[str, str] | None) -> dict[str, Any]:
+            return container.run_probe(source, args, timeout_s=timeout_s)
+
+        return in_container
+
+    def on_host(source: str, args: Sequence[str], timeout_s: float, env: Mapping[str, str] | None) -> dict[str, Any]:
+        return host.transport.probe(source, args, python=host.profile.python, timeout_s=timeout_s, env=env)
+
+    return on_host
+
+
 def probe_source(name: str) -> str:
     """The text of probe script `name` (shipped as package data, never imported)."""
     return (resources.files("pytest_dflash.hostaccess") / "probes" / f"{name}.py").read_text(encoding="utf-8")
@@ -66,16 +94,17 @@ class GpuHost:
         return cache
 
     def probe(self, name: str, params: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None,
-              key: str | None = None, timeout_s: float | None = None) -> dict[str, Any]:
-        """Run probe `name` once per key; a transport failure is recorded as {"transport_error": ...}."""
+              key: str | None = None, timeout_s: float | None = None,
+              group: ProbeGroup | None = None) -> dict[str, Any]:
+        """Run probe `name` once per key, where `group` runs (`probe_runner`; no group: on the host); a transport
+        failure is recorded as {"transport_error": ...}."""
         key = key or name
         if key in self.cache:
             result: dict[str, Any] = self.cache[key]
             return result
         limit = timeout_s or PROBE_TIMEOUTS_S.get(name, 120.0)
         try:
-            result = self.host.transport.probe(probe_source(name), [json.dumps(dict(params or {}))],
-                                               python=self.host.profile.python, timeout_s=limit, env=env)
+            result = probe_runner(self.host, group)(probe_source(name), [json.dumps(dict(params or {}))], limit, env)
         except DflashError as exc:
             result = {"probe": name, "transport_error": str(exc)}
         self.cache[key] = result
@@ -107,7 +136,10 @@ class GpuHost:
 
     @cached_property
     def groups(self) -> list[ProbeGroup]:
-        return probe_groups(self.views)
+        """Host services grouped by environment; each container service a group of its own (its image, its env)."""
+        on_host = [v for v in self.views if v.kind != "container"]
+        in_containers = [g for v in self.views if v.kind == "container" for g in probe_groups([v])]
+        return (probe_groups(on_host) if on_host else []) + in_containers
 
     def group_key(self, probe: str, group: ProbeGroup) -> str:
         return probe if len(self.groups) == 1 else f"{probe}.{group.label}"
@@ -146,23 +178,24 @@ class GpuHost:
     # ---- env layer ----------------------------------------------------------------------------------------
 
     def torch_facts(self, group: ProbeGroup) -> dict[str, Any]:
-        return self.probe("torch_facts", env=group.env, key=self.group_key("torch_facts", group))
+        return self.probe("torch_facts", env=group.env, group=group, key=self.group_key("torch_facts", group))
 
     def import_chains(self, group: ProbeGroup) -> dict[str, Any]:
         chains = [{"name": c.name, "modules": list(c.modules)} for c in self.chains(group)]
         limit = self.options.chain_timeout_s
         return self.probe("import_chain", {"chains": chains, "timeout_s": limit, "parallel": 4}, env=group.env,
-                          key=self.group_key("import_chain", group), timeout_s=limit + 60)
+                          group=group, key=self.group_key("import_chain", group), timeout_s=limit + 60)
 
     def packages(self, group: ProbeGroup) -> dict[str, Any]:
         return self.probe("packages", {"requirers": list(REQUIRERS), "pip_check": True, "timeout_s": 180},
-                          env=group.env, key=self.group_key("packages", group))
+                          env=group.env, group=group, key=self.group_key("packages", group))
 
     def cuda_toolkit(self, group: ProbeGroup) -> dict[str, Any]:
-        return self.probe("cuda_toolkit", env=group.env, key=self.group_key("cuda_toolkit", group))
+        return self.probe("cuda_toolkit", env=group.env, group=group, key=self.group_key("cuda_toolkit", group))
 
     def sgl_kernel_builds(self, group: ProbeGroup) -> dict[str, Any]:
-        return self.probe("sgl_kernel_builds", env=group.env, key=self.group_key("sgl_kernel_builds", group))
+        return self.probe("sgl_kernel_builds", env=group.env, group=group,
+                          key=self.group_key("sgl_kernel_builds", group))
 
     def capabilities(self, group: ProbeGroup | None = None) -> list[tuple[int, int]]:
         """The GPU archs that matter: the GPUs present, else the configured JIT arch list."""
@@ -194,7 +227,7 @@ class GpuHost:
 
     def jit_cache(self, group: ProbeGroup) -> dict[str, Any]:
         params = {"user": group.user}  # the probe reads FLASHINFER_WORKSPACE_BASE from the service env itself
-        return self.probe("jit_cache", params, env=group.env, key=self.group_key("jit_cache", group))
+        return self.probe("jit_cache", params, env=group.env, group=group, key=self.group_key("jit_cache", group))
 
     def kernels(self, step: str, group: ProbeGroup) -> dict[str, Any]:
         """Build (and on a GPU run) one kernel step on a cold cache, in the service's environment."""
@@ -208,5 +241,5 @@ class GpuHost:
                 params["objects"] = list(self.options.jit_objects)
         if self.options.jit_jobs:
             params["jobs"] = self.options.jit_jobs
-        return self.probe("kernels", params, env=group.env, key=self.group_key(f"kernels_{step}", group),
+        return self.probe("kernels", params, env=group.env, group=group, key=self.group_key(f"kernels_{step}", group),
                           timeout_s=self.options.kernels_timeout_s + 60)

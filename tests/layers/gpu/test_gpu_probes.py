@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,17 @@ def test_gpu_inventory_without_nvidia_smi() -> None:
 
 
 def test_kernel_log_reads_and_filters() -> None:
-    out = run_probe("kernel_log", {"pattern": r"Linux version"})
+    # A line of our own in the kernel log (root: /dev/kmsg), not the boot banner: a busy machine's ring buffer
+    # (the container OOM scenarios log dozens of lines each) no longer holds "Linux version".
+    marker = f"dflash-kernel-log-probe-{uuid.uuid4().hex[:12]}"
+    try:
+        Path("/dev/kmsg").write_text(marker + "\n")
+    except OSError as exc:
+        pytest.skip(f"cannot write a line to the kernel log here: {exc}")
+    out = run_probe("kernel_log", {"pattern": marker})
     if not out["readable"]:
         pytest.skip(f"kernel log not readable here: {out['attempts']}")
-    assert out["total_lines"] > 0 and any("Linux version" in line for line in out["matches"])
+    assert out["total_lines"] > 0 and any(marker in line for line in out["matches"]), out
     assert run_probe("kernel_log", {"pattern": r"NVRM: Xid"})["matches"] == []
 
 
