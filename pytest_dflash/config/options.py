@@ -234,6 +234,11 @@ PERF_OPTIONS: tuple[Opt, ...] = (
     Opt("--perf-client-procs", "dflash_perf_client_procs",
         "perf runs: spread each load run over N client processes, each its own event loop and connection pool "
         "(overrides the profile's [perf] client_procs; default 1; at most the concurrency)"),
+    Opt("--perf-dataset", "dflash_perf_dataset",
+        "perf runs: send these prompts (cycled, in a seeded order) instead of synthetic words: a JSONL file of "
+        "{\"prompt\"} / {\"category\", \"prompt\"} per line, ShareGPT's JSON list of {\"conversations\"}, or "
+        "'builtin' (the shipped chat/code/math/summarisation/multilingual set); overrides the profile's [perf] "
+        "dataset; accept length is then also reported per category", metavar="PATH"),
     Opt("--tpot-ceiling-ms", "dflash_tpot_ceiling_ms",
         "smoke: sanity ceiling in ms on the time per output token of one streamed request (default 250, or the "
         "service's largest itl_*/tpot_* floor when higher; 'off' disables it)"),

@@ -9,6 +9,7 @@ from pathlib import Path
 from pytest_dflash.load.procs import run_load_procs
 from pytest_dflash.load.run import _run_coro, run_load_async
 from pytest_dflash.load.spec import ENDPOINT_PATHS, LoadSpec
+from pytest_dflash.load.workload import DatasetError, dataset_path, load_dataset
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,7 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--dataset", default=None)
+    ap.add_argument("--dataset", default=None, metavar="PATH",
+                    help="send these prompts (cycled, in a seeded order) instead of synthetic words: JSONL of "
+                         "{\"prompt\"} / {\"category\", \"prompt\"} per line, or ShareGPT's JSON list of "
+                         "{\"conversations\"} (the first human turn); 'builtin' = the shipped prompt set")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--request-timeout", type=float, default=120.0)
@@ -37,6 +41,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write LoadResult JSON here")
     ap.add_argument("--no-records", action="store_true", help="leave per-request records out of --out")
     a = ap.parse_args(argv)
+    if a.dataset is not None:
+        try:
+            load_dataset(a.dataset)
+        except DatasetError as exc:
+            print(f"{ap.prog}: error: --dataset: {exc}", file=sys.stderr)
+            return 2
+        a.dataset = str(dataset_path(a.dataset).resolve())
     spec = LoadSpec(endpoint=a.endpoint, model=a.model, concurrency=a.concurrency, request_rate=a.request_rate,
                     num_requests=a.num_requests, duration_s=a.duration, warmup_requests=a.warmup,
                     prompt_len=a.prompt_len, output_len=a.output_len, dataset=a.dataset, seed=a.seed,

@@ -99,8 +99,19 @@ def _want_progress(progress: bool | None) -> bool:
         return False
 
 
+SoFar = Callable[[int, int, int, float], None]  # (measured requests done, failed, output tokens, seconds)
+
+
+async def _report_so_far(monitor: _Monitor, so_far: SoFar, every_s: float) -> None:
+    started = time.perf_counter()
+    while True:
+        await asyncio.sleep(every_s)
+        so_far(monitor.done, monitor.errors, monitor.tokens, time.perf_counter() - started)
+
+
 async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str, str] | None = None,
                          progress: bool | None = None, keep_token_times: bool = False,
+                         so_far: SoFar | None = None, so_far_every_s: float = 10.0,
                          _stamped: bool = True, _share: _Share | None = None) -> LoadResult:
     """Run ``spec`` against ``base_url`` inside the running event loop (see :func:`run_load`).
 
@@ -157,6 +168,8 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
                 notes.append(f"run deadline ({spec.deadline_s():.0f} s) reached: in-flight requests cancelled")
 
         monitor.start()
+        reporter = (loop.create_task(_report_so_far(monitor, so_far, so_far_every_s))
+                    if so_far is not None else None)
         try:
             own_warmup = len(range(own, spec.warmup_requests, step))
             if own_warmup:
@@ -250,6 +263,8 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
                 await guarded(open_loop)
             end_wall = time.time()
         finally:
+            if reporter is not None:
+                reporter.cancel()
             await monitor.stop()
         for rec in records:  # cancelled at the deadline before a record was finished
             if rec.error is None and rec.output_tokens is None:
@@ -270,12 +285,15 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
 
 
 def run_load(base_url: str, spec: LoadSpec, *, headers: Mapping[str, str] | None = None,
-             progress: bool | None = None, keep_token_times: bool = False) -> LoadResult:
+             progress: bool | None = None, keep_token_times: bool = False,
+             so_far: SoFar | None = None, so_far_every_s: float = 10.0) -> LoadResult:
     """Drive ``base_url`` with ``spec`` on a fresh event loop and return the measured result.
 
     ``headers`` are sent with every request (e.g. an Authorization header). ``progress``: None =
     a progress bar on stderr when it is a terminal and the run lasts more than 2 s; True/False
-    force it. ``keep_token_times`` records each token event's arrival (for tokens/s-over-time plots).
+    force it. ``so_far`` is called every ``so_far_every_s`` on the loop's thread with the measured requests
+    done and failed, their output tokens and the seconds since the start (one client process only: the
+    pytest progress lines). ``keep_token_times`` records each token event's arrival (for tokens/s-over-time plots).
     Uses uvloop when ``PYTEST_DFLASH_UVLOOP=1`` and uvloop is importable. ``spec.client_procs`` > 1
     spreads the run over that many processes (:mod:`.procs`; no progress bar then), merged into one result.
     """
@@ -284,7 +302,7 @@ def run_load(base_url: str, spec: LoadSpec, *, headers: Mapping[str, str] | None
 
         return run_load_procs(base_url, spec, headers=headers, keep_token_times=keep_token_times)
     return _run_coro(run_load_async(base_url, spec, headers=headers, progress=progress,
-                                    keep_token_times=keep_token_times))
+                                    keep_token_times=keep_token_times, so_far=so_far, so_far_every_s=so_far_every_s))
 
 
 def _run_coro(coro: Coroutine[Any, Any, LoadResult]) -> LoadResult:

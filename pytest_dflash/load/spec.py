@@ -112,7 +112,7 @@ class LoadSpec:
     warmup_requests: int = 0
     prompt_len: int | LengthDist = 128  # synthetic prompts: words ≈ tokens
     output_len: int | LengthDist = 128
-    dataset: str | None = None  # JSONL: {"prompt": str, "output_len": int} per line
+    dataset: str | None = None  # JSONL {"prompt", "category"?, "output_len"?} / ShareGPT / "builtin" (workload.py)
     seed: int = 0
     temperature: float = 0.0
     top_p: float | None = None

@@ -19,7 +19,9 @@ last event, ``spec_verify_ct``/``spec_accept_length``), ``GET /v1/models``, ``GE
 ``GET /server_info`` (``internal_states[0].avg_spec_accept_length``, cumulative since the last
 ``POST /flush_cache``), ``GET /stats`` (``/stats/raw``: every TTFT in
 arrival order), ``POST /stats/reset[?skip=N]`` (the next N generation requests
-are served but not recorded: a client's warm-up), ``GET /counters``.
+are served but not recorded: a client's warm-up), ``GET /counters``, ``GET /prompts`` (with
+``--record-prompts``: the prompt text of every generation request, in arrival order, for tests that check
+what a client sent).
 
 Faults for the client's error-path tests (``--fault MODE --fault-every N``: every N-th request,
 counting from the first, gets the fault): ``http500``, ``drop_before`` (close without an answer),
@@ -88,6 +90,7 @@ class Config:
     tokens_per_event: tuple[int, ...] = (1,)  # /generate only: cycled per event (spec decoding)
     fault: str | None = None
     fault_every: int = 1
+    record_prompts: bool = False  # keep every request's prompt text for GET /prompts (off: nothing kept)
 
 
 @dataclass
@@ -224,6 +227,7 @@ class Server:
         self.tokens_total = 0  # every token written, recorded or not (GET /counters)
         self.spec_tokens = 0
         self.spec_verify = 0
+        self.prompts: list[str] = []  # --record-prompts: every generation request's prompt text (GET /prompts)
         self.connections: set[Conn] = set()
 
     def encoded(self, endpoint: str, n: int) -> Encoded:
@@ -324,6 +328,8 @@ class Conn(asyncio.Protocol):
         elif method == "POST" and path == "/stats/reset":
             srv.stats = Stats(skip=int(query.get("skip", "0")))
             self._send(_json_response(200, {"ok": True}))
+        elif method == "GET" and path == "/prompts":
+            self._send(_json_response(200, {"recorded": srv.cfg.record_prompts, "prompts": srv.prompts}))
         elif method == "GET" and path == "/counters":
             self._send(_json_response(200, {"requests": srv.request_index, "tokens": srv.tokens_total}))
         else:
@@ -336,6 +342,8 @@ class Conn(asyncio.Protocol):
         srv, cfg = self.server, self.server.cfg
         index = srv.request_index
         srv.request_index += 1
+        if cfg.record_prompts and len(srv.prompts) < 1_000_000:
+            srv.prompts.append(_prompt_text(endpoint, req))
         stats = srv.stats
         if stats.skip > 0:  # served, but recorded in a throw-away Stats
             stats.skip -= 1
@@ -511,16 +519,19 @@ class _Stream:
     last_ns: int = 0
 
 
-def _prompt_tokens(endpoint: str, req: dict[str, Any]) -> int:
-    """Whitespace word count of the prompt (the synthetic server has no tokenizer)."""
+def _prompt_text(endpoint: str, req: dict[str, Any]) -> str:
+    """The request's prompt: chat messages' contents joined by spaces, the completion prompt, or /generate text."""
     if endpoint == "chat":
         msgs = req.get("messages") or []
-        text = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
-    elif endpoint == "completions":
-        text = str(req.get("prompt", ""))
-    else:
-        text = str(req.get("text", ""))
-    return len(text.split())
+        return " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+    if endpoint == "completions":
+        return str(req.get("prompt", ""))
+    return str(req.get("text", ""))
+
+
+def _prompt_tokens(endpoint: str, req: dict[str, Any]) -> int:
+    """Whitespace word count of the prompt (the synthetic server has no tokenizer)."""
+    return len(_prompt_text(endpoint, req).split())
 
 
 def _check_loopback(host: str) -> None:
@@ -565,10 +576,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault", choices=FAULTS, default=None)
     ap.add_argument("--fault-every", type=int, default=1)
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    ap.add_argument("--record-prompts", action="store_true", help="keep every prompt for GET /prompts")
     a = ap.parse_args(argv)
     cfg = Config(tokens=a.tokens, honor_max_tokens=a.honor_max_tokens, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
                  model=a.model, tokens_per_event=tuple(int(x) for x in a.tokens_per_event.split(",")),
-                 fault=a.fault, fault_every=max(1, a.fault_every))
+                 fault=a.fault, fault_every=max(1, a.fault_every), record_prompts=a.record_prompts)
 
     def listening(port: int) -> None:
         print(f"LISTENING {port}", flush=True)

@@ -93,7 +93,7 @@ def test_a_child_that_raises_reports_its_traceback_tail(synth: SynthFactory, tmp
     srv = synth("--tokens", "4", "--ttft-ms", "1", "--itl-ms", "0")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no prompt key"}\n')
-    with pytest.raises(ClientProcessError, match=r"failed during the warm-up: .*ValueError: .*bad.jsonl:1"):
+    with pytest.raises(ClientProcessError, match=r"failed during the warm-up: .*DatasetError: .*bad.jsonl:1"):
         run_load(srv.url, LoadSpec(concurrency=2, num_requests=4, dataset=str(bad), client_procs=2), progress=False)
     assert multiprocessing.active_children() == []
 

@@ -42,6 +42,17 @@ class Acceptance:
     steps: int = 0
     per_request: list[float] = field(default_factory=list)
     server_mean: float | None = None  # server_info fallback: SGLang's own average
+    by_category: dict[str, list[int]] = field(default_factory=dict)  # category -> [tokens, verify steps, prompts]
+
+    @property
+    def per_category(self) -> dict[str, float]:
+        """Tokens per verify step of each prompt category (meta_info only: the server-wide average has none)."""
+        return {name: round(tokens / steps, 4) for name, (tokens, steps, _) in sorted(self.by_category.items())
+                if steps}
+
+    def describe_categories(self) -> str:
+        """'chat 2.31, code 3.05, …' (empty without categories)."""
+        return ", ".join(f"{name} {value:.2f}" for name, value in self.per_category.items())
 
     @property
     def mean(self) -> float:
@@ -51,9 +62,13 @@ class Acceptance:
         return self.tokens / self.steps if self.steps else 0.0
 
     def as_fact(self) -> dict[str, Any]:
-        return {"mean": round(self.mean, 4), "source": self.source, "prompts": self.prompts,
-                "tokens": self.tokens, "verify_steps": self.steps,
-                "per_request": [round(v, 3) for v in self.per_request]}
+        fact: dict[str, Any] = {"mean": round(self.mean, 4), "source": self.source, "prompts": self.prompts,
+                                "tokens": self.tokens, "verify_steps": self.steps,
+                                "per_request": [round(v, 3) for v in self.per_request]}
+        if self.per_category:
+            fact["per_category"] = self.per_category
+            fact["prompts_per_category"] = {name: counts[2] for name, counts in sorted(self.by_category.items())}
+        return fact
 
 
 def _per_request(meta: dict[str, Any]) -> tuple[int, int] | None:
@@ -88,8 +103,11 @@ def _server_mean(client: InferenceClient) -> float | None:
 
 
 def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int = 64,
-            timeout_s: float | None = None, flush_refused: str | None = None) -> Acceptance:
+            timeout_s: float | None = None, flush_refused: str | None = None,
+            categories: Sequence[str | None] | None = None) -> Acceptance:
     """Greedy generations of `prompts`; accept length per request from meta_info, else from /server_info.
+
+    `categories` (one per prompt, None: uncategorised) groups the per-request numbers: `Acceptance.per_category`.
 
     `flush_refused`: why /flush_cache may not be sent (None: it may). The /server_info fallback needs it (the
     server-wide average is cumulative since the last flush), so it raises `FlushRefused` before sending one.
@@ -97,8 +115,10 @@ def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int 
     __tracebackhide__ = True
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     result = Acceptance(client.service, "meta_info", len(prompts))
+    if categories is not None and len(categories) != len(prompts):
+        raise ValueError(f"{len(categories)} categories for {len(prompts)} prompts")
     missing = False
-    for prompt in prompts:
+    for index, prompt in enumerate(prompts):
         gen = client.generate(prompt, sampling, timeout_s=timeout_s)
         counts = _per_request(gen.meta)
         if counts is None:
@@ -108,6 +128,12 @@ def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int 
         result.tokens += tokens
         result.steps += steps
         result.per_request.append(tokens / steps)
+        category = categories[index] if categories is not None else None
+        if category is not None:
+            entry = result.by_category.setdefault(category, [0, 0, 0])
+            entry[0] += tokens
+            entry[1] += steps
+            entry[2] += 1
     if not missing:
         return result
     # No per-request fields (older SGLang): the server-wide average since a flush, prompts one at a time.

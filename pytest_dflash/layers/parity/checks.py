@@ -18,11 +18,11 @@ from pytest_dflash.layers.parity import acceptance
 from pytest_dflash.layers.parity import greedy as parity
 from pytest_dflash.layers.parity.distribution import DrawPlan, Sample, compare_distributions
 from pytest_dflash.layers.parity.hooks import (
-    ACCEPTANCE_PROMPTS,
     DISTRIBUTION_PROMPTS,
     LayerOptions,
     state_change_refusal,
 )
+from pytest_dflash.load.workload import SHIPPED_DATASET, DatasetPrompt, load_dataset, sample_by_category
 from pytest_dflash.run.fixtures import ready_or_blocked
 
 if TYPE_CHECKING:
@@ -30,6 +30,16 @@ if TYPE_CHECKING:
 
 Pair = tuple["ServiceHandle", "ServiceHandle"]
 Cache = dict[tuple[str, ...], Any]
+
+# Accept length is measured on a seeded sample of the shipped prompt set (pytest_dflash/data/prompts.jsonl), spread
+# evenly over its categories (chat, code, math, multilingual, summarisation): few requests, a number per category.
+ACCEPTANCE_SAMPLE = 16
+ACCEPTANCE_SEED = 0
+
+
+def acceptance_prompts(total: int = ACCEPTANCE_SAMPLE, *, seed: int = ACCEPTANCE_SEED) -> list[DatasetPrompt]:
+    """The accept-length prompts: `total` of the shipped set, the same ones on every run (seeded)."""
+    return sample_by_category(load_dataset(SHIPPED_DATASET), total, seed=seed)
 
 
 def require_native(pair: Sequence[ServiceHandle]) -> None:
@@ -95,28 +105,35 @@ def distribution_parity(pair: Pair, options: LayerOptions, cache: Cache) -> None
 
 
 def measure_acceptance(handle: ServiceHandle, prompts: Sequence[str], *, max_tokens: int,
-                       allowed: bool) -> acceptance.Acceptance:
-    """acceptance.measure on `handle`, recorded in the verdict; skipped (naming the option) when it needs a
-    /flush_cache this run may not send."""
+                       allowed: bool, categories: Sequence[str | None] | None = None) -> acceptance.Acceptance:
+    """acceptance.measure on `handle`, recorded in the verdict (per category too, and as a note on the terminal
+    summary); skipped (naming the option) when it needs a /flush_cache this run may not send."""
     try:
         result = acceptance.measure(handle.client, prompts, max_tokens=max_tokens,
-                                    flush_refused=state_change_refusal(handle, allowed=allowed))
+                                    flush_refused=state_change_refusal(handle, allowed=allowed),
+                                    categories=categories)
     except acceptance.FlushRefused as exc:
         pytest.skip(f"accept length not measured: {exc}")
     handle.host.facts.accept_lengths[handle.name] = round(result.mean, 4)
     handle.host.facts.metrics[f"acceptance:{handle.name}"] = result.as_fact()
+    if result.per_category:
+        handle.host.notes.append(f"{handle.name}: accept length per category ({result.prompts} greedy prompts, "
+                                 f"{max_tokens} tokens each): {result.describe_categories()}")
     return result
 
 
 def _acceptance(service: ServiceHandle, options: LayerOptions, cache: Cache) -> acceptance.Acceptance:
-    """The service's accept length on the acceptance prompts (and --parity-prompts), measured once per run."""
+    """The service's accept length on a seeded sample of the shipped prompt set (and --parity-prompts), per
+    category too, measured once per run."""
     if not service.native:
         pytest.skip("accept length needs SGLang's native /generate meta_info or /server_info")
-    prompts = [*ACCEPTANCE_PROMPTS, *(p.text for p in options.extra_prompts)]
+    sample = acceptance_prompts()
+    prompts = [*(p.prompt for p in sample), *(p.text for p in options.extra_prompts)]
+    categories = [*(p.category for p in sample), *(p.category for p in options.extra_prompts)]
     key = ("acceptance", service.host.name, service.name, str(options.max_tokens), *prompts)
     if key not in cache:
         cache[key] = measure_acceptance(service, prompts, max_tokens=options.max_tokens,
-                                        allowed=options.allow_state_changes)
+                                        allowed=options.allow_state_changes, categories=categories)
     measured: acceptance.Acceptance = cache[key]
     return measured
 
@@ -150,5 +167,5 @@ def ddtree_accepts_at_least_dflash(service: ServiceHandle, options: LayerOptions
         acceptance.check_ddtree_vs_dflash(ddtree, dflash, ratio=options.accept_ratio)
 
 
-__all__ = ["accept_length", "ddtree_accepts_at_least_dflash", "distribution_parity", "greedy_parity",
-           "measure_acceptance", "reference_samples", "require_native"]
+__all__ = ["ACCEPTANCE_SAMPLE", "accept_length", "acceptance_prompts", "ddtree_accepts_at_least_dflash",
+           "distribution_parity", "greedy_parity", "measure_acceptance", "reference_samples", "require_native"]

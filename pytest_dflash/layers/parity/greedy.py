@@ -52,6 +52,7 @@ DEFAULT_MAX_TOKENS = 64
 class Prompt:
     name: str
     text: str
+    category: str | None = None  # from a dataset's "category" (accept length is reported per category)
 
 
 _LONG = (
@@ -87,19 +88,30 @@ SMOKE_PROMPTS: tuple[str, ...] = (
 
 
 def load_prompts(path: Path) -> list[Prompt]:
-    """Prompts from a file: JSON (a list of strings or of {"name", "text"}), else one prompt per non-empty line.
+    """Prompts from a file: ``.jsonl`` is a dataset as the perf layer reads it (one {"prompt"} / {"category",
+    "prompt"} / ShareGPT {"conversations"} object per line); ``.json`` a list of strings, of {"name", "text"}, of
+    {"prompt", "category"?} or ShareGPT's {"conversations": [{"from": "human", "value"}, ...]} (the first human
+    turn); any other file one prompt per non-empty line ('#' starts a comment line).
 
-    Lines starting with '#' are comments. Raises ValueError naming the file and what is wrong.
+    Raises ValueError naming the file and what is wrong (and the line or item).
     """
+    from pytest_dflash.load.workload import _entry, load_dataset
+
+    if path.suffix == ".jsonl":
+        entries = load_dataset(path)
+        return [Prompt(f"{path.stem}:{e.category + ':' if e.category else ''}{index}", e.prompt, e.category)
+                for index, e in enumerate(entries)]
     try:
         raw = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"{path}: cannot read the prompts file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if path.suffix == ".json":
         try:
             data = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+            raise ValueError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
         if not isinstance(data, list):
             raise ValueError(f"{path}: expected a JSON list of prompts")
         prompts = []
@@ -108,8 +120,13 @@ def load_prompts(path: Path) -> list[Prompt]:
                 prompts.append(Prompt(f"{path.stem}[{index}]", item))
             elif isinstance(item, dict) and isinstance(item.get("text"), str):
                 prompts.append(Prompt(str(item.get("name") or f"{path.stem}[{index}]"), item["text"]))
+            elif isinstance(item, dict) and ("prompt" in item or "conversations" in item):
+                entry = _entry(f"{path}: item {index}", item)
+                if entry is not None:  # a ShareGPT conversation without a human turn is skipped
+                    prompts.append(Prompt(f"{path.stem}[{index}]", entry.prompt, entry.category))
             else:
-                raise ValueError(f"{path}: item {index}: expected a string or {{\"name\", \"text\"}}")
+                raise ValueError(f"{path}: item {index}: expected a string, {{\"name\", \"text\"}}, "
+                                 f"{{\"prompt\"}} or ShareGPT's {{\"conversations\"}}")
     else:
         lines = [line for line in raw.splitlines() if line.strip() and not line.lstrip().startswith("#")]
         prompts = [Prompt(f"{path.stem}:{number}", line) for number, line in enumerate(lines, 1)]

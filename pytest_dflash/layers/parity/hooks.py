@@ -31,26 +31,6 @@ DISTRIBUTION_PROMPTS: tuple[str, ...] = (
     "Here is a random number:",
 )
 
-# Short everyday prompts for the accept-length numbers and DDTREE vs DFLASH (the parity set leans on long,
-# code and repetitive text, where a linear draft does unusually well).
-ACCEPTANCE_PROMPTS: tuple[str, ...] = (
-    "The quick brown fox",
-    "Hello world!",
-    "The capital city of France is",
-    "Once upon a time, in a land far away,",
-    "def fibonacci(n):",
-    "Speculative decoding drafts several tokens and verifies them in one pass.",
-    "1, 2, 3, 4, 5,",
-    "Q: What is the boiling point of water?\nA:",
-    "Write a short poem about the sea.",
-    "import numpy as np\n",
-    "Dear Sir or Madam,",
-    "The meeting is scheduled for",
-    "In 1969, the first humans",
-    "SELECT name FROM users WHERE",
-    "My favourite word is",
-    "Translate to French: good morning",
-)
 
 @dataclass(frozen=True)
 class LayerOptions:

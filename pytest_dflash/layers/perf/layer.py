@@ -46,6 +46,7 @@ from pytest_dflash.layers.perf.stats import (
 from pytest_dflash.load.results import LoadResult
 from pytest_dflash.load.run import run_load
 from pytest_dflash.load.spec import LoadSpec
+from pytest_dflash.load.workload import _Workload
 
 __all__ = [
     "Comparison",
@@ -90,6 +91,7 @@ class PerfOverrides:
     concurrency: int | None = None
     warmup: int | None = None
     client_procs: int | None = None
+    dataset: str | None = None  # --perf-dataset: an absolute path (or "builtin"), already checked
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +112,7 @@ class PerfSettings:
     max_client_cpu: float = 0.9
     retries: int = 1  # runs measured again when the client was saturated
     client_procs: int = 1  # load client processes the run is spread over (one event loop each)
+    dataset: str | None = None  # prompts instead of synthetic words (JSONL / ShareGPT / "builtin"); None: synthetic
 
     @classmethod
     def resolve(cls, perf: Mapping[str, Any], service: str,
@@ -123,7 +126,8 @@ class PerfSettings:
         names = {"endpoint": "endpoint", "concurrency": "concurrency", "warmup": "warmup",
                  "prompt_len": "prompt_len", "output_len": "output_len", "temperature": "temperature",
                  "seed": "seed", "request_timeout": "request_timeout_s", "max_loop_lag_ms": "max_loop_lag_ms",
-                 "max_client_cpu": "max_client_cpu", "retries": "retries", "client_procs": "client_procs"}
+                 "max_client_cpu": "max_client_cpu", "retries": "retries", "client_procs": "client_procs",
+                 "dataset": "dataset"}
         for key, attr in names.items():
             if key in perf:
                 kw[attr] = perf[key]
@@ -143,6 +147,8 @@ class PerfSettings:
                 kw["warmup"] = overrides.warmup
             if overrides.client_procs is not None:
                 kw["client_procs"] = overrides.client_procs
+            if overrides.dataset is not None:
+                kw["dataset"] = overrides.dataset
         kw["requests"], kw["duration_s"] = length
         return cls(**kw)
 
@@ -163,6 +169,7 @@ class PerfSettings:
             warmup_requests=self.concurrency if self.warmup is None else self.warmup,
             prompt_len=self.prompt_len,
             output_len=self.output_len,
+            dataset=self.dataset,
             temperature=self.temperature,
             seed=self.seed,
             request_timeout_s=self.request_timeout_s,
@@ -177,8 +184,9 @@ class PerfSettings:
             f"{self.requests} requests" if self.requests is not None else "",
             f"{self.duration_s:g} s" if self.duration_s is not None else "") if part)
         procs = f", {self.client_procs} client processes" if self.client_procs > 1 else ""
-        return (f"{self.endpoint_for(native)}, concurrency {self.concurrency}, {self.prompt_len}+{self.output_len} "
-                f"tokens, {size}{procs}")
+        prompts = (f"prompts of {Path(self.dataset).name} + {self.output_len} tokens" if self.dataset
+                   else f"{self.prompt_len}+{self.output_len} tokens")
+        return f"{self.endpoint_for(native)}, concurrency {self.concurrency}, {prompts}, {size}{procs}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -468,6 +476,29 @@ class ServiceRun:
             return sum(float(r.output_tokens or 0) for r in spec) / sum(float(r.verify_ct or 0) for r in spec)
         return self.result.server_accept_length
 
+    @property
+    def accept_length_by_category(self) -> dict[str, float]:
+        """Accept length per dataset category (Σ output tokens / Σ verify steps of its requests); {} for synthetic
+        prompts or a dataset without categories. Request i's category comes from the spec (the same seeded order)."""
+        spec = self.result.spec
+        if not spec.dataset:
+            return {}
+        try:
+            workload = _Workload(spec)
+        except ValueError:
+            return {}
+        sums: dict[str, list[float]] = {}
+        for r in self.result.successful:
+            if not r.verify_ct:
+                continue
+            category = workload.item(r.index).category
+            if category is None:
+                continue
+            entry = sums.setdefault(category, [0.0, 0.0])
+            entry[0] += float(r.output_tokens or 0)
+            entry[1] += float(r.verify_ct)
+        return {name: round(tokens / steps, 4) for name, (tokens, steps) in sorted(sums.items()) if steps}
+
     def judge(self, judgements: Iterable[Judgement]) -> list[Judgement]:
         """Record judgements (the latest per key wins) and return them."""
         out = list(judgements)
@@ -486,6 +517,9 @@ class ServiceRun:
             server = self.result.server_accept_length
             parts.append(f"accept length {self.accept_length:.3f}"
                          + (f" (server {server:.3f})" if server is not None else ""))
+        by_category = self.accept_length_by_category
+        if by_category:
+            parts.append("per category " + ", ".join(f"{k} {v:.2f}" for k, v in by_category.items()))
         return f"{self.label} ({self.algorithm}): " + ", ".join(parts)
 
     def metrics(self) -> dict[str, float]:
@@ -501,6 +535,8 @@ class ServiceRun:
                 out[prefix + name] = round(float(value), 4)
         if self.result.server_accept_length is not None:
             out[prefix + "server_accept_length"] = round(self.result.server_accept_length, 4)
+        for category, value in self.accept_length_by_category.items():
+            out[f"{prefix}accept_length_by_category.{category}"] = value
         out[prefix + "concurrency"] = float(self.settings.concurrency)
         out[prefix + "client_saturated"] = 1.0 if self.result.client_saturated else 0.0
         for key, judgement in self.judgements.items():
@@ -527,6 +563,7 @@ class ServiceRun:
             "lower": lower, "upper": upper, "completed": m["completed"], "failed": m["failed"],
             "median_ttft_ms": m.get("median_ttft_ms"), "p99_ttft_ms": m.get("p99_ttft_ms"),
             "p99_itl_ms": m.get("p99_itl_ms"), "accept_length": self.accept_length,
+            "accept_length_by_category": self.accept_length_by_category,
             "server_accept_length": self.result.server_accept_length, "saturated": self.result.client_saturated,
             "outcomes": {k: j.outcome for k, j in self.judgements.items()},
             "comparisons": [c.describe() for c in self.comparisons.values()],
