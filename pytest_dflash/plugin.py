@@ -11,9 +11,8 @@ Loaded through the `pytest11` entry point. It does nothing unless a target is gi
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -21,8 +20,8 @@ import pytest
 from pytest_dflash.config import options
 from pytest_dflash.config.targets import load_targets
 from pytest_dflash.evidence import attach
-from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
 from pytest_dflash.report import session as report_session
+from pytest_dflash.report.progress import ProgressChannel
 from pytest_dflash.report.verdict import VerdictBuilder
 from pytest_dflash.run import cleanup, collection, discovery, timeouts
 from pytest_dflash.run.layers import LAYER_HELP, LAYERS, blocked_reason
@@ -58,19 +57,22 @@ def pytest_configure(config: pytest.Config) -> None:
         if run_options.provision and profile.provision == "never":
             raise pytest.UsageError(f"{profile.source}: host.provision = \"never\" but --provision was given")
     workerinput = getattr(config, "workerinput", None)
-    run_id = workerinput.get("dflash_run_id") if workerinput else None
+    run_id = (workerinput.get("dflash_run_id") if workerinput else None) or uuid.uuid4().hex[:12]
     # Attached servers' algorithms, before collection: asked by the controller, taken by its workers.
     answers = workerinput["dflash_discovered"] if workerinput and "dflash_discovered" in workerinput else (
         discovery.discover(profiles))
     profiles = discovery.apply(profiles, answers)
-    run = DflashRun(profiles, run_options, run_id or uuid.uuid4().hex[:12], progress=_progress_printer(config))
+    channel = ProgressChannel(config, run_id, hosts=list(profiles))  # report/progress.py: xdist, -q, live line
+    run = DflashRun(profiles, run_options, run_id, progress=channel)
     config.stash[RUN_KEY] = run
     config.stash[BUILDER_KEY] = VerdictBuilder(run.run_id)
     if not profiles:
         return
     cleanup.arm(config, run)
+    config.pluginmanager.register(channel, "dflash-progress")
+    channel.start()
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_XdistHooks(run, answers), "dflash-xdist")
+        config.pluginmanager.register(_XdistHooks(run, answers, channel), "dflash-xdist")
         if getattr(config.option, "dist", "no") == "load":
             # Each host's tests must run in one worker (its lock, its service state).
             config.option.dist = "loadgroup"
@@ -88,34 +90,23 @@ def _writes_verdicts(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and not config.getoption("collectonly", False)
 
 
-def _progress_printer(config: pytest.Config) -> Callable[[str], None]:
-    def progress(message: str) -> None:
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        capture = config.pluginmanager.get_plugin("capturemanager")
-        if reporter is None:
-            return
-        quiet = capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext()
-        with quiet:
-            reporter.write_line(f"[dflash] {scrub(message, LINE_BYTES, 'progress line')}")
-
-    return progress
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     cleanup.disarm(config, config.stash.get(RUN_KEY, None))
 
 
 class _XdistHooks:
-    """Give every worker the controller's run id (one run, one set of markers and locks) and its answers about
-    attached servers (so every worker collects the same tests)."""
+    """Give every worker the controller's run id (one run, one set of markers and locks), its answers about
+    attached servers (so every worker collects the same tests) and the progress file it writes to."""
 
-    def __init__(self, run: DflashRun, answers: discovery.Answers) -> None:
+    def __init__(self, run: DflashRun, answers: discovery.Answers, progress: ProgressChannel) -> None:
         self.run = run
         self.answers = answers
+        self.progress = progress
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput["dflash_run_id"] = self.run.run_id
         node.workerinput["dflash_discovered"] = self.answers
+        node.workerinput.update(self.progress.workerinput())
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -42,7 +42,26 @@ from pytest_dflash.services.process import ProcessService, reap_stale, state_roo
 from pytest_dflash.services.readiness import HttpLiveness, ReadinessWatcher, ReadyReport
 from pytest_dflash.services.systemd import SystemdService, reap_stale_units
 
+# Where progress lines go (report/progress.py shows them). A line is a str; its kind rides on its class: a
+# readiness.Heartbeat repeats a state, a ServiceEvent moves the fleet counts, any other str is an event.
 Progress = Callable[[str], None]
+
+
+class ServiceEvent(str):
+    """A progress line saying a service was started, became ready or failed (``state``)."""
+
+    host: str
+    service: str
+    state: str
+
+    def __new__(cls, text: str, *, host: str, service: str, state: str) -> ServiceEvent:
+        line = super().__new__(cls, text)
+        line.host, line.service, line.state = host, service, state
+        return line
+
+
+def _silent(message: str) -> None:
+    pass
 
 
 @dataclass
@@ -75,7 +94,6 @@ class ServiceHandle:
     # A peer started beside the service a test asked for waits for readiness in the background (wait_in_background)
     _background: threading.Thread | None = None
     _background_error: BaseException | None = None
-    _background_said: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -138,8 +156,9 @@ class ServiceHandle:
             self.host.prestart(self)
         except DflashError as exc:
             self.failure = exc
+            self.host.run.progress(self.event("failed", f"not started: {readiness_error_summary(exc)}"))
             raise
-        return self._become_ready(self.host.run.progress)
+        return self._become_ready()
 
     def wait_in_background(self) -> None:
         """Wait for this just-started peer's readiness now, beside the wait a test is in: on the H200 each new
@@ -153,7 +172,7 @@ class ServiceHandle:
 
     def _become_ready_in_background(self) -> None:
         try:
-            self._become_ready(self._background_said.append)
+            self._become_ready()  # its lines: the run's progress takes them from any thread
         except DflashError:
             pass  # kept in self.failure
         except BaseException as exc:  # a bug: re-raised in the test that joins
@@ -164,19 +183,21 @@ class ServiceHandle:
         while self._background.is_alive():
             self._background.join(0.25)  # short joins: Ctrl-C still reaches the main thread
         self._background = None
-        if self._background_said:
-            said = self._background_said
-            self.host.run.progress(f"{self.label}: readiness ran beside another service's ({len(said)} progress "
-                                   f"line(s); last: {said[-1]})")
         if self._background_error is not None:
             raise self._background_error
 
-    def _become_ready(self, progress: Callable[[str], None]) -> ReadyReport:
+    def event(self, state: str, what: str) -> ServiceEvent:
+        return ServiceEvent(f"{self.label}: {what}", host=self.host.name, service=self.name, state=state)
+
+    def _become_ready(self) -> ReadyReport:
+        progress = self.host.run.progress
         try:
             self.ready = self._wait(progress)
         except DflashError as exc:
             self.failure = exc
+            progress(self.event("failed", f"not ready: {readiness_error_summary(exc)}"))
             raise
+        progress(self.event("ready", f"ready after {self.ready.total_s:.1f}s"))
         try:
             self.server_info = self.client.server_info()
         except ApiError:
@@ -350,7 +371,9 @@ class HostContext:
                 handle.failure = exc if handle is not first else None
                 if handle is first:
                     raise
-            self.run.progress(f"{handle.label}: started ({handle.url})")
+                self.run.progress(handle.event("failed", f"not started: {readiness_error_summary(exc)}"))
+                continue
+            self.run.progress(handle.event("started", f"started ({handle.url})"))
         for handle in batch[1:]:
             handle.wait_in_background()
 
@@ -403,7 +426,7 @@ class DflashRun:
     profiles: dict[str, HostProfile]
     options: RunOptions
     run_id: str
-    progress: Progress = lambda message: None
+    progress: Progress = _silent  # thread-safe: a peer's background readiness wait says its lines through it
     book: LayerBook = field(default_factory=LayerBook)
     hosts: dict[str, HostContext] = field(default_factory=dict)
     _registered: list[HostContext] = field(default_factory=list)

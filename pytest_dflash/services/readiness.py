@@ -54,6 +54,13 @@ PHASES = {
 Progress = Callable[[str], None]
 
 
+class Heartbeat(str):
+    """A progress line that repeats a state ("waiting 40s in sampled phase: …"): shown at most once per service
+    per ~10 s, not at all with -q (report/progress.py). A ``str``, so every Progress callable takes it."""
+
+    __slots__ = ()
+
+
 @dataclass
 class ReadyReport:
     """How the service became ready (all times from the start of the wait)."""
@@ -158,9 +165,10 @@ class ReadinessWatcher:
                                    self.service.logs_since(self.log_mark, self.log_lines))
         return state
 
-    def _say(self, message: str) -> None:
+    def _say(self, message: str, *, heartbeat: bool = False) -> None:
         if self.progress:
-            self.progress(f"{self.service.name}: {message}")
+            line = f"{self.service.name}: {message}"
+            self.progress(Heartbeat(line) if heartbeat else line)
 
     def wait(self) -> ReadyReport:
         if self.service.state().running is None:
@@ -186,7 +194,8 @@ class ReadinessWatcher:
                 extra = f"; request in flight for {format_seconds(in_flight.age)}" if in_flight else ""
                 hint = (" (a new SGLang process's first sampled request took 80-114 s on an H200, also with warm JIT "
                         "caches)" if phase == "sampled" else "")
-                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: {problem}{extra}{hint}")
+                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: {problem}{extra}{hint}",
+                          heartbeat=True)
                 next_progress = now + PROGRESS_EVERY_S
             if phase == "http" and now >= next_attempt:
                 try:
@@ -255,7 +264,8 @@ class ReadinessWatcher:
             if now >= next_progress:
                 extra = f"; {request} in flight for {format_seconds(in_flight.age)}" if in_flight else ""
                 alive = f"; it answered HTTP {format_seconds(now - live.answered_at)} ago" if live.answered_at else ""
-                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: {problem}{extra}{alive}")
+                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: {problem}{extra}{alive}",
+                          heartbeat=True)
                 next_progress = now + PROGRESS_EVERY_S
             if live.answered_at is not None and (in_flight is not None or dropped_at is not None) and (
                     now >= live.next_probe):

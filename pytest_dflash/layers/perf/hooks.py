@@ -9,6 +9,7 @@ Registered through pytest_dflash.plugin.pytest_plugins. Every option is also an 
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 import os
@@ -49,7 +50,10 @@ from pytest_dflash.layers.perf.token_latency import (
     stream_token_latency,
     token_latency_ceiling,
 )
+from pytest_dflash.load.run import run_load
+from pytest_dflash.load.workload import BUILTIN_NAME, DatasetError, dataset_path, load_dataset
 from pytest_dflash.run.state import HostContext, ServiceHandle
+from pytest_dflash.services.readiness import Heartbeat
 
 INCONCLUSIVE_HINT = ("INCONCLUSIVE is not a pass: the test fails and a --gate with perf does not pass. Measure longer: "
                      "--perf-requests {requests} (or [perf] requests in the profile).")
@@ -88,6 +92,20 @@ def _ceiling(config: pytest.Config) -> tuple[float | None, bool]:
     return value, False
 
 
+def _dataset(config: pytest.Config) -> str | None:
+    """--perf-dataset PATH (or 'builtin'), read and checked now: a bad file is a one-line usage error."""
+    raw = options.text(config, "dflash_perf_dataset")
+    if not raw:
+        return None
+    path = dataset_path(raw) if raw == BUILTIN_NAME else options.path(config, "dflash_perf_dataset")
+    assert path is not None
+    try:
+        load_dataset(path)
+    except DatasetError as exc:
+        raise pytest.UsageError(f"{options.where('dflash_perf_dataset')}: {exc}") from None
+    return str(path.resolve())
+
+
 def options_from_config(config: pytest.Config) -> PerfOptions:
     ceiling, ceiling_off = _ceiling(config)
     return PerfOptions(
@@ -99,6 +117,7 @@ def options_from_config(config: pytest.Config) -> PerfOptions:
             concurrency=options.number(config, "dflash_perf_concurrency", int, None, low=1),
             warmup=options.number(config, "dflash_perf_warmup", int, None, low=0),
             client_procs=options.number(config, "dflash_perf_client_procs", int, None, low=1),
+            dataset=_dataset(config),
         ),
         allow_state_changes=allow_state_changes(config),
         tpot_ceiling_ms=ceiling,
@@ -166,9 +185,15 @@ class PerfBook:
             headers["Authorization"] = f"Bearer {os.environ[handle.spec.api_key_env]}"
         progress(f"{handle.label}: perf run ({settings.describe(handle.native)})")
         refusal = state_change_refusal(handle, allowed=self.options.allow_state_changes)
+
+        def so_far(done: int, failed: int, tokens: int, seconds: float) -> None:
+            progress(Heartbeat(f"{handle.label}: perf run so far: {done} requests ({failed} failed), "
+                               f"{tokens / max(seconds, 1e-9):,.0f} tok/s, {seconds:.0f}s"))
+
         run = ServiceRun.measure(host=handle.host.name, service=handle.name, algorithm=handle.algorithm,
                                  url=handle.url, settings=settings, native=handle.native, model=model,
-                                 headers=headers, say=progress, flush_refused=refusal)
+                                 headers=headers, say=progress, flush_refused=refusal,
+                                 runner=functools.partial(run_load, so_far=so_far))
         progress(run.headline())
         self.runs[key] = run
         item.use(run)
@@ -483,6 +508,9 @@ def summary_lines(summaries: Iterable[Mapping[str, Any]]) -> list[str]:
                 server = s.get("server_accept_length")
                 parts.append(f"accept length {s['accept_length']:.2f}"
                              + (f" (server {server:.2f})" if server is not None else ""))
+            by_category = s.get("accept_length_by_category") or {}
+            if by_category:
+                parts.append("per category " + ", ".join(f"{k} {v:.2f}" for k, v in by_category.items()))
             if s.get("failed"):
                 parts.append(f"{s['failed']} failed requests")
             if s.get("saturated"):
