@@ -4,6 +4,10 @@ A profile is validated completely at load time. Every problem becomes one `Inven
 that names the file, the dotted key and what was expected, e.g.
 
     hosts/ct200.toml: services.dflash.url: expected an http(s) URL, got 'htp:/x'
+
+One module over 600 lines on purpose: it is the one validator of the profile format (every table and key,
+[host], [services.*] of each kind, [parity], [perf], [floors.*]), which config/schema.py and `pytest-dflash
+check` follow; tests/config/test_schema.py holds the two in step.
 """
 
 from __future__ import annotations

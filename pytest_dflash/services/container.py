@@ -152,14 +152,12 @@ class ContainerService:
         return {"port": str(self.spec.port or ""), "service": self.name, "host": self.host, "run_id": self.run_id,
                 "gpus": ",".join(str(g) for g in self.spec.gpus), **self.spec.vars}
 
-    def run_argv(self, name: str) -> list[str]:
-        """The `run` arguments after the engine: options, image, command."""
+    def _shared_run_options(self) -> list[str]:
+        """What every container this tool runs for the service gets: the run labels, runtime, ulimits, GPUs and
+        devices, the env names (values from the command's environment: never on a command line), the mounts."""
         box = self.box
-        if not box.image:
-            raise ServiceError(f"{self.host}/{self.name}: --provision needs services.{self.name}.image")
-        argv = ["run", "-d", "--name", name, "--label", f"{RUN_LABEL}={self.run_id}", "--label",
-                f"{HOST_LABEL}={self.host}", "--label", f"{SERVICE_LABEL}={self.name}", "--label",
-                f"{OWNER_LABEL}={socket.gethostname()}:{os.getpid()}"]
+        argv = ["--label", f"{RUN_LABEL}={self.run_id}", "--label", f"{HOST_LABEL}={self.host}", "--label",
+                f"{SERVICE_LABEL}={self.name}", "--label", f"{OWNER_LABEL}={socket.gethostname()}:{os.getpid()}"]
         if box.runtime and box.engine == "docker":
             argv += ["--runtime", box.runtime]
         for item in box.ulimits:
@@ -169,9 +167,17 @@ class ContainerService:
         for device in box.devices:
             argv += ["--device", device]
         for key in self.spec.env:
-            argv += ["--env", key]  # the value comes from the command's environment: never on a command line
+            argv += ["--env", key]
         for mount in box.mounts:
             argv += ["-v", os.path.expanduser(mount) if mount.startswith("~") else mount]
+        return argv
+
+    def run_argv(self, name: str) -> list[str]:
+        """The `run` arguments after the engine: options, image, command."""
+        box = self.box
+        if not box.image:
+            raise ServiceError(f"{self.host}/{self.name}: --provision needs services.{self.name}.image")
+        argv = ["run", "-d", "--name", name, *self._shared_run_options()]
         if box.network:
             argv += ["--network", box.network]
         if self.spec.port and box.network != "host":
@@ -363,21 +369,7 @@ class ContainerService:
     def probe_run_argv(self) -> list[str]:
         """`run --rm -i` of the service's image, its python reading a probe on stdin (the args after the engine)."""
         box = self.box
-        argv = ["run", "--rm", "-i", "--label", f"{RUN_LABEL}={self.run_id}", "--label", f"{HOST_LABEL}={self.host}",
-                "--label", f"{SERVICE_LABEL}={self.name}", "--label",
-                f"{OWNER_LABEL}={socket.gethostname()}:{os.getpid()}"]
-        if box.runtime and box.engine == "docker":
-            argv += ["--runtime", box.runtime]
-        for item in box.ulimits:
-            argv += ["--ulimit", item]
-        if box.gpus:
-            argv += ["--gpus", box.gpus if box.gpus == "all" else f'"{box.gpus}"']
-        for device in box.devices:
-            argv += ["--device", device]
-        for key in self.spec.env:
-            argv += ["--env", key]
-        for mount in box.mounts:
-            argv += ["-v", os.path.expanduser(mount) if mount.startswith("~") else mount]
+        argv = ["run", "--rm", "-i", *self._shared_run_options()]
         for flag, value in (("--ipc", box.ipc), ("--shm-size", box.shm_size)):
             if value:
                 argv += [flag, value]

@@ -17,7 +17,9 @@ estimate, and has one of four outcomes:
 * ``refused`` — the load client itself was saturated (event-loop lag, CPU): its numbers measure the client,
   not the server, so no floor is judged on them (the run is measured again ``retries`` times first).
 
-Nothing here imports pytest: the suite and ``perf_hooks`` turn these outcomes into test outcomes.
+Nothing here imports pytest: the suite and ``perf_hooks`` turn these outcomes into test outcomes. (Over 600
+lines on purpose: settings, judgements, comparisons, the ServiceRun record and baselines share the judging
+helpers; the per-token ceiling, which does not, lives in token_latency.py.)
 """
 
 from __future__ import annotations
