@@ -23,7 +23,7 @@ from pytest_dflash.evidence import attach
 from pytest_dflash.report import session as report_session
 from pytest_dflash.report.progress import ProgressChannel
 from pytest_dflash.report.verdict import VerdictBuilder
-from pytest_dflash.run import cleanup, collection, discovery, timeouts
+from pytest_dflash.run import cleanup, collection, discovery, preflight, timeouts
 from pytest_dflash.run.layers import LAYER_HELP, LAYERS, blocked_reason
 from pytest_dflash.run.stash import BUILDER_KEY, EMPTY_SHARD_KEY, GATE_KEY, INFO_KEY, RUN_KEY
 from pytest_dflash.run.state import DflashRun, RunOptions
@@ -126,6 +126,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """Without xdist, the hosts' services come up in parallel before the first test (run/preflight.py)."""
+    config = session.config
+    run = config.stash.get(RUN_KEY, None)
+    if (run is None or not run.profiles or hasattr(config, "workerinput") or config.pluginmanager.has_plugin("dsession")
+            or config.getoption("collectonly", False) or session.testsfailed):
+        return
+    preflight.preflight(run, options.number(config, "dflash_fleet_concurrency", int, preflight.DEFAULT_CONCURRENCY,
+                                            low=1))
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     collection.order_items(config, config.stash.get(RUN_KEY, None), items)
 

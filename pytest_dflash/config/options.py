@@ -257,6 +257,9 @@ FLEET_OPTIONS: tuple[Opt, ...] = (
         "restored from a CI cache)", metavar="FILE"),
     Opt("--dflash-history", "dflash_history",
         "folder of per-host last good verdicts (default: <report dir>/history)", metavar="DIR"),
+    Opt("--fleet-concurrency", "dflash_fleet_concurrency",
+        "without xdist: ready this many hosts' services at once before the first test (default 8; 1: host after "
+        "host as the tests reach them)", ini_default="8", metavar="N"),
     Opt("--no-fleet-summary", "dflash_fleet_summary",
         "do not write the fleet summary, history and Prometheus file at the end of the run (ini "
         "dflash_fleet_summary = false)", kind="off"),
