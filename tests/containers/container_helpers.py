@@ -10,9 +10,6 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITES = ROOT / "suites"
@@ -69,15 +66,4 @@ def remove(*names: str) -> None:
         podman("rm", "-f", "-t", "0", name, check=False)
 
 
-def verdict(directory: Path, host: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((directory / f"{host}.verdict.json").read_text())
-    return data
-
-
-def assert_no_crash(result: pytest.RunResult) -> None:
-    """No INTERNALERROR, no plugin traceback."""
-    text = result.stdout.str() + result.stderr.str()
-    assert "INTERNALERROR" not in text, text[-3000:]
-
-
-__all__ = ["PODMAN", "assert_no_crash", "containers_of", "free_port", "refserver_command", "remove", "unique", "verdict", "write_profile"]
+__all__ = ["PODMAN", "containers_of", "free_port", "refserver_command", "remove", "unique", "write_profile"]

@@ -18,7 +18,6 @@ from container_helpers import (
     GUEST_PYTHON,
     PODMAN,
     ULIMITS,
-    assert_no_crash,
     containers_of,
     free_port,
     podman,
@@ -27,6 +26,7 @@ from container_helpers import (
     unique,
     write_profile,
 )
+from support.pytest_runs import assert_no_crash
 
 from pytest_dflash.config.profiles import load_profile
 from pytest_dflash.errors import ReadOnlyViolation

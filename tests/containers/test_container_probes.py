@@ -13,7 +13,6 @@ import pytest
 from container_helpers import (
     GUEST_PYTHON,
     ULIMITS,
-    assert_no_crash,
     containers_of,
     free_port,
     podman,
@@ -22,6 +21,7 @@ from container_helpers import (
     unique,
     write_profile,
 )
+from support.pytest_runs import assert_no_crash
 from test_container_attach import READ_ONLY
 
 ONLY_HERE = "dflash-container-only"  # a distribution only the container's env (PYTHONPATH) can see

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from container_helpers import GUEST_PYTHON, assert_no_crash, containers_of, unique, verdict, write_profile
+from container_helpers import GUEST_PYTHON, containers_of, unique, write_profile
+from support.pytest_runs import assert_no_crash, verdict
 
 
 def test_healthy_container_passes_and_is_removed(run_suite, refserver_image: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

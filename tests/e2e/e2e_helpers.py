@@ -6,9 +6,6 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 ROOT = Path(__file__).parents[2]
 SUITES = ROOT / "suites"
@@ -44,15 +41,3 @@ def write_profile(
     path = directory / f"{name}.toml"
     path.write_text("\n".join(lines) + extra)
     return path
-
-
-def verdict(directory: Path, host: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((directory / f"{host}.verdict.json").read_text())
-    return data
-
-
-
-def assert_no_crash(result: pytest.RunResult) -> None:
-    """No INTERNALERROR, no plugin traceback."""
-    text = result.stdout.str() + result.stderr.str()
-    assert "INTERNALERROR" not in text, text[-3000:]

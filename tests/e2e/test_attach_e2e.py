@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import assert_no_crash, verdict
 from services.http_doubles import FaultProxy, huge_generation, sampled_500
+from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.refserver.launch import RefServerProcess
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from e2e_helpers import assert_no_crash, verdict
+from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.refserver.launch import RefServerProcess
 

@@ -4,7 +4,7 @@ against a real refserver that dies on its first sampled request."""
 
 from __future__ import annotations
 
-from e2e_helpers import assert_no_crash, verdict
+from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.refserver.launch import RefServerProcess
 

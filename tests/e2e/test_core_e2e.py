@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import SUITES, assert_no_crash, verdict, write_profile
+from e2e_helpers import SUITES, write_profile
+from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.refserver.launch import RefServerProcess
 from pytest_dflash.services.process import pid_alive, state_root

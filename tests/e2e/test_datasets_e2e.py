@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from e2e_helpers import assert_no_crash, verdict, write_profile
+from e2e_helpers import write_profile
+from support.pytest_runs import assert_no_crash, verdict
 
 CATEGORIES = {"chat", "code", "math", "summarisation", "multilingual"}
 

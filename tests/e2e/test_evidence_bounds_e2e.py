@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-from e2e_helpers import ROOT, assert_no_crash, write_profile
+from e2e_helpers import ROOT, write_profile
+from support.pytest_runs import assert_no_crash
 
 ARTEFACT_LIMIT = 200 * 1024  # what a CI artefact of one failing test may weigh, whatever the server said
 LOG_LINE = "[2026-11-30 10:00:00] Scheduler spam " + "S" * 20_000

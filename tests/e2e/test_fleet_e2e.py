@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from e2e_helpers import assert_no_crash, verdict, write_profile
+from e2e_helpers import write_profile
 from support.promparse import parse
+from support.pytest_runs import assert_no_crash, verdict
 
 GATE = "service,generation"
 INVENTORY = """

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2e_helpers import assert_no_crash, verdict, write_profile
+from e2e_helpers import write_profile
+from support.pytest_runs import assert_no_crash, verdict
 
 SEED_TEST = "test_sampling_varies_with_seed"
 

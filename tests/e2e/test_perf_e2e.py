@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 
 import pytest
-from e2e_helpers import ROOT, assert_no_crash, verdict
+from e2e_helpers import ROOT
+from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.layers.perf.layer import load_baseline
 

@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
-from e2e_helpers import assert_no_crash, write_profile
+from e2e_helpers import write_profile
+from support.pytest_runs import assert_no_crash
 
 from pytest_dflash.services.process import state_root
 

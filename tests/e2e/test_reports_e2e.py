@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import assert_no_crash, verdict, write_profile
+from e2e_helpers import write_profile
 from junitparser import Failure, JUnitXml, Properties, Skipped, TestCase
+from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash import __version__
 

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import SUITES, assert_no_crash, verdict, write_profile
+from e2e_helpers import SUITES, write_profile
+from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.report.verdict import NEVER_FINISHED
 

@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import assert_no_crash, verdict, write_profile
+from e2e_helpers import write_profile
+from support.pytest_runs import assert_no_crash, verdict
 
 
 def test_local_smoke_passes_and_writes_verdict_and_html(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

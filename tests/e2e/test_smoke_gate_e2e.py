@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from e2e_helpers import assert_no_crash, verdict, write_profile
+from e2e_helpers import write_profile
+from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.refserver.launch import RefServerProcess
 

@@ -8,10 +8,10 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any
 
 import pytest
 from gpu_data import SUITES
+from support.pytest_runs import verdict
 
 REFSERVER = ["{python}", "-m", "pytest_dflash.refserver", "--host", "127.0.0.1", "--port", "{port}",
              "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "8"]
@@ -32,11 +32,6 @@ def profile(directory: Path, name: str, python: str, *, command: list[str] | Non
 def run(pytester: pytest.Pytester, reports: Path, suites: list[str], *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess(*[str(SUITES / s) for s in suites], "-p", "no:cacheprovider", "-rA",
                                          f"--dflash-report={reports}", *args)
-
-
-def verdict(reports: Path, host: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((reports / f"{host}.verdict.json").read_text())
-    return data
 
 
 def venv_without(tmp_path: Path, *excluded: str) -> Path:
