@@ -4,17 +4,24 @@
 # the plugin in .device/snap (git archive HEAD). Outputs (few files: the device returns at most 8) go to $OUT.
 # See docs/real-sglang.md ("DDTREE") and tests/data/sglang-0.5.17-h200-ddtree/README.md.
 #
-#   BUDGET=540 bash tools/device/run_real_ddtree.sh call1   # plain + DFLASH + DDTREE (random pair), started together:
-#                                                           # smoke parity perf service generation (in that order)
-#   BUDGET=540 bash tools/device/run_real_ddtree.sh call2   # the high-acceptance pair: accept lengths, the budget sweep
-#                                                           # (8/32/64), graphs + overlap, accept ratio, speed-ups
-#   BUDGET=500 bash tools/device/run_real_ddtree.sh call3   # lossy-verify fault (smoke + parity), then the production
-#                                                           # configurations (graphs, overlap, both, flashinfer)
+#   BUDGET=560 bash tools/device/run_real_ddtree.sh call1   # the high-acceptance pair: plain, DFLASH, DDTREE budget 32
+#                                                           # and 8, started together: smoke acceptance perf parity,
+#                                                           # --ddtree-accept-ratio 1.4; starts nothing detached
+#   BUDGET=560 bash tools/device/run_real_ddtree.sh call2   # two pytest runs side by side: the lossy-verify fault
+#                                                           # (smoke + parity) and the production configurations
+#                                                           # (graphs, overlap, both; DFLASH both): smoke acceptance
+#                                                           # parity perf; starts `fi-warm` detached first
+#   BUDGET=560 bash tools/device/run_real_ddtree.sh call3   # flashinfer target backend (DDTREE, DFLASH), budget 64
 # Ordered by what matters most, each call on the machine the previous one left warm (chain them: it stays warm
-# ~30 s; a cold one re-pays ~2-5 min of Triton/FlashInfer JIT). call2 ends by starting `fi-warm` detached: a
-# flashinfer-backend DDTREE server whose attention JIT builds run between the calls and during call3's lossy run
-# (correctness only, so the CPU it takes costs nothing measured); call3 stops it (by its pid) before the configs.
+# ~30 s; a cold one re-pays ~2-5 min of Triton/FlashInfer JIT). fi-warm is a flashinfer-backend DDTREE server whose
+# FlashInfer attention JIT builds (MAX_JOBS=6 of the 16 cores) run during call2 and between the calls; call3 stops
+# it (by its process group) before its own servers start.
 #
+# One FlashInfer for every tree: the overlay makes /tmp/site_ddtree (and the lossy tree) a hard-link copy of
+# /tmp/site, and FlashInfer keys its JIT build files on its package path (flashinfer/jit/env.py: _package_root =
+# Path(__file__).resolve().parents[1]), so servers from different trees rewrote each other's build.ninja and each
+# switch rebuilt the sampling module (~90 s: run 2's "first sampled request" waits). The trees' flashinfer/ is a
+# symlink to /tmp/site/flashinfer, which resolve() maps back to one path, one build.
 # Needs, carried along (git-ignored): .sglang-stage/ (site.tar.xz + make_models.py, from
 # ../shared/reference/real-sglang/setup_and_run.sh), .device/real-ddtree/ (a copy of
 # ../shared/reference/real-ddtree/), .device/wheels/ (pytest-testinfra), .device/snap/ (the plugin at HEAD) and,
@@ -54,6 +61,10 @@ setup() {
     python3 tools/device/make_lossy_tree.py --src /tmp/site_ddtree --dst /tmp/site_ddtree_lossy >> "$OUT/$PHASE-overlay.txt" 2>&1 \
       && touch /tmp/site_ddtree_lossy/.lossy && say "lossy tree: /tmp/site_ddtree_lossy" || say "LOSSY TREE FAILED"
   fi
+  for t in /tmp/site_ddtree /tmp/site_ddtree_lossy; do   # one FlashInfer JIT cache for every tree (see the top)
+    [ -d "$t" ] && [ ! -L "$t/flashinfer" ] && rm -rf "$t/flashinfer" && ln -s /tmp/site/flashinfer "$t/flashinfer" \
+      && say "$t/flashinfer -> /tmp/site/flashinfer"
+  done
   [ -f /tmp/models/draft/model.safetensors ] || { PYTHONPATH=/tmp/site python3 .sglang-stage/make_models.py /tmp/models \
       > "$OUT/$PHASE-models.txt" 2>&1 && say "random models: /tmp/models" || say "MODELS FAILED"; }
   [ -f /tmp/models_accept/draft/model.safetensors ] || { PYTHONPATH=/tmp/site python3 tools/device/make_accept_models.py \
@@ -150,34 +161,40 @@ pack_jit() {
 case $PHASE in
   call1)
     setup
-    run_suite c1-three tools/device/h200-ddtree.toml $(( BUDGET - 45 )) \
-        "suites/smoke suites/parity suites/perf suites/service suites/generation" \
-        -k "not serving_chains_import and not torch_has_kernels" -o timeout=360
+    run_suite c1-accept tools/device/h200-ddtree-accept.toml $(( BUDGET - 40 )) \
+        "suites/smoke suites/parity/test_acceptance.py suites/perf suites/parity/test_parity.py" \
+        -k "not serving_chains_import and not torch_has_kernels" -o timeout=300 --ddtree-accept-ratio 1.4
     cat /tmp/res-prewarm.txt >> "$LOG" 2>/dev/null
     pack_jit
     ;;
   call2)
     setup
-    run_suite c2-accept tools/device/h200-ddtree-accept.toml $(( BUDGET - 40 )) \
-        "suites/smoke suites/parity/test_acceptance.py suites/perf suites/parity/test_parity.py" \
+    # FlashInfer's attention JIT for call3's flashinfer-backend services: detached, so it outlives this call.
+    if [ ! -f /tmp/fi-warm.pid ]; then
+      setsid nohup env OUT=/tmp/fi-warm-out MAX_JOBS=6 bash tools/device/run_real_ddtree.sh fi-warm > /tmp/fi-warm.log 2>&1 < /dev/null &
+      echo $! > /tmp/fi-warm.pid; say "fi-warm started detached (pid $(cat /tmp/fi-warm.pid))"
+    fi
+    # The lossy fault (correctness only) beside the production configurations; the perf numbers of the latter are
+    # measured while the lossy run's parity requests and fi-warm's compiles share the machine (stated in the README).
+    run_suite c2-lossy tools/device/h200-ddtree-lossy.toml 300 "suites/smoke suites/parity/test_parity.py" \
+        -k "not serving_chains_import and not torch_has_kernels" -o timeout=250 &
+    local_lossy=$!
+    run_suite c2-configs tools/device/h200-ddtree-configs.toml $(( BUDGET - 40 )) \
+        "suites/smoke suites/parity/test_acceptance.py suites/parity/test_parity.py suites/perf" \
         -k "not serving_chains_import and not torch_has_kernels" -o timeout=300 --ddtree-accept-ratio 1.4
-    # Warm FlashInfer's attention JIT for call3's flashinfer-backend service: detached, so it outlives this call.
-    setsid nohup env OUT=/tmp/fi-warm-out bash tools/device/run_real_ddtree.sh fi-warm > /tmp/fi-warm.log 2>&1 < /dev/null &
-    echo $! > /tmp/fi-warm.pid; say "fi-warm started detached (pid $(cat /tmp/fi-warm.pid))"
+    wait $local_lossy
     ;;
-  fi-warm)   # started by call2; a flashinfer-backend DDTREE server, probed (greedy, sampled, return_logprob)
-    standalone ddtree_flashinfer /tmp/site_ddtree 31999 420 --model-path /tmp/models/target --attention-backend flashinfer \
-        --mem-fraction-static 0.85 --max-total-tokens 131072 --disable-cuda-graph --disable-overlap-schedule \
-        --enable-metrics --speculative-algorithm DDTREE --speculative-draft-model-path /tmp/models/draft \
-        --speculative-ddtree-budget 32
+  fi-warm)   # started by call2; a flashinfer-backend DDTREE server on the pair, probed (greedy, sampled, return_logprob)
+    standalone ddtree_flashinfer /tmp/site_ddtree 31999 480 --model-path /tmp/models_accept/target \
+        --attention-backend flashinfer --mem-fraction-static 0.85 --max-total-tokens 131072 --disable-cuda-graph \
+        --disable-overlap-schedule --enable-metrics --speculative-algorithm DDTREE \
+        --speculative-draft-model-path /tmp/models_accept/draft --speculative-ddtree-budget 32
     exit 0
     ;;
   call3)
     setup
-    [ -f /tmp/fi-warm.pid ] && say "fi-warm (pid $(cat /tmp/fi-warm.pid)) still running: $(kill -0 "$(cat /tmp/fi-warm.pid)" 2>/dev/null && echo yes || echo no)"
-    run_suite c3-lossy tools/device/h200-ddtree-lossy.toml 200 "suites/smoke suites/parity/test_parity.py" \
-        -k "not serving_chains_import and not torch_has_kernels" -o timeout=200
     if [ -f /tmp/fi-warm.pid ]; then   # stop the warm-up server by its process group id (setsid made it a leader)
+      say "fi-warm (pid $(cat /tmp/fi-warm.pid)) still running: $(kill -0 "$(cat /tmp/fi-warm.pid)" 2>/dev/null && echo yes || echo no)"
       for pg in $(cat /tmp/fi-warm.pid /tmp/res/standalone/ddtree_flashinfer.pid 2>/dev/null); do
         kill -TERM -- -"$pg" 2>/dev/null
         for i in $(seq 1 15); do kill -0 -- -"$pg" 2>/dev/null || break; sleep 1; done; kill -KILL -- -"$pg" 2>/dev/null
@@ -186,8 +203,9 @@ case $PHASE in
       mkdir -p /tmp/res/standalone; cp /tmp/fi-warm.log /tmp/fi-warm-out/*.log /tmp/res/standalone/ 2>/dev/null
       tar -czf "$OUT/c3-fi-warm.tar.gz" -C /tmp/res standalone 2>/dev/null
     fi
-    run_suite c3-configs tools/device/h200-ddtree-configs.toml 600 "suites/smoke suites/parity/test_parity.py suites/perf" \
-        -k "not serving_chains_import and not torch_has_kernels" -o timeout=300
+    run_suite c3-configs2 tools/device/h200-ddtree-configs2.toml $(( BUDGET - 40 )) \
+        "suites/smoke suites/parity/test_acceptance.py suites/parity/test_parity.py suites/perf" \
+        -k "not serving_chains_import and not torch_has_kernels" -o timeout=300 --ddtree-accept-ratio 1.4
     ;;
   setup) setup ;;   # for a dry run of the staging steps
   *) echo "unknown phase $PHASE"; exit 2 ;;
