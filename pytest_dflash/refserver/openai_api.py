@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pytest_dflash.refserver.model import apply_chat_template
-from pytest_dflash.refserver.params import BadRequest, parse_sampling_params
+from pytest_dflash.refserver.params import LOGPROB_REFUSED, BadRequest, parse_sampling_params
 from pytest_dflash.refserver.scheduler import Output
 from pytest_dflash.refserver.spec import SamplingParams
 from pytest_dflash.refserver.state import Batch, Gen, ServerState, corrupt, dumps
@@ -120,7 +120,7 @@ async def _complete(
         if not isinstance(n, int) or n < 1:
             raise BadRequest(f"n must be at least 1, got {n}.")
         if want_logprobs and state.spec:
-            raise BadRequest(f"{state.engine.algorithm} speculative decoding does not support return_logprob yet.")
+            raise BadRequest(LOGPROB_REFUSED)
         all_prompts, all_params = [], []
         for prompt in prompts:
             if not prompt:

@@ -20,6 +20,11 @@ SAMPLING_KEYS = {
 }  # fmt: skip
 
 
+# DFLASH and DDTREE refuse return_logprob with the same text: the ddtree-v2 port inherits the DFlash check
+# (recorded on the H200: tests/data/sglang-0.5.17-h200-ddtree/run3-fi-warm/probe_ddtree_flashinfer.json).
+LOGPROB_REFUSED = "DFLASH speculative decoding does not support return_logprob yet."
+
+
 class BadRequest(Exception):
     """A request SGLang would answer with HTTP 400; the message is SGLang's."""
 

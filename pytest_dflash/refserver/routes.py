@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pytest_dflash.refserver import faults, openai_api
 from pytest_dflash.refserver.cost_model import weights_gb
-from pytest_dflash.refserver.params import BadRequest, parse_sampling_params
+from pytest_dflash.refserver.params import LOGPROB_REFUSED, BadRequest, parse_sampling_params
 from pytest_dflash.refserver.spec import SamplingParams
 from pytest_dflash.refserver.state import WARMUP_HEADER, Batch, ServerState, corrupt, dumps
 
@@ -189,8 +189,7 @@ def build_app(state: ServerState) -> FastAPI:
             top_n = -1
             if body.get("return_logprob"):
                 if state.spec:
-                    algo = state.engine.algorithm
-                    msg = f"{algo} speculative decoding does not support return_logprob yet."
+                    msg = LOGPROB_REFUSED
                     logger.info("%s, self.rid=%r", msg, uuid.uuid4().hex)
                     raise BadRequest(msg)
                 top_n = int(body.get("top_logprobs_num") or 0)

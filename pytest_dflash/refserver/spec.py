@@ -175,7 +175,9 @@ class Engine:
         logits = self.target.forward([pending, *tokens], seq.cache, [-1, *parents])
         path, emitted = self._walk(logits, tokens, parents, seq)
         seq.cache.keep(path)
-        seq.stats.record(accepted=len(path) - 1, proposed=len(tokens))
+        # proposed = block_size - 1 per verify step for DDTREE too, whatever the tree budget: the real ddtree-v2
+        # port counts it so (H200: spec_proposed_drafts 150 = 10 verify steps x 15 at budget 32; accept rate 4/15)
+        seq.stats.record(accepted=len(path) - 1, proposed=self.block_size - 1)
         return Step(emitted, [logits[row] for row in path])
 
     def _walk(

@@ -311,7 +311,7 @@ def test_ddtree_refuses_logprobs_and_matches_none_greedily(
     ddtree_server: RefServerProcess, none_server: RefServerProcess
 ) -> None:
     r = post(ddtree_server, "/generate", {"text": "x", "return_logprob": True})
-    message = "DDTREE speculative decoding does not support return_logprob yet."
+    message = "DFLASH speculative decoding does not support return_logprob yet."  # the real port's text, also for DDTREE
     assert (r.status_code, r.json()) == (400, {"error": {"message": message}})
     for prompt in ("The quick brown fox", "def fibonacci(n):", "1, 2, 3, 4, 5,"):
         body = {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 48}}
