@@ -162,7 +162,7 @@ class ServiceHandle:
 
     def wait_in_background(self) -> None:
         """Wait for this just-started peer's readiness now, beside the wait a test is in: on the H200 each new
-        SGLang process took 80-114 s for its first sampled request, so waits one after another add up. The
+        SGLang process took 80-256 s for its first sampled request, so waits one after another add up. The
         outcome is the same as a foreground wait's (ready, or the failure its first test then reports)."""
         if self.ready is not None or self.failure is not None or self._background is not None:
             return

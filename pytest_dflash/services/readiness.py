@@ -192,8 +192,9 @@ class ReadinessWatcher:
                                       self.service.logs_since(self.log_mark, self.log_lines))
             if now >= next_progress:
                 extra = f"; request in flight for {format_seconds(in_flight.age)}" if in_flight else ""
-                hint = (" (a new SGLang process's first sampled request took 80-114 s on an H200, also with warm JIT "
-                        "caches)" if phase == "sampled" else "")
+                hint = (" (a new SGLang process's first sampled request took up to 256 s on an H200, also with warm "
+                        "JIT caches; FlashInfer builds under one host-wide lock, so another process's JIT build "
+                        "stalls it too)" if phase == "sampled" else "")
                 self._say(f"waiting {format_seconds(now - started)} in {phase} phase: {problem}{extra}{hint}",
                           heartbeat=True)
                 next_progress = now + PROGRESS_EVERY_S

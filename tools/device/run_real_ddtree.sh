@@ -12,6 +12,10 @@
 #                                                           # (graphs, overlap, both; DFLASH both): smoke acceptance
 #                                                           # parity perf; starts `fi-warm` detached first
 #   BUDGET=560 bash tools/device/run_real_ddtree.sh call3   # flashinfer target backend (DDTREE, DFLASH), budget 64
+#   BUDGET=400 bash tools/device/run_real_ddtree.sh lossy   # the lossy fault alone (run 3's call4)
+#   BUDGET=560 bash tools/device/run_real_ddtree.sh configs-parity   # what run 3 left: smoke + parity on the
+#                                                           # graphs / overlap / prod variants, nothing beside them
+#   BUDGET=560 bash tools/device/run_real_ddtree.sh fi-parity        # ... and on the flashinfer-backend services
 # Ordered by what matters most, each call on the machine the previous one left warm (chain them: it stays warm
 # ~30 s; a cold one re-pays ~2-5 min of Triton/FlashInfer JIT). fi-warm is a flashinfer-backend DDTREE server whose
 # FlashInfer attention JIT builds (MAX_JOBS=6 of the 16 cores) run during call2 and between the calls; call3 stops
@@ -19,9 +23,12 @@
 #
 # One FlashInfer for every tree: the overlay makes /tmp/site_ddtree (and the lossy tree) a hard-link copy of
 # /tmp/site, and FlashInfer keys its JIT build files on its package path (flashinfer/jit/env.py: _package_root =
-# Path(__file__).resolve().parents[1]), so servers from different trees rewrote each other's build.ninja and each
-# switch rebuilt the sampling module (~90 s: run 2's "first sampled request" waits). The trees' flashinfer/ is a
-# symlink to /tmp/site/flashinfer, which resolve() maps back to one path, one build.
+# Path(__file__).resolve().parents[1]), so the trees' flashinfer/ is a symlink to /tmp/site/flashinfer, which
+# resolve() maps back to one path, one build. Run 3 showed this was NOT why first sampled requests take 0.1-256 s
+# per process (tests/data/sglang-0.5.17-h200-ddtree/README.md, "What run 3 showed about start-up time").
+# FlashInfer builds under one host-wide lock (flashinfer_jit.lock): a build in any process (fi-warm) stalls every
+# server's first sampled request on the host, so never run fi-warm beside timed runs.
+#
 # Needs, carried along (git-ignored): .sglang-stage/ (site.tar.xz + make_models.py, from
 # ../shared/reference/real-sglang/setup_and_run.sh), .device/real-ddtree/ (a copy of
 # ../shared/reference/real-ddtree/), .device/wheels/ (pytest-testinfra), .device/snap/ (the plugin at HEAD) and,
@@ -206,6 +213,17 @@ case $PHASE in
     run_suite c3-configs2 tools/device/h200-ddtree-configs2.toml $(( BUDGET - 40 )) \
         "suites/smoke suites/parity/test_acceptance.py suites/parity/test_parity.py suites/perf" \
         -k "not serving_chains_import and not torch_has_kernels" -o timeout=300 --ddtree-accept-ratio 1.4
+    ;;
+  lossy)     # the lossy fault alone (call2's side-by-side run lost its plain reference's readiness to the contention)
+    setup
+    run_suite c4-lossy tools/device/h200-ddtree-lossy.toml $(( BUDGET - 30 )) "suites/smoke suites/parity/test_parity.py" \
+        -k "not serving_chains_import and not torch_has_kernels" -o timeout=$(( BUDGET - 60 ))
+    ;;
+  configs-parity|fi-parity)   # one profile alone, a test timeout as long as the call: run 3 lost these to 300 s
+    setup
+    prof=tools/device/h200-ddtree-configs.toml; [ "$PHASE" = fi-parity ] && prof=tools/device/h200-ddtree-configs2.toml
+    run_suite "c5-$PHASE" "$prof" $(( BUDGET - 30 )) "suites/smoke suites/parity/test_parity.py" \
+        -k "not serving_chains_import and not torch_has_kernels" -o timeout=$(( BUDGET - 60 ))
     ;;
   setup) setup ;;   # for a dry run of the staging steps
   *) echo "unknown phase $PHASE"; exit 2 ;;
