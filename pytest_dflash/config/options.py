@@ -283,10 +283,19 @@ def add_options(parser: pytest.Parser) -> None:
             parser.addini(opt.dest, opt.help, default=opt.ini_default)
 
 
+def flag_of(dest: str) -> str:
+    """The command-line flag of an option, from its declaration (core flags follow the same naming rule)."""
+    return next((o.flag for o in DECLARED if o.dest == dest), "--" + dest.removeprefix("dflash_").replace("_", "-"))
+
+
 def where(dest: str) -> str:
     """'--flag / ini_key' of a declared option, for messages that say where a bad value came from."""
-    flag = next((o.flag for o in DECLARED if o.dest == dest), "--" + dest.removeprefix("dflash_").replace("_", "-"))
-    return f"{flag} / {dest}"
+    return f"{flag_of(dest)} / {dest}"
+
+
+def opt_in_hint(dest: str) -> str:
+    """'pass --flag (ini key = true) to allow it': how to turn on a switch that guards a change on the host."""
+    return f"pass {flag_of(dest)} (ini {dest} = true) to allow it"
 
 
 def text(config: pytest.Config, dest: str) -> str:

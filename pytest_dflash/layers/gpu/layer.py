@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_dflash.config.options import opt_in_hint
 from pytest_dflash.errors import DflashError
 from pytest_dflash.layers.gpu.chains import Chain, chains_for
 from pytest_dflash.layers.gpu.checks import KERNEL_PATTERN, ToolkitReport, installed_versions, toolkit_report
@@ -33,7 +34,6 @@ PROBE_TIMEOUTS_S = {"gpu_inventory": 60.0, "kernel_log": 60.0, "torch_facts": 18
                     "cuda_toolkit": 90.0, "sgl_kernel_builds": 60.0, "jit_cache": 60.0}
 REQUIRERS = ("sglang", "sglang-kernel", "flashinfer-python", "torch", "xgrammar")
 KERNEL_STEPS = ("sampling", "decode", "triton")
-ALLOW_GPU_USE_FLAG = "--allow-gpu-use"
 ALLOW_GPU_USE_INI = "dflash_allow_gpu_use"
 
 
@@ -223,7 +223,7 @@ class GpuHost:
     def gpu_use_refusal(self) -> str:
         """Why the kernels layer does not run on this host in attach mode (names the opt-in option)."""
         return (f"attach mode: the kernels layer would build and launch kernels on {self.host.name}'s GPUs next to "
-                f"its running services; pass {ALLOW_GPU_USE_FLAG} (ini {ALLOW_GPU_USE_INI} = true) to allow it")
+                f"its running services; {opt_in_hint(ALLOW_GPU_USE_INI)}")
 
     def jit_cache(self, group: ProbeGroup) -> dict[str, Any]:
         params = {"user": group.user}  # the probe reads FLASHINFER_WORKSPACE_BASE from the service env itself

@@ -22,7 +22,6 @@ from pytest_dflash.layers.parity.greedy import BUILTIN_PROMPTS, DEFAULT_MAX_TOKE
 if TYPE_CHECKING:
     from pytest_dflash.run.state import ServiceHandle
 
-ALLOW_STATE_CHANGES_FLAG = "--allow-state-changes"
 
 # Open-ended prompts, so the first tokens vary at temperature 1 on any model: distribution parity.
 DISTRIBUTION_PROMPTS: tuple[str, ...] = (
@@ -79,7 +78,7 @@ def state_change_refusal(handle: ServiceHandle, *, allowed: bool) -> str | None:
     if allowed or handle.manager.provisioned:
         return None
     return (f"{handle.label} was not started by this run (attach mode), and POST /flush_cache changes its state; "
-            f"pass {ALLOW_STATE_CHANGES_FLAG} (ini dflash_allow_state_changes = true) to allow it")
+            + options.opt_in_hint("dflash_allow_state_changes"))
 
 
 def options_from_config(config: pytest.Config) -> LayerOptions:
