@@ -272,6 +272,7 @@ class Scheduler(threading.Thread):
 
     def run_batch(self) -> None:
         """One step for every running request."""
+        commit_lens = []
         for req in list(self.running):
             if req.aborted:
                 self.running.remove(req)
@@ -280,13 +281,15 @@ class Scheduler(threading.Thread):
             before = req.seq.stats.verify_ct, req.seq.stats.accepted_drafts, req.seq.stats.proposed_drafts
             self._maybe_sampling_kernel(req.params)
             step = self.engine.step(req.seq)
-            if self.engine.algorithm == "DDTREE" and not self._ddtree_verified and req.seq.stats.verify_ct > before[0]:
-                # the ddtree-v2 port logs its first verify step once (recorded on the H200: [1] on a random
-                # draft; [16] = the whole block on the lossy tree)
-                self._ddtree_verified = True
-                logger.info("DDTREE v2 verify completed. first commit_lens=[%d]", len(step.tokens))
+            if req.seq.stats.verify_ct > before[0]:
+                commit_lens.append(len(step.tokens))
             self._account(req.seq.stats, before)
             self._emit(req, step.tokens, step.rows)
+        if self.engine.algorithm == "DDTREE" and not self._ddtree_verified and commit_lens:
+            # the ddtree-v2 port logs its first verify step once, one length per request of the batch (H200:
+            # [1] on a random draft, [16] = the whole block on the lossy tree, [5, 5] for two requests at once)
+            self._ddtree_verified = True
+            logger.info("DDTREE v2 verify completed. first commit_lens=[%s]", ", ".join(map(str, commit_lens)))
         self._window.steps += 1
         if self._window.steps >= self.decode_log_interval:
             self._log_decode()

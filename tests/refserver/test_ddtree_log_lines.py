@@ -21,12 +21,19 @@ LINES = {
              r"draft_window_size=None, compact_cache=False",
     "worker": r"Initialized DDTREE v2 worker\. block_size=(\d+), tree_budget=(\d+), max_tree_nodes=(\d+), "
               r"prune=False, tree_attention=False, cpu_build=False, cpu_follow=False, graph_buckets=\[\d+\]",
-    "verify": r"DDTREE v2 verify completed\. first commit_lens=\[(\d+)\]",
+    "verify": r"DDTREE v2 verify completed\. first commit_lens=\[(\d+(?:, \d+)*)\]",
 }
 
 
 def _find(text: str) -> dict[str, re.Match[str]]:
     return {name: m for name, pattern in LINES.items() if (m := re.search(pattern, text))}
+
+
+def test_the_verify_line_lists_every_request_of_the_batch() -> None:
+    """On the high-acceptance pair the warm-up and the plugin's first request shared a verify step (run 3)."""
+    real = (REAL.parents[1] / "run3-configs2" / "server_ddtree_acc_fi.log").read_text(errors="replace")
+    match = re.search(LINES["verify"], real)
+    assert match is not None and match.group(1) == "5, 5"
 
 
 def test_the_patterns_are_the_real_servers_lines() -> None:
