@@ -11,6 +11,9 @@ of the controller and of each worker, and the cost of `pytest-dflash merge` on t
     .venv/bin/python benchmarks/fleet_scale.py                      # 32 hosts, -n 2, 3 repeats, merge of 5000
     .venv/bin/python benchmarks/fleet_scale.py --hosts 8 --repeat 1 --merge 0
     .venv/bin/python benchmarks/fleet_scale.py --profile            # + top functions of controller and workers
+    .venv/bin/python benchmarks/fleet_scale.py --workers 2 --baseline-concurrency 1 --no-serial --merge 0
+                                                                    # A/B: each worker's hosts at once vs one by one
+    .venv/bin/python benchmarks/fleet_scale.py --hosts 256 --workers 2 --repeat 1 --no-serial --merge 0
 
 Every server and pytest process it starts is stopped when it ends (also on Ctrl-C).
 """
@@ -114,7 +117,9 @@ def run_pytest(fleet: Path, workers: int, work: Path, pids: list[int], *, profil
     command = [sys.executable, "-m", "pytest", str(SUITE), "-p", "fleet_scale", "-p", "no:cacheprovider", "-q",
                "--fleet", str(fleet), f"--dflash-report={reports}", "-n", str(workers), *extra]
     before_server = server_cpu_s(pids)
+    before_each = [server_cpu_s([pid]) for pid in pids]
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load_before = load()
     started = time.perf_counter()
     result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - started
@@ -126,11 +131,17 @@ def run_pytest(fleet: Path, workers: int, work: Path, pids: list[int], *, profil
     verdicts = list(reports.glob("*.verdict.json"))
     return {
         "wall_s": wall, "rc": result.returncode, "summary": tail, "verdicts": len(verdicts),
+        "load_before": load_before, "load_after": load(),
         "pytest_cpu_s": (after_children.ru_utime + after_children.ru_stime)
         - (before_children.ru_utime + before_children.ru_stime),
         "server_cpu_s": server_cpu_s(pids) - before_server,
+        # per server: one scheduler thread generates (refserver/scheduler.py), so the busiest bounds the wall
+        "server_cpu_each_s": [round(server_cpu_s([pid]) - before, 2)
+                              for pid, before in zip(pids, before_each, strict=True)],
         "controller_rss_mib": max(controller) if controller else None,
         "worker_rss_mib": max(worker_rss) if worker_rss else None,
+        "worker_rss_all_mib": {p["process"]: round(p["maxrss_mib"], 1) for p in processes
+                               if p["process"] != "controller"},
     }
 
 
@@ -138,6 +149,9 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ordered = sorted(runs, key=lambda r: r["wall_s"])
     chosen = dict(ordered[len(ordered) // 2])
     chosen["wall_all_s"] = [round(r["wall_s"], 2) for r in runs]
+    for key in ("pytest_cpu_s", "server_cpu_s"):
+        chosen[key.replace("_s", "_all_s")] = [round(r[key], 2) for r in runs]
+    chosen["load_all"] = [f"{r['load_before']}->{r['load_after']}" for r in runs]
     return chosen
 
 
@@ -204,14 +218,28 @@ def merge_cost(template: dict[str, Any], count: int, work: Path) -> dict[str, An
 
 
 def compare(one: Path, many: Path, workers: int, repeat: int, work: Path, pids: list[int], hosts: int,
-            label: str) -> dict[str, Any]:
-    single, fleet = [], []
-    for _ in range(repeat):
-        single.append(run_pytest(one, workers, work, pids))
+            label: str, *, baseline_concurrency: int = 0, one_host: bool = True) -> dict[str, Any]:
+    single: list[dict[str, Any]] = []
+    fleet: list[dict[str, Any]] = []
+    baseline: list[dict[str, Any]] = []
+    for _ in range(repeat):  # interleaved, so a change in the machine's load hits every variant alike
+        if one_host:
+            single.append(run_pytest(one, workers, work, pids))
         fleet.append(run_pytest(many, workers, work, pids))
-        print(f"  {label}: one host {single[-1]['wall_s']:.2f}s, {hosts} hosts {fleet[-1]['wall_s']:.2f}s "
-              f"(load {load()})", flush=True)
-    result: dict[str, Any] = {"workers": workers, "one_host": median_run(single), "fleet": median_run(fleet)}
+        line = f"  {label}: {hosts} hosts {fleet[-1]['wall_s']:.2f}s"
+        if baseline_concurrency:
+            baseline.append(run_pytest(many, workers, work, pids,
+                                       extra=(f"--fleet-concurrency={baseline_concurrency}",)))
+            line += f", with --fleet-concurrency={baseline_concurrency} {baseline[-1]['wall_s']:.2f}s"
+        if one_host:
+            line += f", one host {single[-1]['wall_s']:.2f}s"
+        print(f"{line} (load {load()})", flush=True)
+    result: dict[str, Any] = {"workers": workers, "fleet": median_run(fleet)}
+    if baseline:
+        result[f"fleet_concurrency_{baseline_concurrency}"] = median_run(baseline)
+    if not one_host:
+        return result
+    result["one_host"] = median_run(single)
     result["ratio"] = round(result["fleet"]["wall_s"] / result["one_host"]["wall_s"], 2)
     result["per_host_s"] = round((result["fleet"]["wall_s"] - result["one_host"]["wall_s"]) / max(1, hosts - 1), 3)
     rss_one = result["one_host"]["controller_rss_mib"] or 0.0
@@ -233,6 +261,10 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile the controller and the workers (-n 2)")
     parser.add_argument("--what-if-poll", type=float, default=0.0, metavar="S",
                         help="also run the fleet with the readiness watcher polling every S seconds (what-if)")
+    parser.add_argument("--baseline-concurrency", type=int, default=0, metavar="N",
+                        help="also run the fleet with --fleet-concurrency=N each repeat (1: hosts one by one)")
+    parser.add_argument("--no-one-host", action="store_true", help="skip the one-host runs")
+    parser.add_argument("--no-serial", action="store_true", help="skip the fleet run without xdist (-n 0)")
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
     worker_counts = [int(w) for w in args.workers.split(",")]
@@ -264,8 +296,10 @@ def main() -> int:
             run_pytest(one, worker_counts[0], work, pids)  # warm-up: imports, page cache
             for workers in worker_counts:
                 results["runs"].append(compare(one, many, workers, args.repeat, work, pids, args.hosts,
-                                               f"-n {workers}"))
-            results["fleet_serial_n0"] = run_pytest(many, 0, work, pids)
+                                               f"-n {workers}", baseline_concurrency=args.baseline_concurrency,
+                                               one_host=not args.no_one_host))
+            if not args.no_serial:
+                results["fleet_serial_n0"] = run_pytest(many, 0, work, pids)
             if args.what_if_poll:
                 os.environ[POLL_ENV] = str(args.what_if_poll)
                 try:

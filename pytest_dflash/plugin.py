@@ -20,6 +20,7 @@ import pytest
 from pytest_dflash.config import options
 from pytest_dflash.config.targets import load_targets
 from pytest_dflash.evidence import attach
+from pytest_dflash.fleet import scheduling
 from pytest_dflash.report import session as report_session
 from pytest_dflash.report.progress import ProgressChannel
 from pytest_dflash.report.verdict import VerdictBuilder
@@ -76,6 +77,9 @@ def pytest_configure(config: pytest.Config) -> None:
         if getattr(config.option, "dist", "no") == "load":
             # Each host's tests must run in one worker (its lock, its service state).
             config.option.dist = "loadgroup"
+        if config.option.dist == "loadgroup" and not hasattr(config, "workerinput"):
+            # Each host to a fixed worker, which readies all of its hosts at once (fleet/scheduling.py).
+            config.pluginmanager.register(scheduling.HostScheduler(config, run), "dflash-host-scheduler")
     if _writes_verdicts(config):
         config.pluginmanager.register(report_session.VerdictCollector(config.stash[BUILDER_KEY]), "dflash-verdicts")
     if config.pluginmanager.hasplugin("html"):
@@ -125,17 +129,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         collection.parametrize(metafunc, run)
 
 
-@pytest.hookimpl(tryfirst=True)
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker loop takes its first test
 def pytest_runtestloop(session: pytest.Session) -> None:
-    """Without xdist, the hosts' services come up in parallel before the first test (run/preflight.py)."""
+    """The hosts' services come up in parallel before the first test (run/preflight.py): without xdist every
+    host's; in an xdist worker the hosts it owns (fleet/scheduling.py). Not on the controller of -n."""
     config = session.config
     run = config.stash.get(RUN_KEY, None)
-    if (run is None or not run.profiles or hasattr(config, "workerinput") or config.pluginmanager.has_plugin("dsession")
+    if (run is None or not run.profiles or config.pluginmanager.has_plugin("dsession")
             or config.getoption("collectonly", False) or session.testsfailed):
         return
-    preflight.preflight(run, options.number(config, "dflash_fleet_concurrency", int, preflight.DEFAULT_CONCURRENCY,
-                                            low=1))
+    hosts: list[str] | None = None
+    if hasattr(config, "workerinput"):
+        hosts = scheduling.worker_hosts(config, (item.nodeid for item in session.items), run.profiles)
+        if hosts is None:
+            return  # a scheduler that hands out hosts as they come: this worker cannot know its hosts
+    concurrency = options.number(config, "dflash_fleet_concurrency", int, preflight.DEFAULT_CONCURRENCY, low=1)
+    preflight.preflight(run, concurrency, hosts=hosts,
+                        who=str(getattr(config, "workerinput", {}).get("workerid", "")))
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,10 +1,10 @@
 """Hosts in parallel (one process, no xdist): before the first test, every host's services are brought to ready —
 or to a recorded failure — concurrently, at most --fleet-concurrency hosts at a time, instead of host after host
 as the tests reach them. A fleet's hosts spend their readiness mostly waiting (a first sampled request took
-80-114 s per SGLang process on the H200), so the waits overlap. Nothing else changes: each service's outcome is
+80-256 s per SGLang process on the H200), so the waits overlap. Nothing else changes: each service's outcome is
 kept on its handle and the first test that needs it passes or fails with it, layers still block per host, each
-host keeps its own lock, evidence window and teardown. Under xdist each worker runs its hosts as they come (the
-scheduler hands them out one group at a time), so this runs only without it.
+host keeps its own lock, evidence window and teardown. Under xdist the controller gives each host to a fixed worker
+(fleet/scheduling.py) and each worker runs this over the hosts it owns (`hosts=`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import time
+from collections.abc import Collection
 
 from pytest_dflash.errors import DflashError
 from pytest_dflash.run.state import DflashRun, HostContext
@@ -25,24 +26,27 @@ def _bring_up(host: HostContext) -> None:
             host.service(name).ensure_ready()
 
 
-def preflight(run: DflashRun, concurrency: int) -> None:
-    """Ready every needed service of every host, `concurrency` hosts at a time (no-op for fewer than 2 hosts)."""
-    hosts = [run.host(name) for name in run.profiles if run.host(name).needed]
-    if concurrency < 2 or len(hosts) < 2:
+def preflight(run: DflashRun, concurrency: int, *, hosts: Collection[str] | None = None, who: str = "") -> None:
+    """Ready every needed service of every host (of `hosts` only, if given), `concurrency` hosts at a time;
+    a no-op for fewer than 2 such hosts. `who` names the xdist worker in the progress lines."""
+    names = [name for name in run.profiles if hosts is None or name in hosts]
+    chosen = [run.host(name) for name in names if run.host(name).needed]
+    if concurrency < 2 or len(chosen) < 2:
         return
+    label = f"fleet pre-flight{f' ({who})' if who else ''}"
     started = time.monotonic()
-    run.progress(f"fleet pre-flight: readying {len(hosts)} hosts, {min(concurrency, len(hosts))} at a time "
+    run.progress(f"{label}: readying {len(chosen)} hosts, {min(concurrency, len(chosen))} at a time "
                  "(--fleet-concurrency)")
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(concurrency, len(hosts)),
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(concurrency, len(chosen)),
                                                  thread_name_prefix="dflash-preflight")
     try:
-        futures = [pool.submit(_bring_up, host) for host in hosts]
+        futures = [pool.submit(_bring_up, host) for host in chosen]
         for future in futures:
             future.result()  # a bug in a thread surfaces here, not silently
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C: the run's cleanup stops what was started
-    failed = sum(1 for host in hosts for handle in host.services.values() if handle.failure is not None)
-    run.progress(f"fleet pre-flight: {len(hosts)} hosts in {time.monotonic() - started:.1f}s, "
+    failed = sum(1 for host in chosen for handle in host.services.values() if handle.failure is not None)
+    run.progress(f"{label}: {len(chosen)} hosts in {time.monotonic() - started:.1f}s, "
                  f"{failed} service(s) not ready")
 
 
