@@ -47,11 +47,11 @@ def pytest_configure(config: pytest.Config) -> None:
     run_options = RunOptions(
         provision=bool(options.option(config, "dflash_provision")),
         keep=bool(options.option(config, "dflash_keep")),
-        journal_lines=options.int_option(config, "dflash_journal_lines", "--journal-lines"),
+        journal_lines=options.number(config, "dflash_journal_lines", int, 200, low=0),
         report_dir=options.report_dir(config),
-        ready_timeout_s=options.duration_option(config, "dflash_ready_timeout", "--ready-timeout"),
-        lock_wait_s=options.duration_option(config, "dflash_lock_wait", "--lock-wait") or 600.0,
-        request_timeout_s=options.duration_option(config, "dflash_request_timeout", "--request-timeout") or 60.0,
+        ready_timeout_s=options.duration(config, "dflash_ready_timeout", None),
+        lock_wait_s=options.duration(config, "dflash_lock_wait", "10m", allow_zero=True) or 0.0,
+        request_timeout_s=options.duration(config, "dflash_request_timeout", "60s") or 60.0,
     )
     config.stash[GATE_KEY] = options.gate_layers(config)
     for profile in profiles.values():

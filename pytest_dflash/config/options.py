@@ -100,27 +100,6 @@ def option(config: pytest.Config, name: str) -> Any:
     return value
 
 
-def int_option(config: pytest.Config, name: str, flag: str) -> int:
-    raw = option(config, name)
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise pytest.UsageError(f"{flag} / {name}: {raw!r} is not an integer") from None
-    if value < 0:
-        raise pytest.UsageError(f"{flag} / {name}: {raw!r} must not be negative")
-    return value
-
-
-def duration_option(config: pytest.Config, name: str, flag: str) -> float | None:
-    raw = option(config, name)
-    if raw in (None, ""):
-        return None
-    try:
-        return parse_seconds(str(raw), where=f"{flag} / {name}")
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
 def gate_layers(config: pytest.Config) -> list[str]:
     raw = str(option(config, "dflash_gate") or "")
     layers = [part.strip() for part in raw.split(",") if part.strip()]
@@ -328,8 +307,9 @@ def number(config: pytest.Config, dest: str, kind: type[int] | type[float], defa
     return value
 
 
-def duration(config: pytest.Config, dest: str, default: str | None) -> float | None:
-    """A positive duration option ('90s', '25m') in seconds; None when not given and no default."""
+def duration(config: pytest.Config, dest: str, default: str | None, *, allow_zero: bool = False) -> float | None:
+    """A positive duration option ('90s', '25m') in seconds (0 too where `allow_zero`: '--lock-wait 0' = do not
+    wait); None when not given and no default."""
     raw = option_text(config, dest) or default
     if not raw:
         return None
@@ -337,8 +317,8 @@ def duration(config: pytest.Config, dest: str, default: str | None) -> float | N
         seconds = parse_seconds(raw, where=where(dest))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if not seconds > 0:
-        raise pytest.UsageError(f"{where(dest)}: {raw!r} must be > 0")
+    if not (seconds >= 0 if allow_zero else seconds > 0):
+        raise pytest.UsageError(f"{where(dest)}: {raw!r} must be {'>= 0' if allow_zero else '> 0'}")
     return seconds
 
 
