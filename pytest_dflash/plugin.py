@@ -82,6 +82,8 @@ def pytest_configure(config: pytest.Config) -> None:
             config.pluginmanager.register(scheduling.HostScheduler(config, run), "dflash-host-scheduler")
     if _writes_verdicts(config):
         config.pluginmanager.register(report_session.VerdictCollector(config.stash[BUILDER_KEY]), "dflash-verdicts")
+    if getattr(config.option, "xmlpath", None) and not hasattr(config, "workerinput"):  # junitxml runs there
+        config.pluginmanager.register(attach.JUnitEvidence(), "dflash-junit-evidence")
     if config.pluginmanager.hasplugin("html"):
         from pytest_dflash.report import html
 

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +42,7 @@ from pytest_dflash.services.base import LogMark
 LOG_TAIL_LINES = 40  # of the service log in a failure message (the full window is its own report section)
 JUNIT_PREFIX = "dflash."  # flat JUnit <property> names: dflash.host, dflash.layer, dflash.verdict, …
 JUNIT_EVIDENCE = "dflash evidence for JUnit"
+JUNIT_ATTR = "dflash_junit_evidence"  # the report attribute that carries it to the controller
 # A test's outcome as the verdict counts it, worst first: what dflash.verdict says after its last phase.
 _OUTCOME_RANK = ("failed", "blocked", "skipped", "passed")
 _OUTCOME_KEY = pytest.StashKey[str]()
@@ -174,12 +176,40 @@ def _junit_evidence(report: pytest.TestReport, secrets: tuple[str, ...]) -> None
     if not parts or room < 512:
         return
     text = scrub("\n".join(parts), room, "JUnit evidence", keep="both", extra=secrets)
-    longrepr = report.longrepr
-    addsection = getattr(longrepr, "addsection", None)
-    if callable(addsection):  # pytest's exception repr: the traceback and crash line stay as they are
-        addsection(JUNIT_EVIDENCE, text)
-    else:
-        report.longrepr = f"{longrepr}\n--- {JUNIT_EVIDENCE} ---\n{text}"
+    # Kept beside the failure, not in it: the terminal prints the sections already, and JUnitEvidence puts this
+    # into the <failure> text only while junitxml reads the report. A plain str attribute survives xdist.
+    setattr(report, JUNIT_ATTR, text)
+
+
+class _FailureText:
+    """A longrepr for junitxml alone: its crash line as the failure message, the evidence after the traceback."""
+
+    def __init__(self, original: Any, evidence: str, text: str) -> None:
+        # junitxml's message attribute: the crash line, or the first line of a plain-text failure
+        # (str(original), not the text: under xdist the text starts with the worker's "[gw0] linux -- …" line)
+        self.reprcrash = getattr(original, "reprcrash", None) or types.SimpleNamespace(
+            message=(str(original).strip().splitlines() or [""])[0])
+        self._text = f"{text}\n--- {JUNIT_EVIDENCE} ---\n{evidence}"
+
+    def __str__(self) -> str:
+        return self._text
+
+
+class JUnitEvidence:
+    """With --junitxml: while the report hooks run, a failure's text carries its evidence (junitxml writes the
+    <failure> element then); afterwards the report is as it was, so the terminal prints the evidence once."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> Iterator[None]:
+        evidence = getattr(report, JUNIT_ATTR, None)
+        if not evidence or not report.failed:
+            return (yield)
+        original = report.longrepr
+        report.longrepr = _FailureText(original, evidence, report.longreprtext)  # type: ignore[assignment]
+        try:
+            return (yield)
+        finally:
+            report.longrepr = original
 
 
 def _secrets(handles: list[ServiceHandle]) -> tuple[str, ...]:

@@ -168,6 +168,24 @@ def test_no_junit_evidence_block_without_junitxml(run_suite, tmp_path: Path) -> 
     assert "dflash evidence for JUnit" not in text
 
 
+def test_with_junitxml_the_terminal_shows_the_evidence_once(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """JUnit gets the evidence in <failure>; the terminal shows it as report sections only, not a second time."""
+    profile = write_profile(tmp_path, "once", {"dflash": ("DFLASH", ["--inject", "missing-soundfile"])})
+    junit = tmp_path / "junit.xml"
+    result = run_suite("smoke", "--host", str(profile), "-m", "service", f"--junitxml={junit}")
+    assert_no_crash(result)
+    result.assert_outcomes(failed=1, skipped=1)
+    text = result.stdout.str()
+    assert "dflash evidence for JUnit" not in text
+    sections = [line for line in text.splitlines() if line.strip("-_ ").startswith("dflash diagnosis")]
+    assert len(sections) == 1, sections
+    cases = {case.name: case for suite in JUnitXml.fromfile(str(junit)) for case in suite}
+    failure = next(r for r in cases["test_service_ready[once/dflash]"].result if isinstance(r, Failure))
+    assert "--- dflash evidence for JUnit ---" in (failure.text or "")
+    assert "[soundfile-missing]" in (failure.text or "")
+    assert "dflash evidence" not in (failure.message or "") and len(failure.message or "") < 600
+
+
 def test_an_unwritable_step_summary_is_one_line_not_an_error(run_suite, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     profile = write_profile(tmp_path, "nosummary", {"none": ("NONE", [])})
