@@ -123,4 +123,6 @@ def test_attach_sends_no_flush_cache_unless_allowed(run_suite) -> None:  # type:
         allowed = run_suite("perf", "--attach", server.url, "-k", "accept_length", *perf, "--allow-state-changes", "-rA")
         assert_no_crash(allowed)
         assert ("POST", "/flush_cache") in requests_seen(server.log_text()[before:])
-        allowed.stdout.fnmatch_lines(["*server-side /server_info after /flush_cache: *"])
+        # the measured line carries the server-side value once it was read after the flush (also when a loaded CI
+        # machine saturates the load client and the judgement is refused)
+        allowed.stdout.fnmatch_lines(["*(DFLASH): * output tok/s, *accept length * (server [0-9]*)*"])
