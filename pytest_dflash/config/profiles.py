@@ -101,6 +101,10 @@ class ServiceSpec:
     def speculative(self) -> bool:
         return self.algorithm not in ("NONE", AUTO)
 
+    def url_on(self, port: int | None) -> str:
+        """The service's URL with `{port}` filled in (left empty while no port is known)."""
+        return self.url.replace("{port}", str(port or ""))
+
 
 @dataclass(frozen=True)
 class ParitySpec:

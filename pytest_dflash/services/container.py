@@ -129,7 +129,7 @@ class ContainerService:
 
     @property
     def url(self) -> str:
-        return self.spec.url.replace("{port}", str(self.spec.port or ""))
+        return self.spec.url_on(self.spec.port)
 
     @property
     def engine(self) -> str:

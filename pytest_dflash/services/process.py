@@ -138,7 +138,7 @@ class ProcessService:
 
     @property
     def url(self) -> str:
-        return self.spec.url.replace("{port}", str(self.port))
+        return self.spec.url_on(self.port)
 
     @property
     def port(self) -> int:

@@ -117,7 +117,7 @@ class SystemdService:
 
     @property
     def url(self) -> str:
-        return self.spec.url.replace("{port}", str(self.spec.port or ""))
+        return self.spec.url_on(self.spec.port)
 
     def values(self) -> dict[str, str]:
         gpus = ",".join(str(g) for g in self.spec.gpus)
