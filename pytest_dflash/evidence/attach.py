@@ -161,9 +161,9 @@ def junit_properties(item: pytest.Item, report: pytest.TestReport, host: HostCon
 
 
 def _junit_evidence(report: pytest.TestReport, secrets: tuple[str, ...]) -> None:
-    """With --junitxml: the evidence report sections (diagnosis, service state, the end of each log) also go
-    into the failure text, which JUnit writes as <failure>; JUnit writes report sections only with
-    junit_logging, and then only captured output. Bounded so the failure text stays within LONGREPR_BYTES."""
+    """With --junitxml: the evidence report sections (diagnosis, service state, the end of each log), as one text
+    for JUnit's <failure> (JUnitEvidence adds it there); JUnit writes report sections only with junit_logging,
+    and then only captured output. Bounded so the failure text stays within LONGREPR_BYTES."""
     parts = []
     tail_in_text = "--- last lines of the service log ---" in report.longreprtext
     for title, body in report.sections:

@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from refserver_helpers import assert_same_shape, post
 
 from pytest_dflash.refserver.launch import RefServerProcess
-from tests.refserver.test_http import assert_same_shape, post
 
 PROBE = (Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200-ddtree" / "run3-fi-warm"
          / "probe_ddtree_flashinfer.json")

@@ -11,18 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
+from refserver_helpers import TIMEOUT, assert_same_shape, get, post
 
 from pytest_dflash.refserver.launch import RefServerProcess
-
-TIMEOUT = httpx.Timeout(30.0, connect=5.0)
-
-
-def post(server: RefServerProcess, path: str, body: dict[str, Any], **kw: Any) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=TIMEOUT, **kw)
-
-
-def get(server: RefServerProcess, path: str, **kw: Any) -> httpx.Response:
-    return httpx.get(server.url + path, timeout=TIMEOUT, **kw)
 
 
 def sse_events(response_text: str) -> list[str]:
@@ -40,26 +31,6 @@ def sse_events(response_text: str) -> list[str]:
 def stream(server: RefServerProcess, path: str, body: dict[str, Any]) -> tuple[httpx.Response, list[str]]:
     r = post(server, path, body)
     return r, sse_events(r.text)
-
-
-def assert_same_shape(ours: object, theirs: object, where: str = "$") -> None:
-    """Same keys in the same order and the same kinds of values, recursively; null matches anything
-    (SGLang itself fills e.g. cached_tokens_details only when there are cached tokens)."""
-    __tracebackhide__ = True
-    if ours is None or theirs is None:
-        return
-    if isinstance(theirs, dict):
-        assert isinstance(ours, dict), f"{where}: {type(ours).__name__}, recorded an object"
-        assert list(ours) == list(theirs), f"{where}: keys {list(ours)} != recorded {list(theirs)}"
-        for key in theirs:
-            assert_same_shape(ours[key], theirs[key], f"{where}.{key}")
-    elif isinstance(theirs, list):
-        assert isinstance(ours, list), f"{where}: {type(ours).__name__}, recorded a list"
-        if ours and theirs:
-            assert_same_shape(ours[0], theirs[0], f"{where}[0]")
-    else:
-        kind = {bool: "bool", str: "str", int: "number", float: "number"}
-        assert kind[type(ours)] == kind[type(theirs)], f"{where}: {ours!r} vs recorded {theirs!r}"
 
 
 # --- native API on a DFLASH server ------------------------------------------------------------------
