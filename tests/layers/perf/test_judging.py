@@ -76,7 +76,15 @@ def test_a_saturated_client_gets_no_judgement_at_all() -> None:
     assert message.startswith("output_tok_s: REFUSED — no judgement: the load client was saturated "
                               "(event-loop lag p99 80.0 ms > 5 ms)")
     assert "its numbers measure the client, not gpu-a/dflash" in message
-    assert judge_accept_length(run, {"accept_length": 2.0}).outcome == "refused"
+
+
+def test_a_saturated_client_still_gets_an_accept_length_verdict() -> None:
+    """The server counts accepted tokens per verify step: a slow client changes neither count."""
+    run = fake_run(saturated=True, verify=8)  # 32 tokens / 8 steps = 4.0
+    passed = judge_accept_length(run, {"accept_length": 3.0})
+    assert passed.outcome == "pass" and passed.point == pytest.approx(4.0)
+    assert "the load client was saturated, which slows its timings, not the server's counts" in passed.message
+    assert judge_accept_length(run, {"accept_length": 5.0}).outcome == "fail"
 
 
 def test_one_saturated_client_process_refuses_the_whole_run() -> None:
