@@ -33,7 +33,7 @@ from pytest_dflash.refserver.server_args import ServerArgs
 from pytest_dflash.refserver.spec import Engine
 from pytest_dflash.refserver.state import WARMUP_HEADER, ServerState, dumps
 
-__all__ = ["launch_server"]
+__all__ = ["launch_server", "listening_socket"]
 
 logger = logging.getLogger("pytest_dflash.refserver")
 
@@ -122,9 +122,7 @@ def launch_server(args: ServerArgs) -> None:
         args.max_running_requests * args.effective_context_length, args.chunked_prefill_size,
         args.max_prefill_tokens, args.max_running_requests, args.effective_context_length, avail_mem_gb(),
     )  # fmt: skip
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
+    sock = listening_socket(args.host, args.port)
     args.port = sock.getsockname()[1]  # --port 0: the port the kernel picked, logged by uvicorn
     state = ServerState(args, engine, scheduler)
     state.startup_seconds = {"load_weight": load_s, "scheduler_e2e": time.monotonic() - t0}
@@ -136,6 +134,19 @@ def launch_server(args: ServerArgs) -> None:
         timeout_keep_alive=5,
     )
     asyncio.run(_serve(_Server(uv_config), sock, state))
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The bound socket uvicorn serves on.
+
+    proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets that say they are TCP, and
+    without it uvicorn's separate head and body writes meet the client's delayed ACK (40 ms per JSON answer).
+    uvicorn's own bind (SGLang's) goes through getaddrinfo and gets the same.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
 
 
 async def _serve(server: _Server, sock: socket.socket, state: ServerState) -> None:
