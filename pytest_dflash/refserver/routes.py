@@ -58,6 +58,8 @@ def build_app(state: ServerState) -> FastAPI:
         authorized = request.headers.get("authorization") == f"Bearer {args.api_key}"
         if args.api_key is not None and not open_path and not authorized:
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
+        if state.being_killed:  # the process dies in a moment: nothing more gets an answer
+            await asyncio.sleep(3600)
         key = (path, request.method)
         state.metrics.http_requests[key] = state.metrics.http_requests.get(key, 0) + 1
         response = await call_next(request)
@@ -66,6 +68,7 @@ def build_app(state: ServerState) -> FastAPI:
         if path in GENERATION_PATHS and response.status_code == 200 and not request.headers.get(WARMUP_HEADER):
             state.completed_generations += 1
             if "oom-kill" in state.faults and state.completed_generations >= state.faults.value("oom-kill"):
+                state.being_killed = True
                 response = _kill_after_response(response)  # like the OOM killer: no log line
         return response
 

@@ -96,6 +96,7 @@ class ServerState:
         self.startup_seconds: dict[str, float] = {}
         self.generation_requests = 0  # the hang fault counts these
         self.completed_generations = 0  # the oom-kill fault counts these
+        self.being_killed = False  # the oom-kill fault fired: later requests wait for the SIGKILL, unanswered
         self.seed_rng = np.random.default_rng(args.random_seed)
         self.metrics = Metrics(args.served_model_name or args.model_path)
         self.health_timeout = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))

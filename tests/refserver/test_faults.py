@@ -149,6 +149,15 @@ def test_oom_kill_sigkills_after_n_requests_without_a_word() -> None:
         generate(server, GREEDY)
 
 
+def test_oom_kill_answers_nothing_after_the_fatal_response() -> None:
+    # A request right behind the fatal one is dropped by the kill, however fast the server would have been.
+    with RefServerProcess("--inject", "oom-kill=1") as server:
+        assert generate(server, GREEDY).status_code == 200
+        with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError)):
+            generate(server, GREEDY)
+        assert server.wait_exit(10) == 137
+
+
 def test_crash_after_ends_with_a_traceback_and_status_1() -> None:
     code, log, lifetime = died("crash-after=1.5")
     assert code == 1 and lifetime >= 1.5
