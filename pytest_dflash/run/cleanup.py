@@ -36,6 +36,18 @@ def disarm(config: pytest.Config, run: DflashRun | None) -> None:
     previous = config.stash.get(PREVIOUS_SIGTERM_KEY, None)
     if previous is not None and _main_thread():
         signal.signal(signal.SIGTERM, previous)
+    forget_handled_interrupt()
+
+
+def forget_handled_interrupt() -> None:
+    """Clear CPython's 'unhandled KeyboardInterrupt' mark of an interrupt pytest has handled.
+
+    Before 3.14 (gh-128130), a KeyboardInterrupt that leaves code run by exec() of a string — a dataclass's
+    generated __init__ being built, say — sets that mark even when a caller catches it, and the interpreter
+    then exits by SIGINT (status -2) instead of pytest's 2 for an interrupted run. Every exec() of a string
+    clears the mark first, so one empty exec forgets it. A later, really unhandled interrupt sets it again.
+    """
+    exec("None")  # a constant: the point is the call, see above
 
 
 def _main_thread() -> bool:
