@@ -146,12 +146,21 @@ def pytest_runtestloop(session: pytest.Session) -> None:
         if hosts is None:
             return  # a scheduler that hands out hosts as they come: this worker cannot know its hosts
     concurrency = options.number(config, "dflash_fleet_concurrency", int, preflight.DEFAULT_CONCURRENCY, low=1)
-    preflight.preflight(run, concurrency, hosts=hosts,
-                        who=str(getattr(config, "workerinput", {}).get("workerid", "")))
+    from pytest_dflash.layers.gpu import hooks as gpu_hooks  # here: a plugin module pytest imports (and rewrites)
+
+    gpu_tested = {info.host for item in session.items
+                  if (info := item.stash.get(INFO_KEY, None)) is not None
+                  and "dflash_gpu" in getattr(item, "fixturenames", ())}
+    preflight.preflight(run, concurrency, hosts=hosts, who=str(getattr(config, "workerinput", {}).get("workerid", "")),
+                        probe=gpu_hooks.inventory_probe(config), probed=gpu_tested)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     collection.order_items(config, config.stash.get(RUN_KEY, None), items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    collection.record_needed(session.config.stash.get(RUN_KEY, None), session.items)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -96,6 +96,17 @@ def item_info(item: pytest.Item) -> ItemInfo | None:
     return None
 
 
+def record_needed(run: DflashRun | None, items: list[pytest.Item]) -> None:
+    """Each host's services that a test of the final selection uses (after -k / -m deselection): what the
+    pre-flight readies and what starts together, so a deselected test's server is never touched."""
+    if run is None:
+        return
+    for item in items:
+        info = item.stash.get(INFO_KEY, None)
+        if info is not None:
+            run.host(info.host).needed.update(info.services)
+
+
 def order_items(config: pytest.Config, run: DflashRun | None, items: list[pytest.Item]) -> None:
     """Record each item's target, group by host for xdist, and sort the lower layers of each host first."""
     dflash_items = [item for item in items if uses_dflash(item)]
@@ -118,7 +129,6 @@ def order_items(config: pytest.Config, run: DflashRun | None, items: list[pytest
         item.stash[INFO_KEY] = info
         # Called tryfirst: xdist's loadgroup only sees marks that exist before its own hook runs.
         item.add_marker(pytest.mark.xdist_group(name=info.host))
-        run.host(info.host).needed.update(info.services)
 
     def key(item: pytest.Item) -> tuple[int, int]:
         info = item.stash.get(INFO_KEY, None)
