@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from pytest_dflash.errors import DflashError
 from pytest_dflash.run.state import DflashRun, HostContext
@@ -20,17 +20,27 @@ from pytest_dflash.run.state import DflashRun, HostContext
 DEFAULT_CONCURRENCY = 8
 
 
-def _bring_up(host: HostContext) -> None:
+HostProbe = Callable[[HostContext], None]
+
+
+def _bring_up(host: HostContext, probe: HostProbe | None) -> None:
     for name in sorted(host.needed):
         with contextlib.suppress(DflashError):  # kept on the handle: the first test that needs it fails with it
             host.service(name).ensure_ready()
+    if probe is not None:
+        probe(host)
 
 
-def preflight(run: DflashRun, concurrency: int, *, hosts: Collection[str] | None = None, who: str = "") -> None:
+def preflight(run: DflashRun, concurrency: int, *, hosts: Collection[str] | None = None, who: str = "",
+              probe: HostProbe | None = None, probed: Collection[str] = ()) -> None:
     """Ready every needed service of every host (of `hosts` only, if given), `concurrency` hosts at a time;
-    a no-op for fewer than 2 such hosts. `who` names the xdist worker in the progress lines."""
+    a no-op for fewer than 2 such hosts. `who` names the xdist worker in the progress lines.
+
+    `probe` runs on each host of `probed` after its services: host-side probes the tests will read from a
+    cache (the GPU inventory over ssh), so they overlap across hosts too. It records its own failures.
+    """
     names = [name for name in run.profiles if hosts is None or name in hosts]
-    chosen = [run.host(name) for name in names if run.host(name).needed]
+    chosen = [run.host(name) for name in names if run.host(name).needed or name in probed]
     if concurrency < 2 or len(chosen) < 2:
         return
     label = f"fleet pre-flight{f' ({who})' if who else ''}"
@@ -40,7 +50,7 @@ def preflight(run: DflashRun, concurrency: int, *, hosts: Collection[str] | None
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(concurrency, len(chosen)),
                                                  thread_name_prefix="dflash-preflight")
     try:
-        futures = [pool.submit(_bring_up, host) for host in chosen]
+        futures = [pool.submit(_bring_up, host, probe if host.name in probed else None) for host in chosen]
         for future in futures:
             future.result()  # a bug in a thread surfaces here, not silently
     finally:
@@ -50,4 +60,4 @@ def preflight(run: DflashRun, concurrency: int, *, hosts: Collection[str] | None
                  f"{failed} service(s) not ready")
 
 
-__all__ = ["DEFAULT_CONCURRENCY", "preflight"]
+__all__ = ["DEFAULT_CONCURRENCY", "HostProbe", "preflight"]

@@ -208,3 +208,34 @@ def test_without_xdist_the_hosts_come_up_in_parallel(run_suite, tmp_path: Path, 
     assert overlapped is (concurrency == "8"), ready
     if concurrency == "8":
         result.stdout.fnmatch_lines(["*fleet pre-flight: readying 2 hosts, 2 at a time*"])
+
+
+@pytest.mark.parametrize("concurrency", ["8", "1"])
+def test_the_hosts_gpu_probes_run_in_the_pre_flight_in_parallel(run_suite, tmp_path: Path, concurrency: str) -> None:  # type: ignore[no-untyped-def]
+    """The GPU inventory probe (a python run on the host, over ssh on a real fleet) runs for every host in the
+    pre-flight, at once, and the host layer's test reads its result; with --fleet-concurrency 1, host after host."""
+    calls = tmp_path / "probe-calls.log"
+    python = tmp_path / "slow-python"  # the host's python for probes: logs when each probe runs, takes >= 1 s
+    python.write_text(f'#!/bin/bash\necho "start $(date +%s.%N)" >> {calls}\nsleep 1\n"{sys.executable}" "$@"\n'
+                      f'rc=$?\necho "end $(date +%s.%N)" >> {calls}\nexit $rc\n')
+    python.chmod(0o755)
+    hosts = []
+    for name in ("g1", "g2"):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f'[host]\nconnection = "local://"\npython = "{python}"\n\n'  # the service is not tested
+                        '[services.s]\nkind = "external"\nalgorithm = "DFLASH"\nurl = "http://127.0.0.1:9"\n')
+        hosts.append(path)
+    result = run_suite("smoke", "--host", str(hosts[0]), "--host", str(hosts[1]), "-k", "gpus_visible",
+                       f"--fleet-concurrency={concurrency}")
+    assert_no_crash(result)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped") == 2 and not outcomes.get("failed"), result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*no GPU on g1: nvidia-smi not found on PATH*"])
+    # -k deselected every test of service s (nothing listens on its URL): the pre-flight must not wait for it
+    assert "http phase" not in result.stdout.str() and "service(s) not ready" not in result.stdout.str().replace(
+        "0 service(s) not ready", "")
+    events = [line.split() for line in calls.read_text().splitlines()]
+    assert len(events) == 4, events  # one probe per host, read from the cache by the test
+    starts = [float(t) for kind, t in events if kind == "start"]
+    ends = [float(t) for kind, t in events if kind == "end"]
+    assert (max(starts) < min(ends)) is (concurrency == "8"), events

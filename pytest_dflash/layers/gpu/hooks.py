@@ -8,7 +8,7 @@ snapshots and the kernels build-time summary. Registered through pytest_dflash.p
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from pytest_dflash.config import options
 from pytest_dflash.config.durations import format_seconds
 from pytest_dflash.layers.gpu.layer import ALLOW_GPU_USE_INI, GpuHost, GpuOptions
 from pytest_dflash.layers.gpu.packages import write_snapshots
+from pytest_dflash.run.state import HostContext
 
 GPU_KEY = pytest.StashKey[dict[str, GpuHost]]()
 OPTIONS_KEY = pytest.StashKey[GpuOptions]()
@@ -51,13 +52,31 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(collector, "dflash-gpu-collector")
 
 
+def gpu_host(config: pytest.Config, host: HostContext) -> GpuHost:
+    """The one GpuHost of `host` in this process (its probes run once)."""
+    hosts = config.stash[GPU_KEY]
+    if host.name not in hosts:
+        hosts[host.name] = GpuHost(host, config.stash[OPTIONS_KEY])
+    return hosts[host.name]
+
+
+def inventory_probe(config: pytest.Config) -> Callable[[HostContext], None]:
+    """For the fleet pre-flight (run/preflight.py): the GPU inventory of a host with host access, probed now so
+    the hosts' probes overlap; the host layer's tests read the cached result (or its recorded transport error)."""
+
+    def probe(host: HostContext) -> None:
+        # The raw probe, not GpuHost.inventory: before 3.12 a cached_property computes under one lock shared by
+        # every instance, which would run the hosts' probes one after another. inventory parses this cache.
+        if host.has_host_access:
+            gpu_host(config, host).probe("gpu_inventory")
+
+    return probe
+
+
 @pytest.fixture
-def dflash_gpu(request: pytest.FixtureRequest, dflash_host: Any) -> GpuHost:
+def dflash_gpu(request: pytest.FixtureRequest, dflash_host: HostContext) -> GpuHost:
     """The host under test as the host/env/kernels layers see it (probes run once per host)."""
-    hosts = request.config.stash[GPU_KEY]
-    if dflash_host.name not in hosts:
-        hosts[dflash_host.name] = GpuHost(dflash_host, request.config.stash[OPTIONS_KEY])
-    return hosts[dflash_host.name]
+    return gpu_host(request.config, dflash_host)
 
 
 class GpuCollector:
