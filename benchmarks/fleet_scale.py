@@ -14,6 +14,8 @@ of the controller and of each worker, and the cost of `pytest-dflash merge` on t
     .venv/bin/python benchmarks/fleet_scale.py --workers 2 --baseline-concurrency 1 --no-serial --merge 0
                                                                     # A/B: each worker's hosts at once vs one by one
     .venv/bin/python benchmarks/fleet_scale.py --hosts 256 --workers 2 --repeat 1 --no-serial --merge 0
+    .venv/bin/python benchmarks/fleet_scale.py --memo ...            # memo_proxy.py in front of each server:
+                                                                    # a repeated reproducible generation is free
 
 Every server and pytest process it starts is stopped when it ends (also on Ctrl-C).
 """
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +146,17 @@ def run_pytest(fleet: Path, workers: int, work: Path, pids: list[int], *, profil
         "worker_rss_all_mib": {p["process"]: round(p["maxrss_mib"], 1) for p in processes
                                if p["process"] != "controller"},
     }
+
+
+def start_memo_proxy(upstream: str) -> tuple[subprocess.Popen[str], str]:
+    """benchmarks/memo_proxy.py in front of `upstream`, and its URL (it prints LISTENING before anything else)."""
+    proxy = subprocess.Popen([sys.executable, str(Path(__file__).with_name("memo_proxy.py")), "--upstream", upstream],
+                             stdout=subprocess.PIPE, text=True)
+    line = proxy.stdout.readline() if proxy.stdout else ""
+    if not line.startswith("LISTENING "):
+        proxy.kill()
+        raise SystemExit(f"memo_proxy did not start (exit {proxy.wait()}): {line!r}")
+    return proxy, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -265,6 +279,9 @@ def main() -> int:
                         help="also run the fleet with --fleet-concurrency=N each repeat (1: hosts one by one)")
     parser.add_argument("--no-one-host", action="store_true", help="skip the one-host runs")
     parser.add_argument("--no-serial", action="store_true", help="skip the fleet run without xdist (-n 0)")
+    parser.add_argument("--memo", action="store_true",
+                        help="put benchmarks/memo_proxy.py in front of each server: a repeat of a reproducible "
+                             "generation is answered from memory (the servers stop being the bottleneck)")
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
     worker_counts = [int(w) for w in args.workers.split(",")]
@@ -278,6 +295,7 @@ def main() -> int:
         servers = {"none": RefServerProcess("--speculative-algorithm", "NONE", "--enable-metrics"),
                    "dflash": RefServerProcess("--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens",
                                               "8", "--enable-metrics")}
+        proxies: list[subprocess.Popen[str]] = []
         try:
             for server in servers.values():
                 server.start()
@@ -285,6 +303,12 @@ def main() -> int:
                 server.wait_ready(120)
             urls = {name: server.url for name, server in servers.items()}
             pids = [server.pid for server in servers.values()]
+            if args.memo:  # a memoizing proxy per server: a repeated reproducible generation costs no model CPU
+                for name in list(urls):
+                    proxy, urls[name] = start_memo_proxy(urls[name])
+                    proxies.append(proxy)
+                    pids.append(proxy.pid)
+                results["memo"] = "server_cpu_each_s: NONE, DFLASH, then their memo proxies"
             one, many = work / "one", work / "fleet"
             one.mkdir()
             many.mkdir()
@@ -312,12 +336,20 @@ def main() -> int:
                 profile_dir = work / "prof"
                 profile_dir.mkdir()
                 run_pytest(many, 2, work, pids, profile_dir=profile_dir)
+                if os.environ.get("FLEET_SCALE_KEEP_PROFILE"):
+                    shutil.copytree(profile_dir, os.environ["FLEET_SCALE_KEEP_PROFILE"], dirs_exist_ok=True)
                 results["profile"] = {path.stem: {"self": top_functions(path, 10), "waits": waiting_callers(path, 8)}
                                       for path in sorted(profile_dir.glob("*.prof"))}
             if args.merge:
                 template = json.loads(sorted((work / "reports").glob("*.verdict.json"))[0].read_text())
                 results["merge"] = merge_cost(template, args.merge, work)
+            if args.memo:
+                results["memo_stats"] = [json.loads(urllib.request.urlopen(f"{url}/memo_stats", timeout=10).read())
+                                         for url in urls.values()]
         finally:
+            for proxy in proxies:
+                proxy.kill()
+                proxy.wait()
             for server in servers.values():
                 server.stop()
     results["load_after"] = load()
