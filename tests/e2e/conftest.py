@@ -14,6 +14,9 @@ def run_suite(pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.Mon
     """Run a suite in a real pytest subprocess: run_suite("smoke", "--host", profile, ...) -> (RunResult, report dir)."""
     reports = tmp_path / "reports"
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)  # self-tests inside Actions: not the job's summary
+    # Host locks, markers and progress files of this test's runs only: two CI workers running tests whose hosts
+    # share a name (sm120, slow, ...) would otherwise wait for each other's host lock.
+    monkeypatch.setenv("DFLASH_STATE_DIR", str(tmp_path / "state"))
 
     def run(suite: str | Sequence[str], *args: str) -> pytest.RunResult:
         suites = [suite] if isinstance(suite, str) else list(suite)

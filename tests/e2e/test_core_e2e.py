@@ -198,12 +198,13 @@ def test_services_started_together_wait_for_readiness_together(run_suite, tmp_pa
 def test_without_xdist_the_hosts_come_up_in_parallel(run_suite, tmp_path: Path, concurrency: str) -> None:  # type: ignore[no-untyped-def]
     """--fleet-concurrency (default 8): every host's services are readied at once before the first test; 1 keeps
     host after host. The hosts' verdicts carry when each wait began and ended."""
-    hosts = [write_profile(tmp_path, name, {"dflash": ("DFLASH", ["--inject", "cold-jit=3"])}) for name in ("h1", "h2")]
+    names = ("par1", "par2")  # names no other self-test provisions: a shared host lock would serialize them
+    hosts = [write_profile(tmp_path, name, {"dflash": ("DFLASH", ["--inject", "cold-jit=3"])}) for name in names]
     result = run_suite("service", "--host", str(hosts[0]), "--host", str(hosts[1]), "-k", "ready_by_real_generation",
                        f"--fleet-concurrency={concurrency}")
     assert_no_crash(result)
     assert result.parseoutcomes().get("passed") == 2, result.stdout.str()[-3000:]
-    ready = [verdict(run_suite.reports, name)["services"]["dflash"]["ready"] for name in ("h1", "h2")]
+    ready = [verdict(run_suite.reports, name)["services"]["dflash"]["ready"] for name in names]
     overlapped = max(r["waited_from"] for r in ready) < min(r["ready_at"] for r in ready)
     assert overlapped is (concurrency == "8"), ready
     if concurrency == "8":
