@@ -148,11 +148,8 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     concurrency = options.number(config, "dflash_fleet_concurrency", int, preflight.DEFAULT_CONCURRENCY, low=1)
     from pytest_dflash.layers.gpu import hooks as gpu_hooks  # here: a plugin module pytest imports (and rewrites)
 
-    gpu_tested = {info.host for item in session.items
-                  if (info := item.stash.get(INFO_KEY, None)) is not None
-                  and "dflash_gpu" in getattr(item, "fixturenames", ())}
     preflight.preflight(run, concurrency, hosts=hosts, who=str(getattr(config, "workerinput", {}).get("workerid", "")),
-                        probe=gpu_hooks.inventory_probe(config), probed=gpu_tested)
+                        probe=gpu_hooks.inventory_probe(config))
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,6 +17,7 @@ from pytest_dflash.run.stash import EMPTY_SHARD_KEY, INFO_KEY
 from pytest_dflash.run.state import DflashRun
 
 DFLASH_FIXTURES = ("dflash_host", "dflash_service", "dflash_service_raw", "dflash_pair")
+GPU_FIXTURE = "dflash_gpu"  # the host / env / kernels layers' view of a host (layers/gpu/hooks.py)
 SERVICES_MARKER = ("dflash_services(speculative=None, algorithms=None): run only against services that match "
                    "(e.g. speculative=True for accept-length checks)")
 
@@ -97,14 +98,17 @@ def item_info(item: pytest.Item) -> ItemInfo | None:
 
 
 def record_needed(run: DflashRun | None, items: list[pytest.Item]) -> None:
-    """Each host's services that a test of the final selection uses (after -k / -m deselection): what the
-    pre-flight readies and what starts together, so a deselected test's server is never touched."""
+    """What each host's tests of the final selection (after -k / -m deselection) use: the services (what the
+    pre-flight readies and what starts together, so a deselected test's server is never touched) and whether
+    any reads its GPUs (then the pre-flight probes them)."""
     if run is None:
         return
     for item in items:
         info = item.stash.get(INFO_KEY, None)
         if info is not None:
-            run.host(info.host).needed.update(info.services)
+            host = run.host(info.host)
+            host.needed.update(info.services)
+            host.gpu_tested = host.gpu_tested or GPU_FIXTURE in getattr(item, "fixturenames", ())
 
 
 def order_items(config: pytest.Config, run: DflashRun | None, items: list[pytest.Item]) -> None:

@@ -32,15 +32,17 @@ def _bring_up(host: HostContext, probe: HostProbe | None) -> None:
 
 
 def preflight(run: DflashRun, concurrency: int, *, hosts: Collection[str] | None = None, who: str = "",
-              probe: HostProbe | None = None, probed: Collection[str] = ()) -> None:
+              probe: HostProbe | None = None) -> None:
     """Ready every needed service of every host (of `hosts` only, if given), `concurrency` hosts at a time;
     a no-op for fewer than 2 such hosts. `who` names the xdist worker in the progress lines.
 
-    `probe` runs on each host of `probed` after its services: host-side probes the tests will read from a
-    cache (the GPU inventory over ssh), so they overlap across hosts too. It records its own failures.
+    `probe` runs after its services on each host whose selected tests read its GPUs (`gpu_tested`): host-side
+    probes the tests will read from a cache (the GPU inventory over ssh), so they overlap across hosts too. It
+    records its own failures.
     """
     names = [name for name in run.profiles if hosts is None or name in hosts]
-    chosen = [run.host(name) for name in names if run.host(name).needed or name in probed]
+    chosen = [run.host(name) for name in names
+              if run.host(name).needed or (probe is not None and run.host(name).gpu_tested)]
     if concurrency < 2 or len(chosen) < 2:
         return
     label = f"fleet pre-flight{f' ({who})' if who else ''}"
@@ -50,7 +52,7 @@ def preflight(run: DflashRun, concurrency: int, *, hosts: Collection[str] | None
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(concurrency, len(chosen)),
                                                  thread_name_prefix="dflash-preflight")
     try:
-        futures = [pool.submit(_bring_up, host, probe if host.name in probed else None) for host in chosen]
+        futures = [pool.submit(_bring_up, host, probe if host.gpu_tested else None) for host in chosen]
         for future in futures:
             future.result()  # a bug in a thread surfaces here, not silently
     finally:

@@ -279,7 +279,8 @@ class HostContext:
     profile: HostProfile
     run: DflashRun
     services: dict[str, ServiceHandle] = field(default_factory=dict)
-    needed: set[str] = field(default_factory=set)
+    needed: set[str] = field(default_factory=set)  # services a selected test uses (collection.record_needed)
+    gpu_tested: bool = False  # a selected test uses the GPU layers' dflash_gpu: the pre-flight probes its GPUs
     facts: HostFacts = field(default_factory=HostFacts)
     notes: list[str] = field(default_factory=list)
     _transport: Transport | None = None
