@@ -87,6 +87,10 @@ def test_attach_mode_tests_a_running_server_without_host_access(run_suite) -> No
         assert server.proc is not None and server.proc.poll() is None, "attach mode must not stop the server"
 
 
+def run_log(tmp_path: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted(tmp_path.glob("run-*.log")))
+
+
 def _start_run(profile: Path, tmp_path: Path, *extra: str) -> subprocess.Popen[bytes]:
     log = open(tmp_path / f"run-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
     return subprocess.Popen(pytest_cmd(str(SUITES / "smoke"), "--host", str(profile), f"--dflash-report={tmp_path}",
@@ -104,7 +108,8 @@ def test_interrupted_run_still_stops_what_it_started(tmp_path: Path, sig: signal
         pid = int(markers(name)[0]["pid"])  # type: ignore[arg-type]
         assert pid_alive(pid)
         run.send_signal(sig)
-        assert run.wait(timeout=60) == 2  # pytest: interrupted
+        rc = run.wait(timeout=60)
+        assert rc == 2, f"exit {rc}, not 2 (interrupted); the run said:\n{run_log(tmp_path)[-4000:]}"
         wait_for(lambda: not pid_alive(pid), 10, "the refserver to be stopped")
         assert not markers(name), "the marker must be removed with the process"
     finally:

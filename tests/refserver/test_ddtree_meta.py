@@ -18,6 +18,7 @@ from pytest_dflash.refserver.launch import RefServerProcess
 
 PROBE = (Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200-ddtree" / "run3-fi-warm"
          / "probe_ddtree_flashinfer.json")
+SEED_TO_LENGTH = 1  # the refserver's sampled answer to the recorded prompt runs to max_new_tokens, as recorded
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,10 @@ def test_the_recording_shows_the_block_based_accounting(real: dict[str, Any]) ->
 def test_generate_meta_info_matches_the_real_port(ddtree_server: RefServerProcess, real: dict[str, Any],
                                                   probe: str) -> None:
     recorded = real[probe]
-    body = post(ddtree_server, "/generate", recorded["body"]).json()
+    request = recorded["body"]
+    if probe == "sampled":  # seeded: unseeded, 1 request in 20 samples a stop token ('stop' has other keys)
+        request = {**request, "sampling_params": {**request["sampling_params"], "sampling_seed": SEED_TO_LENGTH}}
+    body = post(ddtree_server, "/generate", request).json()
     assert_same_shape(body, recorded["response"])
     meta = body["meta_info"]
     block = httpx.get(ddtree_server.url + "/server_info", timeout=10).json()["speculative_num_draft_tokens"]
