@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from pytest_dflash import interrupts
 from pytest_dflash.config import options
 from pytest_dflash.config.targets import load_targets
 from pytest_dflash.evidence import attach
@@ -94,6 +95,10 @@ def _writes_verdicts(config: pytest.Config) -> bool:
     """The controller of a run that runs tests (not an xdist worker, not --collect-only: a listing must leave
     the hosts' last verdicts as they were)."""
     return not hasattr(config, "workerinput") and not config.getoption("collectonly", False)
+
+
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    interrupts.mark_delivered()  # pytest has it: the waits need not raise it again
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

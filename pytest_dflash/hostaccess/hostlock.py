@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
+from pytest_dflash import interrupts
 from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.errors import HostUnreachable, ServiceBusy
 from pytest_dflash.hostaccess.transport import SSH_OPTIONS, audit_command
@@ -50,6 +51,7 @@ class HostLock:
         deadline = time.monotonic() + wait_s
         announced = False
         while True:
+            interrupts.raise_if_lost()
             owner = self._try()
             if owner is None:
                 return

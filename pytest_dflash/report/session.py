@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash import __version__
+from pytest_dflash import __version__, interrupts
 from pytest_dflash.evidence.attach import first_line, skip_message
 from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
 from pytest_dflash.evidence.redact import redact
@@ -85,6 +85,9 @@ class VerdictCollector:
         running = [nodeid for nodeid in self.started if nodeid not in self.finished]
         if session.exitstatus == pytest.ExitCode.INTERRUPTED:
             interrupted = "interrupted (Ctrl-C / SIGTERM / pytest.exit)"
+        elif interrupts.lost():
+            interrupted = (f"interrupted: {interrupts.received()} was received, but its KeyboardInterrupt was lost "
+                           "(raised inside a finalizer) and the run went on")
         elif session.shouldstop:
             interrupted = f"stopped early: {session.shouldstop}"
         elif session.shouldfail:
@@ -225,6 +228,8 @@ def finish(session: pytest.Session, collector: VerdictCollector) -> None:
         session.exitstatus = 1  # e.g. a host whose tests were all skipped as blocked
     if session.exitstatus == 0 and builder.status.interrupted:
         session.exitstatus = pytest.ExitCode.INTERRUPTED
+    if interrupts.lost() and session.exitstatus in (0, 1):
+        session.exitstatus = pytest.ExitCode.INTERRUPTED  # what it failed on came after the interrupt
     paths = builder.write(run.options.report_dir, exit_code=int(session.exitstatus), gate=gate)
     step_summary.append(config, builder, gate)  # $GITHUB_STEP_SUMMARY, when set
     config.stash[REPORTED_KEY] = [str(p) for p in paths]

@@ -9,21 +9,25 @@ from types import FrameType
 
 import pytest
 
-from pytest_dflash.run.stash import PREVIOUS_SIGTERM_KEY
+from pytest_dflash import interrupts
+from pytest_dflash.run.stash import PREVIOUS_SIGINT_KEY, PREVIOUS_SIGTERM_KEY
 from pytest_dflash.run.state import DflashRun
 
 
 def arm(config: pytest.Config, run: DflashRun) -> None:
-    """Clean up at exit, and turn SIGTERM into KeyboardInterrupt so pytest tears down as on Ctrl-C."""
+    """Clean up at exit, and turn SIGTERM into KeyboardInterrupt so pytest tears down as on Ctrl-C; both
+    signals are latched (pytest_dflash.interrupts), so one that a finalizer swallows still stops the run."""
     atexit.register(run.cleanup)
     if not _main_thread():
         return
+    interrupts.reset()
     previous = signal.getsignal(signal.SIGTERM)
     config.stash[PREVIOUS_SIGTERM_KEY] = previous
+    config.stash[PREVIOUS_SIGINT_KEY] = interrupts.install_sigint()
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        raise KeyboardInterrupt("SIGTERM")  # pytest then tears down like Ctrl-C
+        interrupts.on_signal(signum, frame)  # raises KeyboardInterrupt: pytest then tears down like Ctrl-C
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -36,6 +40,9 @@ def disarm(config: pytest.Config, run: DflashRun | None) -> None:
     previous = config.stash.get(PREVIOUS_SIGTERM_KEY, None)
     if previous is not None and _main_thread():
         signal.signal(signal.SIGTERM, previous)
+    previous_sigint = config.stash.get(PREVIOUS_SIGINT_KEY, None)
+    if previous_sigint is not None and _main_thread():
+        signal.signal(signal.SIGINT, previous_sigint)
     forget_handled_interrupt()
 
 

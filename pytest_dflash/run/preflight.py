@@ -14,6 +14,7 @@ import contextlib
 import time
 from collections.abc import Callable, Collection
 
+from pytest_dflash import interrupts
 from pytest_dflash.errors import DflashError
 from pytest_dflash.run.state import DflashRun, HostContext
 
@@ -53,6 +54,10 @@ def preflight(run: DflashRun, concurrency: int, *, hosts: Collection[str] | None
                                                  thread_name_prefix="dflash-preflight")
     try:
         futures = [pool.submit(_bring_up, host, probe if host.gpu_tested else None) for host in chosen]
+        pending = set(futures)
+        while pending:  # short waits: an interrupt a finalizer swallowed is raised again here
+            _, pending = concurrent.futures.wait(pending, timeout=0.25)
+            interrupts.raise_if_lost()
         for future in futures:
             future.result()  # a bug in a thread surfaces here, not silently
     finally:

@@ -19,6 +19,7 @@ GATE_KEY = pytest.StashKey[list[str]]()
 EMPTY_SHARD_KEY = pytest.StashKey[str]()
 REPORTED_KEY = pytest.StashKey[list[str]]()
 PREVIOUS_SIGTERM_KEY = pytest.StashKey[Any]()
+PREVIOUS_SIGINT_KEY = pytest.StashKey[Any]()
 # per test item
 INFO_KEY = pytest.StashKey["ItemInfo"]()
 MARKS_KEY = pytest.StashKey[dict[str, "LogMark"]]()

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from pytest_dflash import interrupts
 from pytest_dflash.client import InferenceClient
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.errors import (
@@ -182,6 +183,7 @@ class ServiceHandle:
         assert self._background is not None
         while self._background.is_alive():
             self._background.join(0.25)  # short joins: Ctrl-C still reaches the main thread
+            interrupts.raise_if_lost()
         self._background = None
         if self._background_error is not None:
             raise self._background_error

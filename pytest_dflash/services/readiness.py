@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pytest_dflash import interrupts
 from pytest_dflash.client import GREEDY, SAMPLED, InferenceClient, Sampling
 from pytest_dflash.config.durations import format_seconds
 from pytest_dflash.errors import ApiError, Death, ServiceCrashed, ServiceGone, ServiceNotReady, ServiceRestarted
@@ -183,6 +184,7 @@ class ReadinessWatcher:
         next_progress = started + PROGRESS_EVERY_S
         next_attempt = started
         while True:
+            interrupts.raise_if_lost()
             now = time.monotonic()
             self._check_alive(phase)
             if dropped_at is not None and now - dropped_at > DEATH_GRACE_S:
@@ -259,6 +261,7 @@ class ReadinessWatcher:
         next_scheduler_check = 0.0
         free_at: float | None = None  # when /health_generate said 200 with the sampled request unanswered
         while True:
+            interrupts.raise_if_lost()
             now = time.monotonic()
             if now > deadline:
                 raise ServiceNotReady(self.service.name, now - started, f"{phase} phase: {problem}")

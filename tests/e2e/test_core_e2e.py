@@ -117,6 +117,45 @@ def test_interrupted_run_still_stops_what_it_started(tmp_path: Path, sig: signal
             os.killpg(run.pid, signal.SIGKILL)
 
 
+SWALLOWING_TEST = """
+import os, signal
+
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while a finalizer runs: Python drops its KeyboardInterrupt
+        for _ in range(10_000):
+            pass
+
+def test_ctrl_c_lost_then_a_wait(dflash_service_raw):
+    Finalized()
+    dflash_service_raw.ensure_ready()
+
+def test_ctrl_c_lost_and_no_wait_after_it(dflash_service_raw):
+    dflash_service_raw.ensure_ready()
+    Finalized()
+"""
+
+
+@pytest.mark.parametrize(("test", "raised_again"), [("test_ctrl_c_lost_then_a_wait", True),
+                                                    ("test_ctrl_c_lost_and_no_wait_after_it", False)])
+def test_a_ctrl_c_that_a_finalizer_swallowed_still_interrupts_the_run(tmp_path: Path, test: str,
+                                                                      raised_again: bool) -> None:
+    name = "swallowed"
+    profile = write_profile(tmp_path, name, {"dflash": ("DFLASH", ["--inject", "slow-load=20" if raised_again else
+                                                                   "slow-load=0"])})
+    (tmp_path / "test_swallow.py").write_text(SWALLOWING_TEST)
+    done = subprocess.run(pytest_cmd(f"{tmp_path / 'test_swallow.py'}::{test}", "--host", str(profile),
+                                     f"--dflash-report={tmp_path}"), capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert "Exception ignored" in done.stderr + done.stdout  # the interrupt really was dropped by Python
+    # Without the latch: ready after 20 s, or passed at once; either way exit 0 and a PASS verdict.
+    assert done.returncode == 2, done.stdout[-3000:]
+    assert ("raised again: the first one was lost in a finalizer" in done.stdout) == raised_again
+    status = verdict(tmp_path, name)
+    assert status["verdict"] == "interrupted", status
+    assert not markers(name), "what the run started is stopped"
+
+
 def test_next_run_cleans_up_after_a_sigkilled_run(tmp_path: Path) -> None:
     name = "killed"
     profile = write_profile(tmp_path, name, {"dflash": ("DFLASH", ["--inject", "slow-load=60"])})
