@@ -6,24 +6,48 @@ is "ignored" — printed as unraisable and dropped — and the run goes on as if
 waiting for then runs out of budget, tests fail, and the run exits 1 instead of 2 (interrupted), its verdict
 saying fail rather than interrupted. So the handler records the signal before raising, the plugin's long waits
 (`raise_if_lost`) raise it again while pytest has not seen it, and the verdict reads the latch (`received`).
+
+While the run stops what it started (`deferred()`), a signal is latched and not raised: a KeyboardInterrupt in the
+middle of teardown would leave services running and the verdicts unwritten. Teardown is bounded on its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 _received: str | None = None  # the first signal's name, for this process
+_in_teardown = False  # it arrived inside deferred()
 _delivered = False  # pytest caught its KeyboardInterrupt (pytest_keyboard_interrupt)
+_deferring = False
 
 
 def on_signal(signum: int, frame: FrameType | None) -> None:
-    """SIGINT / SIGTERM handler: latch, then raise as Python's own SIGINT handler does."""
-    global _received
+    """SIGINT / SIGTERM handler: latch, then raise as Python's own SIGINT handler does (not while deferred)."""
+    global _received, _in_teardown
     name = signal.Signals(signum).name
-    _received = _received or name
+    if _received is None:
+        _received, _in_teardown = name, _deferring
+    if _deferring:
+        return
     raise KeyboardInterrupt(name)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Signals that arrive inside are latched, not raised (teardown; in the main thread only)."""
+    global _deferring
+    if threading.current_thread() is not threading.main_thread() or _deferring:
+        yield
+        return
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = False
 
 
 def install_sigint() -> object | None:
@@ -42,6 +66,11 @@ def received() -> str | None:
     return _received
 
 
+def in_teardown() -> bool:
+    """The signal arrived while the run was stopping what it started (the tests had finished or stopped)."""
+    return _received is not None and _in_teardown
+
+
 def lost() -> bool:
     """A signal was received and its KeyboardInterrupt has not reached pytest (yet, or ever)."""
     return _received is not None and not _delivered
@@ -54,14 +83,15 @@ def mark_delivered() -> None:
 
 def raise_if_lost() -> None:
     """Called by the plugin's waits on every turn: re-raise an interrupt that a finalizer swallowed."""
-    if lost() and threading.current_thread() is threading.main_thread():
+    if lost() and not _in_teardown and threading.current_thread() is threading.main_thread():
         raise KeyboardInterrupt(f"{_received} (raised again: the first one was lost in a finalizer)")
 
 
 def reset() -> None:
     """Forget the latch (a new session in the same process: pytester's in-process runs)."""
-    global _received, _delivered
-    _received, _delivered = None, False
+    global _received, _delivered, _in_teardown
+    _received, _delivered, _in_teardown = None, False, False
 
 
-__all__ = ["install_sigint", "lost", "mark_delivered", "on_signal", "raise_if_lost", "received", "reset"]
+__all__ = ["deferred", "in_teardown", "install_sigint", "lost", "mark_delivered", "on_signal", "raise_if_lost",
+           "received", "reset"]

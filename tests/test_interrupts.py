@@ -50,3 +50,15 @@ def test_no_signal_no_raise_and_a_users_own_handler_is_left_alone() -> None:
               "signal.signal(signal.SIGINT, signal.SIG_IGN)\nassert interrupts.install_sigint() is None\n")
     done = run(script)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_signal_during_teardown_is_latched_not_raised_and_later_ones_raise_again() -> None:
+    script = ("import os, signal, time\nfrom pytest_dflash import interrupts\ninterrupts.install_sigint()\n"
+              "with interrupts.deferred():\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(0.2)\n"
+              "assert interrupts.in_teardown() and interrupts.received() == 'SIGINT'\n"
+              "interrupts.raise_if_lost()  # teardown is over: nothing to raise again\n"
+              "try:\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(5)\n"
+              "except KeyboardInterrupt:\n    print('raised after teardown')\n")
+    done = run(script)
+    assert done.returncode == 0, done.stderr
+    assert "raised after teardown" in done.stdout

@@ -85,6 +85,9 @@ class VerdictCollector:
         running = [nodeid for nodeid in self.started if nodeid not in self.finished]
         if session.exitstatus == pytest.ExitCode.INTERRUPTED:
             interrupted = "interrupted (Ctrl-C / SIGTERM / pytest.exit)"
+        elif interrupts.in_teardown():
+            interrupted = (f"interrupted: {interrupts.received()} arrived while the run stopped what it started "
+                           "(that teardown was finished first)")
         elif interrupts.lost():
             interrupted = (f"interrupted: {interrupts.received()} was received, but its KeyboardInterrupt was lost "
                            "(raised inside a finalizer) and the run went on")

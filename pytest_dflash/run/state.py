@@ -456,11 +456,12 @@ class DflashRun:
                 return []
             self._cleaned = True
         problems: list[str] = []
-        for host in list(self.hosts.values()):
-            try:
-                problems += host.teardown()
-            except (DflashError, OSError) as exc:
-                problems.append(f"{host.name}: teardown failed: {exc}")
+        with interrupts.deferred():  # a Ctrl-C now would leave services running: latched, not raised
+            for host in list(self.hosts.values()):
+                try:
+                    problems += host.teardown()
+                except (DflashError, OSError) as exc:
+                    problems.append(f"{host.name}: teardown failed: {exc}")
         return problems
 
 

@@ -156,6 +156,38 @@ def test_a_ctrl_c_that_a_finalizer_swallowed_still_interrupts_the_run(tmp_path: 
     assert not markers(name), "what the run started is stopped"
 
 
+CTRL_C_IN_TEARDOWN = """
+import os, signal, time
+from pytest_dflash.services.process import ProcessService
+
+stop = ProcessService.stop
+
+def stop_after_a_ctrl_c(self):
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C just as the run stops what it started
+    time.sleep(0.5)
+    stop(self)
+
+ProcessService.stop = stop_after_a_ctrl_c
+"""
+
+
+def test_a_ctrl_c_during_teardown_does_not_cut_it_short(tmp_path: Path) -> None:
+    name = "ctrlc-teardown"
+    profile = write_profile(tmp_path, name, {"dflash": ("DFLASH", [])})
+    (tmp_path / "conftest.py").write_text(CTRL_C_IN_TEARDOWN)
+    (tmp_path / "test_ready.py").write_text("def test_ready(dflash_service_raw):\n"
+                                            "    dflash_service_raw.ensure_ready()\n")
+    done = subprocess.run(pytest_cmd(str(tmp_path / "test_ready.py"), "--host", str(profile),
+                                     f"--dflash-report={tmp_path}"), capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert "Traceback" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
+    assert done.returncode == 2, done.stdout[-3000:]
+    status = verdict(tmp_path, name)
+    assert status["verdict"] == "interrupted", status
+    assert "SIGINT arrived while the run stopped what it started" in json.dumps(status)
+    assert not markers(name), "the service is stopped and its marker removed"
+
+
 def test_next_run_cleans_up_after_a_sigkilled_run(tmp_path: Path) -> None:
     name = "killed"
     profile = write_profile(tmp_path, name, {"dflash": ("DFLASH", ["--inject", "slow-load=60"])})
