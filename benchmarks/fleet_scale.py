@@ -81,8 +81,8 @@ def pytest_unconfigure(config: Any) -> None:
 # ---- the benchmark --------------------------------------------------------------------------------------------
 
 
-def profile_text(name: str, urls: dict[str, str]) -> str:
-    lines = ["[host]", 'connection = "local://"', ""]
+def profile_text(name: str, urls: dict[str, str], python: str | None = None) -> str:
+    lines = ["[host]", 'connection = "local://"', *([f'python = "{python}"'] if python else []), ""]
     for service, algorithm in (("none", "NONE"), ("dflash", "DFLASH")):
         lines += [f"[services.{service}]", 'kind = "external"', f'algorithm = "{algorithm}"',
                   f'url = "{urls[service]}"', 'ready_timeout = "60s"', ""]
@@ -282,6 +282,10 @@ def main() -> int:
     parser.add_argument("--memo", action="store_true",
                         help="put benchmarks/memo_proxy.py in front of each server: a repeat of a reproducible "
                              "generation is answered from memory (the servers stop being the bottleneck)")
+    parser.add_argument("--host-python", metavar="PATH",
+                        help="the profiles' host python (default: the profile default, python3 on PATH; here a "
+                             "pyenv shim, a bash script that costs ~60 ms of CPU per start — a real host's python "
+                             "is a binary, and starts on that host's CPU, not the runner's)")
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
     worker_counts = [int(w) for w in args.workers.split(",")]
@@ -289,7 +293,8 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from pytest_dflash.refserver.launch import RefServerProcess
 
-    results: dict[str, Any] = {"hosts": args.hosts, "cpus": os.cpu_count(), "load_before": load(), "runs": []}
+    results: dict[str, Any] = {"hosts": args.hosts, "cpus": os.cpu_count(), "load_before": load(), "runs": [],
+                               "host_python": args.host_python or "python3 (profile default)"}
     with tempfile.TemporaryDirectory(prefix="fleet-scale-") as tmp:
         work = Path(tmp)
         servers = {"none": RefServerProcess("--speculative-algorithm", "NONE", "--enable-metrics"),
@@ -313,7 +318,7 @@ def main() -> int:
             one.mkdir()
             many.mkdir()
             for index in range(args.hosts):
-                text = profile_text(f"host-{index:03d}", urls)
+                text = profile_text(f"host-{index:03d}", urls, args.host_python)
                 (many / f"host-{index:03d}.toml").write_text(text)
                 if index == 0:
                     (one / "host-000.toml").write_text(text)

@@ -287,10 +287,13 @@ class Transport:
         python: str | None = None,
         timeout_s: float | None = None,
         env: Mapping[str, str] | None = None,
+        site: bool = True,
     ) -> CommandResult:
-        """Run a Python script (sent inline, nothing written to disk) with the host's python."""
+        """Run a Python script (sent inline, nothing written to disk) with the host's python; `site=False`
+        (`python -S`) for a stdlib-only script: no site-packages scan at start-up, which in a large serving
+        venv (its .pth files) is most of the interpreter's start-up time."""
         payload = base64.b64encode(source.encode()).decode()
-        interpreter = shlex.quote(python or self.profile.python)
+        interpreter = shlex.quote(python or self.profile.python) + ("" if site else " -S")
         argv = " ".join(shlex.quote(a) for a in args)
         return self.run(f"printf %s {payload} | base64 -d | {interpreter} - {argv}", timeout_s=timeout_s, env=env)
 

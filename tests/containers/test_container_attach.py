@@ -44,7 +44,7 @@ READ_ONLY = [re.compile(p, re.S) for p in (
     r"\{ journalctl -k --no-pager 2>/dev/null; dmesg 2>/dev/null; \} \| grep -F [0-9a-f]+ \| grep -E .*",
     rf"{ENGINE} ps -a --filter label=\S+ --format '\{{\{{\.Names\}}\}}'",
     r"\(journalctl -k .*\) \| grep -E .*",
-    r"printf %s [A-Za-z0-9+/=]+ \| base64 -d \| \S+ - .*",  # probes (the testhost audit reviews their sources)
+    r"printf %s [A-Za-z0-9+/=]+ \| base64 -d \| \S+(?: -S)? - .*",  # probes (the testhost audit reviews their sources)
     rf"printf %s [A-Za-z0-9+/=]+ \| base64 -d \| {ENGINE} exec -i {NAME} \S+ - .*",  # probes in a container
 )]
 

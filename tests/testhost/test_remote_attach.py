@@ -47,7 +47,7 @@ READ_ONLY = [re.compile(p) for p in (
 # scratch directory it removes: no file of the host changes, no kernel is built or launched.
 READ_ONLY_PROBES = ("gpu_inventory.py", "cuda_toolkit.py", "jit_cache.py", "kernel_log.py", "packages.py",
                     "sgl_kernel_builds.py", "torch_facts.py", "import_chain.py")
-PROBE = re.compile(r"printf %s (?P<source>[A-Za-z0-9+/=]+) \| base64 -d \| (?P<python>\S+) - .*", re.S)
+PROBE = re.compile(r"printf %s (?P<source>[A-Za-z0-9+/=]+) \| base64 -d \| (?P<python>\S+)(?: -S)? - .*", re.S)
 PROBES = Path(__file__).resolve().parents[2] / "pytest_dflash" / "hostaccess" / "probes"
 ALL_SUITES = ("smoke", "host", "env", "kernels", "service", "generation", "parity", "perf")
 

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 PROBE_TIMEOUTS_S = {"gpu_inventory": 60.0, "kernel_log": 60.0, "torch_facts": 180.0, "packages": 240.0,
                     "cuda_toolkit": 90.0, "sgl_kernel_builds": 60.0, "jit_cache": 60.0}
+# Stdlib-only probes that run on the host itself: `python -S`, so start-up skips the venv's site-packages.
+SITELESS_PROBES = frozenset({"gpu_inventory", "kernel_log"})
 REQUIRERS = ("sglang", "sglang-kernel", "flashinfer-python", "torch", "xgrammar")
 KERNEL_STEPS = ("sampling", "decode", "triton")
 ALLOW_GPU_USE_INI = "dflash_allow_gpu_use"
@@ -55,7 +57,7 @@ class GpuOptions:
 ProbeRunner = Callable[[str, Sequence[str], float, Mapping[str, str] | None], dict[str, Any]]
 
 
-def probe_runner(host: HostContext, group: ProbeGroup | None) -> ProbeRunner:
+def probe_runner(host: HostContext, group: ProbeGroup | None, *, site: bool = True) -> ProbeRunner:
     """How a probe of `group` runs: inside the container of a container service (`exec` of a read-only probe,
     its image's python and the container's own env; `env` is not applied), else on the host with the profile's
     python and `env`. Host-wide probes (no group) run on the host."""
@@ -71,7 +73,8 @@ def probe_runner(host: HostContext, group: ProbeGroup | None) -> ProbeRunner:
         return in_container
 
     def on_host(source: str, args: Sequence[str], timeout_s: float, env: Mapping[str, str] | None) -> dict[str, Any]:
-        return host.transport.probe(source, args, python=host.profile.python, timeout_s=timeout_s, env=env)
+        return host.transport.probe(source, args, python=host.profile.python, timeout_s=timeout_s, env=env,
+                                    site=site)
 
     return on_host
 
@@ -104,7 +107,8 @@ class GpuHost:
             return result
         limit = timeout_s or PROBE_TIMEOUTS_S.get(name, 120.0)
         try:
-            result = probe_runner(self.host, group)(probe_source(name), [json.dumps(dict(params or {}))], limit, env)
+            runner = probe_runner(self.host, group, site=name not in SITELESS_PROBES)
+            result = runner(probe_source(name), [json.dumps(dict(params or {}))], limit, env)
         except DflashError as exc:
             result = {"probe": name, "transport_error": str(exc)}
         self.cache[key] = result

@@ -14,16 +14,17 @@ from typing import Any
 import pytest
 
 from pytest_dflash.hostaccess.transport import CommandResult, parse_probe_output
-from pytest_dflash.layers.gpu.layer import probe_source
+from pytest_dflash.layers.gpu.layer import SITELESS_PROBES, probe_source
 
 PROBES = ["gpu_inventory", "kernel_log", "torch_facts", "import_chain", "packages", "cuda_toolkit",
           "sgl_kernel_builds", "jit_cache", "kernels"]
 
 
 def run_probe(name: str, params: dict[str, Any] | None = None, *, env: dict[str, str] | None = None,
-              timeout: float = 120) -> dict[str, Any]:
-    """Exactly as the transport sends it: the source on stdin of `python -`, params as argv[1]."""
-    done = subprocess.run([sys.executable, "-", json.dumps(params or {})], input=probe_source(name), text=True,
+              timeout: float = 120, site: bool = True) -> dict[str, Any]:
+    """Exactly as the transport sends it: the source on stdin of `python -` (`python -S -`), params as argv[1]."""
+    python = [sys.executable] if site else [sys.executable, "-S"]
+    done = subprocess.run([*python, "-", json.dumps(params or {})], input=probe_source(name), text=True,
                           capture_output=True, timeout=timeout, env={**os.environ, **(env or {})}, check=False)
     assert done.returncode == 0, done.stderr
     assert len([line for line in done.stdout.splitlines() if line.startswith("{")]) == 1, done.stdout
@@ -37,6 +38,17 @@ def test_probes_never_import_the_plugin(name: str) -> None:
     modules |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not any(m.startswith("pytest_dflash") for m in modules)
     assert "pytest_dflash" not in probe_source(name).split('"""', 2)[-1].replace("pytest_dflash.refserver", "")
+
+
+@pytest.mark.parametrize("name", sorted(SITELESS_PROBES))
+def test_the_probes_sent_to_python_dash_s_need_only_the_standard_library(name: str) -> None:
+    tree = ast.parse(probe_source(name))
+    modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    modules |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert {m.split(".")[0] for m in modules} <= set(sys.stdlib_module_names) | {"__future__"}
+    params = {"pattern": r"NVRM: Xid"} if name == "kernel_log" else {}
+    sited, siteless = run_probe(name, params), run_probe(name, params, site=False)
+    assert siteless["probe"] == name and siteless.keys() == sited.keys()
 
 
 def test_gpu_inventory_without_nvidia_smi() -> None:
@@ -142,3 +154,16 @@ def test_kernels_probe_reports_flashinfers_own_rejection_and_cleans_up() -> None
     assert not out["ok"] and error["phase"] == "spec"
     assert error["message"].startswith("FlashInfer requires GPUs with sm75 or higher")
     assert out["workspace_removed"] and not Path(out["workspace"]).exists()
+
+
+def test_the_transport_sends_a_siteless_probe_to_python_dash_s(tmp_path: Path) -> None:
+    from pytest_dflash.config.profiles import load_profile
+    from pytest_dflash.hostaccess.transport import Transport
+
+    path = tmp_path / "h.toml"
+    path.write_text(f'[host]\nconnection = "local://"\npython = "{sys.executable}"\n\n[services.s]\nkind = "external"\n'
+                    'algorithm = "auto"\nurl = "http://127.0.0.1:9"\n')
+    transport = Transport(load_profile(path), read_only=True)
+    script = "import json, sys\nprint(json.dumps({'no_site': sys.flags.no_site}))\n"
+    assert transport.probe(script, site=False) == {"no_site": 1}
+    assert transport.probe(script) == {"no_site": 0}
