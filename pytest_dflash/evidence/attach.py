@@ -76,7 +76,12 @@ def run_secrets(run: DflashRun) -> Iterator[str]:
 
 
 def _remember_run_secrets(run: DflashRun) -> None:
+    """Once per run: the profiles are fixed, and walking every host's services for every report of every host
+    grew with the square of the fleet."""
+    if run.secrets_remembered:
+        return
     remember(*(s for s in run_secrets(run) if len(s) >= 8))  # a short literal would mask ordinary words
+    run.secrets_remembered = True
 
 
 def mark_logs(item: pytest.Item, run: DflashRun, info: ItemInfo) -> None:
