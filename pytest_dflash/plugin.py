@@ -66,6 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
     profiles = discovery.apply(profiles, answers)
     channel = ProgressChannel(config, run_id, hosts=list(profiles))  # report/progress.py: xdist, -q, live line
     run = DflashRun(profiles, run_options, run_id, progress=channel)
+    attach.remember_run_secrets(run)
     config.stash[RUN_KEY] = run
     config.stash[BUILDER_KEY] = VerdictBuilder(run.run_id)
     if not profiles:

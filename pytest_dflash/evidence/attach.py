@@ -75,18 +75,15 @@ def run_secrets(run: DflashRun) -> Iterator[str]:
                     yield value
 
 
-def _remember_run_secrets(run: DflashRun) -> None:
-    """Once per run: the profiles are fixed, and walking every host's services for every report of every host
-    grew with the square of the fleet."""
-    if run.secrets_remembered:
-        return
+def remember_run_secrets(run: DflashRun) -> None:
+    """Hand the profiles' literal secrets to the redactor, once, when the run is built (plugin.pytest_configure):
+    before the pre-flight's first line, and not again per test (that walked every host's services for every
+    report of every host: the square of the fleet)."""
     remember(*(s for s in run_secrets(run) if len(s) >= 8))  # a short literal would mask ordinary words
-    run.secrets_remembered = True
 
 
 def mark_logs(item: pytest.Item, run: DflashRun, info: ItemInfo) -> None:
     """Before the test: where each of its services' logs stands, so evidence is only what the test saw."""
-    _remember_run_secrets(run)
     host = run.host(info.host)
     marks: dict[str, LogMark] = {}
     for name in info.services:
@@ -100,7 +97,6 @@ def mark_logs(item: pytest.Item, run: DflashRun, info: ItemInfo) -> None:
 def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, run: DflashRun,
              info: ItemInfo) -> None:
     """A service that died during the test fails it; a failure gets its evidence; every report the property."""
-    _remember_run_secrets(run)
     host = run.host(info.host)
     handles = item.stash.get(HANDLES_KEY, [])
     secrets = _secrets(handles)

@@ -435,7 +435,6 @@ class DflashRun:
     _registered: list[HostContext] = field(default_factory=list)
     _cleanup_lock: threading.Lock = field(default_factory=threading.Lock)
     _cleaned: bool = False
-    secrets_remembered: bool = False  # the profiles' literal secrets are in the redactor (evidence/attach.py)
 
     @property
     def log_dir(self) -> Path:
