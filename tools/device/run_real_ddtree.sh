@@ -15,7 +15,10 @@
 #   BUDGET=400 bash tools/device/run_real_ddtree.sh lossy   # the lossy fault alone (run 3's call4)
 #   BUDGET=560 bash tools/device/run_real_ddtree.sh configs-parity   # what run 3 left: smoke + parity on the
 #                                                           # graphs / overlap / prod variants, nothing beside them
-#   BUDGET=560 bash tools/device/run_real_ddtree.sh fi-parity        # ... and on the flashinfer-backend services
+#   BUDGET=560 bash tools/device/run_real_ddtree.sh fi-parity        # ... and DDTREE on the flashinfer backend
+#                                                           # (h200-ddtree-fi.toml): smoke acceptance parity perf
+# DFLASH_DIAG_STACKS=EVERY:FOR (seconds) turns on tools/device/stack_sampler.py in every staged tree: each server
+# process dumps its threads' stacks to /tmp/stacks every EVERY s for its first FOR s; they return as *-stacks.tar.xz.
 # Ordered by what matters most, each call on the machine the previous one left warm (chain them: it stays warm
 # ~30 s; a cold one re-pays ~2-5 min of Triton/FlashInfer JIT). fi-warm is a flashinfer-backend DDTREE server whose
 # FlashInfer attention JIT builds (MAX_JOBS=6 of the 16 cores) run during call2 and between the calls; call3 stops
@@ -72,6 +75,12 @@ setup() {
     [ -d "$t" ] && [ ! -L "$t/flashinfer" ] && rm -rf "$t/flashinfer" && ln -s /tmp/site/flashinfer "$t/flashinfer" \
       && say "$t/flashinfer -> /tmp/site/flashinfer"
   done
+  if [ -n "${DFLASH_DIAG_STACKS:-}" ]; then   # where first requests spend minutes: tools/device/stack_sampler.py
+    for t in /tmp/site /tmp/site_ddtree /tmp/site_ddtree_lossy; do
+      [ -d "$t" ] && rm -f "$t/sitecustomize.py" && cp tools/device/stack_sampler.py "$t/sitecustomize.py"
+    done
+    export DFLASH_DIAG_STACKS; say "stack sampler on ($DFLASH_DIAG_STACKS) in every tree"
+  fi
   [ -f /tmp/models/draft/model.safetensors ] || { PYTHONPATH=/tmp/site python3 .sglang-stage/make_models.py /tmp/models \
       > "$OUT/$PHASE-models.txt" 2>&1 && say "random models: /tmp/models" || say "MODELS FAILED"; }
   [ -f /tmp/models_accept/draft/model.safetensors ] || { PYTHONPATH=/tmp/site python3 tools/device/make_accept_models.py \
@@ -94,7 +103,7 @@ run_suite() {
   local name=$1 profile=$2 secs=$3 suites=$4; shift 4
   local lim=$(( $(left) - 30 )); [ "$secs" -lt "$lim" ] || secs=$lim
   if [ "$secs" -lt 60 ]; then say "$name: SKIPPED, only ${secs}s left"; return 0; fi
-  local res=/tmp/res/$name; rm -rf "$res"; mkdir -p "$res"
+  local res=/tmp/res/$name; rm -rf "$res" /tmp/stacks; mkdir -p "$res"
   say "$name: pytest --host $profile $suites (limit ${secs}s) $*"
   (cd .device/snap && DFLASH_STATE_DIR=/tmp/dflash-state-$name PYTHONPATH=/tmp/plugin-site:$PWD \
      timeout -k 15 -s TERM "$secs" python3 -m pytest -p pytest_dflash.plugin -p no:cacheprovider \
@@ -112,6 +121,7 @@ run_suite() {
   done
   tar -czf "$OUT/$name.tar.gz" -C /tmp/res "$name" -C /tmp "dflash-state-$name/logs" 2>/dev/null
   cp "$res/pytest.log" "$OUT/$name-pytest.log"
+  [ -d /tmp/stacks ] && tar -cJf "$OUT/$name-stacks.tar.xz" -C /tmp stacks 2>/dev/null
   return 0
 }
 
@@ -221,8 +231,10 @@ case $PHASE in
     ;;
   configs-parity|fi-parity)   # one profile alone, a test timeout as long as the call: run 3 lost these to 300 s
     setup
-    prof=tools/device/h200-ddtree-configs.toml; [ "$PHASE" = fi-parity ] && prof=tools/device/h200-ddtree-configs2.toml
-    run_suite "c5-$PHASE" "$prof" $(( BUDGET - 30 )) "suites/smoke suites/parity/test_parity.py" \
+    prof=tools/device/h200-ddtree-configs.toml; suites="suites/smoke suites/parity/test_parity.py"
+    [ "$PHASE" = fi-parity ] && prof=tools/device/h200-ddtree-fi.toml \
+      && suites="suites/smoke suites/parity/test_acceptance.py suites/parity/test_parity.py suites/perf"
+    run_suite "c5-$PHASE" "$prof" $(( BUDGET - 30 )) "$suites" \
         -k "not serving_chains_import and not torch_has_kernels" -o timeout=$(( BUDGET - 60 ))
     ;;
   setup) setup ;;   # for a dry run of the staging steps
