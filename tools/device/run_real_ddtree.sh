@@ -71,9 +71,10 @@ setup() {
     python3 tools/device/make_lossy_tree.py --src /tmp/site_ddtree --dst /tmp/site_ddtree_lossy >> "$OUT/$PHASE-overlay.txt" 2>&1 \
       && touch /tmp/site_ddtree_lossy/.lossy && say "lossy tree: /tmp/site_ddtree_lossy" || say "LOSSY TREE FAILED"
   fi
-  for t in /tmp/site_ddtree /tmp/site_ddtree_lossy; do   # one FlashInfer JIT cache for every tree (see the top)
-    [ -d "$t" ] && [ ! -L "$t/flashinfer" ] && rm -rf "$t/flashinfer" && ln -s /tmp/site/flashinfer "$t/flashinfer" \
-      && say "$t/flashinfer -> /tmp/site/flashinfer"
+  for t in /tmp/site_ddtree /tmp/site_ddtree_lossy; do   # one FlashInfer JIT build for every tree (see the top)
+    for pkg in flashinfer tvm_ffi; do
+      [ -d "$t" ] && [ ! -L "$t/$pkg" ] && rm -rf "$t/$pkg" && ln -s "/tmp/site/$pkg" "$t/$pkg" && say "$t/$pkg -> /tmp/site/$pkg"
+    done
   done
   if [ -n "${DFLASH_DIAG_STACKS:-}" ]; then   # where first requests spend minutes: tools/device/stack_sampler.py
     for t in /tmp/site /tmp/site_ddtree /tmp/site_ddtree_lossy; do
@@ -86,9 +87,12 @@ setup() {
   [ -f /tmp/models_accept/draft/model.safetensors ] || { PYTHONPATH=/tmp/site python3 tools/device/make_accept_models.py \
       /tmp/models_accept --check --ddtree-src /tmp/site_ddtree >> "$OUT/$PHASE-models.txt" 2>&1 \
       && say "high-acceptance models: /tmp/models_accept" || say "ACCEPT MODELS FAILED"; }
-  # FlashInfer's sampling JIT (~2 min cold) in the background while the first servers boot; a no-op when cached.
+  # The two FlashInfer JIT modules every server's first requests need (norm: the first forward; sampling: the first
+  # sampled request), built once in the background while the first servers boot; a no-op when cached.
   if [ ! -f /tmp/res-prewarm.txt ]; then
-    (PYTHONPATH=/tmp/site timeout 300 python3 -c 'import time; t=time.time(); from flashinfer.sampling import get_sampling_module; get_sampling_module(); print("sampling JIT ready in %.1fs" % (time.time()-t))' \
+    (PYTHONPATH=/tmp/site timeout 400 python3 -c 'import time; t=time.time()
+from flashinfer.norm import get_norm_module; get_norm_module(); print("norm JIT ready in %.1fs" % (time.time()-t))
+from flashinfer.sampling import get_sampling_module; get_sampling_module(); print("sampling JIT ready in %.1fs" % (time.time()-t))' \
        > /tmp/res-prewarm.txt 2>&1 &)
   fi
   if [ ! -d /tmp/plugin-site/testinfra ]; then
@@ -236,6 +240,7 @@ case $PHASE in
       && suites="suites/smoke suites/parity/test_acceptance.py suites/parity/test_parity.py suites/perf"
     run_suite "c5-$PHASE" "$prof" $(( BUDGET - 30 )) "$suites" \
         -k "not serving_chains_import and not torch_has_kernels" -o timeout=$(( BUDGET - 60 ))
+    cat /tmp/res-prewarm.txt >> "$LOG" 2>/dev/null
     ;;
   setup) setup ;;   # for a dry run of the staging steps
   *) echo "unknown phase $PHASE"; exit 2 ;;
