@@ -13,7 +13,7 @@ from pytest_dflash.errors import DflashError
 from pytest_dflash.evidence.bounds import ITEM_BYTES, LOG_BYTES, Keep, scrub
 from pytest_dflash.evidence.diagnosis import Diagnosis, diagnose
 from pytest_dflash.hostaccess.transport import journal_since
-from pytest_dflash.services.base import LogMark
+from pytest_dflash.services.base import LogMark, ServiceState
 
 if TYPE_CHECKING:
     from pytest_dflash.run.state import HostContext, ServiceHandle
@@ -77,7 +77,16 @@ def gather(
     texts = [clean(failure_text, DIAGNOSIS_INPUT_BYTES, "diagnosed text")]
     for handle in handles:
         manager = handle.manager
+        try:
+            state: ServiceState | None = manager.state()
+            props = {"state": state.summary(), **manager.describe()}
+        except DflashError as exc:
+            state, props = None, {"state": f"unknown: {exc}"}
         mark = marks.get(handle.name) or handle.started_mark
+        if state is not None and state.dead and handle.started_mark is not None:
+            # A service that died may have died before this test began (found dead only now): its last lines
+            # are older than the test's mark, so the window reaches back to its start (the tail is kept).
+            mark = handle.started_mark
         try:
             log = manager.logs_since(mark, lines)
         except DflashError as exc:
@@ -88,12 +97,8 @@ def gather(
             texts.append(log)
             evidence.sections.append((f"{what} {handle.label} since {_since(mark)}",
                                       clean(log, LOG_BYTES, f"{what} tail", "tail")))
-        try:
-            state = manager.state()
+        if state is not None:
             texts.append(clean(state.summary(), ITEM_BYTES, "service state"))
-            props = {"state": state.summary(), **manager.describe()}
-        except DflashError as exc:
-            props = {"state": f"unknown: {exc}"}
         evidence.sections.append((f"service {handle.label}",
                                   clean("\n".join(f"{k}={v}" for k, v in props.items()), ITEM_BYTES,
                                         "report section")))

@@ -50,6 +50,7 @@ FAULTS: dict[str, FaultSpec] = {
     "slow-decode": FaultSpec("factor", None),
     "cold-jit": FaultSpec("seconds", None),
     "scheduler-crash": FaultSpec("delay_s", 0.0),
+    "scheduler-segv": FaultSpec("seconds", None),
 }
 
 
@@ -163,6 +164,14 @@ def kill_self() -> None:
         handler.flush()
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def scheduler_segfaulted(child_pid: int, seconds_until_death: float) -> None:
+    """A scheduler child killed by SIGSEGV while serving (H200 run 4): SGLang's watchdog (utils/watchdog.py) names
+    the child and its exit code, then the main process kills its own tree (SIGKILL, no traceback)."""
+    logger.error("Subprocess scheduler_0 (pid=%d) crashed with exit code -11. Triggering SIGQUIT for cleanup...",
+                 child_pid)
+    scheduler_died_at_runtime(seconds_until_death)
 
 
 def scheduler_died_at_runtime(seconds_until_death: float) -> None:

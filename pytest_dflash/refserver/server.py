@@ -13,6 +13,7 @@ from pytest_dflash.refserver import transcription  # noqa: F401  # isort: skip
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import time
@@ -158,6 +159,8 @@ async def _serve(server: _Server, sock: socket.socket, state: ServerState) -> No
     tasks: list[Awaitable[None]] = [server.serve(sockets=[sock]), _warmup(server, state)]
     if "crash-after" in state.faults:
         tasks.append(_crash_after(state.faults.value("crash-after")))
+    if "scheduler-segv" in state.faults:
+        tasks.append(_scheduler_segv_after(state.faults.value("scheduler-segv")))
     await asyncio.gather(*tasks)
 
 
@@ -187,6 +190,13 @@ async def _warmup(server: _Server, state: ServerState) -> None:
         faults.kill_process_tree(include_parent=True)
     state.ready = True
     logger.info("The server is fired up and ready to roll!")
+
+
+async def _scheduler_segv_after(seconds: float) -> None:
+    """The scheduler-segv fault: the scheduler dies of SIGSEGV `seconds` after start; the server kills itself."""
+    await asyncio.sleep(seconds)
+    # The refserver's scheduler is a thread: the pid SGLang would name is its child's; this one is its own + 1.
+    faults.scheduler_segfaulted(os.getpid() + 1, 0.2)
 
 
 async def _crash_after(seconds: float) -> None:

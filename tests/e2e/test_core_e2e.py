@@ -257,6 +257,42 @@ def test_service_layer_catches_a_wrong_algorithm_and_an_early_death(run_suite, t
     assert data["layers"]["service"]["outcome"] == "failed"
 
 
+DEAD_BEFORE_THE_NEXT_TEST = """
+import time
+
+def test_waits_on_ok_for_the_other_to_die(dflash_service_raw):  # its death is no part of this test
+    dies = dflash_service_raw.host.service("dies")
+    dies.ensure_ready()  # ready, then dead a few seconds later, while this test holds only "ok"
+    deadline = time.monotonic() + 60
+    while not dies.manager.state().dead and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert dies.manager.state().dead, "the server did not die"
+
+def test_uses_the_dead_one(dflash_service_raw):  # its log mark is taken after the death
+    assert dflash_service_raw.name == "dies"
+"""
+
+
+def test_a_service_found_dead_after_its_crash_is_diagnosed_from_its_last_lines(tmp_path: Path) -> None:
+    """H200 run 4: a scheduler died of SIGSEGV between two tests; the next test found its server killed by SIGKILL
+    and, with no log lines after its own mark, guessed the OOM killer. The window now reaches back to the start of a
+    dead service, so SGLang's own line names the child and its exit code."""
+    name = "segv"
+    profile = write_profile(tmp_path, name, {"ok": ("DFLASH", []), "dies": ("DFLASH", ["--inject", "scheduler-segv=5"])})
+    (tmp_path / "test_dead.py").write_text(DEAD_BEFORE_THE_NEXT_TEST)
+    done = subprocess.run(pytest_cmd(str(tmp_path / "test_dead.py"), "--host", str(profile), "-k",
+                                     "(waits_on_ok and segv/ok) or (dead_one and segv/dies)",
+                                     f"--dflash-report={tmp_path}"), capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:]
+    failures = verdict(tmp_path, name)["failures"]
+    assert [f["test"].split("::")[-1] for f in failures] == ["test_uses_the_dead_one[segv/dies]"], done.stdout[-3000:]
+    assert [d["id"] for d in failures[0]["diagnosis"]] == ["sglang-subprocess-died"], failures
+    assert "crashed with exit code -11" in failures[0]["diagnosis"][0]["evidence"]
+    assert "killed-sigkill-oom" not in done.stdout
+    assert "crashed with exit code -11" in done.stdout  # the log's last lines are in the report
+
+
 def test_services_started_together_wait_for_readiness_together(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A peer started beside the service a test asked for waits in the background: on the H200 each SGLang process
     took 80-114 s for its first sampled request, so one-after-another waits added up to minutes (issue 16's run)."""

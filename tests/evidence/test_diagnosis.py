@@ -80,6 +80,27 @@ def test_oom_guess_only_without_a_traceback() -> None:
     assert "killed-sigkill-oom" not in ids(crash)
 
 
+DDTREE_RUNS = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200-ddtree"
+
+
+@pytest.mark.parametrize("service", ["plain_acc", "ddtree_acc_overlap"])
+def test_a_scheduler_segfault_is_named_not_guessed_as_oom(service: str) -> None:
+    """Run 4: scheduler_0 died of SIGSEGV and SGLang SIGKILLed its own tree. The server's log says so; the
+    verdict of that run guessed the OOM killer because the failing test's window held none of these lines."""
+    log = (DDTREE_RUNS / "run4-stack-sampler-crash" / f"server_{service}.log").read_text()
+    found = diagnose(log, f"the test passed but service h200/{service} died: killed by SIGKILL")
+    assert [d.id for d in found] == ["sglang-subprocess-died"]
+    assert "crashed with exit code -11" in found[0].evidence
+
+
+@pytest.mark.parametrize("service", ["ddtree_acc_graphs", "dflash_acc_prod"])
+def test_a_sigterm_shutdown_that_logs_exit_code_minus_15_is_no_crash(service: str) -> None:
+    """The same run's healthy servers, stopped by the plugin: SGLang's watchdog logs "crashed with exit code -15"."""
+    log = (DDTREE_RUNS / "run4-stack-sampler-crash" / f"server_{service}.log").read_text()
+    assert "crashed with exit code -15" in log
+    assert ids(log) == []
+
+
 def test_remedy_placeholders_are_filled() -> None:
     found = diagnose("ModuleNotFoundError: No module named 'soundfile'", values={"python": "/opt/v/bin/python"})
     assert "/opt/v/bin/python -m pip install soundfile" in found[0].remedy
