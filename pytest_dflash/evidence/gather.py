@@ -77,11 +77,12 @@ def gather(
     texts = [clean(failure_text, DIAGNOSIS_INPUT_BYTES, "diagnosed text")]
     for handle in handles:
         manager = handle.manager
+        state: ServiceState | None = None
         try:
-            state: ServiceState | None = manager.state()
+            state = manager.state()
             props = {"state": state.summary(), **manager.describe()}
         except DflashError as exc:
-            state, props = None, {"state": f"unknown: {exc}"}
+            props = {"state": f"unknown: {exc}"}
         mark = marks.get(handle.name) or handle.started_mark
         if state is not None and state.dead and handle.started_mark is not None:
             # A service that died may have died before this test began (found dead only now): its last lines

@@ -111,7 +111,7 @@ run_suite() {
   say "$name: pytest --host $profile $suites (limit ${secs}s) $*"
   (cd .device/snap && DFLASH_STATE_DIR=/tmp/dflash-state-$name PYTHONPATH=/tmp/plugin-site:$PWD \
      timeout -k 15 -s TERM "$secs" python3 -m pytest -p pytest_dflash.plugin -p no:cacheprovider \
-       --host "$REPO/$profile" $suites --dflash-report "$res" --junitxml "$res/junit.xml" -rA --durations=30 "$@" \
+       --host "$REPO/$profile" $suites --dflash-report "$res" --junitxml "$res/junit.xml" -rA --durations=30 "$@" ${PYTEST_EXTRA:-} \
        > "$res/pytest.log" 2>&1)
   local rc=$?
   say "$name: pytest rc=$rc"
