@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from pytest_dflash.evidence.diagnosis import diagnose
 from pytest_dflash.refserver.launch import RefServerProcess
@@ -40,6 +41,21 @@ def test_the_patterns_are_the_real_servers_lines() -> None:
     found = _find(REAL.read_text(errors="replace"))
     assert set(found) == set(LINES)
     assert found["worker"].groups() == ("16", "32", "33") and found["verify"].group(1) == "1"
+
+
+@pytest.mark.parametrize(("log", "budget"), [
+    ("run4-configs-parity/server_ddtree_acc_graphs.log", "32"), ("run4-configs-parity/server_ddtree_acc_overlap.log", "32"),
+    ("run4-configs-parity/server_ddtree_acc_prod.log", "32"), ("run4-fi-parity/server_ddtree_acc_fi.log", "32"),
+    ("run4-accept/server_ddtree_acc_b8.log", "8"),
+])
+def test_every_configuration_logs_the_same_lines(log: str, budget: str) -> None:
+    """CUDA graphs, overlap scheduling, both, the flashinfer backend (run 4): the lines do not change with them,
+    and a healthy run of each gives the catalog nothing to flag."""
+    text = (REAL.parents[1] / log).read_text(errors="replace")
+    found = _find(text)
+    assert set(found) == set(LINES), log
+    assert found["worker"].group(2) == budget and found["worker"].group(3) == str(int(budget) + 1)
+    assert diagnose(text) == []
 
 
 def test_the_refserver_logs_them_in_the_real_order_and_the_catalog_names_none_of_them() -> None:

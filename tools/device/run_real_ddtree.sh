@@ -19,23 +19,28 @@
 #                                                           # (h200-ddtree-fi.toml): smoke acceptance parity perf
 # DFLASH_DIAG_STACKS=EVERY:FOR (seconds) turns on tools/device/stack_sampler.py in every staged tree: each server
 # process dumps its threads' stacks to /tmp/stacks every EVERY s for its first FOR s; they return as *-stacks.tar.xz.
+# Diagnosis only: in run 4 the dumps crashed three servers (SIGSEGV).
 # Ordered by what matters most, each call on the machine the previous one left warm (chain them: it stays warm
 # ~30 s; a cold one re-pays ~2-5 min of Triton/FlashInfer JIT). fi-warm is a flashinfer-backend DDTREE server whose
 # FlashInfer attention JIT builds (MAX_JOBS=6 of the 16 cores) run during call2 and between the calls; call3 stops
 # it (by its process group) before its own servers start.
 #
-# One FlashInfer for every tree: the overlay makes /tmp/site_ddtree (and the lossy tree) a hard-link copy of
-# /tmp/site, and FlashInfer keys its JIT build files on its package path (flashinfer/jit/env.py: _package_root =
-# Path(__file__).resolve().parents[1]), so the trees' flashinfer/ is a symlink to /tmp/site/flashinfer, which
-# resolve() maps back to one path, one build. Run 3 showed this was NOT why first sampled requests take 0.1-256 s
-# per process (tests/data/sglang-0.5.17-h200-ddtree/README.md, "What run 3 showed about start-up time").
-# FlashInfer builds under one host-wide lock (flashinfer_jit.lock): a build in any process (fi-warm) stalls every
-# server's first sampled request on the host, so never run fi-warm beside timed runs.
+# One FlashInfer JIT build for every tree: the overlay makes /tmp/site_ddtree (and the lossy tree) a hard-link copy
+# of /tmp/site, and FlashInfer keys its JIT builds on its resolved package path (flashinfer/jit/env.py) AND writes
+# tvm_ffi's resolved include path into each module's build.ninja (jit/cpp_ext.py), so the trees' flashinfer/ and
+# tvm_ffi/ are symlinks to /tmp/site's. Before run 4 only flashinfer/ was: processes of the two trees then rebuilt
+# each other's norm and sampling modules, one after another under the module's file lock, which is where first
+# requests spent minutes in runs 1-3 (tests/data/sglang-0.5.17-h200-ddtree/README.md, run4-stack-sampler-crash).
+# setup() pre-builds both modules in the background while the first servers boot.
 #
 # Needs, carried along (git-ignored): .sglang-stage/ (site.tar.xz + make_models.py, from
-# ../shared/reference/real-sglang/setup_and_run.sh), .device/real-ddtree/ (a copy of
-# ../shared/reference/real-ddtree/), .device/wheels/ (pytest-testinfra), .device/snap/ (the plugin at HEAD) and,
-# optionally, .device/jit/*.tar.gz (JIT caches a previous call returned: skip the cold FlashInfer/Triton builds).
+# ../shared/reference/real-sglang/setup_and_run.sh; run 4 repacked it without jedi/, IPython's optional completer,
+# 54 MB instead of 56), .device/real-ddtree/ (a copy of ../shared/reference/real-ddtree/), .device/wheels/
+# (pytest-testinfra) and, optionally, .device/jit/*.tar.gz (JIT caches a previous call returned). Everything that
+# travels must fit 64 MiB, this checkout included, so .device/snap/ (the plugin as committed) is made on the device:
+#   run(command="mkdir -p .device/snap && cp -r pytest_dflash suites hosts pyproject.toml conftest.py .device/snap/ \
+#       && BUDGET=555 bash tools/device/run_real_ddtree.sh PHASE",
+#       carry=[".sglang-stage", ".device/real-ddtree", ".device/wheels", ".device/jit"])
 # Every step is idempotent: a warm machine (the call right after another) skips what /tmp already holds.
 set -u
 PHASE=${1:-call1}

@@ -5,6 +5,9 @@ DFLASH_DIAG_STACKS="EVERY:FOR" (seconds) is set. Every Python process started on
 its scheduler / tokenizer / detokenizer children) then writes all its threads' stacks to
 /tmp/stacks/<pid>.txt every EVERY seconds for its first FOR seconds. faulthandler dumps from its own C thread, so a
 process stuck in a compiler call or a lock still shows where. Nothing happens when the variable is unset.
+
+UNSAFE for a recorded run: on the H200 (run 4) three SGLang processes died of SIGSEGV in the middle of a dump
+(Python 3.12's faulthandler walks frames that another thread is changing). For diagnosis only.
 """
 
 import os

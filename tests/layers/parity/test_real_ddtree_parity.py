@@ -51,6 +51,10 @@ def test_classify_names_the_recorded_divergence_real() -> None:
 @pytest.mark.parametrize(("run", "compared"), [
     ("run3-accept", "dflash_acc"), ("run3-accept", "ddtree_acc"), ("run3-accept", "ddtree_acc_b8"),
     ("run3-configs2", "ddtree_acc_b64"), ("run3-configs2", "dflash_acc_fi"),
+    # run 4: the production configurations (CUDA graphs, overlap scheduling, both) and the flashinfer backend
+    ("run4-configs-parity", "ddtree_acc_graphs"), ("run4-configs-parity", "ddtree_acc_overlap"),
+    ("run4-configs-parity", "ddtree_acc_prod"), ("run4-configs-parity", "dflash_acc_prod"),
+    ("run4-fi-parity", "ddtree_acc_fi"), ("run4-accept", "ddtree_acc"), ("run4-accept", "dflash_acc"),
 ])
 def test_healthy_speculative_servers_are_token_identical_to_plain(run: str, compared: str) -> None:
     recorded = metrics(run)
