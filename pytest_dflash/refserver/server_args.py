@@ -17,7 +17,7 @@ from typing import Any
 # SGLang 0.5.17 imports its function-call parsers (and with them xgrammar) before parsing arguments,
 # so a broken xgrammar kills it whatever --grammar-backend says. Same order here.
 from pytest_dflash.refserver import grammar  # noqa: F401
-from pytest_dflash.refserver.faults import parse_inject
+from pytest_dflash.refserver.faults import FAULTS, parse_inject
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "DEFAULT_DDTREE_BUDGET", "ServerArgs", "build_parser", "prepare_server_args"]
 
@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME[=VALUE][,...]",
-        help="fault injection, see docs/refserver.md",
+        help=f"fault injection, NAME[=VALUE],...: {', '.join(FAULTS)} (docs/refserver.md)",
     )
     return p
 
