@@ -75,6 +75,7 @@ def gather(
 
     # Diagnose redacted text: a diagnosis quotes the log line that matched, and goes into the verdict JSON.
     texts = [clean(failure_text, DIAGNOSIS_INPUT_BYTES, "diagnosed text")]
+    dead_since: list[LogMark | None] = []  # where the windows of dead services begin: the kernel log's too
     for handle in handles:
         manager = handle.manager
         state: ServiceState | None = None
@@ -84,10 +85,12 @@ def gather(
         except DflashError as exc:
             props = {"state": f"unknown: {exc}"}
         mark = marks.get(handle.name) or handle.started_mark
-        if state is not None and state.dead and handle.started_mark is not None:
+        if state is not None and state.dead:
             # A service that died may have died before this test began (found dead only now): its last lines
-            # are older than the test's mark, so the window reaches back to its start (the tail is kept).
+            # are older than the test's mark, so the window reaches back to its start, or for an attached
+            # unit or container to the end of its log (every manager returns at most `lines`).
             mark = handle.started_mark
+            dead_since.append(mark)
         try:
             log = manager.logs_since(mark, lines)
         except DflashError as exc:
@@ -104,7 +107,9 @@ def gather(
                                   clean("\n".join(f"{k}={v}" for k, v in props.items()), ITEM_BYTES,
                                         "report section")))
     if host.has_host_access and not getattr(host.transport, "_unreachable", None):
-        first = min((m.wall_time for m in marks.values()), default=None)
+        first = min((m.wall_time for m in [*marks.values(), *dead_since] if m is not None), default=None)
+        if None in dead_since:  # an attached service found dead: since when is unknown, so the whole boot
+            first = None
         kernel = kernel_log(host, LogMark(first) if first else None)
         if kernel:
             kernel = clean(kernel, ITEM_BYTES, "kernel log excerpt", "tail")

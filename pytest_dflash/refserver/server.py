@@ -160,7 +160,7 @@ async def _serve(server: _Server, sock: socket.socket, state: ServerState) -> No
     if "crash-after" in state.faults:
         tasks.append(_crash_after(state.faults.value("crash-after")))
     if "scheduler-segv" in state.faults:
-        tasks.append(_scheduler_segv_after(state.faults.value("scheduler-segv")))
+        tasks.append(_scheduler_segv_after(state.faults.value("scheduler-segv"), state))
     await asyncio.gather(*tasks)
 
 
@@ -192,8 +192,11 @@ async def _warmup(server: _Server, state: ServerState) -> None:
     logger.info("The server is fired up and ready to roll!")
 
 
-async def _scheduler_segv_after(seconds: float) -> None:
-    """The scheduler-segv fault: the scheduler dies of SIGSEGV `seconds` after start; the server kills itself."""
+async def _scheduler_segv_after(seconds: float, state: ServerState) -> None:
+    """The scheduler-segv fault: the scheduler dies of SIGSEGV `seconds` after the server is ready (after its
+    warm-up, so a slow start cannot move the death into readiness); the server kills itself."""
+    while not state.ready:
+        await asyncio.sleep(0.05)
     await asyncio.sleep(seconds)
     # The refserver's scheduler is a thread: the pid SGLang would name is its child's; this one is its own + 1.
     faults.scheduler_segfaulted(os.getpid() + 1, 0.2)

@@ -93,6 +93,14 @@ def test_a_scheduler_segfault_is_named_not_guessed_as_oom(service: str) -> None:
     assert "crashed with exit code -11" in found[0].evidence
 
 
+def test_a_scheduler_killed_by_sigkill_points_at_the_oom_killer() -> None:
+    """Exit code -9 in SGLang's watchdog line: the kernel took the child (or an operator did), not a native crash."""
+    log = (DDTREE_RUNS / "run4-stack-sampler-crash" / "server_plain_acc.log").read_text()
+    killed = log.replace("crashed with exit code -11", "crashed with exit code -9")
+    assert "crashed with exit code -9" in killed
+    assert ids(killed) == ["sglang-subprocess-sigkilled"]
+
+
 @pytest.mark.parametrize("service", ["ddtree_acc_graphs", "dflash_acc_prod"])
 def test_a_sigterm_shutdown_that_logs_exit_code_minus_15_is_no_crash(service: str) -> None:
     """The same run's healthy servers, stopped by the plugin: SGLang's watchdog logs "crashed with exit code -15"."""
