@@ -40,7 +40,7 @@ def on_signal(signum: int, frame: FrameType | None) -> None:
 def deferred() -> Iterator[None]:
     """Signals that arrive inside are latched, not raised (teardown; in the main thread only)."""
     global _deferring
-    if threading.current_thread() is not threading.main_thread() or _deferring:
+    if not in_main_thread() or _deferring:
         yield
         return
     _deferring = True
@@ -52,13 +52,18 @@ def deferred() -> Iterator[None]:
 
 def install_sigint() -> object | None:
     """Latch SIGINT too, unless someone else already handles it; returns the handler to put back (None: none)."""
-    if threading.current_thread() is not threading.main_thread():
+    if not in_main_thread():
         return None
     previous = signal.getsignal(signal.SIGINT)
     if previous is not signal.default_int_handler:
         return None  # a handler of the user's, or SIGINT ignored (as in a background job): leave it
     signal.signal(signal.SIGINT, on_signal)
     return previous
+
+
+def in_main_thread() -> bool:
+    """Signal handlers live in the main thread only (signal.signal raises elsewhere), and so does the latch."""
+    return threading.current_thread() is threading.main_thread()
 
 
 def received() -> str | None:
@@ -83,7 +88,7 @@ def mark_delivered() -> None:
 
 def raise_if_lost() -> None:
     """Called by the plugin's waits on every turn: re-raise an interrupt that a finalizer swallowed."""
-    if lost() and not _in_teardown and threading.current_thread() is threading.main_thread():
+    if lost() and not _in_teardown and in_main_thread():
         raise KeyboardInterrupt(f"{_received} (raised again: the first one was lost in a finalizer)")
 
 
@@ -93,5 +98,5 @@ def reset() -> None:
     _received, _delivered, _in_teardown = None, False, False
 
 
-__all__ = ["deferred", "in_teardown", "install_sigint", "lost", "mark_delivered", "on_signal", "raise_if_lost",
-           "received", "reset"]
+__all__ = ["deferred", "in_main_thread", "in_teardown", "install_sigint", "lost", "mark_delivered", "on_signal",
+           "raise_if_lost", "received", "reset"]

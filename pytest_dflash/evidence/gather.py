@@ -107,9 +107,9 @@ def gather(
                                   clean("\n".join(f"{k}={v}" for k, v in props.items()), ITEM_BYTES,
                                         "report section")))
     if host.has_host_access and not getattr(host.transport, "_unreachable", None):
-        first = min((m.wall_time for m in [*marks.values(), *dead_since] if m is not None), default=None)
-        if None in dead_since:  # an attached service found dead: since when is unknown, so the whole boot
-            first = None
+        # The earliest window; an attached service found dead has none (since when is unknown): the whole boot.
+        windows = [*marks.values(), *dead_since]
+        first = None if None in dead_since else min((m.wall_time for m in windows if m), default=None)
         kernel = kernel_log(host, LogMark(first) if first else None)
         if kernel:
             kernel = clean(kernel, ITEM_BYTES, "kernel log excerpt", "tail")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import signal
-import threading
 from types import FrameType
 
 import pytest
@@ -18,7 +17,7 @@ def arm(config: pytest.Config, run: DflashRun) -> None:
     """Clean up at exit, and turn SIGTERM into KeyboardInterrupt so pytest tears down as on Ctrl-C; both
     signals are latched (pytest_dflash.interrupts), so one that a finalizer swallows still stops the run."""
     atexit.register(run.cleanup)
-    if not _main_thread():
+    if not interrupts.in_main_thread():
         return
     interrupts.reset()
     previous = signal.getsignal(signal.SIGTERM)
@@ -38,10 +37,10 @@ def disarm(config: pytest.Config, run: DflashRun | None) -> None:
         run.cleanup()
         atexit.unregister(run.cleanup)
     previous = config.stash.get(PREVIOUS_SIGTERM_KEY, None)
-    if previous is not None and _main_thread():
+    if previous is not None and interrupts.in_main_thread():
         signal.signal(signal.SIGTERM, previous)
     previous_sigint = config.stash.get(PREVIOUS_SIGINT_KEY, None)
-    if previous_sigint is not None and _main_thread():
+    if previous_sigint is not None and interrupts.in_main_thread():
         signal.signal(signal.SIGINT, previous_sigint)
     forget_handled_interrupt()
 
@@ -56,6 +55,3 @@ def forget_handled_interrupt() -> None:
     """
     exec("None")  # a constant: the point is the call, see above
 
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
