@@ -29,6 +29,13 @@ MASK = "***REDACTED***"
 # Literal secret values known to this process (a profile's API key, the values of its command's secret
 # flags): masked wherever they appear, whatever surrounds them.
 _KNOWN: set[str] = set()
+# Short texts redact the same way until `remember` learns a secret: a report's property repeats the same host
+# names, URLs and phases on every test, and 13 patterns over each cost more than the rest of the report.
+# Keyed by what the answer depends on (the text, the caller's secrets, the generation of _KNOWN).
+_MEMO: dict[tuple[str, tuple[str, ...], int], str] = {}
+_MEMO_TEXT = 512  # characters: longer texts (logs) are rarely repeated
+_MEMO_ENTRIES = 8192
+_generation = 0
 
 _STRONG_NAME = re.compile(
     r"api[_-]?key|apikey|secret|passw(?:or)?d|credential|authorization|bearer|cookie|x-amz-security"
@@ -88,7 +95,12 @@ _SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
 
 def remember(*secrets: str | None) -> None:
     """Literal secrets of this run (4+ characters), masked in every later `redact` call."""
-    _KNOWN.update(s for s in secrets if s and len(s) >= 4)
+    global _generation
+    new = {s for s in secrets if s and len(s) >= 4} - _KNOWN
+    if new:
+        _KNOWN.update(new)
+        _generation += 1  # before the clear: an answer computed without the new secret is never read again
+        _MEMO.clear()
 
 
 def secret_kind(name: str) -> str | None:
@@ -150,6 +162,19 @@ def redact(text: str, extra: tuple[str, ...] = ()) -> str:
     """Mask secrets in `text`. `extra` are literal secret values known to the caller (e.g. API keys)."""
     if not text:
         return text
+    if len(text) > _MEMO_TEXT:
+        return _redact(text, extra)
+    key = (text, extra, _generation)
+    done = _MEMO.get(key)
+    if done is None:
+        done = _redact(text, extra)
+        if len(_MEMO) >= _MEMO_ENTRIES:
+            _MEMO.clear()
+        _MEMO[key] = done
+    return done
+
+
+def _redact(text: str, extra: tuple[str, ...]) -> str:
     for secret in (*extra, *_KNOWN):
         if secret and len(secret) >= 4 and secret in text:
             text = text.replace(secret, MASK)

@@ -40,7 +40,7 @@ from pytest_dflash.services.base import LogMark, ServiceManager
 from pytest_dflash.services.container import ContainerService, reap_stale_containers
 from pytest_dflash.services.external import ExternalService
 from pytest_dflash.services.process import ProcessService, reap_stale, state_root
-from pytest_dflash.services.readiness import HttpLiveness, ReadinessWatcher, ReadyReport
+from pytest_dflash.services.readiness import LIVENESS_TIMEOUT_S, HttpLiveness, ReadinessWatcher, ReadyReport
 from pytest_dflash.services.systemd import SystemdService, reap_stale_units
 
 # Where progress lines go (report/progress.py shows them). A line is a str; its kind rides on its class: a
@@ -247,8 +247,11 @@ class ServiceHandle:
             state = self.manager.state()
         except TransportError:
             return None
-        if state.running is None:  # attached by URL: ask HTTP (a refusal after readiness is conclusive)
-            if HttpLiveness(self.client).probe() != "refused":
+        if state.running is None:  # attached by URL: a refusal after readiness is conclusive
+            refused = self.client.refuses_connections(LIVENESS_TIMEOUT_S)
+            if refused is None:  # behind a proxy from the environment: ask over HTTP
+                refused = HttpLiveness(self.client).probe() == "refused"
+            if not refused:
                 return None
             return ServiceGone(self.label, Death(detail="seen over HTTP: connection refused"),
                                seen="connections refused after it had passed readiness")
@@ -285,6 +288,8 @@ class HostContext:
     gpu_tested: bool = False  # a selected test uses the GPU layers' dflash_gpu: the pre-flight probes its GPUs
     facts: HostFacts = field(default_factory=HostFacts)
     notes: list[str] = field(default_factory=list)
+    # (section, key) -> JSON of the entry this process last put on a report (evidence.attach sends changes only)
+    reported: dict[tuple[str, str], str] = field(default_factory=dict)
     _transport: Transport | None = None
     _lock: HostLock | None = None
     _lock_failure: DflashError | None = None

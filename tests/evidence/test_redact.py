@@ -131,6 +131,15 @@ def test_remembered_secrets_are_masked_in_every_later_call() -> None:
         f"plain text mentioning {MASK} twice: {MASK}")
 
 
+def test_a_text_redacted_before_a_secret_was_remembered_is_masked_after() -> None:
+    """Short texts are memoized: remembering a secret must not leave the earlier, unmasked answer in use."""
+    text = "service url http://127.0.0.1:30001 key l4t3-l34rn3d-0002"
+    assert redact(text) == text
+    remember("l4t3-l34rn3d-0002")
+    assert redact(text) == f"service url http://127.0.0.1:30001 key {MASK}"
+    assert redact(text, extra=("30001",)) == f"service url http://127.0.0.1:{MASK} key {MASK}"  # its own answer
+
+
 def test_is_secret_tells_a_key_from_a_setting() -> None:
     assert is_secret("--api-key", "abc") and is_secret("HF_TOKEN", "hf_x") and is_secret("DB_PASSWORD", "1234")
     assert not is_secret("--max-prefill-tokens", "16384") and not is_secret("api_key", "None")
