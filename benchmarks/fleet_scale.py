@@ -107,6 +107,28 @@ def load() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
+RUNNER_CPUS: set[int] | None = None  # --runner-cpus: pytest (controller, workers, what they spawn) runs here
+
+
+def parse_cpus(text: str) -> set[int]:
+    """'0,1' or '2-15' or '0,2-3' -> a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def pinned_python(work: Path, python: str, cpus: set[int]) -> str:
+    """A host python that runs on `cpus`: the probes' interpreter starts on the host's CPUs, as it does on a
+    fleet host reached over ssh (the runner pays for the shell, `timeout` and `taskset`, more than an ssh
+    client with a shared connection would)."""
+    wrapper = work / "host-python"
+    wrapper.write_text(f"#!/bin/sh\nexec taskset -c {','.join(map(str, sorted(cpus)))} {python} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 def run_pytest(fleet: Path, workers: int, work: Path, pids: list[int], *, profile_dir: Path | None = None,
                extra: tuple[str, ...] = ()) -> dict[str, Any]:
     mem = work / "mem.jsonl"
@@ -124,7 +146,9 @@ def run_pytest(fleet: Path, workers: int, work: Path, pids: list[int], *, profil
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     load_before = load()
     started = time.perf_counter()
-    result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+    pin = (lambda: os.sched_setaffinity(0, RUNNER_CPUS)) if RUNNER_CPUS else None
+    result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=1800,
+                            preexec_fn=pin)
     wall = time.perf_counter() - started
     after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     tail = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-500:]
@@ -286,15 +310,31 @@ def main() -> int:
                         help="the profiles' host python (default: the profile default, python3 on PATH; here a "
                              "pyenv shim, a bash script that costs ~60 ms of CPU per start — a real host's python "
                              "is a binary, and starts on that host's CPU, not the runner's)")
+    parser.add_argument("--runner-cpus", metavar="CPUS",
+                        help="run pytest on these CPUs only (e.g. 0,1: a 2-core runner); with --host-cpus")
+    parser.add_argument("--host-cpus", metavar="CPUS",
+                        help="run the hosts' side here (e.g. 2-15): the shared servers, their memo proxies and "
+                             "the probes' host python, as on a fleet whose hosts are other machines")
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
+    global RUNNER_CPUS
+    if bool(args.runner_cpus) != bool(args.host_cpus):
+        parser.error("--runner-cpus and --host-cpus go together")
+    host_cpus = parse_cpus(args.host_cpus) if args.host_cpus else None
+    if host_cpus:
+        RUNNER_CPUS = parse_cpus(args.runner_cpus)
+        if RUNNER_CPUS & host_cpus:
+            parser.error("--runner-cpus and --host-cpus overlap")
+        os.sched_setaffinity(0, host_cpus)  # the servers and proxies started below inherit it
     worker_counts = [int(w) for w in args.workers.split(",")]
 
     sys.path.insert(0, str(ROOT))
     from pytest_dflash.refserver.launch import RefServerProcess
 
     results: dict[str, Any] = {"hosts": args.hosts, "cpus": os.cpu_count(), "load_before": load(), "runs": [],
-                               "host_python": args.host_python or "python3 (profile default)"}
+                               "host_python": args.host_python or "python3 (profile default)",
+                               "runner_cpus": sorted(RUNNER_CPUS) if RUNNER_CPUS else "all",
+                               "host_cpus": sorted(host_cpus) if host_cpus else "all"}
     with tempfile.TemporaryDirectory(prefix="fleet-scale-") as tmp:
         work = Path(tmp)
         servers = {"none": RefServerProcess("--speculative-algorithm", "NONE", "--enable-metrics"),
@@ -314,11 +354,14 @@ def main() -> int:
                     proxies.append(proxy)
                     pids.append(proxy.pid)
                 results["memo"] = "server_cpu_each_s: NONE, DFLASH, then their memo proxies"
+            host_python = args.host_python
+            if host_cpus:
+                host_python = pinned_python(work, host_python or "python3", host_cpus)
             one, many = work / "one", work / "fleet"
             one.mkdir()
             many.mkdir()
             for index in range(args.hosts):
-                text = profile_text(f"host-{index:03d}", urls, args.host_python)
+                text = profile_text(f"host-{index:03d}", urls, host_python)
                 (many / f"host-{index:03d}.toml").write_text(text)
                 if index == 0:
                     (one / "host-000.toml").write_text(text)

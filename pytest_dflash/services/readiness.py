@@ -295,9 +295,10 @@ class ReadinessWatcher:
             if phase == "http":
                 if now >= next_attempt:
                     phase, problem = self._http_phase(live, report, started, problem)
-                    next_attempt = now + self.poll_s
                     if phase != "http":
+                        next_attempt = now  # straight on to the next phase's request, not a poll later
                         continue
+                    next_attempt = now + self.poll_s
                 time.sleep(self.poll_s)
                 continue
             if in_flight is None:

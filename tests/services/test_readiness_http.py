@@ -59,6 +59,16 @@ def test_a_healthy_attached_server_is_ready_by_real_generations(refserver: RefSe
     assert report.total_s < 5
 
 
+def test_each_phase_starts_as_soon_as_the_last_one_passed(refserver: RefServerProcess) -> None:
+    """The poll interval paces retries, not progress: once GET /v1/models answers, the warm-up and the
+    generations follow at once (each URL-attached service of a fleet paid a poll, 0.25 s, for nothing)."""
+    slow = watcher(refserver.url)
+    slow.poll_s = 30.0
+    started = time.monotonic()
+    report = slow.wait()
+    assert report.sampled_s is not None and time.monotonic() - started < 10
+
+
 def test_connection_refused_from_the_start_is_not_up_yet() -> None:
     port = free_port()
     outcome: dict[str, object] = {}

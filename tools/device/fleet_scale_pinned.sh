@@ -1,0 +1,36 @@
+#!/bin/bash
+# Issue 15's fleet target on a 2-core runner whose hosts are other machines: benchmarks/fleet_scale.py on the
+# device's 16-core box, pytest pinned to CPUs 0-1 and the hosts' side (shared refservers, memo proxies, the
+# probes' host python) on CPUs 2-15. Needs no GPU. Results and logs go to $OUT (or /tmp/out).
+#
+#   run: bash tools/device/fleet_scale_pinned.sh      carry: [".device/fleet-wheels"]
+#
+# .device/fleet-wheels: pure-python wheels of the versions this checkout's venv runs (the device's SGLang env
+# has httpx, fastapi, uvicorn, torch, numpy, yaml and prometheus_client, not these):
+#   .venv/bin/pip download --no-deps -d .device/fleet-wheels pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 \
+#       pytest-xdist==3.8.0 execnet==2.1.2 pytest-testinfra==10.2.2 pytest-timeout==2.4.0
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/fsite
+for wheel in .device/fleet-wheels/*.whl; do python3 -m zipfile -e "$wheel" /tmp/fsite; done
+# The plugin's entry point, as `pip install` would register it (the checkout is imported from PYTHONPATH).
+mkdir -p /tmp/fsite/pytest_dflash-0.1.0.dist-info
+printf 'Metadata-Version: 2.1\nName: pytest-dflash\nVersion: 0.1.0\n' > /tmp/fsite/pytest_dflash-0.1.0.dist-info/METADATA
+printf '[pytest11]\ndflash = pytest_dflash.plugin\n' > /tmp/fsite/pytest_dflash-0.1.0.dist-info/entry_points.txt
+export PYTHONPATH=/tmp/fsite:$PWD
+{
+  echo "cpus: $(nproc); load: $(cat /proc/loadavg)"
+  lscpu | grep -E 'Model name|^CPU\(s\)|Thread' || true
+  python3 -c 'import sys, pytest, xdist, testinfra, httpx, fastapi, uvicorn, torch; print(sys.version.split()[0], "pytest", pytest.__version__, "xdist", xdist.__version__, "httpx", httpx.__version__, "torch", torch.__version__)'
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+PY=$(command -v python3)
+pinned=(--runner-cpus 0,1 --host-cpus 2-15 --memo --host-python "$PY" --no-serial --merge 0 --workers 2)
+for series in 1 2; do
+  timeout 240 python3 benchmarks/fleet_scale.py "${pinned[@]}" --repeat 3 --json "$OUT/fleet32-s$series.json" \
+    > "$OUT/fleet32-s$series.log" 2>&1
+  echo "series $series: rc $?"; grep -E '^  -n' "$OUT/fleet32-s$series.log"
+done
+timeout 200 python3 benchmarks/fleet_scale.py "${pinned[@]}" --hosts 256 --repeat 1 --no-one-host \
+  --json "$OUT/fleet256.json" > "$OUT/fleet256.log" 2>&1
+echo "256 hosts: rc $?"; grep -E '^  -n' "$OUT/fleet256.log"
