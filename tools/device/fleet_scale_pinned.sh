@@ -3,8 +3,9 @@
 # device's 16-core box, pytest pinned to CPUs 0-1 and the hosts' side (shared refservers, memo proxies, the
 # probes' host python) on CPUs 2-15. Needs no GPU. Results and logs go to $OUT (or /tmp/out).
 #
-#   run: bash tools/device/fleet_scale_pinned.sh      carry: [".device/fleet-wheels"]
+#   run: bash tools/device/fleet_scale_pinned.sh      carry: [".device/fleet-wheels", ".sglang-stage"]
 #
+# .sglang-stage/site.tar.xz (docs/real-sglang.md): the refserver's fastapi, uvicorn and soundfile.
 # .device/fleet-wheels: pure-python wheels of the versions this checkout's venv runs (the device's SGLang env
 # has httpx, fastapi, uvicorn, torch, numpy, yaml and prometheus_client, not these):
 #   .venv/bin/pip download --no-deps -d .device/fleet-wheels pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 \
@@ -17,11 +18,12 @@ for wheel in .device/fleet-wheels/*.whl; do python3 -m zipfile -e "$wheel" /tmp/
 mkdir -p /tmp/fsite/pytest_dflash-0.1.0.dist-info
 printf 'Metadata-Version: 2.1\nName: pytest-dflash\nVersion: 0.1.0\n' > /tmp/fsite/pytest_dflash-0.1.0.dist-info/METADATA
 printf '[pytest11]\ndflash = pytest_dflash.plugin\n' > /tmp/fsite/pytest_dflash-0.1.0.dist-info/entry_points.txt
-export PYTHONPATH=/tmp/fsite:$PWD
+[ -f /tmp/site/.unpacked ] || { tar -C /tmp -xJf .sglang-stage/site.tar.xz && touch /tmp/site/.unpacked; } || exit 1
+export PYTHONPATH=/tmp/fsite:$PWD:/tmp/site
 {
   echo "cpus: $(nproc); load: $(cat /proc/loadavg)"
   lscpu | grep -E 'Model name|^CPU\(s\)|Thread' || true
-  python3 -c 'import sys, pytest, xdist, testinfra, httpx, fastapi, uvicorn, torch; print(sys.version.split()[0], "pytest", pytest.__version__, "xdist", xdist.__version__, "httpx", httpx.__version__, "torch", torch.__version__)'
+  python3 -c 'import sys, pytest, xdist, testinfra, httpx, fastapi, uvicorn, soundfile, torch; print(sys.version.split()[0], "pytest", pytest.__version__, "xdist", xdist.__version__, "httpx", httpx.__version__, "torch", torch.__version__)'
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 PY=$(command -v python3)
