@@ -19,6 +19,7 @@ that says there is no secret (``None``, ``''``, ``False``, ``$VAR``) is never ma
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -103,6 +104,7 @@ def remember(*secrets: str | None) -> None:
         _MEMO.clear()
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of a name; reports ask it for the same keys again and again
 def secret_kind(name: str) -> str | None:
     """'secret' (mask any value), 'token' (mask string values only) or None (not a secret's name)."""
     name = name.strip("'\"-")

@@ -40,5 +40,6 @@ def test_behind_a_proxy_from_the_environment_a_connect_does_not_judge(monkeypatc
     monkeypatch.setenv(variable, "http://127.0.0.1:9")
     with InferenceClient(f"http://127.0.0.1:{port}") as client:
         assert client.refuses_connections(2.0) is None
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # bypassed: the connect is what httpx would do
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # bypassed: the connect is what httpx would do
+    with InferenceClient(f"http://127.0.0.1:{port}") as client:
         assert client.refuses_connections(2.0) is True
