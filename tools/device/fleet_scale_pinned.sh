@@ -28,10 +28,17 @@ export PYTHONPATH=/tmp/fsite:$PWD:/tmp/site
 cat "$OUT/machine.txt"
 PY=$(command -v python3)
 pinned=(--runner-cpus 0,1 --host-cpus 2-15 --memo --host-python "$PY" --no-serial --merge 0 --workers 2)
-for series in 1 2; do
-  timeout 240 python3 benchmarks/fleet_scale.py "${pinned[@]}" --repeat 3 --json "$OUT/fleet32-s$series.json" \
-    > "$OUT/fleet32-s$series.log" 2>&1
-  echo "series $series: rc $?"; grep -E '^  -n' "$OUT/fleet32-s$series.log"
+# BEFORE=DIR (optional): an older tree (`git archive REV pytest_dflash suites conftest.py pyproject.toml`, plus
+# this checkout's benchmarks/fleet_scale.py and memo_proxy.py in DIR/benchmarks), measured between the series.
+for series in 1 before 2; do
+  root=$PWD
+  if [ "$series" = before ]; then
+    [ -n "${BEFORE:-}" ] && [ -d "$BEFORE" ] || continue
+    root=$(cd "$BEFORE" && pwd)
+  fi
+  (cd "$root" && PYTHONPATH=/tmp/fsite:$root:/tmp/site timeout 240 python3 benchmarks/fleet_scale.py "${pinned[@]}" \
+     --repeat 3 --json "$OUT/fleet32-s$series.json") > "$OUT/fleet32-s$series.log" 2>&1
+  echo "series $series ($root): rc $?"; grep -E '^  -n' "$OUT/fleet32-s$series.log"
 done
 timeout 200 python3 benchmarks/fleet_scale.py "${pinned[@]}" --hosts 256 --repeat 1 --no-one-host \
   --json "$OUT/fleet256.json" > "$OUT/fleet256.log" 2>&1
