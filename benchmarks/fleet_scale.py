@@ -16,6 +16,9 @@ of the controller and of each worker, and the cost of `pytest-dflash merge` on t
     .venv/bin/python benchmarks/fleet_scale.py --hosts 256 --workers 2 --repeat 1 --no-serial --merge 0
     .venv/bin/python benchmarks/fleet_scale.py --memo ...            # memo_proxy.py in front of each server:
                                                                     # a repeated reproducible generation is free
+    python3 benchmarks/fleet_scale.py --runner-cpus 0,1 --host-cpus 2-15 ...
+                                    # a 2-core runner whose hosts' side runs on other CPUs of a bigger box
+                                    # (tools/device/fleet_scale_pinned.sh runs it on the device)
 
 Every server and pytest process it starts is stopped when it ends (also on Ctrl-C).
 """
