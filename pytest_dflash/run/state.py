@@ -249,12 +249,13 @@ class ServiceHandle:
             return None
         if state.running is None:  # attached by URL: a refusal after readiness is conclusive
             refused = self.client.refuses_connections(LIVENESS_TIMEOUT_S)
+            how = "a TCP connect to its address was refused"
             if refused is None:  # behind a proxy from the environment: ask over HTTP
                 refused = HttpLiveness(self.client).probe() == "refused"
+                how = "seen over HTTP: connection refused"
             if not refused:
                 return None
-            return ServiceGone(self.label, Death(detail="seen over HTTP: connection refused"),
-                               seen="connections refused after it had passed readiness")
+            return ServiceGone(self.label, Death(detail=how), seen="connections refused after it had passed readiness")
         if state.death is not None:
             time.sleep(0.2)
             lines = self.host.run.options.journal_lines
