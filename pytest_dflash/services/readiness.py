@@ -45,6 +45,9 @@ SCHEDULER_CHECK_EVERY_S = 5.0
 # just finished compiling may still be in transit. Stuck = still unanswered this long after a 200.
 FREE_GRACE_S = 1.0
 RETRY_STATUSES = (408, 429)  # the only HTTP answers to a readiness request worth retrying
+# A 5xx may be a dying server's last answer (an ASGI app failing while its event loop shuts down): watch
+# this long for the death or restart that follows, so the verdict names the crash, not the symptom.
+LAST_WORDS_S = 1.5
 PHASES = {
     "http": "readiness: waiting for the HTTP server",
     "warmup": "readiness: waiting for /health_generate (warm-up)",
@@ -166,6 +169,14 @@ class ReadinessWatcher:
                                    self.service.logs_since(self.log_mark, self.log_lines))
         return state
 
+    def _watch_for_death(self, phase: str, seconds: float) -> None:
+        """Poll the state for `seconds`: raises ServiceCrashed / ServiceRestarted if it dies or restarts meanwhile."""
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            interrupts.raise_if_lost()
+            time.sleep(self.poll_s)
+            self._check_alive(phase)
+
     def _say(self, message: str, *, heartbeat: bool = False) -> None:
         if self.progress:
             line = f"{self.service.name}: {message}"
@@ -233,6 +244,8 @@ class ReadinessWatcher:
                         self._say(f"{phase} request got no HTTP response; watching for the process to die")
                     elif error.status is not None and error.status not in RETRY_STATUSES:
                         # A 200 with a garbage body, a 4xx or a 5xx: waiting longer will not fix it.
+                        if error.status >= 500:
+                            self._watch_for_death(phase, LAST_WORDS_S)
                         raise ServiceNotReady(self.service.name, now - started,
                                               f"{phase} request rejected: {error}",
                                               self.service.logs_since(self.log_mark, self.log_lines))
@@ -364,6 +377,8 @@ class ReadinessWatcher:
                     continue
                 raise self._silent(phase, request, finished.age, self._limit(phase), started)
             if error.status is not None and error.status not in RETRY_STATUSES:
+                if error.status >= 500:
+                    self._refused_within(LAST_WORDS_S, phase, request, f"HTTP {error.status}", live)
                 raise ServiceNotReady(self.service.name, now - started, f"{phase} request rejected: {error}")
             next_attempt = now + 0.5
 
@@ -427,6 +442,15 @@ class ReadinessWatcher:
         return ServiceNotReady(self.service.name, time.monotonic() - started,
                                f"{phase} phase: {request} accepted and not answered for {format_seconds(age)} "
                                f"({budget}); the server still answers HTTP")
+
+    def _refused_within(self, seconds: float, phase: str, request: str, answer: str, live: HttpLiveness) -> None:
+        """Probe liveness for `seconds`: raises ServiceGone if connections are refused meanwhile."""
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            interrupts.raise_if_lost()
+            time.sleep(self.poll_s)
+            if live.probe(every_s=self.poll_s) == "refused":
+                raise self._gone(phase, request, f"answered {answer}, then connections refused", live)
 
     def _gone(self, phase: str, request: str, seen: str, live: HttpLiveness) -> ServiceGone:
         last = time.monotonic() - live.answered_at if live.answered_at is not None else None
