@@ -542,12 +542,15 @@ def _check_loopback(host: str) -> None:
 
 
 async def serve(cfg: Config, host: str = "127.0.0.1", port: int = 0,
-                on_listening: Callable[[int], None] | None = None) -> None:
-    """Serve until cancelled (or SIGTERM/SIGINT when run as a script)."""
+                on_listening: Callable[[int], None] | None = None, reuse_port: bool = False) -> None:
+    """Serve until cancelled (or SIGTERM/SIGINT when run as a script). With `reuse_port`, other processes may
+    bind the same port (SO_REUSEPORT: the kernel spreads connections over them), so a client benchmark can
+    run several server processes behind one URL; each keeps its own /stats."""
     _check_loopback(host)
     loop = asyncio.get_running_loop()
     server = Server(cfg)
-    srv = await loop.create_server(lambda: Conn(server), host, port, backlog=1024, reuse_address=True)
+    srv = await loop.create_server(lambda: Conn(server), host, port, backlog=1024, reuse_address=True,
+                                   reuse_port=reuse_port)
     bound = srv.sockets[0].getsockname()[1]
     if on_listening is not None:
         on_listening(bound)
@@ -577,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault-every", type=int, default=1)
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     ap.add_argument("--record-prompts", action="store_true", help="keep every prompt for GET /prompts")
+    ap.add_argument("--reuse-port", action="store_true",
+                    help="SO_REUSEPORT: several server processes on one port (each its own /stats)")
     a = ap.parse_args(argv)
     cfg = Config(tokens=a.tokens, honor_max_tokens=a.honor_max_tokens, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
                  model=a.model, tokens_per_event=tuple(int(x) for x in a.tokens_per_event.split(",")),
@@ -586,9 +591,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"LISTENING {port}", flush=True)
 
     if a.loop == "uvloop":
-        importlib.import_module("uvloop").run(serve(cfg, a.host, a.port, listening))  # optional
+        importlib.import_module("uvloop").run(serve(cfg, a.host, a.port, listening, a.reuse_port))  # optional
     else:
-        asyncio.run(serve(cfg, a.host, a.port, listening))
+        asyncio.run(serve(cfg, a.host, a.port, listening, a.reuse_port))
     return 0
 
 

@@ -3,13 +3,16 @@
 # device's 16-core box, pytest pinned to CPUs 0-1 and the hosts' side (shared refservers, memo proxies, the
 # probes' host python) on CPUs 2-15. Needs no GPU. Results and logs go to $OUT (or /tmp/out).
 #
-#   run: bash tools/device/fleet_scale_pinned.sh      carry: [".device/fleet-wheels", ".sglang-stage"]
+#   run: bash tools/device/fleet_scale_pinned.sh      carry: [".device/fleet-wheels"]
 #
-# .sglang-stage/site.tar.xz (docs/real-sglang.md): the refserver's fastapi, uvicorn and soundfile.
-# .device/fleet-wheels: pure-python wheels of the versions this checkout's venv runs (the device's SGLang env
-# has httpx, fastapi, uvicorn, torch, numpy, yaml and prometheus_client, not these):
-#   .venv/bin/pip download --no-deps -d .device/fleet-wheels pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 \
-#       pytest-xdist==3.8.0 execnet==2.1.2 pytest-testinfra==10.2.2 pytest-timeout==2.4.0
+# .device/fleet-wheels: wheels (for the device's Python 3.12) of the versions this checkout's venv runs; the
+# device's python has httpx, torch, numpy and prometheus_client, not these (3.6 MB):
+#   .venv/bin/pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_17_x86_64 -d .device/fleet-wheels pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 \
+#       pytest-xdist==3.8.0 execnet==2.1.2 pytest-testinfra==10.2.2 pytest-timeout==2.4.0 fastapi==0.165.0 \
+#       starlette==1.10.0 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 annotated-doc==0.0.7 \
+#       typing-inspection==0.4.5 uvicorn==0.55.0
+# (Or carry .sglang-stage too: its site.tar.xz, docs/real-sglang.md, has the refserver's fastapi and uvicorn.)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/fsite
@@ -18,12 +21,14 @@ for wheel in .device/fleet-wheels/*.whl; do python3 -m zipfile -e "$wheel" /tmp/
 mkdir -p /tmp/fsite/pytest_dflash-0.1.0.dist-info
 printf 'Metadata-Version: 2.1\nName: pytest-dflash\nVersion: 0.1.0\n' > /tmp/fsite/pytest_dflash-0.1.0.dist-info/METADATA
 printf '[pytest11]\ndflash = pytest_dflash.plugin\n' > /tmp/fsite/pytest_dflash-0.1.0.dist-info/entry_points.txt
-[ -f /tmp/site/.unpacked ] || { tar -C /tmp -xJf .sglang-stage/site.tar.xz && touch /tmp/site/.unpacked; } || exit 1
+if [ -f .sglang-stage/site.tar.xz ]; then
+  [ -f /tmp/site/.unpacked ] || { tar -C /tmp -xJf .sglang-stage/site.tar.xz && touch /tmp/site/.unpacked; } || exit 1
+fi
 export PYTHONPATH=/tmp/fsite:$PWD:/tmp/site
 {
   echo "cpus: $(nproc); load: $(cat /proc/loadavg)"
   lscpu | grep -E 'Model name|^CPU\(s\)|Thread' || true
-  python3 -c 'import sys, pytest, xdist, testinfra, httpx, fastapi, uvicorn, soundfile, torch; print(sys.version.split()[0], "pytest", pytest.__version__, "xdist", xdist.__version__, "httpx", httpx.__version__, "torch", torch.__version__)'
+  python3 -c 'import sys, pytest, xdist, testinfra, httpx, fastapi, uvicorn, torch; print(sys.version.split()[0], "pytest", pytest.__version__, "xdist", xdist.__version__, "httpx", httpx.__version__, "torch", torch.__version__)'
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 PY=$(command -v python3)
