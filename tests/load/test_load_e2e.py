@@ -24,7 +24,7 @@ from pytest_dflash.load import (
 SynthFactory = Callable[..., Any]  # conftest.Synth: .url, .stats(), .get(path)
 
 
-@pytest.mark.parametrize("procs", [1, 2], ids=["1-proc", "2-procs"])
+@pytest.mark.parametrize("procs", [1, 2, 4], ids=["1-proc", "2-procs", "4-procs"])
 def test_metrics_match_the_server_timing(synth: SynthFactory, procs: int) -> None:
     srv = synth("--tokens", "32", "--ttft-ms", "30", "--itl-ms", "5")
     r = run_load(srv.url, LoadSpec(concurrency=4, num_requests=24, output_len=32, model="synth-model",
