@@ -33,6 +33,8 @@ export PYTHONPATH=/tmp/fsite:$PWD:/tmp/site
 cat "$OUT/machine.txt"
 PY=$(command -v python3)
 pinned=(--runner-cpus 0,1 --host-cpus 2-15 --memo --host-python "$PY" --no-serial --merge 0 --workers 2)
+# FLEET_EXTRA (optional): more fleet_scale.py flags for the 32-host series, e.g. "--baseline-concurrency 32".
+read -r -a extra <<< "${FLEET_EXTRA:-}"
 # BEFORE=DIR (optional): an older tree (`git archive REV pytest_dflash suites conftest.py pyproject.toml`, plus
 # this checkout's benchmarks/fleet_scale.py and memo_proxy.py in DIR/benchmarks), measured between the series.
 for series in 1 before 2; do
@@ -42,7 +44,7 @@ for series in 1 before 2; do
     root=$(cd "$BEFORE" && pwd)
   fi
   (cd "$root" && PYTHONPATH=/tmp/fsite:$root:/tmp/site timeout 240 python3 benchmarks/fleet_scale.py "${pinned[@]}" \
-     --repeat 3 --json "$OUT/fleet32-s$series.json") > "$OUT/fleet32-s$series.log" 2>&1
+     --repeat 3 "${extra[@]}" --json "$OUT/fleet32-s$series.json") > "$OUT/fleet32-s$series.log" 2>&1
   echo "series $series ($root): rc $?"; grep -E '^  -n' "$OUT/fleet32-s$series.log"
 done
 timeout 200 python3 benchmarks/fleet_scale.py "${pinned[@]}" --hosts 256 --repeat 1 --no-one-host \
