@@ -246,7 +246,7 @@ class ReadinessWatcher:
                         # A 200 with a garbage body, a 4xx or a 5xx: waiting longer will not fix it.
                         if error.status >= 500:
                             self._watch_for_death(phase, LAST_WORDS_S)
-                        raise ServiceNotReady(self.service.name, now - started,
+                        raise ServiceNotReady(self.service.name, time.monotonic() - started,
                                               f"{phase} request rejected: {error}",
                                               self.service.logs_since(self.log_mark, self.log_lines))
                     next_attempt = now + 0.5
@@ -379,7 +379,8 @@ class ReadinessWatcher:
             if error.status is not None and error.status not in RETRY_STATUSES:
                 if error.status >= 500:
                     self._refused_within(LAST_WORDS_S, phase, request, f"HTTP {error.status}", live)
-                raise ServiceNotReady(self.service.name, now - started, f"{phase} request rejected: {error}")
+                raise ServiceNotReady(self.service.name, time.monotonic() - started,
+                                      f"{phase} request rejected: {error}")
             next_attempt = now + 0.5
 
     def _http_phase(self, live: HttpLiveness, report: ReadyReport, started: float,
