@@ -6,12 +6,14 @@
 #   run: bash tools/device/fleet_scale_pinned.sh      carry: [".device/fleet-wheels"]
 #
 # .device/fleet-wheels: wheels (for the device's Python 3.12) of the versions this checkout's venv runs; the
-# device's python has httpx, torch, numpy and prometheus_client, not these (3.6 MB):
+# device's python has httpx, torch, numpy and prometheus_client, not these (5.2 MB; fastapi 0.165 imports
+# opentelemetry, the refserver imports soundfile as SGLang's HTTP server does):
 #   .venv/bin/pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux_2_17_x86_64 -d .device/fleet-wheels pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 \
-#       pytest-xdist==3.8.0 execnet==2.1.2 pytest-testinfra==10.2.2 pytest-timeout==2.4.0 fastapi==0.165.0 \
-#       starlette==1.10.0 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 annotated-doc==0.0.7 \
-#       typing-inspection==0.4.5 uvicorn==0.55.0
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#       -d .device/fleet-wheels pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pytest-xdist==3.8.0 execnet==2.1.2 \
+#       pytest-testinfra==10.2.2 pytest-timeout==2.4.0 fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 \
+#       pydantic_core==2.50.5 annotated-types==0.8.0 annotated-doc==0.0.7 typing-inspection==0.4.5 \
+#       uvicorn==0.55.0 opentelemetry-api==1.45.2 soundfile==0.13.1 cffi==2.1.1 pycparser==3.12
 # (Or carry .sglang-stage too: its site.tar.xz, docs/real-sglang.md, has the refserver's fastapi and uvicorn.)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -28,7 +30,7 @@ export PYTHONPATH=/tmp/fsite:$PWD:/tmp/site
 {
   echo "cpus: $(nproc); load: $(cat /proc/loadavg)"
   lscpu | grep -E 'Model name|^CPU\(s\)|Thread' || true
-  python3 -c 'import sys, pytest, xdist, testinfra, httpx, fastapi, uvicorn, torch; print(sys.version.split()[0], "pytest", pytest.__version__, "xdist", xdist.__version__, "httpx", httpx.__version__, "torch", torch.__version__)'
+  python3 -c 'import sys, pytest, xdist, testinfra, httpx, fastapi, uvicorn, soundfile, torch; print(sys.version.split()[0], "pytest", pytest.__version__, "xdist", xdist.__version__, "httpx", httpx.__version__, "torch", torch.__version__)'
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 PY=$(command -v python3)
