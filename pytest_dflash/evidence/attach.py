@@ -8,6 +8,7 @@ and all of them together (TEST_BYTES), whoever put them there (pytest's captured
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import time
@@ -117,16 +118,27 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
         # Redacted and capped first: the summary a later blocked skip quotes is taken from this text.
         _bound_longrepr(report, secrets)
         _attach_evidence(item, report, run, host, info, handles)
-        if getattr(item.config.option, "xmlpath", None):
+        if _junit(item):
             _junit_evidence(report, secrets)
     elif report.skipped:
         _bound_longrepr(report, secrets)
         if report.when in ("setup", "call"):
             info.blocked = is_blocked(skip_message(report))
-    property_ = bounded_info(_report_info(host, info, handles), secrets)
-    _bound_sections(report, secrets, TEST_BYTES - nbytes(report.longreprtext) - _json_size(property_))
-    report.user_properties.append(("dflash", property_))
-    report.user_properties.extend(junit_properties(item, report, host, info, handles, secrets))
+    news = _report_info(host, info, handles)
+    junit_reads = report.when == "teardown" and _junit(item)  # JUnit takes a testcase's properties from there
+    if report.passed and report.when != "call" and not _has_news(news) and not junit_reads:
+        # A passing setup or teardown that learned nothing new says nothing the call report does not (the
+        # verdict counts calls, skips and failures): it goes without the property, which was two thirds of a
+        # fleet worker's reports bounded, redacted and serialized for nothing.
+        property_: dict[str, Any] | None = None
+    else:
+        property_ = bounded_info(news, secrets)
+    if report.sections:
+        carried = (nbytes(report.longreprtext) if report.longrepr is not None else 0) + _json_size(property_)
+        _bound_sections(report, secrets, TEST_BYTES - carried)
+    if property_ is not None:
+        report.user_properties.append(("dflash", property_))
+        report.user_properties.extend(junit_properties(item, report, host, info, handles, secrets))
 
 
 def junit_properties(item: pytest.Item, report: pytest.TestReport, host: HostContext, info: ItemInfo,
@@ -382,12 +394,33 @@ def _changed(host: HostContext, section: str, values: dict[str, Any]) -> dict[st
     """The entries of `values` that differ from what this process last reported for the host. The controller's
     VerdictBuilder merges each report's entries into the host's verdict (newest wins), so the verdict is the
     same, and a report carries what changed, not the host's whole state again: bounding, redacting and sending
-    that on every phase report was a fifth of a fleet worker's CPU. Compared as JSON, so an entry a layer
-    changed in place is sent again."""
+    that on every phase report was a fifth of a fleet worker's CPU. Compared with a deep copy of what was sent
+    (a C-level ==, not a JSON dump of every entry on every report), so an entry a layer changed in place is
+    sent again; an entry that cannot be copied or compared is sent every time."""
     out: dict[str, Any] = {}
     for key, value in values.items():
-        mark = json.dumps(value, default=str, sort_keys=True)
-        if host.reported.get((section, key)) != mark:
-            host.reported[(section, key)] = mark
-            out[key] = value
+        sent = host.reported.get((section, key), _UNSENT)
+        try:
+            same = sent is not _UNSENT and bool(sent == value)
+        except Exception:  # e.g. an array's ambiguous truth value: not provably the same
+            same = False
+        if same:
+            continue
+        try:
+            host.reported[(section, key)] = copy.deepcopy(value)
+        except Exception:  # an object deepcopy refuses: never remembered, so always sent
+            host.reported.pop((section, key), None)
+        out[key] = value
     return out
+
+
+_UNSENT = object()
+_NEWS = ("service_facts", "notes", "metrics", "facts")  # what a report's property carries only when it changed
+
+
+def _has_news(property_: dict[str, Any]) -> bool:
+    return any(property_[key] for key in _NEWS)
+
+
+def _junit(item: pytest.Item) -> bool:
+    return bool(getattr(item.config.option, "xmlpath", None))

@@ -8,6 +8,7 @@ stop it even when readiness failed half way.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import threading
@@ -289,8 +290,10 @@ class HostContext:
     gpu_tested: bool = False  # a selected test uses the GPU layers' dflash_gpu: the pre-flight probes its GPUs
     facts: HostFacts = field(default_factory=HostFacts)
     notes: list[str] = field(default_factory=list)
-    # (section, key) -> JSON of the entry this process last put on a report (evidence.attach sends changes only)
-    reported: dict[tuple[str, str], str] = field(default_factory=dict)
+    # (section, key) -> a copy of the entry this process last put on a report (evidence.attach sends changes only)
+    reported: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # the fleet pre-flight's bring-up of this host while tests run (run/preflight.py); its tests wait for it
+    bring_up: concurrent.futures.Future[None] | None = None
     _transport: Transport | None = None
     _lock: HostLock | None = None
     _lock_failure: DflashError | None = None
@@ -351,6 +354,8 @@ class HostContext:
             return
         if self._lock_failure is not None:
             raise self._lock_failure  # no lock, nothing started: not by the next service either
+        if self.run.cleaning:  # a pre-flight thread after the run's cleanup: it would start what nobody stops
+            raise ServiceError(f"{self.name}: not started: the run is ending")
         if self._lock is None:
             self._lock = HostLock(self.profile, self.run.run_id)
             self.run.register(self)
@@ -441,6 +446,16 @@ class DflashRun:
     _registered: list[HostContext] = field(default_factory=list)
     _cleanup_lock: threading.Lock = field(default_factory=threading.Lock)
     _cleaned: bool = False
+    _on_cleanup: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def cleaning(self) -> bool:
+        """The run's cleanup has begun: nothing may be started any more."""
+        return self._cleaned
+
+    def on_cleanup(self, callback: Callable[[], None]) -> None:
+        """Call `callback` first thing in cleanup (e.g. drop the pre-flight's bring-ups not begun)."""
+        self._on_cleanup.append(callback)
 
     @property
     def log_dir(self) -> Path:
@@ -463,6 +478,8 @@ class DflashRun:
             self._cleaned = True
         problems: list[str] = []
         with interrupts.deferred():  # a Ctrl-C now would leave services running: latched, not raised
+            for callback in self._on_cleanup:
+                callback()
             for host in list(self.hosts.values()):
                 try:
                     problems += host.teardown()
