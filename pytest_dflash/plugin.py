@@ -139,8 +139,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker loop takes its first test
 def pytest_runtestloop(session: pytest.Session) -> None:
-    """The hosts' services come up in parallel before the first test (run/preflight.py): without xdist every
-    host's; in an xdist worker the hosts it owns (fleet/scheduling.py). Not on the controller of -n."""
+    """The hosts' services come up in parallel behind the tests (run/preflight.py; each host's first test waits
+    for its own host): without xdist every host's; in an xdist worker the hosts it owns (fleet/scheduling.py).
+    Not on the controller of -n."""
     config = session.config
     run = config.stash.get(RUN_KEY, None)
     if (run is None or not run.profiles or config.pluginmanager.has_plugin("dsession")
@@ -172,6 +173,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     run = item.config.stash.get(RUN_KEY, None)
     if info is None or run is None:
         return
+    host = run.host(info.host)
+    try:
+        preflight.wait_for_host(host)  # the fleet pre-flight still bringing this host up
+    except BaseException:
+        # e.g. pytest-timeout's kill: the test's services fail with it (run/timeouts.py), as in a readiness wait
+        from pytest_dflash.run.fixtures import use_service  # a plugin module pytest imports (and rewrites)
+
+        for name in info.services:
+            use_service(item, host.service(name))
+        raise
     failure = run.book.blocker(info.host, info.layer, info.services)
     if failure is not None:
         info.blocked = True

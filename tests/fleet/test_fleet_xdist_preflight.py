@@ -103,6 +103,47 @@ def test_a_workers_hosts_become_ready_together(pytester: pytest.Pytester, monkey
         assert "fleet pre-flight" not in result.stdout.str()
 
 
+TIMED_TEST_FILE = """
+import os
+import time
+import pytest
+
+@pytest.mark.service
+def test_ready(request, dflash_service):
+    with open(os.environ["FLEET_LOG"], "a") as log:
+        log.write(f"{dflash_service.host.name} {time.time()}\\n")
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["no-xdist", "xdist"])
+def test_a_hosts_tests_run_while_later_hosts_still_come_up(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                                           workers: list[str]) -> None:
+    """The pre-flight runs behind the tests: the first host (ready at once) has its test run while the second
+    host's first sampled request still blocks (a 5 s cold JIT), not after it; the second host's test then waits
+    for its own host and passes."""
+    pytester.makepyfile(test_hosts=TIMED_TEST_FILE)
+    fleet = pytester.path / "fleet"
+    fleet.mkdir()
+    # (fast, slow) pairs; under xdist the hosts alternate between the workers: gw0 gets pp1, pp3 and gw1 pp2, pp4
+    pairs = [("pp1-fast", "pp3-slow"), ("pp2-fast", "pp4-slow")] if workers else [("pp1-fast", "pp2-slow")]
+    hosts = [name for pair in pairs for name in pair]
+    for name in hosts:
+        write_profile(fleet, name, inject="cold-jit=0" if name.endswith("fast") else "cold-jit=5")
+    log = pytester.path / "ran.log"
+    monkeypatch.setenv("FLEET_LOG", str(log))
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fleet", str(fleet), f"--dflash-report={reports}",
+                                           "--request-timeout=20s", *workers)
+    assert_no_crash(result)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.assert_outcomes(passed=len(hosts))
+    ran = dict(line.split() for line in log.read_text().splitlines())
+    for fast, slow in pairs:
+        slow_ready = verdict(reports, slow)["services"]["dflash"]["ready"]
+        assert float(ran[fast]) < slow_ready["ready_at"] - 1, (ran, slow_ready)
+        assert float(ran[slow]) >= slow_ready["ready_at"] - 0.01, (ran, slow_ready)
+
+
 def test_collect_only_readies_nothing(pytester: pytest.Pytester) -> None:
     """--collect-only lists the tests of every host and starts no service (no pre-flight in any process)."""
     pytester.makepyfile(test_hosts=TEST_FILE)

@@ -1,0 +1,103 @@
+"""run/preflight.py: the hosts' bring-ups run behind the tests; a host's test waits for its own host's only; a bug
+in a bring-up is raised where the host's tests wait; the run's cleanup drops the bring-ups not begun and nothing
+is started after it. Real threads, real hosts of the embedded profile (no service is started here)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.errors import ServiceError
+from pytest_dflash.run.preflight import preflight, wait_for_host
+from pytest_dflash.run.state import DflashRun, HostContext, RunOptions
+
+LOCAL = Path(__file__).parents[2] / "pytest_dflash" / "config" / "builtin" / "local.toml"
+
+
+def fleet(*names: str) -> DflashRun:
+    profiles = {name: load_profile(LOCAL, name=name) for name in names}
+    run = DflashRun(profiles, RunOptions(), "r1")
+    for name in names:
+        run.host(name).gpu_tested = True  # the probe is the whole bring-up: no service needed
+    return run
+
+
+class Probes:
+    """A bring-up probe per host: blocks until released, or raises; records which hosts it ran for."""
+
+    def __init__(self, *, held: tuple[str, ...] = (), broken: tuple[str, ...] = ()) -> None:
+        self.release = threading.Event()
+        self.held, self.broken = held, broken
+        self.ran: list[str] = []
+
+    def __call__(self, host: HostContext) -> None:
+        self.ran.append(host.name)
+        if host.name in self.broken:
+            raise RuntimeError(f"a bug probing {host.name}")
+        if host.name in self.held:
+            assert self.release.wait(30)
+
+
+def test_a_host_without_a_bring_up_is_no_wait() -> None:
+    run = fleet("a")
+    preflight(run, 8, probe=Probes(held=("a",)))  # one host: nothing to overlap, no pre-flight
+    assert run.host("a").bring_up is None
+    wait_for_host(run.host("a"))
+
+
+def test_a_hosts_wait_ends_with_its_own_bring_up_not_the_others() -> None:
+    run = fleet("a", "b")
+    probes = Probes(held=("b",))
+    preflight(run, 8, probe=probes)
+    try:
+        started = time.monotonic()
+        wait_for_host(run.host("a"))  # b is still held
+        later = run.host("b").bring_up
+        assert time.monotonic() - started < 5 and later is not None and not later.done()
+    finally:
+        probes.release.set()
+    wait_for_host(run.host("b"))
+    assert run.host("b").bring_up is None and sorted(probes.ran) == ["a", "b"]
+
+
+def test_a_bug_in_a_bring_up_is_raised_in_each_of_its_hosts_waits() -> None:
+    run = fleet("a", "b")
+    preflight(run, 8, probe=Probes(broken=("a",)))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="a bug probing a"):
+            wait_for_host(run.host("a"))
+    wait_for_host(run.host("b"))
+
+
+def test_the_runs_cleanup_drops_the_bring_ups_not_begun() -> None:
+    run = fleet("a", "b", "c")
+    probes = Probes(held=("a", "b"))
+    preflight(run, 2, probe=probes)  # two at a time: c waits for a free thread
+    try:
+        run.cleanup()
+        third = run.host("c").bring_up
+        assert third is not None and third.cancelled()
+        wait_for_host(run.host("c"))  # no wait for a cancelled bring-up
+    finally:
+        probes.release.set()
+    wait_for_host(run.host("a"))
+    assert "c" not in probes.ran
+
+
+def test_nothing_is_started_after_the_runs_cleanup() -> None:
+    """A bring-up thread that reaches a provisioned service's start after the cleanup began starts nothing: the
+    cleanup would not stop it (a later run's reaper would)."""
+    profile = load_profile(LOCAL, name="late")
+    run = DflashRun({profile.name: profile}, RunOptions(provision=True), "r1")
+    host = run.host("late")
+    run.cleanup()
+    try:
+        with pytest.raises(ServiceError, match="late: not started: the run is ending"):
+            host.prestart(host.service("dflash"))
+        assert not host.service("dflash").manager.provisioned
+    finally:
+        host.teardown()  # had it started one (the defect), stop it
