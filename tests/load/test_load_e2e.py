@@ -42,7 +42,10 @@ def test_metrics_match_the_server_timing(synth: SynthFactory, procs: int) -> Non
     assert 0.0 <= m["median_ttft_ms"] - st["ttft_ms"]["p50"] < slack, r.saturation
     assert abs(m["mean_itl_ms"] - st["itl_ms"]["mean"]) < 0.3
     assert abs(m["mean_tpot_ms"] - 5.0) < 0.5
-    assert m["output_throughput"] == pytest.approx(st["tokens_per_s"], rel=0.02)
+    # The client's window (first send to last byte) holds the server's; a client process the loaded box did not
+    # run when the last bytes arrived stamps them late, by no more than the lag its own ticker saw.
+    late_s = 2 * r.saturation.loop_lag_max_ms / 1000
+    assert m["output_throughput"] == pytest.approx(st["tokens_per_s"], rel=0.02 + late_s / m["duration"]), r.saturation
     assert 29.0 < m["p50_ttft_ms"] < 40.0
     assert m["concurrency"] == pytest.approx(4.0, rel=0.1)
     assert all(len(rec.itl_ms) == 31 for rec in r.records)
