@@ -32,6 +32,7 @@ import os
 import pstats
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -122,12 +123,16 @@ def parse_cpus(text: str) -> set[int]:
     return cpus
 
 
-def pinned_python(work: Path, python: str, cpus: set[int]) -> str:
-    """A host python that runs on `cpus`: the probes' interpreter starts on the host's CPUs, as it does on a
-    fleet host reached over ssh (the runner pays for the shell, `timeout` and `taskset`, more than an ssh
-    client with a shared connection would)."""
+def host_python(work: Path, python: str, cpus: set[int] | None, *, gpu: bool = True) -> str:
+    """The probes' host python as a wrapper: on `cpus` (the probes' interpreter starts on the host's CPUs, as it
+    does on a fleet host reached over ssh; the runner pays for the shell and `taskset`, more than an ssh client
+    with a shared connection would), and with `gpu=False` without nvidia-smi on its PATH: the hosts then have no
+    GPU, as on this 2-core machine (on the device every host would query its one GPU's driver)."""
     wrapper = work / "host-python"
-    wrapper.write_text(f"#!/bin/sh\nexec taskset -c {','.join(map(str, sorted(cpus)))} {python} \"$@\"\n")
+    env = "" if gpu else f"PATH={work / 'no-gpu-bin'} "
+    (work / "no-gpu-bin").mkdir(exist_ok=True)
+    pin = f"{shutil.which('taskset') or 'taskset'} -c {','.join(map(str, sorted(cpus)))} " if cpus else ""
+    wrapper.write_text(f"#!/bin/sh\n{env}exec {pin}{python} \"$@\"\n")
     wrapper.chmod(0o755)
     return str(wrapper)
 
@@ -273,7 +278,7 @@ def compare(one: Path, many: Path, workers: int, repeat: int, work: Path, pids: 
                                        extra=(f"--fleet-concurrency={baseline_concurrency}",)))
             line += f", with --fleet-concurrency={baseline_concurrency} {baseline[-1]['wall_s']:.2f}s"
         if one_host:
-            line += f", one host {single[-1]['wall_s']:.2f}s"
+            line += f", one host {single[-1]['wall_s']:.2f}s (x{fleet[-1]['wall_s'] / single[-1]['wall_s']:.2f})"
         print(f"{line} (load {load()})", flush=True)
     result: dict[str, Any] = {"workers": workers, "fleet": median_run(fleet)}
     if baseline:
@@ -282,6 +287,11 @@ def compare(one: Path, many: Path, workers: int, repeat: int, work: Path, pids: 
         return result
     result["one_host"] = median_run(single)
     result["ratio"] = round(result["fleet"]["wall_s"] / result["one_host"]["wall_s"], 2)
+    # Each repeat's fleet run over the one-host run just before it: the pair shares the machine's speed of the
+    # moment (a shared VM's CPUs drift by a third over minutes), which the ratio of two medians does not.
+    paired = sorted(f["wall_s"] / s["wall_s"] for f, s in zip(fleet, single, strict=True))
+    result["paired_ratios"] = [round(r, 2) for r in paired]
+    result["paired_ratio_median"] = round(statistics.median(paired), 2)
     result["per_host_s"] = round((result["fleet"]["wall_s"] - result["one_host"]["wall_s"]) / max(1, hosts - 1), 3)
     rss_one = result["one_host"]["controller_rss_mib"] or 0.0
     rss_fleet = result["fleet"]["controller_rss_mib"] or 0.0
@@ -315,6 +325,9 @@ def main() -> int:
                              "is a binary, and starts on that host's CPU, not the runner's)")
     parser.add_argument("--runner-cpus", metavar="CPUS",
                         help="run pytest on these CPUs only (e.g. 0,1: a 2-core runner); with --host-cpus")
+    parser.add_argument("--hosts-without-gpu", action="store_true",
+                        help="no nvidia-smi on the host python's PATH: on a GPU box the 32 hosts would each query "
+                             "the one GPU's driver, which a fleet of machines does not")
     parser.add_argument("--host-cpus", metavar="CPUS",
                         help="run the hosts' side here (e.g. 2-15): the shared servers, their memo proxies and "
                              "the probes' host python, as on a fleet whose hosts are other machines")
@@ -336,6 +349,7 @@ def main() -> int:
 
     results: dict[str, Any] = {"hosts": args.hosts, "cpus": os.cpu_count(), "load_before": load(), "runs": [],
                                "host_python": args.host_python or "python3 (profile default)",
+                               "hosts_without_gpu": args.hosts_without_gpu,
                                "runner_cpus": sorted(RUNNER_CPUS) if RUNNER_CPUS else "all",
                                "host_cpus": sorted(host_cpus) if host_cpus else "all"}
     with tempfile.TemporaryDirectory(prefix="fleet-scale-") as tmp:
@@ -357,14 +371,15 @@ def main() -> int:
                     proxies.append(proxy)
                     pids.append(proxy.pid)
                 results["memo"] = "server_cpu_each_s: NONE, DFLASH, then their memo proxies"
-            host_python = args.host_python
-            if host_cpus:
-                host_python = pinned_python(work, host_python or "python3", host_cpus)
+            python = args.host_python
+            if host_cpus or args.hosts_without_gpu:
+                python = host_python(work, python or shutil.which("python3") or "python3", host_cpus,
+                                     gpu=not args.hosts_without_gpu)
             one, many = work / "one", work / "fleet"
             one.mkdir()
             many.mkdir()
             for index in range(args.hosts):
-                text = profile_text(f"host-{index:03d}", urls, host_python)
+                text = profile_text(f"host-{index:03d}", urls, python)
                 (many / f"host-{index:03d}.toml").write_text(text)
                 if index == 0:
                     (one / "host-000.toml").write_text(text)

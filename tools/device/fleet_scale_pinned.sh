@@ -32,10 +32,19 @@ export PYTHONPATH=/tmp/fsite:$PWD:/tmp/site
   lscpu | grep -E 'Model name|^CPU\(s\)|Thread' || true
   python3 -c 'import sys, pytest, xdist, testinfra, httpx, fastapi, uvicorn, soundfile, torch; print(sys.version.split()[0], "pytest", pytest.__version__, "xdist", xdist.__version__, "httpx", httpx.__version__, "torch", torch.__version__)'
 } > "$OUT/machine.txt" 2>&1
+# What 32 hosts probing one GPU cost: nvidia-smi -q -x once, then 8 at once (the pre-flight's concurrency).
+if command -v nvidia-smi >/dev/null; then
+  for n in 1 8; do
+    start=$(date +%s.%N)
+    for i in $(seq "$n"); do nvidia-smi -q -x > /dev/null & done; wait
+    echo "nvidia-smi -q -x, $n at once: $(python3 -c "import time; print(round(time.time() - $start, 2))") s"
+  done >> "$OUT/machine.txt"
+fi
 cat "$OUT/machine.txt"
 PY=$(command -v python3)
 pinned=(--runner-cpus 0,1 --host-cpus 2-15 --memo --host-python "$PY" --no-serial --merge 0 --workers 2)
-# FLEET_EXTRA (optional): more fleet_scale.py flags for the 32-host series, e.g. "--baseline-concurrency 32".
+# FLEET_EXTRA (optional): more fleet_scale.py flags for every series, e.g. "--hosts-without-gpu"; REPEAT: repeats
+# per series (3); NO256=1: no 256-host run.
 read -r -a extra <<< "${FLEET_EXTRA:-}"
 # BEFORE=DIR (optional): an older tree (`git archive REV pytest_dflash suites conftest.py pyproject.toml`, plus
 # this checkout's benchmarks/fleet_scale.py and memo_proxy.py in DIR/benchmarks), measured between the series.
@@ -46,9 +55,10 @@ for series in 1 before 2; do
     root=$(cd "$BEFORE" && pwd)
   fi
   (cd "$root" && PYTHONPATH=/tmp/fsite:$root:/tmp/site timeout 240 python3 benchmarks/fleet_scale.py "${pinned[@]}" \
-     --repeat 3 "${extra[@]}" --json "$OUT/fleet32-s$series.json") > "$OUT/fleet32-s$series.log" 2>&1
+     --repeat "${REPEAT:-3}" "${extra[@]}" --json "$OUT/fleet32-s$series.json") > "$OUT/fleet32-s$series.log" 2>&1
   echo "series $series ($root): rc $?"; grep -E '^  -n' "$OUT/fleet32-s$series.log"
 done
-timeout 200 python3 benchmarks/fleet_scale.py "${pinned[@]}" --hosts 256 --repeat 1 --no-one-host \
+[ -n "${NO256:-}" ] && exit 0
+timeout 200 python3 benchmarks/fleet_scale.py "${pinned[@]}" --hosts 256 --repeat 1 --no-one-host "${extra[@]}" \
   --json "$OUT/fleet256.json" > "$OUT/fleet256.log" 2>&1
 echo "256 hosts: rc $?"; grep -E '^  -n' "$OUT/fleet256.log"
