@@ -231,6 +231,7 @@ class ServiceHandle:
             sampled_budget_s=min(budget, self.spec.sampled_timeout_s),
             log_lines=self.host.run.options.journal_lines, progress=progress,
             log_mark=self.started_mark, request_timeout_s=self.host.run.options.request_timeout_s,
+            abandoned=lambda: self.host.run.cleaning,
         )
         return watcher.wait()
 

@@ -153,7 +153,15 @@ class ReadinessWatcher:
     log_mark: LogMark | None = None
     poll_s: float = POLL_S
     request_timeout_s: float = 60.0
+    # True once the run is ending (its cleanup began): a wait in a pre-flight thread ends then, not at its budget
+    # (the process exits only when that thread does)
+    abandoned: Callable[[], bool] | None = None
     _base_restarts: int | None = None
+
+    def _check_abandoned(self, phase: str, started: float) -> None:
+        if self.abandoned is not None and self.abandoned():
+            raise ServiceNotReady(self.service.name, time.monotonic() - started,
+                                  f"{phase} phase: the run ended before the service was ready")
 
     def _check_alive(self, phase: str) -> ServiceState:
         state = self.service.state()
@@ -196,6 +204,7 @@ class ReadinessWatcher:
         next_attempt = started
         while True:
             interrupts.raise_if_lost()
+            self._check_abandoned(phase, started)
             now = time.monotonic()
             self._check_alive(phase)
             if dropped_at is not None and now - dropped_at > DEATH_GRACE_S:
@@ -275,6 +284,7 @@ class ReadinessWatcher:
         free_at: float | None = None  # when /health_generate said 200 with the sampled request unanswered
         while True:
             interrupts.raise_if_lost()
+            self._check_abandoned(phase, started)
             now = time.monotonic()
             if now > deadline:
                 raise ServiceNotReady(self.service.name, now - started, f"{phase} phase: {problem}")

@@ -4,6 +4,7 @@ is started after it. Real threads, real hosts of the embedded profile (no servic
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
@@ -101,3 +102,34 @@ def test_nothing_is_started_after_the_runs_cleanup() -> None:
         assert not host.service("dflash").manager.provisioned
     finally:
         host.teardown()  # had it started one (the defect), stop it
+
+
+def test_the_runs_cleanup_ends_a_readiness_wait_at_once(tmp_path: Path) -> None:
+    """An attached server that never answers (nothing listens: refused, retried until the 60 s budget): after the
+    run's cleanup began (-x, Ctrl-C) the pre-flight threads end within a poll, not at the budget — the process
+    exits only when they do — and the service's failure says why."""
+    with socket.socket() as spare:  # a loopback port nothing listens on
+        spare.bind(("127.0.0.1", 0))
+        port = spare.getsockname()[1]
+    profiles = {}
+    for name in ("d1", "d2"):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f'[host]\nconnection = "local://"\n\n[services.s]\nkind = "external"\nalgorithm = "DFLASH"\n'
+                        f'url = "http://127.0.0.1:{port}"\nready_timeout = "60s"\n')
+        profiles[name] = load_profile(path)
+    run = DflashRun(profiles, RunOptions(), "r1")
+    for name in profiles:
+        run.host(name).needed.add("s")
+    preflight(run, 8)
+    futures = [run.host(name).bring_up for name in profiles]
+    time.sleep(0.5)  # both waits are polling
+    assert all(f is not None and not f.done() for f in futures)
+    started = time.monotonic()
+    run.cleanup()
+    for future in futures:
+        assert future is not None
+        future.result(timeout=5)
+    assert time.monotonic() - started < 5
+    for name in profiles:
+        failure = run.host(name).service("s").failure
+        assert failure is not None and "the run ended before the service was ready" in str(failure), failure
