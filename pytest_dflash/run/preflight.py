@@ -72,7 +72,7 @@ def preflight(run: DflashRun, concurrency: int, *, hosts: Collection[str] | None
     def finished(_: concurrent.futures.Future[None]) -> None:
         with lock:
             left[0] -= 1
-            if left[0]:
+            if left[0] or run.cleaning:  # cancelled by the run's cleanup: not "N hosts in Xs"
                 return
         failed = sum(1 for host in chosen for handle in host.services.values() if handle.failure is not None)
         run.progress(f"{label}: {len(chosen)} hosts in {time.monotonic() - started:.1f}s, "

@@ -76,6 +76,8 @@ def test_a_bug_in_a_bring_up_is_raised_in_each_of_its_hosts_waits() -> None:
 
 def test_the_runs_cleanup_drops_the_bring_ups_not_begun() -> None:
     run = fleet("a", "b", "c")
+    lines: list[str] = []
+    run.progress = lines.append
     probes = Probes(held=("a", "b"))
     preflight(run, 2, probe=probes)  # two at a time: c waits for a free thread
     try:
@@ -86,7 +88,9 @@ def test_the_runs_cleanup_drops_the_bring_ups_not_begun() -> None:
     finally:
         probes.release.set()
     wait_for_host(run.host("a"))
+    wait_for_host(run.host("b"))
     assert "c" not in probes.ran
+    assert not any("hosts in" in line for line in lines), lines  # no "3 hosts in Xs": one never came up
 
 
 def test_nothing_is_started_after_the_runs_cleanup() -> None:
