@@ -129,8 +129,10 @@ def host_python(work: Path, python: str, cpus: set[int] | None, *, gpu: bool = T
     with a shared connection would), and with `gpu=False` without nvidia-smi on its PATH: the hosts then have no
     GPU, as on this 2-core machine (on the device every host would query its one GPU's driver)."""
     wrapper = work / "host-python"
-    env = "" if gpu else f"PATH={work / 'no-gpu-bin'} "
-    (work / "no-gpu-bin").mkdir(exist_ok=True)
+    env = ""
+    if not gpu:
+        (work / "no-gpu-bin").mkdir(exist_ok=True)
+        env = f"PATH={work / 'no-gpu-bin'} "
     pin = f"{shutil.which('taskset') or 'taskset'} -c {','.join(map(str, sorted(cpus)))} " if cpus else ""
     wrapper.write_text(f"#!/bin/sh\n{env}exec {pin}{python} \"$@\"\n")
     wrapper.chmod(0o755)

@@ -94,12 +94,11 @@ def wait_for_host(host: HostContext) -> None:
     while True:
         try:
             future.result(timeout=0.25)
+            break
         except concurrent.futures.TimeoutError:
             interrupts.raise_if_lost()
-            continue
         except concurrent.futures.CancelledError:
-            pass
-        break
+            break
     host.bring_up = None
 
 
