@@ -11,7 +11,6 @@ Loaded through the `pytest11` entry point. It does nothing unless a target is gi
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Generator
 from typing import Any
 
@@ -19,21 +18,20 @@ import pytest
 
 from pytest_dflash import interrupts
 from pytest_dflash.config import options
-from pytest_dflash.config.targets import load_targets
+from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.evidence import attach
 from pytest_dflash.fleet import scheduling
 from pytest_dflash.report import session as report_session
 from pytest_dflash.report.progress import ProgressChannel
-from pytest_dflash.report.verdict import VerdictBuilder
 from pytest_dflash.run import cleanup, collection, discovery, preflight, timeouts
 from pytest_dflash.run.layers import LAYER_HELP, LAYERS, blocked_reason
-from pytest_dflash.run.stash import BUILDER_KEY, EMPTY_SHARD_KEY, GATE_KEY, INFO_KEY, RUN_KEY
+from pytest_dflash.run.stash import BUILDER_KEY, EMPTY_SHARD_KEY, GATE_KEY, INFO_KEY, RUN_KEY, TARGETS_KEY
 from pytest_dflash.run.state import DflashRun, RunOptions
 
 # The fixtures, and the layer modules that add their own options and hooks (pytest loads them with this plugin).
-pytest_plugins: list[str] = ["pytest_dflash.run.fixtures", "pytest_dflash.layers.gpu.hooks",
-                              "pytest_dflash.fleet.hooks", "pytest_dflash.layers.parity.hooks",
-                              "pytest_dflash.layers.perf.hooks"]
+pytest_plugins: list[str] = ["pytest_dflash.report.started", "pytest_dflash.run.fixtures",
+                              "pytest_dflash.layers.gpu.hooks", "pytest_dflash.fleet.hooks",
+                              "pytest_dflash.layers.parity.hooks", "pytest_dflash.layers.perf.hooks"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,10 +39,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """The run: discovery of attached servers, the services, the hooks (report/started.py has already loaded the
+    targets and written each host's 'interrupted' verdict, before every other plugin's pytest_configure)."""
     for layer in LAYERS:
         config.addinivalue_line("markers", f"{layer}: pytest-dflash {layer} layer — {LAYER_HELP[layer]}")
     config.addinivalue_line("markers", collection.SERVICES_MARKER)
-    profiles = load_targets(config)
+    profiles = config.stash[TARGETS_KEY]
+    try:
+        _configure_run(config, profiles, config.stash[BUILDER_KEY].run_id, getattr(config, "workerinput", None))
+    except pytest.UsageError as exc:
+        if profiles and report_session.writes_verdicts(config):
+            report_session.refuse(config, config.stash[BUILDER_KEY], options.report_dir(config), list(profiles), exc)
+        raise
+
+
+def _configure_run(config: pytest.Config, profiles: dict[str, HostProfile], run_id: str,
+                   workerinput: dict[str, Any] | None) -> None:
     run_options = RunOptions(
         provision=bool(options.option(config, "dflash_provision")),
         keep=bool(options.option(config, "dflash_keep")),
@@ -58,8 +68,6 @@ def pytest_configure(config: pytest.Config) -> None:
     for profile in profiles.values():
         if run_options.provision and profile.provision == "never":
             raise pytest.UsageError(f"{profile.source}: host.provision = \"never\" but --provision was given")
-    workerinput = getattr(config, "workerinput", None)
-    run_id = (workerinput.get("dflash_run_id") if workerinput else None) or uuid.uuid4().hex[:12]
     # Attached servers' algorithms, before collection: asked by the controller, taken by its workers.
     answers = workerinput["dflash_discovered"] if workerinput and "dflash_discovered" in workerinput else (
         discovery.discover(profiles))
@@ -68,7 +76,6 @@ def pytest_configure(config: pytest.Config) -> None:
     run = DflashRun(profiles, run_options, run_id, progress=channel)
     attach.remember_run_secrets(run)
     config.stash[RUN_KEY] = run
-    config.stash[BUILDER_KEY] = VerdictBuilder(run.run_id)
     if not profiles:
         return
     cleanup.arm(config, run)
@@ -82,20 +89,17 @@ def pytest_configure(config: pytest.Config) -> None:
         if config.option.dist == "loadgroup" and not hasattr(config, "workerinput"):
             # Each host to a fixed worker, which readies all of its hosts at once (fleet/scheduling.py).
             config.pluginmanager.register(scheduling.HostScheduler(config, run), "dflash-host-scheduler")
-    if _writes_verdicts(config):
-        config.pluginmanager.register(report_session.VerdictCollector(config.stash[BUILDER_KEY]), "dflash-verdicts")
+    # Where the tests are collected (an -n controller collects nothing: its workers send theirs).
+    config.pluginmanager.register(report_session.SelectionRecorder(config), "dflash-selection")
+    if report_session.writes_verdicts(config):
+        config.pluginmanager.register(report_session.VerdictCollector(config, config.stash[BUILDER_KEY]),
+                                      "dflash-verdicts")
     if getattr(config.option, "xmlpath", None) and not hasattr(config, "workerinput"):  # junitxml runs there
         config.pluginmanager.register(attach.JUnitEvidence(), "dflash-junit-evidence")
     if config.pluginmanager.hasplugin("html"):
         from pytest_dflash.report import html
 
         config.pluginmanager.register(html.HtmlHooks(config), "dflash-html")
-
-
-def _writes_verdicts(config: pytest.Config) -> bool:
-    """The controller of a run that runs tests (not an xdist worker, not --collect-only: a listing must leave
-    the hosts' last verdicts as they were)."""
-    return not hasattr(config, "workerinput") and not config.getoption("collectonly", False)
 
 
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
@@ -201,12 +205,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    run = session.config.stash.get(RUN_KEY, None)
-    if run is not None and run.profiles and _writes_verdicts(session.config):
-        report_session.start(session)
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if EMPTY_SHARD_KEY in config.stash and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
@@ -223,5 +221,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     run = config.stash.get(RUN_KEY, None)
-    if run is not None and run.profiles and _writes_verdicts(config):
+    if run is not None and run.profiles and report_session.writes_verdicts(config):
         report_session.terminal_summary(terminalreporter, config)

@@ -85,7 +85,7 @@ def add_core_options(parser: pytest.Parser) -> None:
     parser.addini("dflash_hosts_dir", HOSTS_DIR_HELP, default="hosts")
     parser.addini("dflash_report", REPORT_HELP, default="reports")
     parser.addini("dflash_ready_timeout", READY_TIMEOUT_HELP, default="")
-    parser.addini("dflash_gate", GATE_HELP, default="")
+    parser.addini("dflash_gate", GATE_HELP, default=None)  # None: not set; '' set but blank (a usage error)
     parser.addini("dflash_lock_wait", LOCK_WAIT_HELP, default="10m")
     parser.addini("dflash_request_timeout", REQUEST_TIMEOUT_HELP, default="60s")
     parser.addini("dflash_fleet", FLEET_HELP, type="linelist", default=[])
@@ -101,8 +101,15 @@ def option(config: pytest.Config, name: str) -> Any:
 
 
 def gate_layers(config: pytest.Config) -> list[str]:
-    raw = str(option(config, "dflash_gate") or "")
+    """--gate / dflash_gate as layers. Given but blank (`--gate ' '`, `dflash_gate =`) is a usage error: a
+    pipeline that means to gate must never be switched off silently by an empty variable."""
+    given = config.getoption("dflash_gate")
+    if given is None:
+        given = config.getini("dflash_gate")
+    raw = str(given or "")
     layers = [part.strip() for part in raw.split(",") if part.strip()]
+    if given is not None and not layers:
+        raise pytest.UsageError(f"--gate / dflash_gate: {raw!r} names no layer (layers: {', '.join(LAYERS)})")
     unknown = [layer for layer in layers if layer not in LAYERS]
     if unknown:
         raise pytest.UsageError(f"--gate / dflash_gate: unknown layer {unknown[0]!r} (layers: {', '.join(LAYERS)})")

@@ -11,7 +11,7 @@ from pytest_dflash.config.options import option
 from pytest_dflash.config.profiles import HostProfile, attach_profile, load_profile, resolve_profile_path
 from pytest_dflash.errors import InventoryError
 from pytest_dflash.fleet import inventory
-from pytest_dflash.run.stash import EMPTY_SHARD_KEY
+from pytest_dflash.run.stash import EMPTY_SHARD_KEY, NAMED_HOSTS_KEY
 
 
 def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
@@ -36,6 +36,7 @@ def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
                 profiles[profile.name] = profile
     except InventoryError as exc:
         raise pytest.UsageError(str(exc)) from None
+    config.stash[NAMED_HOSTS_KEY] = tuple(profiles)  # every host the run names, before --shard takes its share
     shard = str(option(config, "dflash_shard") or "")
     if shard:
         try:
@@ -70,3 +71,29 @@ def with_log_command(profile: HostProfile, command: str | None) -> HostProfile:
         return profile
     services = {name: dataclasses.replace(spec, log_command=command) for name, spec in profile.services.items()}
     return dataclasses.replace(profile, services=services)
+
+
+def named_despite_errors(config: pytest.Config) -> list[str]:
+    """The hosts the options name, as far as they can be read when loading them failed (a usage error): each
+    profile that loads, the file stem of one that does not (a profile's default name), each attach URL that
+    parses, each inventory that loads. Their old verdicts must not stand for a run that never tested them."""
+    hosts_dir = Path(str(option(config, "dflash_hosts_dir")))
+    if not hosts_dir.is_absolute():
+        hosts_dir = (config.invocation_params.dir / hosts_dir).resolve()
+    names: list[str] = []
+    for spec in option(config, "dflash_hosts") or []:
+        try:
+            names.append(load_profile(resolve_profile_path(str(spec), [hosts_dir])).name)
+        except Exception:
+            names.append(Path(str(spec)).stem)
+    for index, url in enumerate(option(config, "dflash_attach") or []):
+        try:
+            names.append(attach_profile(str(url), index).name)
+        except Exception:
+            continue
+    for spec in option(config, "dflash_fleet") or []:
+        try:
+            names += [profile.name for profile in inventory.load_fleet(str(spec), hosts_dir)]
+        except Exception:
+            continue
+    return [name for name in dict.fromkeys(names) if name]

@@ -4,34 +4,112 @@ exit code, verdict files written at session start (as 'interrupted') and end, an
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_dflash import __version__, interrupts
+from pytest_dflash.config import options
 from pytest_dflash.evidence.attach import first_line, skip_message
 from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
 from pytest_dflash.evidence.redact import redact
 from pytest_dflash.report import step_summary
-from pytest_dflash.report.verdict import RunStatus, VerdictBuilder, summary_lines
-from pytest_dflash.run.stash import BUILDER_KEY, GATE_KEY, REPORTED_KEY, RUN_KEY
+from pytest_dflash.report.verdict import HostStatus, RunStatus, VerdictBuilder, summary_lines
+from pytest_dflash.run.collection import item_info
+from pytest_dflash.run.stash import BUILDER_KEY, GATE_KEY, NAMED_HOSTS_KEY, REPORTED_KEY, RUN_KEY, SELECTION_KEY
 
 FOREIGN_SHOWN = 20  # problems outside the dflash tests listed by name (the count is always exact)
 
 
+SELECTION_OUTPUT = "dflash_selection"  # an xdist worker's Selection, sent to the controller in its workeroutput
+
+
+@dataclass
+class Selection:
+    """What collection did with the tests of each host: `selected` node id -> host (the final items, after
+    every deselection), `deselected` host -> node ids taken out after collection, by whatever means."""
+
+    selected: dict[str, str] = field(default_factory=dict)
+    deselected: dict[str, list[str]] = field(default_factory=dict)
+
+    def as_output(self) -> dict[str, Any]:
+        return {"selected": dict(self.selected), "deselected": {h: list(ids) for h, ids in self.deselected.items()}}
+
+    def merge(self, output: Any) -> None:
+        """Fold in a worker's `as_output()` (every worker collects the same tests: a union, not a sum)."""
+        if not isinstance(output, dict):
+            return
+        self.selected.update({str(k): str(v) for k, v in (output.get("selected") or {}).items()})
+        for host, ids in (output.get("deselected") or {}).items():
+            known = self.deselected.setdefault(str(host), [])
+            known += [str(i) for i in ids if str(i) not in known]
+
+
+class SelectionRecorder:
+    """Where the tests are collected (the only process without xdist; each xdist worker): records which tests
+    of which host survived collection, and counts what was deselected by ANY means — -k, -m, --lf, --sw,
+    --deselect, a conftest or another plugin that drops items in pytest_collection_modifyitems, or calls
+    pytest_deselected — by comparing the items before and after every modifyitems hook."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.dropped: dict[int, pytest.Item] = {}
+        self.raw: dict[int, pytest.Item] = {}  # every item a collector made, before any plugin filtered it
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Generator[None, Any, Any]:
+        """Innermost: what the collector really produced. A plugin that filters a collect report (--lf drops a
+        file's passed tests there) never calls pytest_deselected; what it dropped counts all the same."""
+        report = yield
+        self.raw.update({id(node): node for node in report.result or () if isinstance(node, pytest.Item)})
+        return report
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> Generator[None, None, None]:
+        before = list(items)
+        yield
+        kept = {id(item) for item in items}
+        self.dropped.update({id(item): item for item in before if id(item) not in kept})
+
+    def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
+        self.dropped.update({id(item): item for item in items})
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        selection = Selection()
+        final = {id(item) for item in session.items}
+        self.dropped.update({key: item for key, item in self.raw.items() if key not in final})
+        for item in session.items:
+            if (info := item_info(item)) is not None:
+                selection.selected[item.nodeid] = info.host
+        for key, item in self.dropped.items():
+            if key not in final and (info := item_info(item)) is not None:
+                selection.deselected.setdefault(info.host, []).append(item.nodeid)
+        self.config.stash[SELECTION_KEY] = selection
+        workeroutput = getattr(self.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput[SELECTION_OUTPUT] = selection.as_output()
+
+
 class VerdictCollector:
     """Folds every test report into the host verdicts (controller side; also without xdist), and watches what
-    the reports alone would not show: tests collected but never finished, collection errors, crashed workers,
-    failures of tests without a dflash fixture, internal errors."""
+    the reports alone would not show: tests selected but never finished (per host), tests deselected, collection
+    errors, crashed workers, internal errors and failures of tests without a dflash fixture."""
 
-    def __init__(self, builder: VerdictBuilder) -> None:
+    def __init__(self, config: pytest.Config, builder: VerdictBuilder) -> None:
+        self.config = config
         self.builder = builder
         self.expected: dict[str, None] = {}  # collection order (an ordered set)
         self.started: dict[str, None] = {}
         self.finished: set[str] = set()
         self.foreign: list[str] = []
+        self.broken: list[str] = []  # what makes the whole run not whole: crashes, collection / internal errors
+        self.worker_selection = Selection()
         self.layers: set[str] = set()
         self.suites: set[str] = set()
 
@@ -47,14 +125,14 @@ class VerdictCollector:
                 self.builder.add(report.nodeid, report.when, report.outcome, value, _message(report))
         if report.when == "teardown":
             self.finished.add(report.nodeid)
-        if report.failed and not dflash:
+        if report.failed and not dflash and report.when in ("setup", "call", "teardown"):
             line = redact(first_line(report.longreprtext, report.longrepr))
             self.foreign.append(f"{report.nodeid} ({report.when}): {line}")
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
-            self.foreign.append(f"collection error in {report.nodeid or '.'}: "
-                                f"{redact(first_line(str(report.longrepr), report.longrepr))}")
+            self.broken.append(f"collection error in {report.nodeid or '.'}: "
+                               f"{redact(first_line(str(report.longrepr), report.longrepr))}")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._expect(item.nodeid for item in session.items)
@@ -67,54 +145,95 @@ class VerdictCollector:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        self.worker_selection.merge((getattr(node, "workeroutput", None) or {}).get(SELECTION_OUTPUT))
         if error:
-            self.foreign.append(f"xdist worker {getattr(node, 'gateway', node)!s} crashed: "
-                                f"{redact(str(error).strip().splitlines()[-1][:300] if str(error).strip() else '?')}")
+            last = str(error).strip().splitlines()[-1][:300] if str(error).strip() else "?"
+            self.broken.append(f"xdist worker {_worker(node)} crashed: {redact(last)}")
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
+        self.broken.append(f"an xdist worker crashed while running {crashitem} (an infrastructure failure: the run "
+                           "is not whole, even where xdist ran the rest of its tests on another worker)")
 
     def pytest_internalerror(self, excrepr: Any, excinfo: Any) -> None:
-        self.foreign.append(f"internal error: {redact(str(excrepr).strip().splitlines()[-1][:300])}")
+        self.broken.append(f"internal error: {redact(str(excrepr).strip().splitlines()[-1][:300])}")
 
     def _expect(self, ids: Any) -> None:
         self.expected.update(dict.fromkeys(ids))
 
+    def selection(self) -> Selection | None:
+        """Each host's selected and deselected tests: this process's own collection, or the workers' (None when
+        no worker lived to send its own: then only the run as a whole can be judged)."""
+        own = self.config.stash.get(SELECTION_KEY, None)
+        if own is not None:
+            return own
+        return self.worker_selection if self.worker_selection.selected or self.worker_selection.deselected else None
+
     def status(self, session: pytest.Session) -> RunStatus:
-        """Judge the run's completeness at session end."""
+        """Judge the run's completeness at session end: the run's own, then each host's."""
         config = session.config
-        interrupted = None
-        missing = [nodeid for nodeid in self.expected if nodeid not in self.finished]
+        run = config.stash[RUN_KEY]
+        reasons = []
         running = [nodeid for nodeid in self.started if nodeid not in self.finished]
-        if session.exitstatus == pytest.ExitCode.INTERRUPTED:
-            interrupted = "interrupted (Ctrl-C / SIGTERM / pytest.exit)"
-        elif interrupts.in_teardown():
-            interrupted = (f"interrupted: {interrupts.received()} arrived while the run stopped what it started "
+        if interrupts.in_teardown():
+            reasons.append(f"interrupted: {interrupts.received()} arrived while the run stopped what it started "
                            "(that teardown was finished first)")
         elif interrupts.lost():
-            interrupted = (f"interrupted: {interrupts.received()} was received, but its KeyboardInterrupt was lost "
+            reasons.append(f"interrupted: {interrupts.received()} was received, but its KeyboardInterrupt was lost "
                            "(raised inside a finalizer) and the run went on")
-        elif session.shouldstop:
-            interrupted = f"stopped early: {session.shouldstop}"
+        if session.shouldstop:
+            reasons.append(f"stopped early: {session.shouldstop}")
         elif session.shouldfail:
-            interrupted = f"stopped early: {session.shouldfail}"
+            reasons.append(f"stopped early: {session.shouldfail}")
+        exit_reason = _EXIT_REASONS.get(int(session.exitstatus))
+        if exit_reason and not (reasons and session.exitstatus == pytest.ExitCode.INTERRUPTED):
+            reasons.insert(0, exit_reason)
+        reasons += self.broken[:FOREIGN_SHOWN]
+        if len(self.broken) > FOREIGN_SHOWN:
+            reasons.append(f"… and {len(self.broken) - FOREIGN_SHOWN} more")
+        selection = self.selection()
+        hosts: dict[str, HostStatus] = {}
+        for name in run.profiles:
+            ids = [nodeid for nodeid, host in (selection.selected.items() if selection else ()) if host == name]
+            lost = tuple(nodeid for nodeid in ids if nodeid not in self.finished)
+            hosts[name] = HostStatus(selected=len(ids), finished=len(ids) - len(lost), lost=lost,
+                                     deselected=len(selection.deselected.get(name, ())) if selection else 0)
+        attributed = set(selection.selected) if selection else set()
+        missing = [nodeid for nodeid in self.expected if nodeid not in self.finished and nodeid not in attributed]
         if missing:
             where = f"in progress: {', '.join(running[:3])}" if running else f"first not run: {missing[0]}"
-            what = f"{len(missing)} of {len(self.expected)} collected tests never finished ({where})"
-            interrupted = f"{interrupted}; {what}" if interrupted else what
+            reasons.append(f"{len(missing)} of {len(self.expected)} collected tests never finished ({where})")
+        if selection is None and self.expected and any(run.profiles):
+            reasons.append("no process that collected the tests reported which host each one belongs to")
         available = available_suites(self.suites - {""}, config)
         suites = (self.suites - {""}) | pyargs_suites(config, available)
         partial = narrowed_by(config, suites, available | suites)
         foreign = list(self.foreign[:FOREIGN_SHOWN])
         if len(self.foreign) > FOREIGN_SHOWN:
             foreign.append(f"… and {len(self.foreign) - FOREIGN_SHOWN} more")
-        selection = {
-            "args": [redact(str(a)) for a in config.invocation_params.args],
-            "plugin_version": __version__,
+        selection_facts = {
+            **_selection_args(config),
             "layers": sorted(layer for layer in self.layers if layer),
             "suites": sorted(suites),
             "collected": len(self.expected),
             "finished": len(self.expected.keys() & self.finished),
         }
-        return RunStatus(interrupted=interrupted, partial=tuple(partial), foreign=tuple(foreign),
-                         selection=selection)
+        return RunStatus(interrupted="; ".join(reasons) or None, partial=tuple(partial), foreign=tuple(foreign),
+                         selection=selection_facts, hosts=hosts, named_hosts=self.builder.status.named_hosts,
+                         shard=self.builder.status.shard)
+
+
+# pytest's own exit codes that say the run as a whole did not work (1 is a test's business; 0 needs no reason)
+_EXIT_REASONS = {
+    int(pytest.ExitCode.INTERRUPTED): "interrupted (Ctrl-C / SIGTERM / pytest.exit)",
+    int(pytest.ExitCode.INTERNAL_ERROR): "internal error (exit 3)",
+    int(pytest.ExitCode.USAGE_ERROR): "usage error (exit 4)",
+    int(pytest.ExitCode.NO_TESTS_COLLECTED): "no tests were collected (exit 5)",
+}
+
+
+def _worker(node: Any) -> str:
+    return str(getattr(getattr(node, "gateway", None), "id", None) or node)
 
 
 def _message(report: pytest.TestReport) -> str:
@@ -203,17 +322,39 @@ def narrowed_by(config: pytest.Config, suites: set[str], available: set[str]) ->
     return reasons
 
 
-def start(session: pytest.Session) -> None:
-    """Controller, session start: every host's verdict file says 'interrupted' until the run ends."""
-    config = session.config
-    run = config.stash[RUN_KEY]
-    builder = config.stash[BUILDER_KEY]
-    builder.status = RunStatus(selection={"args": [redact(str(a)) for a in config.invocation_params.args],
-                                          "plugin_version": __version__})
+def writes_verdicts(config: pytest.Config) -> bool:
+    """The controller of a run that runs tests (not an xdist worker, not --collect-only: a listing must leave
+    the hosts' last verdicts as they were)."""
+    return not hasattr(config, "workerinput") and not config.getoption("collectonly", False)
+
+
+def start(config: pytest.Config, builder: VerdictBuilder, report_dir: Path, profiles: Mapping[str, Any]) -> None:
+    """Controller, in pytest_configure before anything can block or fail (discovery of attached servers,
+    readiness, collection): every host the run names gets a verdict file that says 'interrupted' until the run
+    ends, so a run killed at any phase never leaves an older 'pass' standing."""
+    named = config.stash.get(NAMED_HOSTS_KEY, tuple(profiles))
+    shard = str(options.option(config, "dflash_shard") or "") or None
+    builder.status = RunStatus(selection=_selection_args(config), named_hosts=tuple(named), shard=shard)
+    builder.name_hosts(profiles)
     try:
-        builder.write_started(run.options.report_dir, run.profiles)
+        builder.write_started(report_dir, profiles)
     except OSError as exc:
-        raise pytest.UsageError(f"--dflash-report {run.options.report_dir}: cannot write verdicts: {exc}") from None
+        raise pytest.UsageError(f"--dflash-report {report_dir}: cannot write verdicts: {exc}") from None
+
+
+def refuse(config: pytest.Config, builder: VerdictBuilder, report_dir: Path, hosts: Sequence[str],
+           error: BaseException) -> None:
+    """A usage error ends the run before any test: each host it names gets an 'interrupted' verdict naming the
+    error (best effort: a folder that cannot be written is the user's next error, not this one's)."""
+    if not builder.status.selection:
+        builder.status = RunStatus(selection=_selection_args(config), named_hosts=tuple(hosts))
+    reason = f"the run ended with a usage error before any test ran: {redact(str(error).strip())[:500]}"
+    with contextlib.suppress(OSError):
+        builder.write_started(report_dir, hosts, reason=reason)
+
+
+def _selection_args(config: pytest.Config) -> dict[str, Any]:
+    return {"args": [redact(str(a)) for a in config.invocation_params.args], "plugin_version": __version__}
 
 
 def finish(session: pytest.Session, collector: VerdictCollector) -> None:
@@ -225,12 +366,13 @@ def finish(session: pytest.Session, collector: VerdictCollector) -> None:
     builder.status = collector.status(session)
     gate_layers = config.stash.get(GATE_KEY, [])
     gate = builder.gate(gate_layers) if gate_layers else None
+    verdicts = {verdict.final_verdict(builder.status) for verdict in builder.hosts.values()}
     if gate is not None and session.exitstatus in (0, 1):
         session.exitstatus = 0 if gate["passed"] else 1
-    elif gate is None and session.exitstatus == 0 and builder.failing():
+    if session.exitstatus == 0 and "interrupted" in verdicts:
+        session.exitstatus = pytest.ExitCode.INTERRUPTED  # e.g. a crashed worker whose tests ran again elsewhere
+    elif session.exitstatus == 0 and gate is None and "fail" in verdicts:
         session.exitstatus = 1  # e.g. a host whose tests were all skipped as blocked
-    if session.exitstatus == 0 and builder.status.interrupted:
-        session.exitstatus = pytest.ExitCode.INTERRUPTED
     if interrupts.lost() and session.exitstatus in (0, 1):
         session.exitstatus = pytest.ExitCode.INTERRUPTED  # what it failed on came after the interrupt
     paths = builder.write(run.options.report_dir, exit_code=int(session.exitstatus), gate=gate)

@@ -9,15 +9,21 @@ diagnoses, service facts). `VerdictBuilder` folds them into one verdict per host
                   = skipped if every test was skipped for another reason (e.g. "no GPU")
                   = not-run if no test of the layer was selected
 
-A host passes when no layer failed or was blocked — and only when the run was whole:
+A host's verdict is computed from what pytest collected, reported, deselected and lost for that host, and
+from what happened to the run as a whole — never from which options were given:
 
-    verdict = interrupted  the run stopped early (Ctrl-C, SIGTERM, -x/--maxfail, a crashed worker, a test that
-                           never finished), or never wrote its final verdict (killed: the file written at start)
-            = fail         a layer failed or was blocked
-            = partial      nothing failed, but the run was narrowed (-k, -m, --lf, --deselect, node ids, a subset
-                           of the suites): it cannot make a host green in a fleet view or its history
-            = pass
+    verdict = interrupted  the run was not whole: stopped early (Ctrl-C, SIGTERM, -x/--maxfail), an xdist worker
+                           crashed (even when its tests ran again elsewhere), a collection or internal error, a
+                           usage error, nothing collected, a test of this host selected at collection that never
+                           finished, or the run never wrote its final verdict (killed: the file written at start)
+            = fail         a layer failed or was blocked, or a test outside the dflash tests failed
+            = partial      nothing failed, but not everything ran: tests of this host were deselected (by any
+                           means: -k, -m, --lf, --sw, --deselect, a conftest, a plugin), the run named node ids or a
+                           subset of the suites, or no test of this host passed at all
+            = pass         every test selected for the host at collection finished and passed (or was skipped for
+                           a stated reason other than a blocked layer), and none of the above happened
 
+Every host the run names (--host, --attach, --fleet, this shard's share) gets a verdict, also one with no report.
 Exit codes are documented in docs/gating.md.
 """
 
@@ -36,6 +42,8 @@ from pytest_dflash.run.layers import LAYERS
 SCHEMA = "pytest-dflash/verdict/1"
 OUTCOMES = ("passed", "failed", "blocked", "skipped", "not-run")
 VERDICTS = ("pass", "fail", "partial", "interrupted")
+LOST_SHOWN = 20  # lost test ids listed in a verdict (the count is always exact)
+SUBSET = "a subset of the suites"  # the one narrowing a gate may accept: a gate is about layers, not suites
 NEVER_FINISHED = ("the run that wrote this file never finished (killed by SIGKILL, an OOM kill, os._exit or a "
                   "pytest-timeout thread kill?): this is the file written when it started")
 
@@ -82,13 +90,37 @@ class HostVerdict:
         """What the tests said about the host: 'fail' if a layer failed or was blocked, else 'pass'."""
         return "fail" if any(t.outcome in ("failed", "blocked") for t in self.layers.values()) else "pass"
 
+    def lost_reason(self, status: RunStatus) -> str | None:
+        """This host's own share of an unfinished run: its selected tests that never finished."""
+        host = status.hosts.get(self.host)
+        if host is None or not host.lost:
+            return None
+        return (f"{len(host.lost)} of {host.selected} test(s) of this host selected at collection never finished "
+                f"(first: {host.lost[0]})")
+
+    def interrupted_reason(self, status: RunStatus) -> str | None:
+        """Why this host's run was not whole (the run's reason, then this host's lost tests), or None."""
+        reasons = [r for r in (status.interrupted, self.lost_reason(status)) if r]
+        return "; ".join(reasons) or None
+
+    def partial_reasons(self, status: RunStatus) -> list[str]:
+        """How this host's run fell short of everything, in words (empty: nothing was left out)."""
+        reasons = list(status.partial)
+        host = status.hosts.get(self.host)
+        if host is not None and host.deselected:
+            reasons.append(f"{host.deselected} test(s) of this host deselected after collection "
+                           f"({host.selected} of {host.selected + host.deselected} ran)")
+        if not any(tally.passed for tally in self.layers.values()):
+            reasons.append("no test of this host passed")
+        return reasons
+
     def final_verdict(self, status: RunStatus) -> str:
         """The verdict with the run's completeness folded in (see the module docstring)."""
-        if status.interrupted:
+        if self.interrupted_reason(status):
             return "interrupted"
-        if self.verdict == "fail":
+        if self.verdict == "fail" or status.foreign:
             return "fail"
-        return "partial" if status.partial else "pass"
+        return "partial" if self.partial_reasons(status) else "pass"
 
     def layer_outcomes(self) -> dict[str, str]:
         return {layer: self.layers[layer].outcome if layer in self.layers else "not-run" for layer in LAYERS}
@@ -96,6 +128,9 @@ class HostVerdict:
     def as_dict(self, *, run_id: str, started: float, finished: float, exit_code: int | None,
                 gate: Mapping[str, Any] | None, status: RunStatus | None = None) -> dict[str, Any]:
         status = status or RunStatus()
+        interrupted = self.interrupted_reason(status)
+        partial = self.partial_reasons(status)
+        host = status.hosts.get(self.host) or HostStatus()
         return {
             "schema": SCHEMA,
             "host": self.host,
@@ -107,9 +142,13 @@ class HostVerdict:
             "duration_s": round(finished - started, 3),
             "verdict": self.final_verdict(status),
             "tests_verdict": self.verdict,
-            "complete": not status.interrupted and not status.partial,
-            "interrupted": status.interrupted,
-            "partial": list(status.partial),
+            "complete": not interrupted and not partial,
+            "interrupted": interrupted,
+            "partial": partial,
+            "foreign": list(status.foreign),
+            "tests": {"selected": host.selected, "finished": host.finished, "deselected": host.deselected,
+                      "lost": list(host.lost[:LOST_SHOWN])},
+            "run": {"hosts": list(status.named_hosts), "shard": status.shard},
             "selection": dict(status.selection),
             "exit_code": exit_code,
             "layers": {
@@ -127,16 +166,31 @@ class HostVerdict:
         }
 
 
+@dataclass(frozen=True)
+class HostStatus:
+    """What pytest did with one host's tests: how many were selected at collection (after every deselection),
+    how many of those finished, which never did, and how many were deselected."""
+
+    selected: int = 0
+    finished: int = 0
+    deselected: int = 0
+    lost: tuple[str, ...] = ()
+
+
 @dataclass
 class RunStatus:
-    """Was the run whole? `interrupted`: why it stopped early (None: it did not); `partial`: how it was narrowed;
-    `foreign`: failures no dflash test reported (collection errors, crashed workers, tests without a dflash
-    fixture, internal errors) — the gate refuses when there are any."""
+    """Was the run whole? `interrupted`: why the whole run is not (None: it is); `partial`: how the whole run was
+    narrowed (node ids, a subset of the suites); `foreign`: failures no dflash test reported (tests without a
+    dflash fixture); `hosts`: each host's own counts (deselected, lost); `named_hosts`: every host the run
+    named before --shard took its share, and `shard` that share ("2/8")."""
 
     interrupted: str | None = None
     partial: tuple[str, ...] = ()
     foreign: tuple[str, ...] = ()
     selection: Mapping[str, Any] = field(default_factory=dict)
+    hosts: Mapping[str, HostStatus] = field(default_factory=dict)
+    named_hosts: tuple[str, ...] = ()
+    shard: str | None = None
 
 
 def _iso(ts: float) -> str:
@@ -152,6 +206,13 @@ class VerdictBuilder:
 
     def host(self, name: str) -> HostVerdict:
         return self.hosts.setdefault(name, HostVerdict(name))
+
+    def name_hosts(self, profiles: Mapping[str, Any]) -> None:
+        """Every host the run names gets a verdict, also one that no test report will ever mention."""
+        for name, profile in profiles.items():
+            verdict = self.host(name)
+            verdict.profile = verdict.profile or str(getattr(profile, "source", "") or "")
+            verdict.connection = verdict.connection or getattr(profile, "connection", None)
 
     def add(self, nodeid: str, when: str, outcome: str, info: Mapping[str, Any], message: str) -> None:
         """Fold one test report (setup/call/teardown phase) into its host's verdict."""
@@ -193,6 +254,12 @@ class VerdictBuilder:
         }
         refused = [f"the run was interrupted: {self.status.interrupted}"] if self.status.interrupted else []
         refused += [f"outside the dflash tests: {problem}" for problem in self.status.foreign]
+        refused += [f"the run was narrowed: {why}" for why in self.status.partial if not why.startswith(SUBSET)]
+        for name, host in sorted(self.status.hosts.items()):
+            if host.lost:
+                refused.append(f"{name}: {len(host.lost)} selected test(s) never finished (first: {host.lost[0]})")
+            if host.deselected:
+                refused.append(f"{name}: {host.deselected} test(s) deselected after collection")
         ok = (bool(per_host) and not refused
               and all(o == "passed" for outcomes in per_host.values() for o in outcomes.values()))
         return {"layers": wanted, "passed": ok, "hosts": per_host, "refused": refused}
@@ -213,11 +280,13 @@ class VerdictBuilder:
             written.append(path)
         return written
 
-    def write_started(self, directory: Path, hosts: Iterable[str]) -> None:
-        """At session start: an 'interrupted' verdict per host, replaced at the end. A run killed outright
-        (SIGKILL, os._exit) then leaves a verdict that says so, never an older passing one."""
+    def write_started(self, directory: Path, hosts: Iterable[str], reason: str = NEVER_FINISHED) -> None:
+        """Before anything can block or fail: an 'interrupted' verdict per host, replaced at the end. A run killed
+        outright (SIGKILL, os._exit), or one ended by a usage error (`reason`), then leaves a verdict that says
+        so, never an older passing one."""
         directory.mkdir(parents=True, exist_ok=True)
-        status = RunStatus(interrupted=NEVER_FINISHED, selection=self.status.selection)
+        status = RunStatus(interrupted=reason, selection=self.status.selection,
+                           named_hosts=self.status.named_hosts, shard=self.status.shard)
         for name in hosts:
             payload = HostVerdict(name).as_dict(run_id=self.run_id, started=self.started, finished=self.started,
                                                 exit_code=None, gate=None, status=status)
@@ -235,6 +304,10 @@ def summary_lines(builder: VerdictBuilder) -> list[str]:
         outcomes = verdict.layer_outcomes()
         shown = "  ".join(f"{layer}:{outcome}" for layer, outcome in outcomes.items() if outcome != "not-run")
         lines.append(f"{name}: {verdict.final_verdict(builder.status).upper()}  {shown}")
+        if lost := verdict.lost_reason(builder.status):
+            lines.append(f"    INTERRUPTED: {lost}")
+        lines += [f"    PARTIAL: {why}" for why in verdict.partial_reasons(builder.status)
+                  if why not in builder.status.partial]
         for service, facts in sorted(verdict.services.items()):
             parts = [f"{facts.get('algorithm', '?')}"]
             if facts.get("version"):

@@ -14,10 +14,15 @@ from pytest_dflash.run.state import DflashRun
 
 
 def arm(config: pytest.Config, run: DflashRun) -> None:
-    """Clean up at exit, and turn SIGTERM into KeyboardInterrupt so pytest tears down as on Ctrl-C; both
-    signals are latched (pytest_dflash.interrupts), so one that a finalizer swallows still stops the run."""
+    """Clean up at exit (the signals are armed already: `arm_signals`)."""
     atexit.register(run.cleanup)
-    if not interrupts.in_main_thread():
+
+
+def arm_signals(config: pytest.Config) -> None:
+    """From the run's first moment (report/started.py): turn SIGTERM into KeyboardInterrupt so pytest tears down
+    as on Ctrl-C — also during pytest_configure — and latch both signals (pytest_dflash.interrupts), so one that
+    a finalizer swallows still stops the run."""
+    if not interrupts.in_main_thread() or PREVIOUS_SIGTERM_KEY in config.stash:
         return
     interrupts.reset()
     previous = signal.getsignal(signal.SIGTERM)

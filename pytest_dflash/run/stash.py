@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # the keys are typed; importing these at run time would make import cycles
+    from pytest_dflash.config.profiles import HostProfile
+    from pytest_dflash.report.session import Selection  # noqa: F401
     from pytest_dflash.report.verdict import VerdictBuilder  # noqa: F401
     from pytest_dflash.run.collection import ItemInfo  # noqa: F401
     from pytest_dflash.run.state import DflashRun, ServiceHandle  # noqa: F401
@@ -17,7 +19,10 @@ RUN_KEY = pytest.StashKey["DflashRun"]()
 BUILDER_KEY = pytest.StashKey["VerdictBuilder"]()
 GATE_KEY = pytest.StashKey[list[str]]()
 EMPTY_SHARD_KEY = pytest.StashKey[str]()
+NAMED_HOSTS_KEY = pytest.StashKey[tuple[str, ...]]()  # every host the run names, before --shard
+TARGETS_KEY = pytest.StashKey[dict[str, "HostProfile"]]()  # the run's profiles, loaded first (report/started.py)
 REPORTED_KEY = pytest.StashKey[list[str]]()
+SELECTION_KEY = pytest.StashKey["Selection"]()
 PREVIOUS_SIGTERM_KEY = pytest.StashKey[Any]()
 PREVIOUS_SIGINT_KEY = pytest.StashKey[Any]()
 # per test item

@@ -114,7 +114,9 @@ def test_a_narrowed_run_is_partial_and_never_green_in_the_fleet_view(run_suite, 
     assert result.ret == 0  # nothing failed: the narrowed run itself is fine
     data = verdict(run_suite.reports, "narrow")
     assert data["verdict"] == "partial", data["verdict"]
-    assert data["partial"] == ["-k 'greedy'"]
+    assert data["partial"][0] == "-k 'greedy'"  # what the options say, then what pytest did: it deselected tests
+    assert data["partial"][1].startswith("10 test(s) of this host deselected after collection"), data["partial"]
+    assert data["tests"] == {"selected": 1, "finished": 1, "deselected": 10, "lost": []}
     assert data["selection"]["plugin_version"] and "-k" in data["selection"]["args"]
     assert data["selection"]["suites"] == ["smoke"] and "generation" in data["selection"]["layers"]
     result.stdout.fnmatch_lines(["*fleet: 0/1 hosts pass (1 partial)*"])
@@ -170,8 +172,14 @@ def test_the_gate_refuses_what_it_cannot_see(tmp_path: Path, extra: str, args: t
                             capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert result.returncode == 1, result.stdout[-3000:]  # before: the gate turned this 1 into 0
     assert "gate generation: FAILED" in result.stdout
-    assert "gate refused: outside the dflash tests: " in result.stdout and why in result.stdout
-    gate = verdict(tmp_path, "gated")["gate"]
+    data = verdict(tmp_path, "gated")
+    if why == "collection error":  # the run is not whole: no host passes it
+        assert "gate refused: the run was interrupted: collection error in " in result.stdout, result.stdout[-3000:]
+        assert data["verdict"] == "interrupted" and "collection error" in data["interrupted"], data["interrupted"]
+    else:  # a failure outside the dflash tests: the run failed, so no host passes it
+        assert "gate refused: outside the dflash tests: " in result.stdout and why in result.stdout
+        assert data["verdict"] == "fail" and data["foreign"], data
+    gate = data["gate"]
     assert gate["passed"] is False and gate["hosts"]["gated"] == {"generation": "passed"}
 
 
