@@ -29,7 +29,7 @@ from pytest_dflash.fleet.trend import (
 from pytest_dflash.fleet.values import iso, numbers, parse_time
 from pytest_dflash.report.files import atomic_write
 from pytest_dflash.report.verdict import SCHEMA as VERDICT_SCHEMA
-from pytest_dflash.report.verdict import VERDICTS
+from pytest_dflash.report.verdict import VERDICTS, LayerTally
 from pytest_dflash.run.layers import LAYERS
 
 SUMMARY_SCHEMA = "pytest-dflash/fleet-summary/1"
@@ -119,7 +119,64 @@ def read_verdict(path: Path) -> dict[str, Any]:
             problems.append(f"'{key}' must be an object")
     if problems:
         raise FleetInputError(f"{path}: invalid verdict: {problems[0]}")
+    if (why := inconsistency(data)) is not None:
+        raise FleetInputError(f"{path}: inconsistent verdict, refused: {why}")
     return data
+
+
+_TALLY_KEYS = ("passed", "failed", "blocked", "skipped")
+
+
+def inconsistency(data: Mapping[str, Any]) -> str | None:
+    """Why a verdict file contradicts itself (None: it does not). A merge trusts no 'pass' that its own layers,
+    failures, completeness or exit code deny: such a file was edited, damaged or written by a broken tool."""
+    verdict = data["verdict"]
+    outcomes: dict[str, str] = {}
+    for layer, body in data["layers"].items():
+        if not isinstance(body, Mapping):
+            return f"layer {layer!r} is not an object"
+        outcome = str(body.get("outcome", "not-run"))
+        counts = {key: body[key] for key in _TALLY_KEYS if key in body}
+        if counts and all(isinstance(v, int) for v in counts.values()):
+            tally = LayerTally(**counts)
+            if tally.outcome != outcome:
+                return f"layer {layer!r} says {outcome!r} but its counts {counts} make it {tally.outcome!r}"
+        outcomes[layer] = outcome
+    bad_layers = [layer for layer, outcome in outcomes.items() if outcome in ("failed", "blocked")]
+    interrupted, partial = data.get("interrupted"), data.get("partial") or []
+    failures, blocked, foreign = data.get("failures") or [], data.get("blocked") or [], data.get("foreign") or []
+    exit_code = data.get("exit_code")
+    if bool(interrupted) != (verdict == "interrupted"):
+        return f"'verdict' is {verdict!r} but 'interrupted' is {interrupted!r}"
+    if exit_code is None and verdict != "interrupted":
+        return f"'verdict' is {verdict!r} but 'exit_code' is null (a run that never finished)"
+    if "complete" in data and data["complete"] != (not interrupted and not partial):
+        return f"'complete' is {data['complete']!r} but 'interrupted' is {interrupted!r} and 'partial' {partial!r}"
+    if verdict == "pass":
+        if bad_layers:
+            return f"'verdict' is 'pass' but layer {bad_layers[0]!r} {outcomes[bad_layers[0]]}"
+        if failures or blocked or foreign:
+            return "'verdict' is 'pass' but it lists failed or blocked tests"
+        if partial:
+            return f"'verdict' is 'pass' but 'partial' says {partial[0]!r}"
+        if data.get("tests_verdict", "pass") != "pass":
+            return f"'verdict' is 'pass' but 'tests_verdict' is {data.get('tests_verdict')!r}"
+        if exit_code not in (0, 1):
+            return f"'verdict' is 'pass' but the run exited {exit_code!r} (0, or 1 for another host's failure)"
+    elif verdict == "fail":
+        if not (bad_layers or failures or blocked or foreign):
+            return "'verdict' is 'fail' but no layer failed or was blocked and no test failed"
+        gate = data.get("gate") or {}
+        if exit_code == 0 and not gate.get("passed"):
+            return "'verdict' is 'fail' but the run exited 0 without a gate that passed"
+    elif verdict == "partial":
+        if not partial:
+            return "'verdict' is 'partial' but 'partial' gives no reason"
+        if bad_layers or failures or blocked:
+            return "'verdict' is 'partial' but a layer failed or was blocked"
+    elif exit_code == 0:
+        return "'verdict' is 'interrupted' but the run exited 0"
+    return None
 
 
 def load_verdicts(inputs: Iterable[str | Path], *, latest: bool = False,
@@ -291,6 +348,28 @@ def host_entry(verdict: LoadedVerdict) -> dict[str, Any]:
 # ---- the summary ---------------------------------------------------------------------------------------------
 
 
+def missing_verdicts(verdicts: Sequence[LoadedVerdict], excluded: Sequence[str] = ()) -> list[LoadedVerdict]:
+    """A stand-in 'interrupted' verdict for each host a run named (its `run.hosts`: every host of the fleet
+    before --shard took its share) that no input has a verdict for: a shard that never uploaded, a runner that
+    died before writing anything. A merge of shards with one missing is then never a green fleet."""
+    have = {v.host for v in verdicts}
+    named: dict[str, str] = {}
+    for verdict in verdicts:
+        run = verdict.data.get("run")
+        if not isinstance(run, Mapping):
+            continue
+        for host in run.get("hosts") or ():
+            if (isinstance(host, str) and host not in have
+                    and not any(fnmatch.fnmatchcase(host, pattern) for pattern in excluded)):
+                named.setdefault(host, f"run {verdict.run_id}" + (f", shard {run['shard']}" if run.get("shard")
+                                                                  else ""))
+    return [LoadedVerdict(Path(f"<no verdict for {host}>"), {
+        "schema": VERDICT_SCHEMA, "host": host, "verdict": "interrupted", "exit_code": None, "layers": {},
+        "interrupted": f"no verdict for this host among the merged inputs (named by {source}): its shard or run "
+                       "never wrote one", "failures": [], "blocked": [], "services": {}, "metrics": {}, "facts": {},
+    }) for host, source in sorted(named.items())]
+
+
 def gate_trusts(entry: Mapping[str, Any]) -> bool:
     """Can a gate count this host's layer outcomes? Not when its run was interrupted, its own gate refused
     (a crashed worker, a collection error), or its shard exited with a code other than 0 / 1 (2-5: the run
@@ -314,6 +393,7 @@ def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, A
                   perf_threshold_pct: float = 5.0, now: float | None = None) -> dict[str, Any]:
     """`excluded`: the hosts left out of the inputs; `exclude_patterns`: the globs that left them out."""
     now = time.time() if now is None else now
+    verdicts = [*verdicts, *missing_verdicts(verdicts, [*excluded, *exclude_patterns])]
     hosts = {v.host: host_entry(v) for v in sorted(verdicts, key=lambda v: v.host)}
     by_host = {v.host: v for v in verdicts}
     before: Mapping[str, Mapping[str, Any]] = (previous or {}).get("hosts", {})

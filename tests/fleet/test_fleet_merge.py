@@ -196,8 +196,10 @@ def test_merge_gate_honours_a_shard_that_did_not_run_properly(tmp_path: Path, ch
     data = json.loads(path.read_text())
     if change == "exit_code":
         data["exit_code"] = 2  # the shard was interrupted or broke: its green layers prove nothing
+        data["verdict"], data["interrupted"], data["complete"] = "interrupted", "interrupted (Ctrl-C)", False
     elif change == "interrupted":
         data["verdict"], data["interrupted"] = "interrupted", "stopped early: stopping after 1 failures"
+        data["complete"], data["exit_code"] = False, 1
     else:
         data["gate"]["refused"] = ["outside the dflash tests: collection error in suites/x.py"]
     path.write_text(json.dumps(data))
@@ -211,7 +213,7 @@ def test_merge_counts_partial_hosts_as_not_passing(tmp_path: Path, capsys: pytes
     root = tmp_path / "artifacts"
     path = make_verdict(root, "gpu-a", GREEN, run_id="r1")
     data = json.loads(path.read_text())
-    data["verdict"], data["partial"] = "partial", ["-m 'service'"]
+    data["verdict"], data["partial"], data["complete"] = "partial", ["-m 'service'"], False
     path.write_text(json.dumps(data))
     assert main(["merge", str(root), "--out", str(tmp_path / "fleet")]) == 1
     assert "fleet: 0/1 hosts pass (1 partial)" in capsys.readouterr().out

@@ -40,7 +40,10 @@ def make_verdict(directory: Path, host: str, outcomes: Mapping[str, str], *, run
             builder.add(nodeid, "call", "passed", info, "")
     gate_info = builder.gate(gate) if gate else None
     directory.mkdir(parents=True, exist_ok=True)
-    (path,) = [p for p in builder.write(directory, exit_code=0, gate=gate_info) if p.name.startswith(_safe(host))]
+    failing = any(outcome in ("failed", "blocked") for outcome in outcomes.values())
+    exit_code = 0 if (gate_info and gate_info["passed"]) or not failing else 1  # what pytest-dflash exits with
+    (path,) = [p for p in builder.write(directory, exit_code=exit_code, gate=gate_info)
+               if p.name.startswith(_safe(host))]
     if finished is not None:
         data = json.loads(path.read_text())
         data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(finished))

@@ -1,0 +1,541 @@
+"""Verdict fuzz: real pytest runs of a small dflash suite against real refserver processes, driven through the
+run shapes a hostile user (or a flaky CI runner) produces, and checked against the invariants a deploy gate
+relies on:
+
+- the exit code is the documented one (docs/gating.md "Exit codes by run shape" is generated from SHAPES);
+- every host the run names has a verdict file, and that file is consistent with itself (what `merge` checks);
+- a host's verdict is `pass` only in a whole, healthy run; a crash, a rerun, a filter or a signal never gives one;
+- `--gate` passes and `pytest-dflash merge` exits 0 only when every host the run named passed.
+
+tests/e2e/test_verdict_fuzz_e2e.py runs a seeded sample of the shapes in CI (`DFLASH_FUZZ_SEED` picks the
+sample; the seed is printed); benchmarks/verdict_fuzz.py runs every shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from pytest_dflash.cli import main as cli_main
+from pytest_dflash.fleet.summary import inconsistency
+
+ROOT = Path(__file__).parents[2]
+HOSTS = ("alpha", "beta")
+STALE = {"schema": "pytest-dflash/verdict/1", "verdict": "pass", "tests_verdict": "pass", "complete": True,
+         "interrupted": None, "partial": [], "exit_code": 0, "layers": {}, "failures": [], "blocked": []}
+
+CONFTEST = '''
+import os, signal, time
+from pathlib import Path
+
+import pytest
+
+
+def mark(what):
+    with open(os.environ["FUZZ_MARKS"], "a") as out:
+        out.write(f"{what}\\n")
+
+
+def linger(phase):
+    if os.environ.get("FUZZ_LINGER") == phase:
+        mark(f"lingering {phase}")
+        time.sleep(120)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        mark("configure")
+        linger("configure")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):
+        mark("collection")
+        linger("collection")
+    drop = os.environ.get("FUZZ_DROP")
+    if drop:  # a conftest that drops tests silently: no pytest_deselected call
+        items[:] = [item for item in items if drop not in item.nodeid]
+
+
+@pytest.fixture(autouse=True)
+def fuzz_hooks(request):
+    nodeid = request.node.nodeid
+    mark(f"test {nodeid}")
+    kill = os.environ.get("FUZZ_KILL_WORKER")
+    flag = Path(os.environ["FUZZ_MARKS"] + ".killed")
+    if kill and kill in nodeid and os.environ.get("PYTEST_XDIST_WORKER") and not flag.exists():
+        flag.write_text(nodeid)
+        os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-test (an OOM kill, a segfault)
+    linger("test")
+    yield
+    linger("teardown")
+'''
+
+SUITE = '''
+import os
+
+import pytest
+from pytest_dflash.api import ServiceHandle, generation
+
+
+def maybe_fail(request):
+    failing = os.environ.get("FUZZ_FAIL")
+    if failing and failing in request.node.nodeid:
+        pytest.fail("FUZZ_FAIL says this test fails")
+
+
+@pytest.mark.generation
+def test_a(dflash_service: ServiceHandle, request) -> None:
+    generation.greedy(dflash_service.client, native=dflash_service.native)
+    maybe_fail(request)
+
+
+@pytest.mark.generation
+def test_b(dflash_service: ServiceHandle, request) -> None:
+    maybe_fail(request)
+
+
+@pytest.mark.generation
+def test_c(dflash_service: ServiceHandle, request) -> None:
+    maybe_fail(request)
+
+
+@pytest.mark.generation
+def test_d(dflash_service: ServiceHandle, request) -> None:
+    maybe_fail(request)
+'''
+
+
+@dataclass
+class Run:
+    """One real pytest run of the fuzz suite, and what it left behind."""
+
+    workdir: Path
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    returncode: int | None = None
+    output: str = ""
+
+    @property
+    def reports(self) -> Path:
+        return self.workdir / "reports"
+
+    def verdict(self, host: str) -> dict[str, Any] | None:
+        path = self.reports / f"{host}.verdict.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A run shape: what the user does, and what the docs promise for it."""
+
+    name: str
+    what: str  # one line for docs/gating.md
+    exit_codes: tuple[int, ...]  # the documented exit code(s); -9: killed, no exit code of its own
+    verdict: str  # every host's verdict ('mixed': per host, in the shape's own checks)
+    act: Callable[[Path, random.Random], Run]
+    check: Callable[[Run], None] | None = None
+
+
+# ---- building blocks ---------------------------------------------------------------------------------------
+
+
+def setup(workdir: Path, hosts: Sequence[str] = HOSTS, extra: Mapping[str, list[str]] | None = None) -> list[str]:
+    """The suite, one refserver profile per host, and a stale 'pass' verdict per host (what an earlier run left:
+    it must never survive a run that names the host). Returns the --host arguments."""
+    suite = workdir / "suite"
+    suite.mkdir(parents=True, exist_ok=True)
+    (suite / "conftest.py").write_text(CONFTEST)
+    (suite / "test_fuzz.py").write_text(SUITE)
+    (workdir / "reports").mkdir(exist_ok=True)
+    args: list[str] = []
+    for host in hosts:
+        command = ["{python}", "-m", "pytest_dflash.refserver", "--host", "127.0.0.1", "--port", "{port}",
+                   "--speculative-algorithm", "NONE", *(extra or {}).get(host, [])]
+        (workdir / f"{host}.toml").write_text("\n".join([
+            "[host]", 'connection = "local://"', f'python = "{sys.executable}"', 'provision = "always"', "",
+            "[services.plain]", 'kind = "process"', 'algorithm = "NONE"', f"command = {json.dumps(command)}",
+            'ready_timeout = "90s"', ""]))
+        (workdir / "reports" / f"{host}.verdict.json").write_text(json.dumps({**STALE, "host": host}))
+        args += ["--host", str(workdir / f"{host}.toml")]
+    return args
+
+
+def pytest_args(workdir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", str(workdir / "suite"), "-p", "no:cacheprovider", "-q",
+            "--request-timeout=30s", f"--dflash-report={workdir / 'reports'}", *args]
+
+
+def run_env(workdir: Path, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "FUZZ_MARKS": str(workdir / "marks"), "DFLASH_STATE_DIR": str(workdir / "state"),
+           "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("GITHUB_STEP_SUMMARY", None)
+    for name in ("FUZZ_FAIL", "FUZZ_DROP", "FUZZ_LINGER", "FUZZ_KILL_WORKER"):
+        if name not in extra:
+            env.pop(name, None)
+    return env
+
+
+def run_pytest(workdir: Path, args: Sequence[str], *, timeout_s: float = 300, cache: bool = False,
+               **env: str) -> Run:
+    command = pytest_args(workdir, *args)
+    if cache:
+        command.remove("no:cacheprovider")
+        command.remove("-p")
+    run = Run(workdir, command, env)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=workdir,
+                            env=run_env(workdir, **env))
+    run.returncode, run.output = result.returncode, result.stdout + result.stderr
+    return run
+
+
+def run_and_signal(workdir: Path, args: Sequence[str], *, signum: int, when: Callable[[], bool],
+                   timeout_s: float = 240, **env: str) -> Run:
+    """Start the run, send `signum` to its process group once `when()` is true, wait for it to end."""
+    command = pytest_args(workdir, *args)
+    run = Run(workdir, command, env)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=workdir,
+                            env=run_env(workdir, **env), start_new_session=True)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not when():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the run ended (or timed out) before its signal: {''.join(out)[-3000:]}")
+            time.sleep(0.1)
+        if signum == signal.SIGKILL:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.send_signal(signum)
+        proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        reader.join(timeout=10)
+        _reap(workdir)
+    run.returncode, run.output = proc.returncode, "".join(out)
+    return run
+
+
+def _reap(workdir: Path) -> None:
+    """A SIGKILLed run leaves its refservers running (the next run would reap them): stop them now."""
+    for marker in (workdir / "state").rglob("*.json") if (workdir / "state").is_dir() else ():
+        try:
+            pid = int(json.loads(marker.read_text()).get("pid") or 0)
+        except (ValueError, OSError, AttributeError):
+            continue
+        if pid > 1:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def marked(workdir: Path, prefix: str) -> Callable[[], bool]:
+    path = workdir / "marks"
+    return lambda: path.is_file() and any(line.startswith(prefix) for line in path.read_text().splitlines())
+
+
+def said(workdir: Path, run_output: list[str], text: str) -> Callable[[], bool]:  # pragma: no cover - helper
+    return lambda: text in "".join(run_output)
+
+
+# ---- the invariants ----------------------------------------------------------------------------------------
+
+
+def check_invariants(shape: Shape, run: Run, hosts: Sequence[str]) -> list[str]:
+    """What must hold after every run shape (a list of broken promises; empty: all held)."""
+    problems = []
+    if run.returncode not in shape.exit_codes:
+        problems.append(f"exit code {run.returncode}, documented {shape.exit_codes}")
+    if "INTERNALERROR" in run.output or "Traceback (most recent call last)" in run.output:
+        problems.append("a traceback or INTERNALERROR in the output")
+    verdicts = {}
+    for host in hosts:
+        data = run.verdict(host)
+        if data is None:
+            problems.append(f"{host}: no verdict file")
+            continue
+        verdicts[host] = data
+        if data.get("run_id") is None:
+            problems.append(f"{host}: the stale verdict of an earlier run still stands")
+            continue
+        if (why := inconsistency(data)) is not None:
+            problems.append(f"{host}: inconsistent verdict: {why}")
+        if shape.verdict != "mixed" and data["verdict"] != shape.verdict:
+            problems.append(f"{host}: verdict {data['verdict']!r}, documented {shape.verdict!r} "
+                            f"(interrupted={data.get('interrupted')!r}, partial={data.get('partial')!r})")
+    all_pass = len(verdicts) == len(hosts) and all(v["verdict"] == "pass" for v in verdicts.values())
+    if "--gate" in run.args and ("gate generation: PASSED" in run.output) != all_pass:
+        problems.append(f"the gate said {'PASSED' if 'PASSED' in run.output else 'FAILED'} with verdicts "
+                        f"{ {h: v['verdict'] for h, v in verdicts.items()} }")
+    if run.reports.is_dir() and any(run.reports.glob("*.verdict.json")):
+        merged = merge(run.reports, run.workdir / f"merged-{shape.name}")
+        if (merged == 0) != all_pass:
+            problems.append(f"merge exited {merged} with verdicts { {h: v['verdict'] for h, v in verdicts.items()} }")
+    return problems
+
+
+def merge(reports: Path, out: Path, *extra: str) -> int:
+    """`pytest-dflash merge`, in this process, quietly."""
+    with open(os.devnull, "w") as devnull:
+        saved = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = devnull
+        try:
+            return cli_main(["merge", str(reports), "--out", str(out), "--quiet", *extra])
+        finally:
+            sys.stdout, sys.stderr = saved
+
+
+# ---- the shapes ----------------------------------------------------------------------------------------------
+
+
+def _healthy(w: Path, rng: random.Random) -> Run:
+    return run_pytest(w, [*setup(w), "--gate", "generation"])
+
+
+def _worker_sigkill(w: Path, rng: random.Random) -> Run:
+    victim = rng.choice(["test_a", "test_b", "test_c", "test_d"]) + f"[{rng.choice(HOSTS)}"
+    return run_pytest(w, [*setup(w), "-n", "2", "--gate", "generation"], FUZZ_KILL_WORKER=victim)
+
+
+def _x(w: Path, rng: random.Random) -> Run:
+    return run_pytest(w, [*setup(w), "-x"], FUZZ_FAIL=f"test_b[{rng.choice(HOSTS)}")
+
+
+def _maxfail(w: Path, rng: random.Random) -> Run:
+    return run_pytest(w, [*setup(w), "--maxfail", "1"], FUZZ_FAIL="test_c[")
+
+
+def _stepwise(w: Path, rng: random.Random) -> Run:
+    hosts = setup(w)
+    first = run_pytest(w, [*hosts, "--sw"], cache=True, FUZZ_FAIL=f"test_{rng.choice('bcd')}[alpha")
+    assert first.returncode in (1, 2), first.output[-2000:]  # stepwise stops at the failure, and remembers it
+    return run_pytest(w, [*hosts, "--sw"], cache=True)
+
+
+def _last_failed(w: Path, rng: random.Random) -> Run:
+    hosts = setup(w)
+    first = run_pytest(w, hosts, cache=True, FUZZ_FAIL="test_c[beta")
+    assert first.returncode == 1, first.output[-2000:]
+    return run_pytest(w, [*hosts, "--lf"], cache=True)
+
+
+def _keyword(w: Path, rng: random.Random) -> Run:
+    return run_pytest(w, [*setup(w), "-k", rng.choice(["not test_d", "test_a or test_b"])])
+
+
+def _conftest_drop(w: Path, rng: random.Random) -> Run:
+    return run_pytest(w, setup(w), FUZZ_DROP=rng.choice(["test_b[", "test_d[alpha"]))
+
+
+def _collection_error(w: Path, rng: random.Random) -> Run:
+    hosts = setup(w)
+    (w / "suite" / "test_broken.py").write_text("import a_module_that_does_not_exist_for_the_fuzz\n")
+    return run_pytest(w, [*hosts, "--continue-on-collection-errors", "--gate", "generation"])
+
+
+def _gate_filter(w: Path, rng: random.Random) -> Run:
+    return run_pytest(w, [*setup(w), "--gate", "generation", "-k", "not beta"])
+
+
+def _check_gate_filter(run: Run) -> None:
+    assert run.verdict("alpha")["verdict"] == "partial", run.verdict("alpha")  # type: ignore[index]
+    assert run.verdict("beta")["verdict"] == "partial", run.verdict("beta")  # type: ignore[index]
+    assert "gate generation: FAILED" in run.output, run.output[-2000:]
+
+
+def _usage_error(w: Path, rng: random.Random) -> Run:
+    return run_pytest(w, [*setup(w), rng.choice(["--gate= ", "--gate=nolayer", "--request-timeout=forever"])])
+
+
+def _shard_missing(w: Path, rng: random.Random) -> Run:
+    setup(w)
+    fleet = w / "fleet"
+    fleet.mkdir()
+    for host in HOSTS:
+        (fleet / f"{host}.toml").write_text((w / f"{host}.toml").read_text())
+        (w / "reports" / f"{host}.verdict.json").unlink()
+    from pytest_dflash.fleet.inventory import shard_of
+
+    index = shard_of("alpha", 2)
+    run = run_pytest(w, ["--fleet", str(fleet), "--shard", f"{index}/2"])
+    run.args.append("--shard-merge")
+    return run
+
+
+def _check_shard_missing(run: Run) -> None:
+    from pytest_dflash.fleet.inventory import shard_of
+
+    ran = [h for h in HOSTS if run.verdict(h) is not None]
+    assert ran and all(shard_of(h, 2) == shard_of("alpha", 2) for h in ran), ran
+    assert all(run.verdict(h)["verdict"] == "pass" for h in ran), run.output[-2000:]  # type: ignore[index]
+    code = merge(run.reports, run.workdir / "merged-shards", "--gate", "generation")
+    missing = [h for h in HOSTS if h not in ran]
+    if missing:  # the other shard's hosts: no verdict, and the merge must say so
+        assert code == 1, f"merge of one shard of two exited {code}"
+        summary = json.loads((run.workdir / "merged-shards" / "fleet-summary.json").read_text())
+        assert all(summary["hosts"][h]["verdict"] == "interrupted" for h in missing), summary["hosts"].keys()
+
+
+def _signal(signum: int, phase: str) -> Callable[[Path, random.Random], Run]:
+    def act(w: Path, rng: random.Random) -> Run:
+        hosts = setup(w, extra={"alpha": ["--inject", "slow-load=60"]} if phase == "readiness" else None)
+        linger = {"readiness": {}, "configure": {"FUZZ_LINGER": "configure"},
+                  "collection": {"FUZZ_LINGER": "collection"}, "tests": {"FUZZ_LINGER": "test"},
+                  "teardown": {"FUZZ_LINGER": "teardown"}}[phase]
+        when = marked(w, "test ") if phase == "readiness" else marked(w, "lingering ")
+        if phase == "readiness":  # the first test's fixture waits for alpha's slow start: signal inside it
+            when = _after(marked(w, "collection"), 3.0)
+        return run_and_signal(w, hosts, signum=signum, when=when, **linger)
+    return act
+
+
+def _after(condition: Callable[[], bool], seconds: float) -> Callable[[], bool]:
+    seen: list[float] = []
+
+    def ready() -> bool:
+        if not seen and condition():
+            seen.append(time.monotonic())
+        return bool(seen) and time.monotonic() - seen[0] >= seconds
+    return ready
+
+
+def _attach_discovery(signum: int) -> Callable[[Path, random.Random], Run]:
+    """Killed while asking an attached server for its algorithm (pytest_configure): that host's old 'pass'
+    must not stand. The server is a stdlib one that never answers /server_info."""
+    def act(w: Path, rng: random.Random) -> Run:
+        setup(w, hosts=())
+        server = _SilentServer()
+        try:
+            name = f"127.0.0.1:{server.port}"
+            (w / "reports" / f"{name.replace(':', '_')}.verdict.json").write_text(json.dumps({**STALE, "host": name}))
+            return run_and_signal(w, ["--attach", f"http://{name}"], signum=signum, when=server.asked.is_set)
+        finally:
+            server.close()
+    return act
+
+
+class _SilentServer:
+    """Accepts a request and never answers (a wedged HTTP front end)."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        asked, release = self.asked, threading.Event()
+        self.release = release
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                asked.set()
+                release.wait(120)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+SIGNAL_NAMES = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm", signal.SIGKILL: "sigkill"}
+PHASES = ("configure", "collection", "readiness", "tests", "teardown")
+
+
+def _signal_shapes() -> list[Shape]:
+    shapes = []
+    for signum, name in SIGNAL_NAMES.items():
+        killed = signum == signal.SIGKILL
+        for phase in PHASES:
+            shapes.append(Shape(f"{name}-{phase}", f"{name.upper()} to the main process during {phase}",
+                                (-9,) if killed else (2,), "interrupted", _signal(signum, phase)))
+        shapes.append(Shape(f"{name}-discovery", f"{name.upper()} while an attached server is asked for its "
+                            "algorithm (pytest_configure)", (-9,) if killed else (2,), "interrupted",
+                            _attach_discovery(signum)))
+    return shapes
+
+
+SHAPES: list[Shape] = [
+    Shape("healthy", "a whole, healthy run of two hosts with --gate", (0,), "pass", _healthy),
+    Shape("worker-sigkill", "-n 2, an xdist worker SIGKILLed mid-test (xdist runs the rest elsewhere)", (1,),
+          "interrupted", _worker_sigkill),
+    Shape("x", "-x, one test of one host fails", (1,), "interrupted", _x),
+    Shape("maxfail", "--maxfail 1, one test fails on both hosts", (1,), "interrupted", _maxfail),
+    Shape("stepwise", "--sw after a failing --sw run (stepwise deselects what passed before)", (0,), "mixed",
+          _stepwise),
+    Shape("last-failed", "--lf after a failing run", (0,), "partial", _last_failed),
+    Shape("keyword", "-k deselects some tests", (0,), "partial", _keyword),
+    Shape("conftest-drop", "a conftest drops tests silently (no pytest_deselected)", (0,), "mixed",
+          _conftest_drop),
+    Shape("collection-error", "a collection error under --continue-on-collection-errors, with --gate", (1,),
+          "interrupted", _collection_error),
+    Shape("gate-filter", "--gate with one host filtered out by -k", (1,), "mixed", _gate_filter, _check_gate_filter),
+    Shape("usage-error", "a usage error (blank --gate, unknown layer, bad duration) after a passing run", (4,),
+          "interrupted", _usage_error),
+    Shape("shard-missing", "--fleet --shard I/2: one shard's verdicts merged alone", (0,), "mixed", _shard_missing,
+          _check_shard_missing),
+    *_signal_shapes(),
+]
+BY_NAME = {shape.name: shape for shape in SHAPES}
+
+
+def run_shape(shape: Shape, workdir: Path, seed: int) -> list[str]:
+    """Run one shape in `workdir` and return the broken promises (empty: every invariant held)."""
+    rng = random.Random(f"{seed}-{shape.name}")
+    run = shape.act(workdir, rng)
+    hosts = _named_hosts(run)
+    problems = check_invariants(shape, run, hosts)
+    if shape.check is not None:
+        try:
+            shape.check(run)
+        except AssertionError as exc:
+            problems.append(f"{shape.name}: {exc}")
+    if shape.name in ("conftest-drop", "stepwise"):  # tests of some host were left out: that host is partial
+        narrowed = [h for h in hosts if (data := run.verdict(h)) and data["verdict"] == "partial"]
+        if not narrowed:
+            problems.append("tests were left out and every host still passed")
+    return [f"[{shape.name}, seed {seed}] {p}" for p in problems] + (
+        [f"[{shape.name}] output tail:\n{run.output[-2500:]}"] if problems else [])
+
+
+def _named_hosts(run: Run) -> list[str]:
+    if any("--attach" == a for a in run.args):
+        return [p.name.removesuffix(".verdict.json") for p in run.reports.glob("*.verdict.json")]
+    if "--shard-merge" in run.args:
+        return [h for h in HOSTS if run.verdict(h) is not None]
+    return list(HOSTS)
+
+
+def sample(seed: int, count: int) -> list[Shape]:
+    """The healthy shape (a fuzz that cannot pass proves nothing) and `count` others, chosen by the seed."""
+    others = [s for s in SHAPES if s.name != "healthy"]
+    return [BY_NAME["healthy"], *random.Random(seed).sample(others, count)]
+
+
+def docs_table() -> str:
+    """The Markdown table docs/gating.md carries (every shape, its exit code and its verdict)."""
+    lines = ["| run shape | exit code | every named host's verdict |", "|---|---|---|"]
+    for shape in SHAPES:
+        codes = ", ".join("killed (no exit code)" if c == -9 else str(c) for c in shape.exit_codes)
+        verdict = {"mixed": "per host (see the fuzz's check)"}.get(shape.verdict, f"`{shape.verdict}`")
+        lines.append(f"| {shape.what} (`{shape.name}`) | {codes} | {verdict} |")
+    return "\n".join(lines) + "\n"
