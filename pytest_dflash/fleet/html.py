@@ -123,14 +123,16 @@ def _trend(trend: Mapping[str, Any] | None) -> list[str]:
     out.append("</ul>")
     perf = trend["perf"]
     if perf:
-        out.append(f"<h3>Perf deltas (|change| ≥ {trend['perf_threshold_pct']:g}%)</h3><table><tr><th>host</th>"
-                   "<th>number</th><th>previous</th><th>current</th><th>change</th></tr>")
+        out.append(f"<h3>Perf deltas (|change| ≥ {trend['perf_threshold_pct']:g}%)</h3>"
+                   + (f'<p class="meta">regression: {e(trend["perf_rule"])}</p>' if trend.get("perf_rule") else "")
+                   + "<table><tr><th>host</th><th>number</th><th>previous</th><th>current</th><th>change</th>"
+                   "<th>judged</th></tr>")
         for item in perf[:200]:
-            css = "bad" if item["regression"] else "good"
+            css = "bad" if item["regression"] else "muted"
             pct = f"{item['pct']:+.1f}%" if item["pct"] is not None else "new"
             out.append(f'<tr><td><a href="#{anchor(item["host"])}">{e(item["host"])}</a></td><td>{e(item["metric"])}'
                        f'</td><td>{item["previous"]:g}</td><td>{item["current"]:g}</td>'
-                       f'<td class="{css}">{pct}</td></tr>')
+                       f'<td class="{css}">{pct}</td><td class="{css}">{e(item.get("rule") or "")}</td></tr>')
         out.append("</table>" + (f'<p class="muted">{len(perf) - 200} more in fleet-summary.json</p>'
                                  if len(perf) > 200 else ""))
     return out
@@ -235,12 +237,12 @@ def _perf_delta(entry: Mapping[str, Any]) -> list[str]:
     deltas: Mapping[str, Mapping[str, Any]] = entry.get("perf_delta") or {}
     if not deltas:
         return []
-    out = ["<table><tr><th>number</th><th>previous run</th><th>this run</th><th>change</th></tr>"]
+    out = ["<table><tr><th>number</th><th>previous run</th><th>this run</th><th>change</th><th>judged</th></tr>"]
     for key, item in deltas.items():
-        css = "bad" if item["regression"] else ("good" if item["significant"] else "muted")
+        css = "bad" if item["regression"] else "muted"
         pct = f"{item['pct']:+.1f}%" if item["pct"] is not None else "new"
         out.append(f'<tr><td>{e(key)}</td><td>{item["previous"]:g}</td><td>{item["current"]:g}</td>'
-                   f'<td class="{css}">{pct}</td></tr>')
+                   f'<td class="{css}">{pct}</td><td class="{css}">{e(item.get("rule") or "")}</td></tr>')
     out.append("</table>")
     return out
 
