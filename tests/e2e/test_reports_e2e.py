@@ -212,3 +212,105 @@ def test_a_collection_error_gets_an_html_row_with_empty_dflash_cells(pytester: p
     (row,) = [_cells(t["resultsTableRow"]) for tests in report.blob["tests"].values() for t in tests]
     assert row["result"][0] == "Error" and "test_broken.py" in row["testId"][0]
     assert [row[c][0] for c in ("host", "layer", "service", "diagnosis")] == ["", "", "", ""]
+
+
+class _Page(HTMLParser):
+    """The page's <title>, its dflash cold-start blocks (host -> the bars' phases) and every <svg> it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.title = ""
+        self.svgs = 0
+        self.phases: dict[str, list[str]] = {}
+        self._in_title = False
+        self._host: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "title" and not self.svgs and self._host is None:
+            self._in_title = True
+        elif tag == "svg":
+            self.svgs += 1
+        elif tag == "div" and "dflash-cold-start" in (found.get("class") or ""):
+            self._host = found.get("data-host") or ""
+            self.phases[self._host] = []
+        elif tag == "rect" and self._host is not None and found.get("data-phase"):
+            self.phases[self._host].append(found["data-phase"] or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "title":
+            self._in_title = False
+        elif tag == "div":
+            self._host = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title += data
+
+
+def _seed_trend(reports: Path, host: str, *, previous: dict[str, float], good_runs: dict[str, list[float]]) -> None:
+    """What earlier runs of this host left in the report dir: the previous fleet summary (each service's
+    ready_s) and history/<host>/good-runs.json (the readiness of its recent good runs)."""
+    summary = {"schema": "pytest-dflash/fleet-summary/1", "generated": "2026-12-01T02:00:00+0000", "run_ids": ["r0"],
+               "hosts": {host: {"verdict": "pass", "layers": {"host": "passed", "service": "passed"},
+                                "services": {name: {"ready_s": ready} for name, ready in previous.items()},
+                                "metrics": {}}}}
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / "fleet-summary.json").write_text(json.dumps(summary))
+    count = len(next(iter(good_runs.values())))
+    runs = [{"run_id": f"r{i}", "finished": f"2026-11-2{i}T02:00:00+0000", "finished_ts": 1795000000.0 + i,
+             "numbers": {f"service:{name}.ready_s": values[i] for name, values in good_runs.items()}}
+            for i in range(count)]
+    (reports / "history" / host).mkdir(parents=True)
+    (reports / "history" / host / "good-runs.json").write_text(json.dumps({"host": host, "runs": runs}))
+
+
+def test_one_healthy_run_reports_cleanly_in_junit_html_and_the_trend(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """One passing smoke run (two NONE refservers) after earlier good runs: `noisy`'s readiness has varied a lot
+    between good runs and is no regression whatever this run takes (the old raw percentage against the
+    previous run's 0.05 s printed one every time); `fast` used to be ready in 0.01 s and now is not, which is
+    one, printed with its rule. JUnit carries flat properties only (no `dflash` repr), the HTML report is
+    titled by its run, draws the cold start as SVG and says why a test was skipped in a sentence."""
+    profile = write_profile(tmp_path, "ci", {"noisy": ("NONE", []), "fast": ("NONE", [])})
+    _seed_trend(run_suite.reports, "ci", previous={"noisy": 0.05, "fast": 0.01},
+                good_runs={"noisy": [0.05, 40.0, 1.0, 8.0, 0.5], "fast": [0.01, 0.011, 0.012, 0.01, 0.011]})
+    junit, page = tmp_path / "junit.xml", tmp_path / "report.html"
+    result = run_suite("smoke", "--host", str(profile), "-m", "host or service", f"--junitxml={junit}",
+                       f"--html={page}")
+    assert_no_crash(result)
+    assert result.ret == 0
+
+    # the trend: one regression line, for `fast` only, with its rule
+    lines = [line for line in result.stdout.lines if line.startswith("perf regressions")]
+    assert len(lines) == 1 and "service:noisy.ready_s" not in lines[0], lines
+    result.stdout.fnmatch_lines(["perf regressions: ci service:fast.ready_s 0.01 -> * (+*%), outside the last 5 "
+                                 "good runs' range 0.01-0.012 by > 25%"])
+    noisy = next(p for p in json.loads((run_suite.reports / "fleet-summary.json").read_text())["trend"]["perf"]
+                 if p["metric"] == "service:noisy.ready_s")
+    assert not noisy["regression"] and noisy["rule"].startswith("within the last 5 good runs' range 0.05-40")
+
+    # JUnit, read back with a JUnit parser: flat string properties, none of them a Python repr
+    cases = [case for suite in JUnitXml.fromfile(str(junit)) for case in suite]
+    assert cases
+    for case in cases:
+        props = _properties(case)
+        assert "dflash" not in props and props["dflash.host"] == "ci", (case.name, props)
+        for name, value in props.items():
+            assert not value.startswith(("{'", "[{'", "('")), (case.name, name, value)
+    gpu = next(case for case in cases if case.name == "test_gpus_visible[ci]")
+    assert _properties(gpu)["dflash.verdict"] == "skipped"
+
+    # the HTML report: title, cold-start timeline, skip reasons as sentences
+    text = page.read_text()
+    parsed = _Page()
+    parsed.feed(text)
+    assert parsed.title == "pytest-dflash ci: PASS"
+    assert set(parsed.phases) == {"ci"} and parsed.svgs >= 1
+    assert parsed.phases["ci"].count("first_sampled") == 2 and "port_open" in parsed.phases["ci"]
+    report = _Report()
+    report.feed(text)
+    logs = [t["log"] for nodeid, tests in report.blob["tests"].items() for t in tests if "gpus_visible" in nodeid]
+    assert logs and all("(suites/smoke/test_smoke.py, line " in log and log.startswith(
+        '<span class="dflash-skip-reason">Skipped: ') for log in logs), logs
+    assert not any("('" in t["log"] and "test_smoke.py'," in t["log"]
+                   for tests in report.blob["tests"].values() for t in tests), "a tuple repr in a log"
