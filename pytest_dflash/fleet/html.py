@@ -2,7 +2,8 @@
 
 Top to bottom: totals and gate; trend vs the previous run (new failures, fixed, disappeared, perf
 regressions); diagnoses across the fleet; the host x layer matrix (failing hosts first, each failing cell
-names its diagnosis and links to the host's details); one section per failing host (failures with
+names its diagnosis and links to the host's details); the readiness spread (each service's seconds until
+ready across the hosts, as inline SVG); one section per failing host (failures with
 diagnosis and remedy, blocked roots, failing since, what changed since its last good verdict, perf deltas,
 services); passing hosts folded at the end.
 """
@@ -75,6 +76,7 @@ def render_html(summary: Mapping[str, Any]) -> str:
     out += _trend(summary.get("trend"))
     out += _diagnoses(summary.get("diagnoses") or {})
     out += _matrix(hosts, shown)
+    out += _readiness(hosts)
     failing = [(name, entry) for name, entry in hosts.items() if entry["verdict"] != "pass"]
     if failing:
         out.append(f"<h2>Failing hosts ({len(failing)})</h2>")
@@ -136,6 +138,21 @@ def _trend(trend: Mapping[str, Any] | None) -> list[str]:
         out.append("</table>" + (f'<p class="muted">{len(perf) - 200} more in fleet-summary.json</p>'
                                  if len(perf) > 200 else ""))
     return out
+
+
+def _readiness(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each service's readiness seconds across hosts (a dot per host, the median marked, the slowest named)."""
+    from pytest_dflash.report.plots import readiness_spread_svg
+
+    spread: dict[str, dict[str, float]] = {}
+    for name, entry in hosts.items():
+        for service, facts in (entry.get("services") or {}).items():
+            if isinstance(facts.get("ready_s"), int | float):
+                spread.setdefault(service, {})[name] = float(facts["ready_s"])
+    svg = readiness_spread_svg(spread)
+    if svg is None:
+        return []
+    return ['<h2>Readiness across hosts</h2><div class="readiness-spread">', svg, "</div>"]
 
 
 def _diagnoses(diagnoses: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "blocked": "#ef6c00", "skipped": "#757575",
            "not-run": "#bdbdbd"}
+# A skipped row's log block holds one sentence (pytest_html_results_table_html): no 230 px scroll box with an
+# expand button around it (pytest-html's .logwrapper), just the line.
+SKIP_CSS = (".logwrapper:has(.dflash-skip-reason){max-height:none;overflow:visible;background:none}"
+            ".logwrapper:has(.dflash-skip-reason) .logexpander{display:none}"
+            ".logwrapper:has(.dflash-skip-reason) .log{top:0;height:auto;min-height:0;padding:4px 0}")
 COLUMNS = (("host", "Host"), ("layer", "Layer"), ("service", "Service"), ("diagnosis", "Diagnosis"))
 # Where a version seen on a host comes from, first found wins: (verdict fact, field); SGLang from /server_info.
 # The env layer exports "torch" (torch's own facts, GPU hosts) and "serving_stack" (installed distributions).
@@ -106,7 +111,7 @@ class HtmlHooks:
                             f"{html.escape(diagnosis or failure['message'])}</td></tr>")
         style = ("<style>table.dflash-verdict{border-collapse:collapse;margin-bottom:1em}"
                  "table.dflash-verdict th,table.dflash-verdict td{border:1px solid #ddd;padding:3px 8px;"
-                 "text-align:left}</style>")
+                 "text-align:left}" + SKIP_CSS + "</style>")
         prefix.append(f'{style}<h2>dflash verdict</h2><table class="dflash-verdict"><tr><th>host</th><th>verdict</th>'
                       f"{head}</tr>{''.join(rows)}</table>")
         prefix.append(cold_start_section(builder))
@@ -147,7 +152,7 @@ def run_title(builder: VerdictBuilder) -> str:
 
 def skip_sentence(path: str, line: int | None, reason: str) -> str:
     """pytest's ('<path>/suites/env/test_env.py', 47, 'Skipped: no service of h200 …') -> 'Skipped: no service
-    of h200 … (suites/env/test_env.py, line 48)'."""
+    of h200 … (suites/env/test_env.py, line 47)'."""
     reason = reason.strip()
     if not reason.lower().startswith("skipped"):
         reason = f"Skipped: {reason}"
@@ -156,7 +161,7 @@ def skip_sentence(path: str, line: int | None, reason: str) -> str:
         if marker in path:
             where = path[path.index(marker) + 1:]
             break
-    line_text = f", line {line + 1}" if isinstance(line, int) else ""  # pytest's line is 0-based
+    line_text = f", line {line}" if isinstance(line, int) else ""  # 1-based, as pytest's SKIPPED line prints it
     return f"{reason} ({where}{line_text})"
 
 

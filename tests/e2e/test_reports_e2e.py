@@ -5,12 +5,14 @@ healthy NONE and a DFLASH whose first sampled request kills it (FlashInfer on SM
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import write_profile
+from e2e_helpers import SUITES, write_profile
 from junitparser import Failure, JUnitXml, Properties, Skipped, TestCase
 from support.pytest_runs import assert_no_crash, verdict
 
@@ -309,8 +311,34 @@ def test_one_healthy_run_reports_cleanly_in_junit_html_and_the_trend(run_suite, 
     assert parsed.phases["ci"].count("first_sampled") == 2 and "port_open" in parsed.phases["ci"]
     report = _Report()
     report.feed(text)
+    source = (SUITES / "smoke" / "test_smoke.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if "host.gpus_visible(dflash_gpu)" in text)
     logs = [t["log"] for nodeid, tests in report.blob["tests"].items() for t in tests if "gpus_visible" in nodeid]
-    assert logs and all("(suites/smoke/test_smoke.py, line " in log and log.startswith(
-        '<span class="dflash-skip-reason">Skipped: ') for log in logs), logs
+    assert logs == [f'<span class="dflash-skip-reason">Skipped: no GPU on ci: nvidia-smi not found on PATH (and its '
+                    f"profile names none) (suites/smoke/test_smoke.py, line {line})</span>\n"], logs
     assert not any("('" in t["log"] and "test_smoke.py'," in t["log"]
                    for tests in report.blob["tests"].values() for t in tests), "a tuple repr in a log"
+
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (optional: apt-get install chromium)")
+def test_the_html_report_as_chromium_renders_it(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """In a real browser (headless Chromium, after pytest-html's script built the table from its JSON): the title
+    names the run, the cold-start timeline is drawn, a skipped row's reason is a sentence, and no row shows a
+    Python tuple; a screenshot is taken (report-screenshot.png beside the report, to look at)."""
+    profile = write_profile(tmp_path, "shot", {"none": ("NONE", [])})
+    page = tmp_path / "report.html"
+    result = run_suite("smoke", "--host", str(profile), "-m", "host or service", f"--html={page}")
+    assert_no_crash(result)
+    browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,2000"]
+    dom = subprocess.run([*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    parsed = _Page()
+    parsed.feed(dom)
+    assert parsed.title == "pytest-dflash shot: PASS"
+    assert parsed.phases.get("shot"), "the cold-start timeline is in the rendered page"
+    assert 'class="dflash-skip-reason">Skipped: no GPU on shot' in dom
+    assert "test_smoke.py'," not in dom, "a (path, line, reason) tuple in the rendered page"
+    shot = tmp_path / "report-screenshot.png"
+    subprocess.run([*browser, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

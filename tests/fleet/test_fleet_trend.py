@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from support.fleet_helpers import BROKEN, GREEN, SERVICES, make_verdict
@@ -246,3 +247,19 @@ def test_throughput_is_judged_by_its_bootstrap_intervals() -> None:
     old = trend.perf_deltas({"perf.dflash.output_throughput": 812.0}, {"perf.dflash.output_throughput": 560.0}, 5.0,
                             history)[key]
     assert old["regression"] and old["rule"] == "outside the last 3 good runs' range 790-820 by > 25%"
+
+
+def test_the_fleet_page_draws_the_readiness_spread(tmp_path: Path) -> None:
+    for i, ready in enumerate([41.0, 43.5, 250.0]):
+        make_verdict(tmp_path / "in", f"gpu-{i}", GREEN if i < 2 else BROKEN,
+                     services={"dflash": {**SERVICES["dflash"], "ready": {"total_s": ready}}})
+    _merge(tmp_path / "in", tmp_path / "out")
+    page = (tmp_path / "out" / "fleet-summary.html").read_text()
+    assert "<h2>Readiness across hosts</h2>" in page
+    svg = page[page.index('<div class="readiness-spread">') + len('<div class="readiness-spread">'):]
+    svg = svg[:svg.index("</svg>") + len("</svg>")].strip()
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    assert sorted(c.findtext(f"{ns}title") or "" for c in root.iter(f"{ns}circle")) == [
+        "gpu-0: 41.0 s", "gpu-1: 43.5 s", "gpu-2: 250.0 s"]
+    assert "3 hosts: min 41, median 43.5, max 250 s (gpu-2)" in [t.text for t in root.iter(f"{ns}text")]
