@@ -48,7 +48,7 @@ class HtmlHooks:
 
     def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:
         """A skip's log block: the reason as a sentence with where it was raised, not the tuple's repr."""
-        if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3 and data:
+        if report.skipped and isinstance(report.longrepr, tuple | list) and len(report.longrepr) == 3 and data:
             path, line, reason = report.longrepr
             sentence = html.escape(redact(skip_sentence(str(path), line, str(reason))))
             data[0] = f'<span class="dflash-skip-reason">{sentence}</span>\n'

@@ -107,6 +107,7 @@ def test_junit_html_and_step_summary_from_one_failing_xdist_run(run_suite, tmp_p
                                   "dflash.verdict")} == {
         "dflash.host": "ci", "dflash.layer": "service", "dflash.service": "dflash", "dflash.algorithm": "DFLASH",
         "dflash.verdict": "failed"}
+    assert "dflash" not in props, "the controller's dict is not a JUnit property (flat dflash.* only)"
     diagnosis_ids = props["dflash.diagnosis"].split(",")
     assert diagnosis_ids[0] == "flashinfer-sm12x-nvcc" and "sampling-jit-first-sampled-request" in diagnosis_ids
     failure = next(r for r in ready.result if isinstance(r, Failure))
@@ -137,6 +138,9 @@ def test_junit_html_and_step_summary_from_one_failing_xdist_run(run_suite, tmp_p
     passed = rows["test_greedy_generation[ci/none]"][0]
     assert (passed["host"][0], passed["layer"][0], passed["service"][0], passed["diagnosis"][0]) == (
         "ci", "generation", "none", "")
+    (skipped,) = [t["log"] for nodeid, tests in report.blob["tests"].items() for t in tests
+                  if "test_gpus_visible[ci]" in nodeid]
+    assert skipped.startswith('<span class="dflash-skip-reason">Skipped: no GPU on ci'), skipped  # under xdist too
     environment = report.blob["environment"]
     assert environment["dflash run id"] == data["run_id"]
     assert environment["dflash plugin"] == __version__
