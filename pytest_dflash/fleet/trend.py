@@ -31,6 +31,7 @@ LOWER_IS_BETTER = ("ttft", "itl", "tpot", "latency", "_ms", "duration", "ready_s
                    "failed", "error", "inconclusive", "saturated")
 GOOD_RUNS = "good-runs.json"  # <history>/<host>/good-runs.json: the numbers of the host's recent good runs
 GOOD_RUNS_KEPT = 20
+GOOD_VERDICTS = ("pass", "partial")  # runs whose numbers join the spread
 HISTORY_WINDOW = 5  # a single number is judged against the host's last 5 good runs …
 MIN_HISTORY = 3  # … once at least 3 are on record (before that, nothing is flagged) …
 HISTORY_MARGIN = 0.25  # … and flagged when worse than all of them by more than 25%.
@@ -207,13 +208,15 @@ def history_numbers(root: Path | None, host: str) -> list[dict[str, float]]:
 
 
 def record_good_runs(root: Path, hosts: Mapping[str, Mapping[str, Any]]) -> list[Path]:
-    """Append each passing host's numbers (perf metrics with their intervals, readiness, accept length) to its
-    good-runs.json, newest last, the last GOOD_RUNS_KEPT kept; returns the paths written."""
+    """Append the numbers (perf metrics with their intervals, readiness, accept length) of each host whose run
+    was good to its good-runs.json, newest last, the last GOOD_RUNS_KEPT kept; returns the paths written.
+    Good: `pass`, or `partial` (nothing failed, the run was narrowed: `suites/perf` alone is how perf is
+    usually measured); never `fail` or `interrupted`."""
     from pytest_dflash.report.files import atomic_write
 
     written = []
     for name, entry in hosts.items():
-        if entry.get("verdict") != "pass":
+        if entry.get("verdict") not in GOOD_VERDICTS:
             continue
         runs = read_good_runs(root, name)
         if any(r.get("run_id") == entry.get("run_id") and r.get("finished") == entry.get("finished") for r in runs):

@@ -263,3 +263,16 @@ def test_the_fleet_page_draws_the_readiness_spread(tmp_path: Path) -> None:
     assert sorted(c.findtext(f"{ns}title") or "" for c in root.iter(f"{ns}circle")) == [
         "gpu-0: 41.0 s", "gpu-1: 43.5 s", "gpu-2: 250.0 s"]
     assert "3 hosts: min 41, median 43.5, max 250 s (gpu-2)" in [t.text for t in root.iter(f"{ns}text")]
+
+
+def test_a_narrowed_run_that_passed_joins_the_spread_an_interrupted_one_does_not(tmp_path: Path) -> None:
+    """`suites/perf` alone is a partial run (nothing failed, the run was narrowed): its numbers are good ones."""
+    def entry(verdict: str, run_id: str) -> dict:  # type: ignore[type-arg]
+        return {"verdict": verdict, "run_id": run_id, "finished": run_id, "finished_ts": float(len(run_id)),
+                "metrics": {"perf.dflash.p99_ttft_ms": 50.0}, "services": {"dflash": {"ready_s": 4.0}}}
+
+    trend.record_good_runs(tmp_path, {"gpu-a": entry("partial", "p1"), "gpu-b": entry("interrupted", "i1"),
+                                      "gpu-c": entry("fail", "f1")})
+    (runs,) = [trend.read_good_runs(tmp_path, host) for host in ("gpu-a",)]
+    assert [r["numbers"] for r in runs] == [{"perf.dflash.p99_ttft_ms": 50.0, "service:dflash.ready_s": 4.0}]
+    assert trend.read_good_runs(tmp_path, "gpu-b") == [] and trend.read_good_runs(tmp_path, "gpu-c") == []
