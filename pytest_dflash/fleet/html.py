@@ -152,6 +152,8 @@ def _readiness(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
     svg = readiness_spread_svg(spread)
     if svg is None:
         return []
+    # Inline SVG needs no namespace in HTML (the parser knows <svg>): the page names no URL at all.
+    svg = svg.replace(' xmlns="http://www.w3.org/2000/svg"', "", 1)
     return ['<h2>Readiness across hosts</h2><div class="readiness-spread">', svg, "</div>"]
 
 

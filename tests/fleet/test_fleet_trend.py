@@ -258,11 +258,10 @@ def test_the_fleet_page_draws_the_readiness_spread(tmp_path: Path) -> None:
     assert "<h2>Readiness across hosts</h2>" in page
     svg = page[page.index('<div class="readiness-spread">') + len('<div class="readiness-spread">'):]
     svg = svg[:svg.index("</svg>") + len("</svg>")].strip()
-    root = ET.fromstring(svg)
-    ns = "{http://www.w3.org/2000/svg}"
-    assert sorted(c.findtext(f"{ns}title") or "" for c in root.iter(f"{ns}circle")) == [
+    root = ET.fromstring(svg)  # inline: no xmlns (the page names no URL)
+    assert sorted(c.findtext("title") or "" for c in root.iter("circle")) == [
         "gpu-0: 41.0 s", "gpu-1: 43.5 s", "gpu-2: 250.0 s"]
-    assert "3 hosts: min 41, median 43.5, max 250 s (gpu-2)" in [t.text for t in root.iter(f"{ns}text")]
+    assert "3 hosts: min 41, median 43.5, max 250 s (gpu-2)" in [t.text for t in root.iter("text")]
 
 
 def test_a_narrowed_run_that_passed_joins_the_spread_an_interrupted_one_does_not(tmp_path: Path) -> None:
