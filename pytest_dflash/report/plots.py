@@ -270,16 +270,16 @@ def _seconds(value: object) -> float | None:
 
 
 def cold_start_phases(ready: Mapping[str, object]) -> list[tuple[str, float, float]]:
-    """(phase, start s, end s) from the start of the wait, in order, from `ready["phases"]` when the service
-    reported them, else from `http_s` / `greedy_s` / `sampled_s`; what is left until `total_s` is "other"."""
-    raw = ready.get("phases")
+    """(phase, start s, end s) from the start of the wait, in order, from `ready["phases"]` where the service
+    reported them, and from `http_s` / `greedy_s` / `sampled_s` for the port and first answers it did not (an
+    SGLang version that logs no line for one); what is left until `total_s` is "other"."""
     ends: dict[str, float] = {}
-    if isinstance(raw, Mapping) and raw:
-        ends = {str(k): t for k, v in raw.items() if (t := _seconds(v)) is not None}
-    else:
-        for key, phase in (("http_s", "port_open"), ("greedy_s", "first_greedy"), ("sampled_s", "first_sampled")):
-            if (value := _seconds(ready.get(key))) is not None:
-                ends[phase] = value
+    for key, phase in (("http_s", "port_open"), ("greedy_s", "first_greedy"), ("sampled_s", "first_sampled")):
+        if (value := _seconds(ready.get(key))) is not None:
+            ends[phase] = value
+    raw = ready.get("phases")
+    if isinstance(raw, Mapping):
+        ends.update({str(k): t for k, v in raw.items() if (t := _seconds(v)) is not None})
     known = [k for k in PHASES if k in ends] + [k for k in ends if k not in PHASES]
     out: list[tuple[str, float, float]] = []
     start = 0.0

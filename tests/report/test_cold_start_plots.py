@@ -32,6 +32,14 @@ def test_phases_from_the_log_lines_when_the_service_reported_them() -> None:
         ("first_sampled", 120.0, 248.7)], "in the order they ended (graphs captured after the port opened)"
 
 
+def test_phases_the_service_did_not_log_come_from_the_readiness_times() -> None:
+    ready = {"http_s": 33.5, "greedy_s": 40.0, "sampled_s": 130.0, "total_s": 130.0,
+             "phases": {"weights_loaded": 30.0, "kv_cache_allocated": 33.0}}
+    assert cold_start_phases(ready) == [("weights_loaded", 0.0, 30.0), ("kv_cache_allocated", 30.0, 33.0),
+                                        ("port_open", 33.0, 33.5), ("first_greedy", 33.5, 40.0),
+                                        ("first_sampled", 40.0, 130.0)]
+
+
 def test_without_phases_the_http_greedy_sampled_times_draw_the_bar() -> None:
     ready = {"http_s": 49.2, "greedy_s": 156.7, "sampled_s": 247.6, "total_s": 250.0}
     assert cold_start_phases(ready) == [("port_open", 0.0, 49.2), ("first_greedy", 49.2, 156.7),
