@@ -13,7 +13,7 @@ import json
 import os
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -143,7 +143,7 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
 
 def junit_properties(item: pytest.Item, report: pytest.TestReport, host: HostContext, info: ItemInfo,
                      handles: list[ServiceHandle], secrets: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """Flat string properties for JUnit's <property> (the `dflash` dict reaches it only as a Python repr):
+    """Flat string properties for JUnit's <property> (the `dflash` dict never reaches it: JUnitEvidence):
     host, layer, service(s), algorithm(s), diagnosis ids, and the test's outcome so far as the verdict counts
     it (failed > blocked > skipped > passed) — JUnit keeps the last phase's properties, so its testcase says
     what the whole test did."""
@@ -210,7 +210,31 @@ class _FailureText:
 
 class JUnitEvidence:
     """With --junitxml: while the report hooks run, a failure's text carries its evidence (junitxml writes the
-    <failure> element then); afterwards the report is as it was, so the terminal prints the evidence once."""
+    <failure> element then); afterwards the report is as it was, so the terminal prints the evidence once.
+    JUnit's <property> elements get clean values (junit_user_properties) while the report's own
+    user_properties, which the controller builds the verdicts from, stay as they are."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        # junitxml writes every user property as str(value) in LogXML.finalize and offers no hook to change
+        # that: the `dflash` dict came out as a Python repr beside the flat dflash.* properties. So that one
+        # method sees the JUnit view of the properties, and the report keeps its own list.
+        from _pytest.junitxml import xml_key
+
+        xml = session.config.stash.get(xml_key, None)
+        finalize = getattr(xml, "finalize", None)
+        if xml is None or not callable(finalize):
+            return
+
+        def finalize_with_clean_properties(report: pytest.TestReport) -> None:
+            original = report.user_properties
+            report.user_properties = junit_user_properties(original)
+            try:
+                finalize(report)
+            finally:
+                report.user_properties = original
+
+        xml.finalize = finalize_with_clean_properties  # type: ignore[method-assign]
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> Iterator[None]:
@@ -223,6 +247,21 @@ class JUnitEvidence:
             return (yield)
         finally:
             report.longrepr = original
+
+
+def junit_user_properties(properties: Iterable[tuple[str, object]]) -> list[tuple[str, object]]:
+    """What JUnit's <property> elements get: the flat properties as they are; the `dflash` dict (the controller's
+    input, whose CI-relevant part the flat dflash.* properties carry) left out; any other structured value
+    (the perf layer's `dflash_perf` list, a user's record_property dict) as JSON, never a Python repr."""
+    out: list[tuple[str, object]] = []
+    for name, value in properties:
+        if name == "dflash":
+            continue
+        if value is None or isinstance(value, str | int | float | bool):
+            out.append((name, value))
+        else:
+            out.append((name, json.dumps(value, default=str, separators=(",", ":"))))
+    return out
 
 
 def _secrets(handles: list[ServiceHandle]) -> tuple[str, ...]:

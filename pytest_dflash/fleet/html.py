@@ -2,7 +2,8 @@
 
 Top to bottom: totals and gate; trend vs the previous run (new failures, fixed, disappeared, perf
 regressions); diagnoses across the fleet; the host x layer matrix (failing hosts first, each failing cell
-names its diagnosis and links to the host's details); one section per failing host (failures with
+names its diagnosis and links to the host's details); the readiness spread (each service's seconds until
+ready across the hosts, as inline SVG); one section per failing host (failures with
 diagnosis and remedy, blocked roots, failing since, what changed since its last good verdict, perf deltas,
 services); passing hosts folded at the end.
 """
@@ -75,6 +76,7 @@ def render_html(summary: Mapping[str, Any]) -> str:
     out += _trend(summary.get("trend"))
     out += _diagnoses(summary.get("diagnoses") or {})
     out += _matrix(hosts, shown)
+    out += _readiness(hosts)
     failing = [(name, entry) for name, entry in hosts.items() if entry["verdict"] != "pass"]
     if failing:
         out.append(f"<h2>Failing hosts ({len(failing)})</h2>")
@@ -123,17 +125,36 @@ def _trend(trend: Mapping[str, Any] | None) -> list[str]:
     out.append("</ul>")
     perf = trend["perf"]
     if perf:
-        out.append(f"<h3>Perf deltas (|change| ≥ {trend['perf_threshold_pct']:g}%)</h3><table><tr><th>host</th>"
-                   "<th>number</th><th>previous</th><th>current</th><th>change</th></tr>")
+        out.append(f"<h3>Perf deltas (|change| ≥ {trend['perf_threshold_pct']:g}%)</h3>"
+                   + (f'<p class="meta">regression: {e(trend["perf_rule"])}</p>' if trend.get("perf_rule") else "")
+                   + "<table><tr><th>host</th><th>number</th><th>previous</th><th>current</th><th>change</th>"
+                   "<th>judged</th></tr>")
         for item in perf[:200]:
-            css = "bad" if item["regression"] else "good"
+            css = "bad" if item["regression"] else "muted"
             pct = f"{item['pct']:+.1f}%" if item["pct"] is not None else "new"
             out.append(f'<tr><td><a href="#{anchor(item["host"])}">{e(item["host"])}</a></td><td>{e(item["metric"])}'
                        f'</td><td>{item["previous"]:g}</td><td>{item["current"]:g}</td>'
-                       f'<td class="{css}">{pct}</td></tr>')
+                       f'<td class="{css}">{pct}</td><td class="{css}">{e(item.get("rule") or "")}</td></tr>')
         out.append("</table>" + (f'<p class="muted">{len(perf) - 200} more in fleet-summary.json</p>'
                                  if len(perf) > 200 else ""))
     return out
+
+
+def _readiness(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each service's readiness seconds across hosts (a dot per host, the median marked, the slowest named)."""
+    from pytest_dflash.report.plots import readiness_spread_svg
+
+    spread: dict[str, dict[str, float]] = {}
+    for name, entry in hosts.items():
+        for service, facts in (entry.get("services") or {}).items():
+            if isinstance(facts.get("ready_s"), int | float):
+                spread.setdefault(service, {})[name] = float(facts["ready_s"])
+    svg = readiness_spread_svg(spread)
+    if svg is None:
+        return []
+    # Inline SVG needs no namespace in HTML (the parser knows <svg>): the page names no URL at all.
+    svg = svg.replace(' xmlns="http://www.w3.org/2000/svg"', "", 1)
+    return ['<h2>Readiness across hosts</h2><div class="readiness-spread">', svg, "</div>"]
 
 
 def _diagnoses(diagnoses: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -235,12 +256,12 @@ def _perf_delta(entry: Mapping[str, Any]) -> list[str]:
     deltas: Mapping[str, Mapping[str, Any]] = entry.get("perf_delta") or {}
     if not deltas:
         return []
-    out = ["<table><tr><th>number</th><th>previous run</th><th>this run</th><th>change</th></tr>"]
+    out = ["<table><tr><th>number</th><th>previous run</th><th>this run</th><th>change</th><th>judged</th></tr>"]
     for key, item in deltas.items():
-        css = "bad" if item["regression"] else ("good" if item["significant"] else "muted")
+        css = "bad" if item["regression"] else "muted"
         pct = f"{item['pct']:+.1f}%" if item["pct"] is not None else "new"
         out.append(f'<tr><td>{e(key)}</td><td>{item["previous"]:g}</td><td>{item["current"]:g}</td>'
-                   f'<td class="{css}">{pct}</td></tr>')
+                   f'<td class="{css}">{pct}</td><td class="{css}">{e(item.get("rule") or "")}</td></tr>')
     out.append("</table>")
     return out
 

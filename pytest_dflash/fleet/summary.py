@@ -24,6 +24,8 @@ from typing import Any
 
 from pytest_dflash.fleet.trend import (
     build_trend,
+    record_good_runs,
+    trend_line,
     what_changed,
 )
 from pytest_dflash.fleet.values import iso, numbers, parse_time
@@ -414,7 +416,8 @@ def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, A
         if entry["last_good"] is None and old.get("last_good"):
             entry["last_good"] = old["last_good"]
     trend = (build_trend(hosts, previous, source=previous_source, excluded=[*excluded, *exclude_patterns],
-                         threshold_pct=perf_threshold_pct) if previous is not None else None)
+                         threshold_pct=perf_threshold_pct, history_dir=history.root if history is not None else None)
+             if previous is not None else None)
     layer_totals = {layer: {o: 0 for o in ("passed", "failed", "blocked", "skipped", "not-run")} for layer in LAYERS}
     diagnoses: dict[str, dict[str, Any]] = {}
     for name, entry in hosts.items():
@@ -500,6 +503,7 @@ def summarize(inputs: Sequence[LoadedVerdict], out_dir: Path, *, previous_path: 
     outputs = write_outputs(summary, out_dir, prometheus=prometheus)
     if history is not None:
         outputs.history = history.record(inputs)
+        outputs.history += record_good_runs(history.root, summary["hosts"])
     return summary, outputs
 
 
@@ -527,9 +531,7 @@ def headline(summary: Mapping[str, Any]) -> list[str]:
             lines.append("disappeared (no verdict this time): " + ", ".join(trend["disappeared"][:20]))
         regressions = [p for p in trend["perf"] if p["regression"]]
         if regressions:
-            lines.append("perf regressions: " + "; ".join(
-                f"{p['host']} {p['metric']} {p['previous']:g} -> {p['current']:g}"
-                + (f" ({p['pct']:+.1f}%)" if p["pct"] is not None else "") for p in regressions[:5]))
+            lines.append("perf regressions: " + "; ".join(trend_line(p) for p in regressions[:5]))
     shown = 0
     for name, entry in summary["hosts"].items():
         if entry["verdict"] != "fail" or shown >= 10:

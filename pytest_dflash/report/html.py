@@ -1,8 +1,10 @@
 """pytest-html integration: the diagnosis as a highlighted extra in each failed row, Host / Layer / Service /
 Diagnosis columns (sortable, like pytest-html's own), the run's metadata in the Environment table (through
 pytest-metadata: run id, plugin version, the SGLang / torch / FlashInfer versions seen), and the host x layer
-verdict table at the top of the report. (The journal tails already appear in each row's log block, because they
-are report sections.) Registered only when pytest-html is active."""
+verdict table at the top of the report, each host's cold start as a timeline (services side by side, phases
+coloured: report/plots.py), a skipped row's reason as a sentence (not pytest's (path, line, reason) tuple), and a
+title that names the run's hosts and verdicts instead of the file name. (The journal tails already appear in
+each row's log block, because they are report sections.) Registered only when pytest-html is active."""
 
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ if TYPE_CHECKING:
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "blocked": "#ef6c00", "skipped": "#757575",
            "not-run": "#bdbdbd"}
+# A skipped row's log block holds one sentence (pytest_html_results_table_html): no 230 px scroll box with an
+# expand button around it (pytest-html's .logwrapper), just the line.
+SKIP_CSS = (".logwrapper:has(.dflash-skip-reason){max-height:none;overflow:visible;background:none}"
+            ".logwrapper:has(.dflash-skip-reason) .logexpander{display:none}"
+            ".logwrapper:has(.dflash-skip-reason) .log{top:0;height:auto;min-height:0;padding:4px 0}")
 COLUMNS = (("host", "Host"), ("layer", "Layer"), ("service", "Service"), ("diagnosis", "Diagnosis"))
 # Where a version seen on a host comes from, first found wins: (verdict fact, field); SGLang from /server_info.
 # The env layer exports "torch" (torch's own facts, GPU hosts) and "serving_stack" (installed distributions).
@@ -34,6 +41,17 @@ VERSION_FACTS = {
 class HtmlHooks:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
+        self._page: Any = None  # pytest-html's report data: its title is read when the page is written
+
+    def pytest_html_report_title(self, report: Any) -> None:
+        self._page = report  # the hosts' verdicts are known only at the end: the title is set then
+
+    def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:
+        """A skip's log block: the reason as a sentence with where it was raised, not the tuple's repr."""
+        if report.skipped and isinstance(report.longrepr, tuple | list) and len(report.longrepr) == 3 and data:
+            path, line, reason = report.longrepr
+            sentence = html.escape(redact(skip_sentence(str(path), line, str(reason))))
+            data[0] = f'<span class="dflash-skip-reason">{sentence}</span>\n'
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
@@ -75,6 +93,8 @@ class HtmlHooks:
         self._metadata(builder)
         if builder is None or not builder.hosts:
             return
+        if self._page is not None:
+            self._page.title = run_title(builder)
         head = "".join(f"<th>{layer}</th>" for layer in LAYERS)
         rows = []
         for name, verdict in sorted(builder.hosts.items()):
@@ -91,9 +111,10 @@ class HtmlHooks:
                             f"{html.escape(diagnosis or failure['message'])}</td></tr>")
         style = ("<style>table.dflash-verdict{border-collapse:collapse;margin-bottom:1em}"
                  "table.dflash-verdict th,table.dflash-verdict td{border:1px solid #ddd;padding:3px 8px;"
-                 "text-align:left}</style>")
+                 "text-align:left}" + SKIP_CSS + "</style>")
         prefix.append(f'{style}<h2>dflash verdict</h2><table class="dflash-verdict"><tr><th>host</th><th>verdict</th>'
                       f"{head}</tr>{''.join(rows)}</table>")
+        prefix.append(cold_start_section(builder))
 
     def _metadata(self, builder: VerdictBuilder | None) -> None:
         """The run's facts into pytest-metadata's dict, which pytest-html renders as its Environment table (it
@@ -111,6 +132,54 @@ class HtmlHooks:
         metadata["dflash run id"] = builder.run_id
         for name, versions in versions_seen(builder).items():
             metadata[name] = redact(versions)
+
+
+def run_title(builder: VerdictBuilder) -> str:
+    """'pytest-dflash h200: FAIL' / 'pytest-dflash, 32 hosts: 31 pass, 1 fail (gpu-17)'."""
+    verdicts = {name: v.verdict for name, v in sorted(builder.hosts.items())}
+    if len(verdicts) == 1:
+        ((name, verdict),) = verdicts.items()
+        return f"pytest-dflash {name}: {verdict.upper()}"
+    counts: dict[str, list[str]] = {}
+    for name, verdict in verdicts.items():
+        counts.setdefault(verdict, []).append(name)
+    parts = []
+    for verdict, names in sorted(counts.items(), key=lambda kv: kv[0] != "pass"):
+        shown = "" if verdict == "pass" else f" ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
+        parts.append(f"{len(names)} {verdict}{shown}")
+    return f"pytest-dflash, {len(verdicts)} hosts: {', '.join(parts)}"
+
+
+def skip_sentence(path: str, line: int | None, reason: str) -> str:
+    """pytest's ('<path>/suites/env/test_env.py', 47, 'Skipped: no service of h200 …') -> 'Skipped: no service
+    of h200 … (suites/env/test_env.py, line 47)'."""
+    reason = reason.strip()
+    if not reason.lower().startswith("skipped"):
+        reason = f"Skipped: {reason}"
+    where = path
+    for marker in ("/suites/", "/tests/"):
+        if marker in path:
+            where = path[path.index(marker) + 1:]
+            break
+    line_text = f", line {line}" if isinstance(line, int) else ""  # 1-based, as pytest's SKIPPED line prints it
+    return f"{reason} ({where}{line_text})"
+
+
+def cold_start_section(builder: VerdictBuilder) -> str:
+    """Each host's cold start: its services' readiness on one clock, phases coloured; '' when no service has
+    readiness facts (nothing was started or attached in this run)."""
+    from pytest_dflash.report.plots import cold_start_timeline_svg
+
+    blocks = []
+    for name, verdict in sorted(builder.hosts.items()):
+        ready = {svc: facts["ready"] for svc, facts in sorted(verdict.services.items())
+                 if isinstance(facts.get("ready"), dict)}
+        svg = cold_start_timeline_svg(ready, title=f"{name}: cold start") if ready else None
+        if svg is not None:
+            blocks.append(f'<div class="dflash-cold-start" data-host="{html.escape(name)}">{svg}</div>')
+    if not blocks:
+        return ""
+    return "<h2>dflash cold start</h2>" + "".join(blocks)
 
 
 def versions_seen(builder: VerdictBuilder) -> dict[str, str]:

@@ -4,7 +4,10 @@
   values span more than a decade and a half;
 * :func:`tokens_over_time_svg` — output tokens/s over the run, per time bin;
 * :func:`accept_length_histogram_svg` — per-request speculative accept lengths;
-* :func:`plots_for_result` — the three for a :class:`~pytest_dflash.load.LoadResult`.
+* :func:`plots_for_result` — the three for a :class:`~pytest_dflash.load.LoadResult`;
+* :func:`cold_start_timeline_svg` — one host's services side by side on one clock, each bar cut into its
+  start-up phases (from the verdict's `services[<svc>]["ready"]`);
+* :func:`readiness_spread_svg` — each service's readiness seconds across the hosts of a fleet.
 
 Every function returns one ``<svg>`` element (valid XML, ``xmlns`` set, a ``<title>`` for screen
 readers) that can be embedded in HTML as is or written to a ``.svg`` file.
@@ -20,7 +23,8 @@ from xml.sax.saxutils import escape
 if TYPE_CHECKING:
     from pytest_dflash.load import LoadResult
 
-__all__ = ["accept_length_histogram_svg", "latency_cdf_svg", "plots_for_result", "tokens_over_time_svg"]
+__all__ = ["accept_length_histogram_svg", "cold_start_phases", "cold_start_timeline_svg", "latency_cdf_svg",
+           "plots_for_result", "readiness_spread_svg", "tokens_over_time_svg"]
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 _W, _H = 640, 360
@@ -241,3 +245,158 @@ def plots_for_result(result: LoadResult, *, bin_s: float | None = None) -> dict[
         "tokens_over_time": tokens_over_time_svg(tokens_over_time(ok, bin_s=bin_s)),
         "accept_length": accept_length_histogram_svg([r.accept_length for r in ok if r.accept_length is not None]),
     }
+
+
+# ---- cold start -----------------------------------------------------------------------------------------------
+
+# A service's start-up phases, in order: the name of the moment each one ENDS (the keys of ready["phases"], in
+# seconds from the start of the wait), what happens until then, and its colour.
+PHASES: dict[str, tuple[str, str]] = {
+    "process_started": ("process start", "#9e9e9e"),
+    "weights_loaded": ("loading weights", "#1f77b4"),
+    "kv_cache_allocated": ("allocating KV cache", "#17becf"),
+    "cuda_graphs_captured": ("capturing CUDA graphs", "#9467bd"),
+    "port_open": ("until the port opened", "#8c564b"),
+    "first_greedy": ("first greedy answer", "#2ca02c"),
+    "first_sampled": ("first sampled answer (sampling JIT)", "#ff7f0e"),
+}
+_OTHER = ("other readiness checks", "#e0e0e0")
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+def cold_start_phases(ready: Mapping[str, object]) -> list[tuple[str, float, float]]:
+    """(phase, start s, end s) from the start of the wait, in order, from `ready["phases"]` where the service
+    reported them, and from `http_s` / `greedy_s` / `sampled_s` for the port and first answers it did not (an
+    SGLang version that logs no line for one); what is left until `total_s` is "other"."""
+    ends: dict[str, float] = {}
+    for key, phase in (("http_s", "port_open"), ("greedy_s", "first_greedy"), ("sampled_s", "first_sampled")):
+        if (value := _seconds(ready.get(key))) is not None:
+            ends[phase] = value
+    raw = ready.get("phases")
+    if isinstance(raw, Mapping):
+        ends.update({str(k): t for k, v in raw.items() if (t := _seconds(v)) is not None})
+    known = [k for k in PHASES if k in ends] + [k for k in ends if k not in PHASES]
+    out: list[tuple[str, float, float]] = []
+    start = 0.0
+    for name in sorted(known, key=lambda k: ends[k]):  # by time: a phase a version logs late still draws
+        end = ends[name]
+        out.append((name, start, end))
+        start = end
+    total = _seconds(ready.get("total_s"))
+    if total is not None and total > start + 1e-3:
+        out.append(("other", start, total))
+    return out
+
+
+def _phase_style(name: str) -> tuple[str, str]:
+    if name == "other":
+        return _OTHER
+    return PHASES.get(name, (name.replace("_", " "), "#bcbd22"))
+
+
+def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, title: str = "Cold start",
+                            width: int = 900) -> str | None:
+    """One host's services side by side on one clock (seconds from the first wait's start; each service's bar
+    starts where its own wait began, `waited_from`), each bar cut into its phases, coloured, with a tooltip per
+    phase and the total at its end. `services`: {name: the verdict's ready dict}. None when none has one."""
+    rows: list[tuple[str, float, list[tuple[str, float, float]]]] = []
+    starts = [w for r in services.values() if (w := _seconds(r.get("waited_from"))) is not None]
+    t0 = min(starts) if starts else 0.0
+    for name, ready in services.items():
+        phases = cold_start_phases(ready)
+        if not phases:
+            continue
+        waited = _seconds(ready.get("waited_from"))
+        rows.append((name, (waited - t0) if waited is not None else 0.0, phases))
+    if not rows:
+        return None
+    label_w, row_h, top = 150, 26, 34
+    legend_names = [p for p in [*PHASES, "other"] if any(p == ph for _, _, phases in rows for ph, _, _ in phases)]
+    legend_names += sorted({ph for _, _, phases in rows for ph, _, _ in phases} - set(legend_names))
+    height = top + row_h * len(rows) + 40 + 18 * ((len(legend_names) + 2) // 3)
+    c = _Canvas(title, "", "", width, height)
+    span = max(offset + phases[-1][2] for _, offset, phases in rows) or 1.0
+    lo, hi, ticks = _linear_ticks(0.0, span)
+    x0, x1 = label_w, width - 70
+
+    def px(t: float) -> float:
+        return x0 + (t - lo) / ((hi - lo) or 1.0) * (x1 - x0)
+
+    axis_y = top + row_h * len(rows) + 4
+    for t in ticks:
+        c.parts.append(f'<line x1="{px(t):.1f}" y1="{top - 4}" x2="{px(t):.1f}" y2="{axis_y}" stroke="#eee"/>')
+        c.parts.append(f'<text x="{px(t):.1f}" y="{axis_y + 14}" text-anchor="middle">{escape(_fmt(t))}</text>')
+    c.parts.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{axis_y + 30}" text-anchor="middle">seconds since the first '
+                   "service's wait began</text>")
+    for i, (name, offset, phases) in enumerate(rows):
+        y = top + i * row_h
+        c.parts.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end" class="dflash-service">'
+                       f"{escape(name)}</text>")
+        for phase, start, end in phases:
+            label, colour = _phase_style(phase)
+            x, w = px(offset + start), max(px(offset + end) - px(offset + start), 1.0)
+            c.parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 8}" fill="{colour}" '
+                           f'data-phase="{escape(phase)}"><title>{escape(name)}: {escape(label)} '
+                           f"{start:.1f}–{end:.1f} s ({end - start:.1f} s)</title></rect>")
+        total = phases[-1][2]
+        c.parts.append(f'<text x="{px(offset + total) + 4:.1f}" y="{y + 15}">{total:.1f} s</text>')
+    ly = axis_y + 46
+    for j, phase in enumerate(legend_names):
+        label, colour = _phase_style(phase)
+        lx = 10 + (j % 3) * (width // 3)
+        yy = ly + (j // 3) * 18
+        c.parts.append(f'<rect x="{lx}" y="{yy - 9}" width="12" height="10" fill="{colour}"/>'
+                       f'<text x="{lx + 16}" y="{yy}">{escape(label)}</text>')
+    return c.svg()
+
+
+def readiness_spread_svg(ready_s: Mapping[str, Mapping[str, float]], *, title: str = "Readiness across hosts",
+                         width: int = 900) -> str | None:
+    """Each service's readiness seconds across hosts: one row per service, a dot per host (tooltip: host and
+    seconds), the median marked, min / median / max written beside it. `ready_s`: {service: {host: seconds}};
+    a log axis when the values span more than 30x. None when there is nothing to draw."""
+    rows = {name: {h: float(v) for h, v in hosts.items() if math.isfinite(v) and v >= 0}
+            for name, hosts in ready_s.items()}
+    rows = {name: hosts for name, hosts in rows.items() if hosts}
+    if not rows:
+        return None
+    label_w, row_h, top, right = 150, 30, 34, 250
+    height = top + row_h * len(rows) + 44
+    c = _Canvas(title, "", "", width, height)
+    values = [v for hosts in rows.values() for v in hosts.values()]
+    low, high = min(values), max(values)
+    positive = [v for v in values if v > 0]
+    log = bool(positive) and min(positive) > 0 and high / min(positive) > 30
+    c.x0, c.x1 = label_w, width - right
+    c.set_x(min(positive) if log else 0.0, high if high > low else high + 1.0, log=log)
+    ticks = _log_ticks(c.xlo, c.xhi)[2] if log else _linear_ticks(c.xlo, c.xhi)[2]
+    axis_y = top + row_h * len(rows) + 2
+    for t in ticks:
+        c.parts.append(f'<line x1="{c.px(t):.1f}" y1="{top - 4}" x2="{c.px(t):.1f}" y2="{axis_y}" stroke="#eee"/>')
+        c.parts.append(f'<text x="{c.px(t):.1f}" y="{axis_y + 14}" text-anchor="middle">{escape(_fmt(t))}</text>')
+    c.parts.append(f'<text x="{(c.x0 + c.x1) / 2:.1f}" y="{axis_y + 32}" text-anchor="middle">seconds until ready'
+                   f"{' (log scale)' if log else ''}</text>")
+    for i, (name, hosts) in enumerate(sorted(rows.items())):
+        y = top + i * row_h + row_h / 2
+        ordered = sorted(hosts.values())
+        mid = len(ordered) // 2
+        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        slowest = max(hosts, key=lambda h: hosts[h])
+        c.parts.append(f'<text x="{label_w - 8}" y="{y + 4:.1f}" text-anchor="end">{escape(name)}</text>')
+        c.parts.append(f'<line x1="{c.px(ordered[0]):.1f}" y1="{y:.1f}" x2="{c.px(ordered[-1]):.1f}" y2="{y:.1f}" '
+                       'stroke="#bbb" stroke-width="2"/>')
+        for host, value in sorted(hosts.items()):
+            c.parts.append(f'<circle cx="{c.px(value):.1f}" cy="{y:.1f}" r="4" fill="{PALETTE[0]}" '
+                           f'fill-opacity="0.6"><title>{escape(host)}: {value:.1f} s</title></circle>')
+        mx = c.px(median)
+        c.parts.append(f'<line x1="{mx:.1f}" y1="{y - 9:.1f}" x2="{mx:.1f}" y2="{y + 9:.1f}" stroke="{PALETTE[1]}" '
+                       'stroke-width="2"/>')
+        summary = (f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}: min {_fmt(ordered[0])}, median "
+                   f"{_fmt(median)}, max {_fmt(ordered[-1])} s ({slowest})")
+        c.parts.append(f'<text x="{c.x1 + 10}" y="{y + 4:.1f}">{escape(summary)}</text>')
+    return c.svg()

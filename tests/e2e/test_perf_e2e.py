@@ -73,6 +73,9 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
     for service in ("none", "dflash", "ddtree"):
         assert metrics[f"perf.{service}.output_throughput"] >= floors(service)["output_tok_s"]
         assert metrics[f"perf.{service}.output_tok_s.pass"] == 1.0
+        # the interval the fleet trend judges a throughput change by (fleet/trend.py)
+        assert (metrics[f"perf.{service}.output_throughput.lower"] < metrics[f"perf.{service}.output_throughput"]
+                < metrics[f"perf.{service}.output_throughput.upper"])
         doc = json.loads((run_suite.reports / "perf" / HOST / f"{service}.json").read_text())
         assert {"output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "accept_length"} <= set(doc)
         assert doc["completed"] == 30 and doc["dflash_perf"]["service"] == service

@@ -5,12 +5,14 @@ healthy NONE and a DFLASH whose first sampled request kills it (FlashInfer on SM
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import write_profile
+from e2e_helpers import SUITES, write_profile
 from junitparser import Failure, JUnitXml, Properties, Skipped, TestCase
 from support.pytest_runs import assert_no_crash, verdict
 
@@ -105,6 +107,7 @@ def test_junit_html_and_step_summary_from_one_failing_xdist_run(run_suite, tmp_p
                                   "dflash.verdict")} == {
         "dflash.host": "ci", "dflash.layer": "service", "dflash.service": "dflash", "dflash.algorithm": "DFLASH",
         "dflash.verdict": "failed"}
+    assert "dflash" not in props, "the controller's dict is not a JUnit property (flat dflash.* only)"
     diagnosis_ids = props["dflash.diagnosis"].split(",")
     assert diagnosis_ids[0] == "flashinfer-sm12x-nvcc" and "sampling-jit-first-sampled-request" in diagnosis_ids
     failure = next(r for r in ready.result if isinstance(r, Failure))
@@ -135,6 +138,9 @@ def test_junit_html_and_step_summary_from_one_failing_xdist_run(run_suite, tmp_p
     passed = rows["test_greedy_generation[ci/none]"][0]
     assert (passed["host"][0], passed["layer"][0], passed["service"][0], passed["diagnosis"][0]) == (
         "ci", "generation", "none", "")
+    (skipped,) = [t["log"] for nodeid, tests in report.blob["tests"].items() for t in tests
+                  if "test_gpus_visible[ci]" in nodeid]
+    assert skipped.startswith('<span class="dflash-skip-reason">Skipped: no GPU on ci'), skipped  # under xdist too
     environment = report.blob["environment"]
     assert environment["dflash run id"] == data["run_id"]
     assert environment["dflash plugin"] == __version__
@@ -212,3 +218,131 @@ def test_a_collection_error_gets_an_html_row_with_empty_dflash_cells(pytester: p
     (row,) = [_cells(t["resultsTableRow"]) for tests in report.blob["tests"].values() for t in tests]
     assert row["result"][0] == "Error" and "test_broken.py" in row["testId"][0]
     assert [row[c][0] for c in ("host", "layer", "service", "diagnosis")] == ["", "", "", ""]
+
+
+class _Page(HTMLParser):
+    """The page's <title>, its dflash cold-start blocks (host -> the bars' phases) and every <svg> it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.title = ""
+        self.svgs = 0
+        self.phases: dict[str, list[str]] = {}
+        self._in_title = False
+        self._host: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "title" and not self.svgs and self._host is None:
+            self._in_title = True
+        elif tag == "svg":
+            self.svgs += 1
+        elif tag == "div" and "dflash-cold-start" in (found.get("class") or ""):
+            self._host = found.get("data-host") or ""
+            self.phases[self._host] = []
+        elif tag == "rect" and self._host is not None and found.get("data-phase"):
+            self.phases[self._host].append(found["data-phase"] or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "title":
+            self._in_title = False
+        elif tag == "div":
+            self._host = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title += data
+
+
+def _seed_trend(reports: Path, host: str, *, previous: dict[str, float], good_runs: dict[str, list[float]]) -> None:
+    """What earlier runs of this host left in the report dir: the previous fleet summary (each service's
+    ready_s) and history/<host>/good-runs.json (the readiness of its recent good runs)."""
+    summary = {"schema": "pytest-dflash/fleet-summary/1", "generated": "2026-12-01T02:00:00+0000", "run_ids": ["r0"],
+               "hosts": {host: {"verdict": "pass", "layers": {"host": "passed", "service": "passed"},
+                                "services": {name: {"ready_s": ready} for name, ready in previous.items()},
+                                "metrics": {}}}}
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / "fleet-summary.json").write_text(json.dumps(summary))
+    count = len(next(iter(good_runs.values())))
+    runs = [{"run_id": f"r{i}", "finished": f"2026-11-2{i}T02:00:00+0000", "finished_ts": 1795000000.0 + i,
+             "numbers": {f"service:{name}.ready_s": values[i] for name, values in good_runs.items()}}
+            for i in range(count)]
+    (reports / "history" / host).mkdir(parents=True)
+    (reports / "history" / host / "good-runs.json").write_text(json.dumps({"host": host, "runs": runs}))
+
+
+def test_one_healthy_run_reports_cleanly_in_junit_html_and_the_trend(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """One passing smoke run (two NONE refservers) after earlier good runs: `noisy`'s readiness has varied a lot
+    between good runs and is no regression whatever this run takes (the old raw percentage against the
+    previous run's 0.05 s printed one every time); `fast` used to be ready in 0.01 s and now is not, which is
+    one, printed with its rule. JUnit carries flat properties only (no `dflash` repr), the HTML report is
+    titled by its run, draws the cold start as SVG and says why a test was skipped in a sentence."""
+    profile = write_profile(tmp_path, "ci", {"noisy": ("NONE", []), "fast": ("NONE", [])})
+    _seed_trend(run_suite.reports, "ci", previous={"noisy": 0.05, "fast": 0.01},
+                good_runs={"noisy": [0.05, 40.0, 1.0, 8.0, 0.5], "fast": [0.01, 0.011, 0.012, 0.01, 0.011]})
+    junit, page = tmp_path / "junit.xml", tmp_path / "report.html"
+    result = run_suite("smoke", "--host", str(profile), "-m", "host or service", f"--junitxml={junit}",
+                       f"--html={page}")
+    assert_no_crash(result)
+    assert result.ret == 0
+
+    # the trend: one regression line, for `fast` only, with its rule
+    lines = [line for line in result.stdout.lines if line.startswith("perf regressions")]
+    assert len(lines) == 1 and "service:noisy.ready_s" not in lines[0], lines
+    result.stdout.fnmatch_lines(["perf regressions: ci service:fast.ready_s 0.01 -> * (+*%), outside the last 5 "
+                                 "good runs' range 0.01-0.012 by > 25%"])
+    noisy = next(p for p in json.loads((run_suite.reports / "fleet-summary.json").read_text())["trend"]["perf"]
+                 if p["metric"] == "service:noisy.ready_s")
+    assert not noisy["regression"] and noisy["rule"].startswith("within the last 5 good runs' range 0.05-40")
+
+    # JUnit, read back with a JUnit parser: flat string properties, none of them a Python repr
+    cases = [case for suite in JUnitXml.fromfile(str(junit)) for case in suite]
+    assert cases
+    for case in cases:
+        props = _properties(case)
+        assert "dflash" not in props and props["dflash.host"] == "ci", (case.name, props)
+        for name, value in props.items():
+            assert not value.startswith(("{'", "[{'", "('")), (case.name, name, value)
+    gpu = next(case for case in cases if case.name == "test_gpus_visible[ci]")
+    assert _properties(gpu)["dflash.verdict"] == "skipped"
+
+    # the HTML report: title, cold-start timeline, skip reasons as sentences
+    text = page.read_text()
+    parsed = _Page()
+    parsed.feed(text)
+    assert parsed.title == "pytest-dflash ci: PASS"
+    assert set(parsed.phases) == {"ci"} and parsed.svgs >= 1
+    assert parsed.phases["ci"].count("first_sampled") == 2 and "port_open" in parsed.phases["ci"]
+    report = _Report()
+    report.feed(text)
+    source = (SUITES / "smoke" / "test_smoke.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if "host.gpus_visible(dflash_gpu)" in text)
+    logs = [t["log"] for nodeid, tests in report.blob["tests"].items() for t in tests if "gpus_visible" in nodeid]
+    assert logs == [f'<span class="dflash-skip-reason">Skipped: no GPU on ci: nvidia-smi not found on PATH (and its '
+                    f"profile names none) (suites/smoke/test_smoke.py, line {line})</span>\n"], logs
+    assert not any("('" in t["log"] and "test_smoke.py'," in t["log"]
+                   for tests in report.blob["tests"].values() for t in tests), "a tuple repr in a log"
+
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (optional: apt-get install chromium)")
+def test_the_html_report_as_chromium_renders_it(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """In a real browser (headless Chromium, after pytest-html's script built the table from its JSON): the title
+    names the run, the cold-start timeline is drawn, a skipped row's reason is a sentence, and no row shows a
+    Python tuple; a screenshot is taken (report-screenshot.png beside the report, to look at)."""
+    profile = write_profile(tmp_path, "shot", {"none": ("NONE", [])})
+    page = tmp_path / "report.html"
+    result = run_suite("smoke", "--host", str(profile), "-m", "host or service", f"--html={page}")
+    assert_no_crash(result)
+    browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,2000"]
+    dom = subprocess.run([*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    parsed = _Page()
+    parsed.feed(dom)
+    assert parsed.title == "pytest-dflash shot: PASS"
+    assert parsed.phases.get("shot"), "the cold-start timeline is in the rendered page"
+    assert 'class="dflash-skip-reason">Skipped: no GPU on shot' in dom
+    assert "test_smoke.py'," not in dom, "a (path, line, reason) tuple in the rendered page"
+    shot = tmp_path / "report-screenshot.png"
+    subprocess.run([*browser, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

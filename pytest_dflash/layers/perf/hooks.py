@@ -218,6 +218,7 @@ class PerfBook:
     def publish(self, host: HostContext, run: ServiceRun) -> None:
         """Numbers into the verdict (host.facts.metrics), the per-service JSON under the report dir."""
         host.facts.metrics.update(run.metrics())
+        host.facts.metrics.update(throughput_interval(run))
         if run.accept_length is not None:
             host.facts.accept_lengths[run.service] = round(run.accept_length, 4)
         run.write(self.report_dir(host.name) / f"{safe_name(run.service)}.json")
@@ -396,6 +397,26 @@ class PerfLayer:
         run.baseline = {"path": str(path), "action": "recorded"}
         self.record(run, [])
         handle.host.run.progress(f"{handle.label}: baseline recorded at {path}{previous}: {run.headline()}")
+
+
+def throughput_interval(run: ServiceRun) -> dict[str, float]:
+    """`perf.<service>.output_throughput.lower/.upper`: the bootstrap bounds (each one-sided at 95%) of this
+    run's output tok/s, the spread the fleet trend judges a throughput change against (fleet/trend.py): the
+    floor judgement's when there is one, else computed here. {} when the run has no successful request."""
+    from pytest_dflash.layers.perf.stats import bootstrap_bound, metric_sample
+
+    judged = run.judgements.get("output_tok_s")
+    lower, upper = (judged.lower, judged.upper) if judged is not None else (None, None)
+    if lower is None or upper is None:
+        try:
+            bound = bootstrap_bound(metric_sample(run.result, "output_tok_s"))
+        except ValueError:
+            return {}
+        lower, upper = bound.lower, bound.upper
+    if not (math.isfinite(lower) and math.isfinite(upper)):
+        return {}
+    prefix = f"perf.{run.service}.output_throughput"
+    return {f"{prefix}.lower": round(lower, 4), f"{prefix}.upper": round(upper, 4)}
 
 
 def _host_of(run: ServiceRun, book: PerfBook) -> HostContext | None:
