@@ -38,6 +38,7 @@ def test_the_h200_passes_every_env_check(tmp_path: Path) -> None:
         env.import_chain(gpu, chain)
     env.serving_chains_import(gpu)
     env.installed_versions_satisfy_requirements(gpu)
+    env.service_flags_exist_in_installed_sglang(gpu)
     env.pip_check_clean_for_serving_stack(gpu)
     env.flashinfer_companions_match(gpu)
     env.flashinfer_toolkit_supports_gpu_arch(gpu)
@@ -47,6 +48,7 @@ def test_the_h200_passes_every_env_check(tmp_path: Path) -> None:
     env.sgl_kernel_has_build_for_gpu_arch(gpu)
     exported = gpu.host.facts.export
     assert exported["torch"]["version"] == "2.11.0+cu130" and "CUDA home /usr/local/cuda" in exported["jit_toolkit"]
+    assert exported["sglang_flags_checked"].startswith("dflash: sglang 0.5.17")
     assert ran_nothing(gpu, probes)
 
 
