@@ -29,7 +29,7 @@ from pytest_dflash.layers.gpu.cuda import check_driver, driver_api_to_release
 from pytest_dflash.layers.gpu.flags import NEWEST_READ, flag_findings, runs_sglang
 from pytest_dflash.layers.gpu.hooks import SNAPSHOT_PROPERTY
 from pytest_dflash.layers.gpu.layer import REQUIRERS, GpuHost
-from pytest_dflash.layers.gpu.packages import diff, is_serving, read_baseline, snapshot
+from pytest_dflash.layers.gpu.packages import diff, is_serving, kernel_torch_issue, read_baseline, snapshot
 from pytest_dflash.layers.gpu.report import explain
 from pytest_dflash.layers.gpu.services import ProbeGroup
 
@@ -194,6 +194,8 @@ def installed_versions_satisfy_requirements(gpu: GpuHost) -> None:
         packages = packages_of(gpu, group)
         present = [r for r in REQUIRERS if r in packages.get("requires", {})]
         issues = requirement_issues(packages, present)
+        kernel = kernel_torch_issue(installed_versions(packages), packages.get("requires", {}).get("sglang-kernel"))
+        issues += [kernel] if kernel else []
         serving = [i.describe() for i in issues if i.serving and i.installed is not None]
         serving_missing = [i.describe() for i in issues if i.serving and i.installed is None]
         other = [i.describe() for i in issues if not i.serving]

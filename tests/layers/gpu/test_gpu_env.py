@@ -102,6 +102,19 @@ def test_the_abi_split_fails_the_chain_and_the_pins(tmp_path: Path) -> None:
     assert ran_nothing(gpu, probes)
 
 
+@pytest.mark.filterwarnings("ignore::pytest_dflash.layers.gpu.env.EnvWarning")
+def test_a_kernel_without_a_torch_pin_is_judged_by_the_torch_sglang_pairs_it_with(tmp_path: Path) -> None:
+    """sglang-kernel 0.4.6.post1 (sglang 0.5.18/0.5.19, torch 2.13; no Requires-Dist on torch) over the H200's 2.11."""
+    packages = copy.deepcopy(load("h200/layers/packages.json"))
+    packages["distributions"]["sglang-kernel"]["version"] = "0.4.6.post1"
+    assert packages["requires"]["sglang-kernel"] == []  # as the 0.4.5 / 0.4.6.post1 wheels' METADATA
+    gpu, _ = _h200(tmp_path, packages=packages)
+    with pytest.raises(AssertionError, match="installed serving-stack versions violate") as failed:
+        env.installed_versions_satisfy_requirements(gpu)
+    assert ("sglang-kernel requires torch==2.13.* (built for the torch sglang 0.5.18 and 0.5.19 pin with it; its "
+            "METADATA names no torch): torch 2.11.0 is installed") in str(failed.value)
+
+
 def test_the_cpu_machines_toolkit_lacks_curand_and_the_cuda_libraries(tmp_path: Path) -> None:
     # This machine's recordings hold the toolkit probe; the versions below are stated in tests/data/gpu/README.md.
     probes = recorded("cpu-nvcc13", packages={"distributions": {"flashinfer-python": {"version": "0.7.2.post1"}}},

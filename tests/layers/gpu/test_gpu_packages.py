@@ -117,3 +117,14 @@ def test_baseline_errors_name_the_file(tmp_path: Path) -> None:
     path.write_text("{}")
     with pytest.raises(ValueError, match="not an env snapshot"):
         read_baseline(path, "c")
+
+
+def test_kernel_torch_pairing() -> None:
+    from pytest_dflash.layers.gpu.packages import kernel_torch_issue
+
+    assert kernel_torch_issue({"sglang-kernel": "0.4.5", "torch": "2.11.0+cu130"}, []) is None
+    issue = kernel_torch_issue({"sglang-kernel": "0.4.10", "torch": "2.13.0"}, [])
+    assert issue is not None and issue.serving and issue.requirement.startswith("torch==2.14.*")
+    assert kernel_torch_issue({"sglang-kernel": "0.4.10", "torch": "2.13.0"}, ["torch==2.14.1"]) is None  # its pin
+    assert kernel_torch_issue({"sglang-kernel": "0.4.99", "torch": "2.13.0"}, []) is None  # a build not read
+    assert kernel_torch_issue({"sglang-kernel": "0.4.5"}, []) is None  # no torch: the import chain says so
