@@ -26,7 +26,7 @@ from pytest_dflash.layers.gpu.checks import (
     torch_coverage,
 )
 from pytest_dflash.layers.gpu.cuda import check_driver, driver_api_to_release
-from pytest_dflash.layers.gpu.flags import NEWEST_READ, flag_findings, runs_sglang
+from pytest_dflash.layers.gpu.flags import NEWEST_READ, flag_findings, newer_than_read, runs_sglang
 from pytest_dflash.layers.gpu.hooks import SNAPSHOT_PROPERTY
 from pytest_dflash.layers.gpu.layer import REQUIRERS, GpuHost
 from pytest_dflash.layers.gpu.packages import diff, is_serving, kernel_torch_issue, read_baseline, snapshot
@@ -224,6 +224,10 @@ def service_flags_exist_in_installed_sglang(gpu: GpuHost) -> None:
         if installed is None:
             continue  # the import chain names a missing sglang
         judged.append(f"{group.label}: sglang {installed}")
+        if newer_than_read(installed):
+            warnings.warn(EnvWarning(f"{gpu.host.name}: sglang {installed} is newer than the releases whose flags "
+                                     f"were read (up to {NEWEST_READ}): flags it removed are not known here "
+                                     "(docs/sglang-versions.md, 'Adding a release')"), stacklevel=2)
         findings = [f for view in commands for f in flag_findings(view.name, view.argv, installed)]
         later = [f.describe() for f in findings if not f.gone]
         if later:

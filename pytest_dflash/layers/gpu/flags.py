@@ -83,6 +83,12 @@ def parse_version(text: str) -> Version | None:
         return None
 
 
+def newer_than_read(installed: str) -> bool:
+    """Whether `installed` is a release after the newest one read (its own removals are unknown)."""
+    version = parse_version(installed)
+    return version is not None and Version(version.base_version) > Version(NEWEST_READ)
+
+
 def runs_sglang(argv: Sequence[str]) -> bool:
     """Whether a command starts SGLang's server (`-m sglang.launch_server`, `sglang serve`)."""
     return entrypoint(argv) in SGLANG_ENTRYPOINTS

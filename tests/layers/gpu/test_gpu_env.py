@@ -115,6 +115,16 @@ def test_a_kernel_without_a_torch_pin_is_judged_by_the_torch_sglang_pairs_it_wit
             "METADATA names no torch): torch 2.11.0 is installed") in str(failed.value)
 
 
+@pytest.mark.parametrize("version", ["0.5.24", "0.6.0.dev1"])
+def test_an_sglang_newer_than_the_releases_read_is_a_warning(tmp_path: Path, version: str) -> None:
+    packages = copy.deepcopy(load("h200/layers/packages.json"))
+    packages["distributions"]["sglang"]["version"] = version
+    gpu, _ = _h200(tmp_path, packages=packages)
+    with pytest.warns(env.EnvWarning, match=f"sglang {version} is newer than the releases whose flags were read "
+                                            r"\(up to 0.5.23\)"):
+        env.service_flags_exist_in_installed_sglang(gpu)
+
+
 def test_the_cpu_machines_toolkit_lacks_curand_and_the_cuda_libraries(tmp_path: Path) -> None:
     # This machine's recordings hold the toolkit probe; the versions below are stated in tests/data/gpu/README.md.
     probes = recorded("cpu-nvcc13", packages={"distributions": {"flashinfer-python": {"version": "0.7.2.post1"}}},
