@@ -52,6 +52,12 @@ def test_installed_versions_satisfy_requirements(dflash_gpu: GpuHost) -> None:
     env.installed_versions_satisfy_requirements(dflash_gpu)
 
 
+def test_service_flags_exist_in_installed_sglang(dflash_gpu: GpuHost) -> None:
+    """Each SGLang service's command uses only flags the installed sglang still has; a removed (renamed) flag is
+    named with its replacement before the server starts (docs/sglang-versions.md)."""
+    env.service_flags_exist_in_installed_sglang(dflash_gpu)
+
+
 def test_pip_check_clean_for_serving_stack(dflash_gpu: GpuHost) -> None:
     """`pip check` reports no version conflict that involves a serving-stack package."""
     env.pip_check_clean_for_serving_stack(dflash_gpu)

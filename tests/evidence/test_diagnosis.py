@@ -1,12 +1,18 @@
-"""The diagnosis catalog against real SGLang 0.5.17 logs recorded on an H200 (tests/data)."""
+"""The diagnosis catalog against real SGLang 0.5.17 logs recorded on an H200 (tests/data), and the lines of later
+releases as their wheels write them (tests/data/sglang-versions)."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from pytest_dflash.evidence.diagnosis import default_catalog, diagnose, load_catalog
+from pytest_dflash.layers.gpu.flags import REMOVED_FLAGS
 
 LOGS = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200" / "logs"
 
@@ -127,3 +133,37 @@ def test_catalog_rejects_unknown_keys_and_duplicates(tmp_path: Path) -> None:
 def test_every_signature_has_a_title_remedy_and_layer() -> None:
     for sig in default_catalog().signatures:
         assert sig.title and sig.remedy and sig.layer, sig.id
+
+
+# ---- releases after 0.5.17 (tests/data/sglang-versions: read from the 0.5.17-0.5.23 wheels) -----------------------
+
+VERSIONS = Path(__file__).parents[1] / "data" / "sglang-versions"
+LOG_LINES = tomllib.loads((VERSIONS / "log-lines.toml").read_text(encoding="utf-8"))["line"]
+
+
+@pytest.mark.parametrize("line", LOG_LINES, ids=lambda line: f"{line['release']}-{line['diagnosis'] or 'nothing'}")
+def test_log_lines_of_later_releases(line: dict[str, str]) -> None:
+    found = ids(line["text"])
+    assert found[:1] == ([line["diagnosis"]] if line["diagnosis"] else []), (line["source"], found)
+
+
+def unrecognized(*argv: str) -> str:
+    """What SGLang's parser (prepare_server_args: parser.parse_args) writes for a flag it lacks: argparse's error."""
+    parser = argparse.ArgumentParser(prog="launch_server.py")
+    parser.add_argument("--model-path")
+    with contextlib.redirect_stderr(io.StringIO()) as err, pytest.raises(SystemExit):
+        parser.parse_args(["--model-path", "/m", *argv])
+    return err.getvalue()
+
+
+@pytest.mark.parametrize("flag", [r.flag for r in REMOVED_FLAGS])
+def test_every_removed_flag_rejected_by_argparse_is_named(flag: str) -> None:
+    text = unrecognized(flag, "1")
+    assert f"launch_server.py: error: unrecognized arguments: {flag} 1" in text
+    assert ids(text)[:2] == ["sglang-flag-removed", "bad-server-arguments"]
+
+
+@pytest.mark.parametrize("flag", ["--speculative-draft-window-size", "--cuda-graph-bs-decode", "--cuda-graph-max-bs-x",
+                                  "--stream-output-x", "--this-flag-does-not-exist"])
+def test_an_unknown_flag_that_no_release_removed_stays_bad_server_arguments(flag: str) -> None:
+    assert ids(unrecognized(flag, "1")) == ["bad-server-arguments"]

@@ -26,9 +26,10 @@ from pytest_dflash.layers.gpu.checks import (
     torch_coverage,
 )
 from pytest_dflash.layers.gpu.cuda import check_driver, driver_api_to_release
+from pytest_dflash.layers.gpu.flags import NEWEST_READ, flag_findings, newer_than_read, runs_sglang
 from pytest_dflash.layers.gpu.hooks import SNAPSHOT_PROPERTY
 from pytest_dflash.layers.gpu.layer import REQUIRERS, GpuHost
-from pytest_dflash.layers.gpu.packages import diff, is_serving, read_baseline, snapshot
+from pytest_dflash.layers.gpu.packages import diff, is_serving, kernel_torch_issue, read_baseline, snapshot
 from pytest_dflash.layers.gpu.report import explain
 from pytest_dflash.layers.gpu.services import ProbeGroup
 
@@ -193,6 +194,8 @@ def installed_versions_satisfy_requirements(gpu: GpuHost) -> None:
         packages = packages_of(gpu, group)
         present = [r for r in REQUIRERS if r in packages.get("requires", {})]
         issues = requirement_issues(packages, present)
+        kernel = kernel_torch_issue(installed_versions(packages), packages.get("requires", {}).get("sglang-kernel"))
+        issues += [kernel] if kernel else []
         serving = [i.describe() for i in issues if i.serving and i.installed is not None]
         serving_missing = [i.describe() for i in issues if i.serving and i.installed is None]
         other = [i.describe() for i in issues if not i.serving]
@@ -205,6 +208,38 @@ def installed_versions_satisfy_requirements(gpu: GpuHost) -> None:
             warnings.warn(EnvWarning(f"{gpu.host.name}: serving-stack requirements not installed (the "
                                      f"import chain decides whether they matter): {'; '.join(serving_missing)}"),
                           stacklevel=2)
+
+
+def service_flags_exist_in_installed_sglang(gpu: GpuHost) -> None:
+    """Every SGLang service's command uses only flags the installed sglang still has: a flag a release removed
+    (renamed) fails here, naming its replacement, before the server starts; one that the installed release still
+    accepts but a later one removed is a warning."""
+    __tracebackhide__ = True
+    judged = []
+    for group in probe_groups(gpu):
+        commands = [v for v in gpu.views if v.name in group.services and runs_sglang(v.argv)]
+        if not commands:
+            continue
+        installed = installed_versions(packages_of(gpu, group)).get("sglang")
+        if installed is None:
+            continue  # the import chain names a missing sglang
+        judged.append(f"{group.label}: sglang {installed}")
+        if newer_than_read(installed):
+            warnings.warn(EnvWarning(f"{gpu.host.name}: sglang {installed} is newer than the releases whose flags "
+                                     f"were read (up to {NEWEST_READ}): flags it removed are not known here "
+                                     "(docs/sglang-versions.md, 'Adding a release')"), stacklevel=2)
+        findings = [f for view in commands for f in flag_findings(view.name, view.argv, installed)]
+        later = [f.describe() for f in findings if not f.gone]
+        if later:
+            warnings.warn(EnvWarning(f"{gpu.host.name}: {'; '.join(later)}"), stacklevel=2)
+        gone = [f for f in findings if f.gone]
+        assert not gone, explain(
+            f"services {group.label} pass flags sglang {installed} no longer has: it would exit at once with "
+            f"'error: unrecognized arguments: {' '.join(dict.fromkeys(f.removed.flag for f in gone))}'",
+            "\n".join(f.describe() for f in gone), diagnosis="sglang-flag-removed")
+    if not judged:
+        pytest.skip(f"no service of {gpu.host.name} runs sglang with a command to read (or sglang is not installed)")
+    gpu.export("sglang_flags_checked", f"{'; '.join(judged)} (removed flags known up to sglang {NEWEST_READ})")
 
 
 def pip_check_clean_for_serving_stack(gpu: GpuHost) -> None:

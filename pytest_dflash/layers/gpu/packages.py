@@ -88,6 +88,41 @@ def check_requirements(requirer: str, requires: Iterable[str], installed: Mappin
     return issues
 
 
+# The torch each sglang-kernel build goes with: the torch the sglang releases that pin it pin too (read from the
+# wheels, tests/data/sglang-versions/releases.toml). 0.4.5 and 0.4.6.post1 declare no torch of their own, so this
+# pairing is the only record of the torch their compiled ops were built against; 0.4.7+ also pin it themselves.
+KERNEL_TORCH = {
+    "0.4.5": ("2.11", "sglang 0.5.17"),
+    "0.4.6.post1": ("2.13", "sglang 0.5.18 and 0.5.19"),
+    "0.4.7": ("2.13", "sglang 0.5.20 and 0.5.21"),
+    "0.4.9": ("2.14", "sglang 0.5.22"),
+    "0.4.10": ("2.14", "sglang 0.5.23"),
+}
+
+
+def kernel_torch_issue(installed: Mapping[str, str], kernel_requires: Iterable[str] | None) -> RequirementIssue | None:
+    """An sglang-kernel build whose paired torch (major.minor) is not the installed torch, when the kernel's own
+    Requires-Dist does not say so already (its own torch pin is checked with the others)."""
+    kernel, torch = installed.get("sglang-kernel"), installed.get("torch")
+    if kernel not in KERNEL_TORCH or torch is None:
+        return None
+    for line in kernel_requires or ():
+        try:
+            if normalize(Requirement(line).name) == "torch":
+                return None
+        except InvalidRequirement:
+            continue
+    built, pairing = KERNEL_TORCH[kernel]
+    try:
+        have = ".".join(str(part) for part in Version(torch).release[:2])
+    except InvalidVersion:
+        return None
+    if have == built:
+        return None
+    return RequirementIssue("sglang-kernel", f"torch=={built}.* (built for the torch {pairing} pin with it; its "
+                            "METADATA names no torch)", "torch", torch, True)
+
+
 @dataclass(frozen=True)
 class PipIssue:
     package: str

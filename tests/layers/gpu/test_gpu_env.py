@@ -38,6 +38,7 @@ def test_the_h200_passes_every_env_check(tmp_path: Path) -> None:
         env.import_chain(gpu, chain)
     env.serving_chains_import(gpu)
     env.installed_versions_satisfy_requirements(gpu)
+    env.service_flags_exist_in_installed_sglang(gpu)
     env.pip_check_clean_for_serving_stack(gpu)
     env.flashinfer_companions_match(gpu)
     env.flashinfer_toolkit_supports_gpu_arch(gpu)
@@ -47,6 +48,7 @@ def test_the_h200_passes_every_env_check(tmp_path: Path) -> None:
     env.sgl_kernel_has_build_for_gpu_arch(gpu)
     exported = gpu.host.facts.export
     assert exported["torch"]["version"] == "2.11.0+cu130" and "CUDA home /usr/local/cuda" in exported["jit_toolkit"]
+    assert exported["sglang_flags_checked"].startswith("dflash: sglang 0.5.17")
     assert ran_nothing(gpu, probes)
 
 
@@ -98,6 +100,29 @@ def test_the_abi_split_fails_the_chain_and_the_pins(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="sglang-kernel requires torch==2.13.0: torch 2.11.0 is installed"):
         env.installed_versions_satisfy_requirements(gpu)
     assert ran_nothing(gpu, probes)
+
+
+@pytest.mark.filterwarnings("ignore::pytest_dflash.layers.gpu.env.EnvWarning")
+def test_a_kernel_without_a_torch_pin_is_judged_by_the_torch_sglang_pairs_it_with(tmp_path: Path) -> None:
+    """sglang-kernel 0.4.6.post1 (sglang 0.5.18/0.5.19, torch 2.13; no Requires-Dist on torch) over the H200's 2.11."""
+    packages = copy.deepcopy(load("h200/layers/packages.json"))
+    packages["distributions"]["sglang-kernel"]["version"] = "0.4.6.post1"
+    assert packages["requires"]["sglang-kernel"] == []  # as the 0.4.5 / 0.4.6.post1 wheels' METADATA
+    gpu, _ = _h200(tmp_path, packages=packages)
+    with pytest.raises(AssertionError, match="installed serving-stack versions violate") as failed:
+        env.installed_versions_satisfy_requirements(gpu)
+    assert ("sglang-kernel requires torch==2.13.* (built for the torch sglang 0.5.18 and 0.5.19 pin with it; its "
+            "METADATA names no torch): torch 2.11.0 is installed") in str(failed.value)
+
+
+@pytest.mark.parametrize("version", ["0.5.24", "0.6.0.dev1"])
+def test_an_sglang_newer_than_the_releases_read_is_a_warning(tmp_path: Path, version: str) -> None:
+    packages = copy.deepcopy(load("h200/layers/packages.json"))
+    packages["distributions"]["sglang"]["version"] = version
+    gpu, _ = _h200(tmp_path, packages=packages)
+    with pytest.warns(env.EnvWarning, match=f"sglang {version} is newer than the releases whose flags were read "
+                                            r"\(up to 0.5.23\)"):
+        env.service_flags_exist_in_installed_sglang(gpu)
 
 
 def test_the_cpu_machines_toolkit_lacks_curand_and_the_cuda_libraries(tmp_path: Path) -> None:

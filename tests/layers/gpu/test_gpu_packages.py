@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import copy
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
-from gpu_data import load
+from gpu_data import REPO, load
 
 from pytest_dflash.layers.gpu.checks import installed_versions, pip_check_issues, pip_conflicts, requirement_issues
 from pytest_dflash.layers.gpu.packages import (
+    KERNEL_TORCH,
     check_requirements,
     diff,
     is_serving,
+    kernel_torch_issue,
     normalize,
     parse_pip_check,
     read_baseline,
@@ -117,3 +120,21 @@ def test_baseline_errors_name_the_file(tmp_path: Path) -> None:
     path.write_text("{}")
     with pytest.raises(ValueError, match="not an env snapshot"):
         read_baseline(path, "c")
+
+
+def test_kernel_torch_pairing() -> None:
+    assert kernel_torch_issue({"sglang-kernel": "0.4.5", "torch": "2.11.0+cu130"}, []) is None
+    issue = kernel_torch_issue({"sglang-kernel": "0.4.10", "torch": "2.13.0"}, [])
+    assert issue is not None and issue.serving and issue.requirement.startswith("torch==2.14.*")
+    assert kernel_torch_issue({"sglang-kernel": "0.4.10", "torch": "2.13.0"}, ["torch==2.14.1"]) is None  # its pin
+    assert kernel_torch_issue({"sglang-kernel": "0.4.99", "torch": "2.13.0"}, []) is None  # a build not read
+    assert kernel_torch_issue({"sglang-kernel": "0.4.5"}, []) is None  # no torch: the import chain says so
+
+
+def test_kernel_torch_pairing_is_what_the_wheels_say() -> None:
+    releases = tomllib.loads((REPO / "tests" / "data" / "sglang-versions" / "releases.toml").read_text())["release"]
+    paired: dict[str, set[str]] = {}
+    for release in releases:
+        paired.setdefault(release["sglang_kernel"], set()).add(".".join(release["torch"].split(".")[:2]))
+        assert release["version"] in KERNEL_TORCH[release["sglang_kernel"]][1], release
+    assert {kernel: {torch} for kernel, (torch, _) in KERNEL_TORCH.items()} == paired
