@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 
-from support.verdict_fuzz import BY_NAME, SHAPES, docs_table, run_shape  # noqa: E402
+from support.verdict_fuzz import BY_NAME, SHAPES, docs_table, run_shape
 
 
 def main() -> int:

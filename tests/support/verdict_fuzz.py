@@ -13,6 +13,7 @@ sample; the seed is printed); benchmarks/verdict_fuzz.py runs every shape.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -239,19 +240,13 @@ def _reap(workdir: Path) -> None:
         except (ValueError, OSError, AttributeError):
             continue
         if pid > 1:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def marked(workdir: Path, prefix: str) -> Callable[[], bool]:
     path = workdir / "marks"
     return lambda: path.is_file() and any(line.startswith(prefix) for line in path.read_text().splitlines())
-
-
-def said(workdir: Path, run_output: list[str], text: str) -> Callable[[], bool]:  # pragma: no cover - helper
-    return lambda: text in "".join(run_output)
 
 
 # ---- the invariants ----------------------------------------------------------------------------------------
@@ -439,7 +434,7 @@ class _SilentServer:
         self.release = release
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 asked.set()
                 release.wait(120)
 
@@ -518,7 +513,7 @@ def run_shape(shape: Shape, workdir: Path, seed: int) -> list[str]:
 
 
 def _named_hosts(run: Run) -> list[str]:
-    if any("--attach" == a for a in run.args):
+    if any(a == "--attach" for a in run.args):
         return [p.name.removesuffix(".verdict.json") for p in run.reports.glob("*.verdict.json")]
     if "--shard-merge" in run.args:
         return [h for h in HOSTS if run.verdict(h) is not None]
