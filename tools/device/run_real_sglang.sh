@@ -16,7 +16,7 @@ export PYTHONPATH=/tmp/plugin-site:$PWD
 export DFLASH_STATE_DIR=/tmp/dflash-state
 python3 -c 'import pytest, testinfra, httpx; print("pytest", pytest.__version__)'
 SUITES=${SUITES:-"suites/smoke suites/generation suites/parity"}
-timeout ${BUDGET:-480} python3 -m pytest -p pytest_dflash.plugin -p no:cacheprovider --host tools/device/h200.toml $SUITES \
+timeout ${BUDGET:-480} python3 -m pytest -p pytest_dflash.plugin -p no:cacheprovider --host ${PROFILE:-tools/device/h200.toml} $SUITES \
     --dflash-report "$OUT" --junitxml "$OUT/junit.xml" -rA --durations=15 ${EXTRA:-} > "$OUT/pytest.log" 2>&1
 rc=$?
 echo "[dev] pytest rc=$rc at $(el)s"
