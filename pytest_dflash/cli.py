@@ -37,7 +37,13 @@ from typing import Any
 
 from pytest_dflash import __version__
 from pytest_dflash.config.durations import format_seconds
-from pytest_dflash.config.profiles import HostProfile, attach_profile, load_profile, resolve_profile_path
+from pytest_dflash.config.profiles import (
+    HostProfile,
+    attach_profile,
+    error_line,
+    load_profile,
+    resolve_profile_path,
+)
 from pytest_dflash.config.schema import schema_text
 from pytest_dflash.errors import InventoryError
 from pytest_dflash.fleet import inventory, prometheus
@@ -221,7 +227,7 @@ def check(args: argparse.Namespace) -> int:
                             raise InventoryError(spec, profile.name,
                                                  "this host name is already used by another profile")
             except InventoryError as exc:
-                errors.append(str(exc))
+                errors.append(error_line(exc))
                 continue
             profiles.update((profile.name, profile) for profile in found)
     if args.json:
@@ -249,9 +255,9 @@ def _target_kind(spec: str) -> str:
 
 
 def describe(profile: HostProfile) -> dict[str, Any]:
-    """What a validated profile resolves to, as plain data."""
+    """What a validated profile resolves to, as plain data (URL passwords masked: it is printed)."""
     services = {
-        name: {"kind": spec.kind, "algorithm": spec.algorithm, "url": spec.url,
+        name: {"kind": spec.kind, "algorithm": spec.algorithm, "url": spec.display_url,
                **({"unit": spec.unit} if spec.unit else {}), **({"gpus": list(spec.gpus)} if spec.gpus else {}),
                **({"model": spec.model} if spec.model else {}),
                "ready_timeout": format_seconds(spec.ready_timeout_s)}
@@ -261,7 +267,7 @@ def describe(profile: HostProfile) -> dict[str, Any]:
         parity = {"reference": profile.parity.reference, "compare": list(profile.parity.compare)}
     perf = {k: format_seconds(v) if k in ("duration", "request_timeout") else v
             for k, v in profile.perf.items() if k != "services"}
-    return {"name": profile.name, "source": str(profile.source), "connection": profile.connection,
+    return {"name": profile.name, "source": str(profile.source), "connection": profile.display_connection,
             "python": profile.python, "gpus": list(profile.gpus), "provision": profile.provision,
             "services": services, "parity": parity,
             "perf": perf or None,

@@ -130,3 +130,36 @@ def test_check_reports_every_bad_input_and_the_good_ones(tmp_path: Path, capsys:
 
 def test_the_console_script_is_installed() -> None:
     assert SCRIPT.exists() or shutil.which("pytest-dflash"), "pip install -e . installs the pytest-dflash script"
+
+
+def test_check_masks_url_passwords_in_text_and_json(tmp_path: Path) -> None:
+    """`check` prints the connection and every service URL: never with its password (text and --json)."""
+    password = "Tr0ub4dor-and-3"
+    (tmp_path / "gpu7.toml").write_text(BASE.replace("root@placeholder", f"root:{password}@10.0.0.7")
+                                        + f'\n[services.api]\nkind = "external"\nurl = "https://svc:{password}'
+                                          '@api.example.com:8443"\n')
+    attach = f"http://user:{password}@10.0.0.8:30000"
+    text = _cli("check", str(tmp_path / "gpu7.toml"), attach)
+    assert text.returncode == 0, text.stderr
+    assert password not in text.stdout + text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("gpu7: ssh://root:***REDACTED***@10.0.0.7?timeout=3 (provision allowed;")
+    assert "  api: external AUTO https://svc:***REDACTED***@api.example.com:8443" in lines
+    assert "  attached: external AUTO http://user:***REDACTED***@10.0.0.8:30000" in lines
+    done = _cli("check", "--json", str(tmp_path / "gpu7.toml"), attach)
+    assert done.returncode == 0 and password not in done.stdout + done.stderr
+    hosts = json.loads(done.stdout)["hosts"]
+    assert hosts["gpu7"]["connection"] == "ssh://root:***REDACTED***@10.0.0.7?timeout=3"
+    assert hosts["gpu7"]["services"]["api"]["url"] == "https://svc:***REDACTED***@api.example.com:8443"
+    assert hosts["10.0.0.8:30000"]["services"]["attached"]["url"] == "http://user:***REDACTED***@10.0.0.8:30000"
+
+
+def test_check_json_reports_bad_input_as_one_line_errors(tmp_path: Path) -> None:
+    """--json: each error is the plugin's one line (escaped control characters, masked passwords), exit 4."""
+    (tmp_path / "bad.toml").write_bytes(b"[host]\nconnection = \"local://\"\nname = \"caf\xe9\"\n")
+    done = _cli("check", "--json", str(tmp_path / "bad.toml"), "http://u:Tr0ub4dor-and-3@[::1:9")
+    assert done.returncode == 4 and "Traceback" not in done.stderr
+    assert json.loads(done.stdout)["errors"] == [
+        f"{tmp_path}/bad.toml: expected UTF-8 text, got byte 0xe9 at line 3 (offset 42): save the file as UTF-8",
+        "--attach: url: expected an http(s) URL, got 'http://u:***REDACTED***@[::1:9' (malformed host: Invalid IPv6 "
+        "URL; an IPv6 address is written in brackets, e.g. [fd00::1])"]

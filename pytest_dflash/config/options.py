@@ -8,6 +8,7 @@ by `add_options`; a layer turns the values into its typed settings with the vali
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -308,6 +309,8 @@ def number(config: pytest.Config, dest: str, kind: type[int] | type[float], defa
     except ValueError:
         expected = "an integer" if kind is int else "a number"
         raise pytest.UsageError(f"{where(dest)}: {raw!r} is not {expected}") from None
+    if not math.isfinite(value):  # float('nan'), float('inf'), float('1e999'): no bound holds for them
+        raise pytest.UsageError(f"{where(dest)}: {raw!r} is not a finite number")
     if (low is not None and value < low) or (high is not None and value > high):
         span = f"[{low:g}, {high:g}]" if high is not None else f">= {low:g}"
         raise pytest.UsageError(f"{where(dest)}: {raw!r} must be {span}")
@@ -315,8 +318,8 @@ def number(config: pytest.Config, dest: str, kind: type[int] | type[float], defa
 
 
 def duration(config: pytest.Config, dest: str, default: str | None, *, allow_zero: bool = False) -> float | None:
-    """A positive duration option ('90s', '25m') in seconds (0 too where `allow_zero`: '--lock-wait 0' = do not
-    wait); None when not given and no default."""
+    """A positive duration option ('90s', '25m') in seconds, at most durations.MAX_SECONDS (7 days) (0 too where
+    `allow_zero`: '--lock-wait 0' = do not wait); None when not given and no default."""
     raw = option_text(config, dest) or default
     if not raw:
         return None

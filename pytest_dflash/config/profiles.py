@@ -12,17 +12,20 @@ check` follow; tests/config/test_schema.py holds the two in step.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import tomllib
+import unicodedata
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pytest_dflash.config.durations import parse_seconds
+from pytest_dflash.config.durations import MAX_TEXT, DurationError, parse_seconds
 from pytest_dflash.errors import InventoryError
+from pytest_dflash.evidence.redact import mask_url_passwords, one_line, redact_url
 
 ALGORITHMS = ("NONE", "DFLASH", "DDTREE", "EAGLE", "EAGLE3", "NGRAM", "STANDALONE")
 # An external service whose profile names no algorithm: read from its /server_info before tests are selected
@@ -101,6 +104,11 @@ class ServiceSpec:
     def speculative(self) -> bool:
         return self.algorithm not in ("NONE", AUTO)
 
+    @property
+    def display_url(self) -> str:
+        """The URL as every line the plugin prints or writes shows it: a password in it masked."""
+        return redact_url(self.url)
+
     def url_on(self, port: int | None) -> str:
         """The service's URL with `{port}` filled in (left empty while no port is known)."""
         return self.url.replace("{port}", str(port or ""))
@@ -150,6 +158,12 @@ class HostProfile:
         return self.connection is not None and self.connection.startswith("local://")
 
     @property
+    def display_connection(self) -> str | None:
+        """The connection as every line the plugin prints or writes shows it (report header, `check`, the
+        verdict's `connection`): a password in it masked. `connection` itself is what ssh is given."""
+        return None if self.connection is None else redact_url(self.connection)
+
+    @property
     def address(self) -> str | None:
         """The network name of the host, for service URLs (None for local/attach)."""
         if not self.connection or self.is_local:
@@ -181,6 +195,8 @@ class _Table:
             value = float(value)
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise self.fail(name, f"expected {_type_name(kind)}, got {_describe(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.fail(name, f"expected a finite number, got {value!r}")
         return value
 
     def raw(self, name: str) -> Any:
@@ -220,7 +236,9 @@ class _Table:
             raise self.fail(name, f"expected a duration like 90, '90s' or '15m', got {_describe(raw)}")
         try:
             return parse_seconds(raw, where=self.key(name))
-        except ValueError:
+        except DurationError as exc:
+            if exc.problem == "too long":
+                raise self.fail(name, f"expected a duration of at most {MAX_TEXT}, got {raw!r}") from None
             raise self.fail(name, f"expected a duration like 90, '90s' or '15m', got {raw!r}") from None
 
     def choice(self, name: str, choices: tuple[str, ...], default: str | None = None) -> str | None:
@@ -280,30 +298,47 @@ def placeholders(text: str) -> set[str]:
     return set(_PLACEHOLDER.findall(text))
 
 
+def _parse(table: _Table, name: str, raw: str, expected: str) -> urllib.parse.ParseResult:
+    """urlparse, with a malformed host (an IPv6 address missing its ']', or not an address at all: urllib's
+    ValueError) as the table's one-line error. The value is shown with its password masked."""
+    try:
+        return urllib.parse.urlparse(raw)
+    except ValueError as exc:
+        raise table.fail(name, f"expected {expected}, got {redact_url(raw)!r} (malformed host: {exc}; an IPv6 "
+                               "address is written in brackets, e.g. [fd00::1])") from None
+
+
+def _url_host(address: str) -> str:
+    """A host name or address as it goes into a URL: an IPv6 address in brackets."""
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
 def _check_url(table: _Table, name: str, url: str) -> str:
     probe = url.replace("{port}", "1").replace("{address}", "host")
-    parsed = urllib.parse.urlparse(probe)
+    expected = "an http(s) URL"
+    parsed = _parse(table, name, probe, expected)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise table.fail(name, f"expected an http(s) URL, got {url!r}")
+        raise table.fail(name, f"expected {expected}, got {redact_url(url)!r}")
     try:
         parsed.port  # noqa: B018 - raises on a malformed port
     except ValueError:
-        raise table.fail(name, f"expected an http(s) URL with a numeric port, got {url!r}") from None
+        raise table.fail(name, f"expected an http(s) URL with a numeric port, got {redact_url(url)!r}") from None
     return url.rstrip("/")
 
 
 def _check_connection(table: _Table, raw: str) -> tuple[str, float]:
-    parsed = urllib.parse.urlparse(raw)
+    expected = "local:// or ssh://[user@]host[:port][?timeout=N]"
+    parsed = _parse(table, "connection", raw, expected)
     if parsed.scheme == "local":
         return "local://", DEFAULT_CONNECT_TIMEOUT_S
     if parsed.scheme not in ("ssh", "paramiko", "safe-ssh"):
-        raise table.fail("connection", f"expected local:// or ssh://[user@]host[:port][?timeout=N], got {raw!r}")
+        raise table.fail("connection", f"expected {expected}, got {redact_url(raw)!r}")
     if not parsed.hostname:
-        raise table.fail("connection", f"expected a host name in {raw!r}")
+        raise table.fail("connection", f"expected a host name in {redact_url(raw)!r}")
     try:
         parsed.port  # noqa: B018
     except ValueError:
-        raise table.fail("connection", f"expected a numeric ssh port in {raw!r}") from None
+        raise table.fail("connection", f"expected a numeric ssh port in {redact_url(raw)!r}") from None
     query = urllib.parse.parse_qs(parsed.query)
     timeout = DEFAULT_CONNECT_TIMEOUT_S
     if "timeout" in query:
@@ -338,7 +373,7 @@ def _service(name: str, table: _Table, host: HostProfile, profile_dir: Path) -> 
         raise table.fail("port", f'expected a TCP port number or "auto", got {_describe(port)}')
     default_url = None
     if host.address:
-        default_url = f"http://{host.address}:{port_value or '{port}'}"
+        default_url = f"http://{_url_host(host.address)}:{port_value or '{port}'}"
     elif host.is_local:
         default_url = f"http://127.0.0.1:{port_value or '{port}'}"
     url = table.get("url", str, default_url)
@@ -349,7 +384,7 @@ def _service(name: str, table: _Table, host: HostProfile, profile_dir: Path) -> 
         # Fleet profiles share one file: the URL follows the host's address.
         if not (host.address or host.is_local):
             raise table.fail("url", "{address} needs an ssh:// or local:// connection")
-        url = url.replace("{address}", host.address or "127.0.0.1")
+        url = url.replace("{address}", _url_host(host.address) if host.address else "127.0.0.1")
     if kind == "systemd":
         if not unit:
             raise table.fail("unit", "missing required key for kind = \"systemd\" (expected a unit name)")
@@ -502,7 +537,7 @@ def _floors(table: _Table, services: Mapping[str, ServiceSpec]) -> dict[str, dic
                                         f"got {_describe(value)}")
                 values[key] = value
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise sub.fail(key, f"expected a positive number, got {_describe(value)}")
             if key == "confidence" and not 0.5 < value < 1:
                 raise sub.fail(key, f"expected a confidence level in (0.5, 1) such as 0.95, got {value!r}")
@@ -605,9 +640,24 @@ def load_profile(path: Path, *, name: str | None = None) -> HostProfile:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise InventoryError(source, "", f"cannot read profile: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InventoryError(source, "", not_utf8(exc)) from None
     except tomllib.TOMLDecodeError as exc:
         raise InventoryError(source, "", f"not valid TOML: {exc}") from None
     return profile_from_dict(data, source=path, name=name)
+
+
+def error_line(exc: InventoryError) -> str:
+    """The one line a bad profile, inventory or --attach URL is reported as (pytest's usage error, `pytest-dflash
+    check`): control characters escaped (a key or name holding a newline stays one line), URL passwords masked."""
+    return one_line(mask_url_passwords(str(exc)))
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """What a file that is not UTF-8 text is told (TOML, and the inventories, are UTF-8)."""
+    line = exc.object[:exc.start].count(b"\n") + 1
+    return (f"expected UTF-8 text, got byte 0x{exc.object[exc.start]:02x} at line {line} (offset {exc.start}): "
+            "save the file as UTF-8")
 
 
 def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None = None) -> HostProfile:
@@ -624,7 +674,7 @@ def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None
         python = sys.executable
     provision = host.choice("provision", PROVISION_MODES, "allowed")
     profile = HostProfile(
-        name=host.get("name", str, name or source.stem) or source.stem,
+        name=_host_name(host, name or source.stem),
         source=source,
         connection=connection,
         python=python,
@@ -676,6 +726,31 @@ def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None
         floors=_floors(floors_table, services) if floors_table else {},
         perf=_perf(perf_table, services, source.parent) if perf_table else {},
     )
+
+
+def _host_name(host: _Table, default: str) -> str:
+    """[host] name (default: the file's stem, or the inventory's host name): it names the host in test ids
+    (`host/service`), file names and reports, so it is not empty and holds no '/', '\\' or control character."""
+    given = host.get("name", str)
+    name = default if given is None else given
+    problem = host_name_problem(name)
+    if problem:
+        origin = "" if given is not None else " (the default: the file's or inventory host's name; set [host] name)"
+        raise host.fail("name", f"expected a host name {problem}, got {name!r}{origin}")
+    return name
+
+
+def host_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a host (None: it can)."""
+    if not name.strip():
+        return "that is not empty"
+    if "/" in name or "\\" in name:
+        return "without '/' or '\\' (it is split on '/' in test ids: host/service)"
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") for c in name):
+        return "without control or invisible characters"
+    if name != name.strip():
+        return "without leading or trailing spaces"
+    return None
 
 
 def _become_user(host: _Table) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pytest_dflash.config.durations import MAX_SECONDS
 from pytest_dflash.config.profiles import (
     ALGORITHMS,
     AUTO,
@@ -34,8 +35,11 @@ SCHEMA_ID = "https://pytest-dflash.invalid/schemas/host-profile.schema.json"
 SERVICE_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 # config/durations.py: 90, 1.5, "90s", "15m", "250ms", "2h" (spaces allowed around the number and unit)
 DURATION_TEXT = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h)?\s*$"
-# _check_connection: local://, or ssh:// (paramiko://, safe-ssh://) with a host name; ?timeout in (0, 5]
-CONNECTION = r"^(local://.*|(ssh|paramiko|safe-ssh)://([^@/?#]+@)?[^@/?#:]+(:\d+)?/?(\?.*)?)$"
+# _check_connection: local://, or ssh:// (paramiko://, safe-ssh://) with a host name or a bracketed IPv6 address;
+# ?timeout in (0, 5]
+CONNECTION = r"^(local://.*|(ssh|paramiko|safe-ssh)://([^@/?#]+@)?([^@/?#:\[\]]+|\[[0-9A-Fa-f:.]+(%\w+)?\])(:\d+)?/?(\?.*)?)$"
+# _host_name: not empty, no '/' or '\\', no control characters, no leading or trailing space
+HOST_NAME = r"^(?=\S)(?=.*\S$)[^/\\\u0000-\u001f\u007f-\u009f\u2028\u2029]+$"
 HTTP_URL = r"^[Hh][Tt][Tt][Pp][Ss]?://[^/?#]+"
 
 
@@ -59,8 +63,9 @@ def _defs() -> dict[str, Any]:
     positive = {"type": "number", "exclusiveMinimum": 0}
     return {
         "duration": {
-            "description": "seconds, or a string like '90s', '15m', '250ms', '2h'",
-            "oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": DURATION_TEXT}],
+            "description": "seconds, or a string like '90s', '15m', '250ms', '2h'; at most 7 days",
+            "oneOf": [{"type": "number", "minimum": 0, "maximum": MAX_SECONDS},
+                      {"type": "string", "pattern": DURATION_TEXT}],
         },
         "gpus": {"description": "GPU indices", "type": "array", "items": {"type": "integer", "minimum": 0}},
         "strings": {"type": "array", "items": {"type": "string"}},
@@ -71,7 +76,9 @@ def _defs() -> dict[str, Any]:
             "required": ["connection"],
             "additionalProperties": False,
             "properties": {
-                "name": {"type": "string", "description": "host name in reports (default: the file's stem)"},
+                "name": {"type": "string", "pattern": HOST_NAME,
+                         "description": "host name in reports (default: the file's stem); no '/', '\\', control "
+                                        "characters"},
                 "connection": {"type": "string", "pattern": CONNECTION,
                                "description": "local://, or ssh://[user@]host[:port][?timeout=N] (N in (0, 5])"},
                 "python": {"type": "string", "description": "python on the host for probes ('auto': this one)"},

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from pytest_dflash.config.options import option
-from pytest_dflash.config.profiles import HostProfile, attach_profile, load_profile, resolve_profile_path
+from pytest_dflash.config.profiles import (
+    HostProfile,
+    attach_profile,
+    error_line,
+    load_profile,
+    resolve_profile_path,
+)
 from pytest_dflash.errors import InventoryError
 from pytest_dflash.fleet import inventory
 from pytest_dflash.run.stash import EMPTY_SHARD_KEY, NAMED_HOSTS_KEY
@@ -35,7 +41,7 @@ def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
                     raise InventoryError(str(spec), profile.name, "this host name is already used by another profile")
                 profiles[profile.name] = profile
     except InventoryError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        raise pytest.UsageError(error_line(exc)) from None
     config.stash[NAMED_HOSTS_KEY] = tuple(profiles)  # every host the run names, before --shard takes its share
     shard = str(option(config, "dflash_shard") or "")
     if shard:

@@ -416,7 +416,7 @@ def _report_info(host: HostContext, info: ItemInfo, handles: list[ServiceHandle]
     return {
         "host": info.host,
         "profile": str(host.profile.source),
-        "connection": host.profile.connection,
+        "connection": host.profile.display_connection,
         "layer": info.layer,
         "services": list(info.services),
         "blocked": info.blocked,

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import functools
 import re
+import urllib.parse
 from typing import Any
 
-__all__ = ["MASK", "is_secret", "redact", "redact_mapping_value", "remember", "secret_kind"]
+__all__ = ["MASK", "is_secret", "mask_url_passwords", "one_line", "redact", "redact_mapping_value", "redact_url",
+           "remember", "secret_kind"]
 
 MASK = "***REDACTED***"
 
@@ -67,6 +69,11 @@ _ASSIGN = re.compile(
 )
 _VALUE = re.compile(r""""(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|[^\s,;'"})\]&]+""")
 
+# Passwords in URLs: scheme://user:password@host (user may be empty: redis://:pw@host). The password runs to the
+# LAST '@' before the host, as urllib reads it (ssh://root:p@ss@host: the password is 'p@ss').
+# The lookbehind anchors the scheme: without it a long word is rescanned from every letter (quadratic).
+_URL_PASSWORD = re.compile(r"((?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@'\"]*):[^\s/'\"?#]+@")
+
 _SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
     # PEM private keys (a GCP service-account JSON holds one), also with JSON-escaped newlines.
     (re.compile(r"(-----BEGIN ((?:[A-Z]+ )*PRIVATE KEY)-----).*?(?:-----END \2-----|\Z)", re.DOTALL),
@@ -75,9 +82,8 @@ _SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(bearer|basic|token|digest)\s+[^\s'\",;]+"),
      rf"\1\2 {MASK}"),
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), rf"\1 {MASK}"),
-    # Passwords in URLs: scheme://user:password@host (user may be empty: redis://:pw@host).
-    # The lookbehind anchors the scheme: without it a long word is rescanned from every letter (quadratic).
-    (re.compile(r"((?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@'\"]*):[^@\s/'\"]+@"), rf"\1:{MASK}@"),
+    # Passwords in URLs (above).
+    (_URL_PASSWORD, rf"\1:{MASK}@"),
     # Signed URLs: Azure SAS `sig=`, S3 / GCS presigned signatures and credentials.
     (re.compile(r"(?i)([?&](?:sig|signature|x-amz-signature|x-amz-credential|x-goog-signature|x-goog-credential)=)"
                 r"[^&\s'\"]+"), rf"\1{MASK}"),
@@ -183,6 +189,37 @@ def _redact(text: str, extra: tuple[str, ...]) -> str:
     for pattern, replacement in _SHAPES:
         text = pattern.sub(replacement, text)
     return _mask_assignments(text)
+
+
+def redact_url(url: str) -> str:
+    """A URL as it may be shown (a report header, `pytest-dflash check`, a progress line, an error): its password
+    masked (urllib's reading of the userinfo, so a password holding '@' or a quote is masked whole), then the
+    rest of `redact` (signed-URL signatures, `?api_key=` in the query). Not a URL, or a malformed one: `redact`."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return redact(url)
+    if password:
+        userinfo, _, hostport = parts.netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        url = urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{hostport}"))
+    return redact(url)
+
+
+def mask_url_passwords(text: str) -> str:
+    """Only the passwords of the URLs in `text` masked: for messages about input (a usage error quoting a
+    profile's value), where `redact`'s name rules would mask words ('host.password: unknown key')."""
+    return _URL_PASSWORD.sub(rf"\1:{MASK}@", text)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """`text` on one line: control characters (newlines, tabs, escapes, NUL) written as Python escapes, so an
+    error that quotes bad input (a host name with a newline, a TOML key with an escape) stays one line."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def redact_mapping_value(key: str, value: Any) -> Any:

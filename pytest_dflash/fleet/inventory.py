@@ -41,7 +41,14 @@ from typing import Any
 
 import yaml
 
-from pytest_dflash.config.profiles import HostProfile, load_profile, profile_from_dict, resolve_profile_path
+from pytest_dflash.config.profiles import (
+    HostProfile,
+    host_name_problem,
+    load_profile,
+    not_utf8,
+    profile_from_dict,
+    resolve_profile_path,
+)
 from pytest_dflash.errors import InventoryError
 
 
@@ -98,13 +105,25 @@ def ansible_inventory() -> str | None:
     return shutil.which("ansible-inventory") or (str(beside_python) if os.access(beside_python, os.X_OK) else None)
 
 
+def _read_text(path: Path, what: str) -> str:
+    """A UTF-8 file's text; unreadable or not UTF-8: the one-line error naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InventoryError(str(path), "", f"cannot read {what}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InventoryError(str(path), "", not_utf8(exc)) from None
+
+
 def _inventory_hosts(path: Path, group: str) -> dict[str, dict[str, Any]]:
     executable = ansible_inventory()
+    script = _is_script(path)
+    # A static inventory is UTF-8, whoever parses it (the same error with and without ansible-inventory).
+    text = "" if script else _read_text(path, "inventory")
     if executable is not None:
         return _ansible_hosts(executable, path, group)
-    if _is_script(path):
+    if script:
         raise InventoryError(str(path), "", f"a dynamic inventory script needs ansible-inventory ({INSTALL_HINT})")
-    text = path.read_text(encoding="utf-8")
     if path.suffix in (".yml", ".yaml"):
         try:
             data = yaml.safe_load(text) or {}
@@ -156,7 +175,7 @@ def _ansible_list(executable: str, path: Path) -> dict[str, Any]:
            "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_DEPRECATION_WARNINGS": "False"}
     try:
         done = subprocess.run([executable, "-i", str(path), "--list"], capture_output=True, text=True, env=env,
-                              timeout=ANSIBLE_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+                              errors="replace", timeout=ANSIBLE_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired:
         raise InventoryError(str(path), "", f"ansible-inventory did not finish within {ANSIBLE_TIMEOUT_S:g} s "
                                             "(a dynamic inventory script that hangs?)") from None
@@ -282,6 +301,9 @@ def _resolve(groups: Mapping[str, Group], name: str, inherited: Mapping[str, Any
 
 
 def _profile_for(inventory: Path, name: str, hostvars: Mapping[str, Any], hosts_dir: Path) -> HostProfile:
+    problem = host_name_problem(name)
+    if problem:
+        raise InventoryError(str(inventory), "hosts", f"expected a host name {problem}, got {name!r}")
     where = f"{name}.dflash_profile"
     base_ref = hostvars.get("dflash_profile")
     if not isinstance(base_ref, str):
@@ -292,13 +314,17 @@ def _profile_for(inventory: Path, name: str, hostvars: Mapping[str, Any], hosts_
         data = copy.deepcopy(tomllib.loads(base_path.read_text(encoding="utf-8")))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise InventoryError(str(base_path), "", f"cannot read base profile: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InventoryError(str(base_path), "", f"cannot read base profile: {not_utf8(exc)}") from None
     host = data.setdefault("host", {})
     host["name"] = name
     connection = hostvars.get("ansible_connection")
     if connection == "local":
         host["connection"] = "local://"
     elif "ansible_host" in hostvars or "ansible_user" in hostvars or "ansible_port" in hostvars:
-        address = hostvars.get("ansible_host", name)
+        address = str(hostvars.get("ansible_host", name))
+        if ":" in address and not address.startswith("["):
+            address = f"[{address}]"  # an IPv6 address, as a URL writes it
         user = hostvars.get("ansible_user")
         port = hostvars.get("ansible_port")
         old = str(host.get("connection", ""))

@@ -212,7 +212,7 @@ class VerdictBuilder:
         for name, profile in profiles.items():
             verdict = self.host(name)
             verdict.profile = verdict.profile or str(getattr(profile, "source", "") or "")
-            verdict.connection = verdict.connection or getattr(profile, "connection", None)
+            verdict.connection = verdict.connection or getattr(profile, "display_connection", None)
 
     def add(self, nodeid: str, when: str, outcome: str, info: Mapping[str, Any], message: str) -> None:
         """Fold one test report (setup/call/teardown phase) into its host's verdict."""

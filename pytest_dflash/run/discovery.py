@@ -80,7 +80,7 @@ def ask_when_up(key: str, spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOU
         if not refused or now >= deadline:
             return answer
         if now >= next_say:
-            print(f"[dflash] {key}: waiting {now - started:.0f}s for {spec.url} to answer /server_info "
+            print(f"[dflash] {key}: waiting {now - started:.0f}s for {spec.display_url} to answer /server_info "
                   "(connection refused; its algorithm selects its tests)", file=sys.stderr, flush=True)
             next_say = now + PROGRESS_EVERY_S
         time.sleep(0.25)

@@ -34,3 +34,25 @@ def test_flags_and_ini_keys(pytester: pytest.Pytester) -> None:
 def test_bad_values_name_their_flag(pytester: pytest.Pytester, args: list[str], message: str) -> None:
     with pytest.raises(pytest.UsageError, match=message):
         pytester.parseconfigure(*args)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--ready-timeout", "99999999999999999999h"],
+     r"--ready-timeout / dflash_ready_timeout: '99999999999999999999h' is longer than the maximum, 7 days"),
+    (["--lock-wait", "169h"], r"--lock-wait / dflash_lock_wait: '169h' is longer than the maximum, 7 days"),
+    (["--request-timeout", "604801"], r"--request-timeout / dflash_request_timeout: '604801' is longer than"),
+    (["--kernels-timeout", "10081m"], r"--kernels-timeout / dflash_kernels_timeout: '10081m' is longer than"),
+    (["--parity-tie-gap", "nan"], r"--parity-tie-gap / dflash_parity_tie_gap: 'nan' is not a finite number"),
+    (["--dist-alpha", "inf"], r"--dist-alpha / dflash_dist_alpha: 'inf' is not a finite number"),
+    (["--ddtree-accept-ratio", "1e999"], r"--ddtree-accept-ratio / dflash_ddtree_accept_ratio: '1e999' is not a "
+                                         r"finite number"),
+])
+def test_durations_past_7_days_and_numbers_that_are_not_finite_are_refused(pytester: pytest.Pytester,
+                                                                           args: list[str], message: str) -> None:
+    with pytest.raises(pytest.UsageError, match=message):
+        pytester.parseconfigure(*args)
+
+
+def test_seven_days_is_the_longest_option_duration(pytester: pytest.Pytester) -> None:
+    options = pytester.parseconfigure("--ready-timeout", "168h", "--lock-wait", "604800").stash[RUN_KEY].options
+    assert (options.ready_timeout_s, options.lock_wait_s) == (604800.0, 604800.0)

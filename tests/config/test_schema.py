@@ -146,6 +146,11 @@ url = "http://10.1.2.200:30000"
         ("", "[extra]\nx = 1\n"),
         ("[services.plain]", '[services.plain]\nimage = "sglang"'),  # a container key on an external service
         ("[services.plain]", '[services.plain]\nlog_file = "relative.log"'),
+        ("[services.plain]", "[services.plain]\nready_timeout = 1e308"),  # past the 7-day maximum
+        ("[host]", '[host]\nname = "rack1/gpu7"'),
+        ("[host]", '[host]\nname = ""'),
+        ("[host]", '[host]\nname = "gpu\\u001b7"'),
+        ('connection = "ssh://root@10.1.2.200"', 'connection = "ssh://root@[fd00::1"'),
     ],
 )
 def test_broken_profiles_are_rejected_by_both(tmp_path: Path, old: str, new: str) -> None:
@@ -162,3 +167,11 @@ def test_the_good_profile_is_valid_for_both(tmp_path: Path) -> None:
     (tmp_path / "good.toml").write_text(GOOD)
     load_profile(tmp_path / "good.toml")
     assert VALIDATOR.is_valid(tomllib.loads(GOOD))
+
+
+def test_an_ipv6_host_and_a_7_day_budget_are_valid_for_both(tmp_path: Path) -> None:
+    text = GOOD.replace("root@10.1.2.200", "root@[fd00::1]:2222").replace(
+        "[services.plain]", '[services.plain]\nready_timeout = 604800\nsampled_timeout = "168h"')
+    (tmp_path / "good.toml").write_text(text)
+    assert load_profile(tmp_path / "good.toml").services["dflash"].url == "http://[fd00::1]:30001"
+    assert VALIDATOR.is_valid(tomllib.loads(text))

@@ -194,3 +194,34 @@ def test_a_secret_planted_in_the_real_server_args_line_is_hidden_and_nothing_els
     clean = redact(f"{argv}\n{env}\n{planted}")
     assert "planted" not in clean
     assert "'--port', '30001'" in clean and "HF_HUB_OFFLINE=1" in clean
+
+
+@pytest.mark.parametrize(("text", "password"), [
+    ("ssh://root:p@ssw0rd@10.0.0.1:22", "ssw0rd"),  # urllib reads the userinfo up to the LAST '@'
+    ("connect to http://user:a@b@c@host:80/v1 now", "b@c"),
+    ("redis://:s3cr3t@cache:6379/0", "s3cr3t"),
+])
+def test_a_url_password_holding_at_signs_is_masked_whole(text: str, password: str) -> None:
+    masked = redact(text)
+    assert password not in masked and MASK in masked, masked
+    assert masked.split(MASK)[1].startswith("@"), masked  # the host stays visible
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("ssh://root:pa'ss\"w@10.0.0.1:22?timeout=4", f"ssh://root:{MASK}@10.0.0.1:22?timeout=4"),
+    ("http://user:p@ss@h:1/v1?x=1", f"http://user:{MASK}@h:1/v1?x=1"),
+    ("http://10.0.0.1:30000", "http://10.0.0.1:30000"),
+    ("local://", "local://"),
+    ("http://h:1/?api_key=abcdefgh", f"http://h:1/?api_key={MASK}"),
+    ("http://u:pw@[::1", f"http://u:{MASK}@[::1"),  # malformed: the text rules still mask it
+])
+def test_redact_url_masks_the_password_as_urllib_reads_it(url: str, shown: str) -> None:
+    from pytest_dflash.evidence.redact import redact_url
+
+    assert redact_url(url) == shown
+
+
+def test_one_line_escapes_control_characters() -> None:
+    from pytest_dflash.evidence.redact import one_line
+
+    assert one_line("a\nb\tc\x1b[2J\u2028d é") == "a\\nb\\tc\\x1b[2J\\u2028d é"
