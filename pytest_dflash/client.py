@@ -182,6 +182,7 @@ class DeadlineExceeded(ApiError):
     tokens: int | None = None  # tokens seen in a stream (None: not a stream, or nothing countable)
     per_token_s: float | None = None  # seconds per token over the tokens seen (None: fewer than one)
     limit_name: str = ""  # where the limit comes from: "--request-timeout", "timeout_s", …
+    method: str = ""
 
 
 @dataclass
@@ -197,6 +198,7 @@ class _Progress:
     tokens: int = 0
     token_times: list[float] = field(default_factory=list)  # seconds from the start at which tokens arrived
     stream: bool = False
+    method: str = "GET"
 
     @property
     def overdue(self) -> bool:
@@ -212,14 +214,16 @@ class _Progress:
     def describe(self) -> tuple[str, float | None]:
         """What the call got, in words; and seconds per token (None: under one token)."""
         if self.status is None:
-            return "no HTTP response (not even its headers)", None
+            return "nothing (not even the response headers)", None
         if not self.stream:
             return f"HTTP {self.status} headers and {self.bytes} bytes of body, not the whole body", None
         if not self.tokens:
             return (f"HTTP {self.status}, {self.bytes} bytes in {self.events} SSE events, no token at all: the "
                     "stream never carried a token"), None
-        per_token = self.token_times[-1] / self.tokens
         first = self.token_times[0]
+        # the pace of decoding: between the first token and the last (the first one also waited for the prefill)
+        per_token = ((self.token_times[-1] - first) / (self.tokens - 1) if self.tokens > 1
+                     else time.monotonic() - self.started)
         return (f"HTTP {self.status}, {self.tokens} tokens in {self.events} SSE events, {per_token:.2f} s per "
                 f"token (first after {first:.1f} s)"), per_token
 
@@ -348,6 +352,8 @@ class InferenceClient:
         self.limit_name = limit_name  # how the default limit is documented ("--request-timeout")
         # told of every DeadlineExceeded before it is raised; returns more to say about it, or ""
         self.on_deadline: Callable[[DeadlineExceeded], str] | None = None
+        # set once the service was failed (stuck, far too slow): later calls fail at once, naming why
+        self.unusable: str | None = None
         self.base_url = base_url.rstrip("/")
         self.service = service
         self._model = model
@@ -420,10 +426,13 @@ class InferenceClient:
     def _timeout(self, seconds: float | None) -> httpx.Timeout | None:
         return None if seconds is None else httpx.Timeout(seconds, connect=min(5.0, seconds))
 
-    def _progress(self, timeout_s: float | None, *, stream: bool = False) -> _Progress:
+    def _progress(self, method: str, timeout_s: float | None, *, stream: bool = False) -> _Progress:
+        if self.unusable is not None:
+            raise ApiError(self.service, "", None, f"not sent: the service was failed: {self.unusable}",
+                           cause="unusable")
         limit = timeout_s if timeout_s is not None else self.default_limit_s
         started = time.monotonic()
-        return _Progress(started, started + limit, limit, stream=stream)
+        return _Progress(started, started + limit, limit, stream=stream, method=method.upper())
 
     def _deadline_error(self, endpoint: str, progress: _Progress) -> DeadlineExceeded:
         got, per_token = progress.describe()
@@ -433,7 +442,8 @@ class InferenceClient:
             self.service, endpoint, progress.status,
             f"no complete answer within {progress.limit_s:g}s ({where}, total time): got {got} after "
             f"{elapsed:.1f}s", cause="timeout", limit_s=progress.limit_s, elapsed_s=elapsed, got=got,
-            tokens=progress.tokens if progress.stream else None, per_token_s=per_token, limit_name=where)
+            tokens=progress.tokens if progress.stream else None, per_token_s=per_token, limit_name=where,
+            method=progress.method)
         if self.on_deadline is not None:
             more = self.on_deadline(error)
             if more:
@@ -454,7 +464,7 @@ class InferenceClient:
         then not read further; the error names the size seen and the cap).
         """
         cap = max_bytes if max_bytes is not None else response_cap(path, json_body)
-        progress = self._progress(timeout_s)
+        progress = self._progress(method, timeout_s)
         with self._mapped(path, progress), deadline(progress.limit_s), self._http.stream(
                 method, path, json=json_body, timeout=self._timeout(timeout_s) or self._http.timeout) as response:
             progress.status = response.status_code
@@ -614,7 +624,7 @@ class InferenceClient:
         line_cap = response_cap(path, payload_body)
         # Every event carries at most the whole output; there are at most about as many events as tokens.
         total_cap = min(STREAM_MAX_TOTAL, line_cap * (_requested_tokens(path, payload_body) + 16))
-        progress = self._progress(timeout_s, stream=True)
+        progress = self._progress("POST", timeout_s, stream=True)
         with self._mapped(path, progress), deadline(progress.limit_s), self._http.stream(
                 "POST", path, json=payload_body, timeout=self._timeout(timeout_s) or self._http.timeout) as response:
             progress.status = response.status_code

@@ -509,3 +509,112 @@ class HttpLiveness:
 
     def silent_for(self) -> float:
         return 0.0 if self.silent_since is None else time.monotonic() - self.silent_since
+
+
+# ---- after readiness: a request that ran out of its total time ----------------------------------------------
+
+# How long the progress check's /health_generate may take. SGLang answers it 200 as soon as ANY output leaves
+# the scheduler after it was sent (a 1-token generation joins the running batch), so an engine that makes
+# progress, however slowly, answers within one decode step; a wedged one only after SGLANG_HEALTH_CHECK_TIMEOUT
+# (20 s), with 503. Capped by --request-timeout so the whole verdict stays about one request timeout.
+PROGRESS_HEALTH_S = 5.0
+# /metrics counters that only move when the engine produces output (SGLang 0.5.17 names; summed over labels).
+PROGRESS_COUNTERS = ("sglang:generation_tokens_total", "sglang:num_requests_total")
+PROGRESS_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput")
+
+
+def metric_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Prometheus text -> {name: value summed over its label sets} for `names` (absent names left out)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return out
+
+
+@dataclass
+class EngineProgress:
+    """Whether a server's engine still produced output when one of its requests ran out of time."""
+
+    moving: bool | None  # True: it makes progress (far too slow); False: none at all (stuck); None: cannot tell
+    evidence: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        verdict = {True: "the engine still makes progress, far too slowly for --request-timeout",
+                   False: "the engine makes no progress at all (stuck)",
+                   None: "whether the engine still makes progress is unknown"}[self.moving]
+        return verdict + (f" ({'; '.join(self.evidence)})" if self.evidence else "")
+
+
+def _metrics(client: InferenceClient, timeout_s: float) -> dict[str, float] | None:
+    try:
+        return metric_values(client.metrics(timeout_s=timeout_s), PROGRESS_COUNTERS + PROGRESS_GAUGES)
+    except ApiError:
+        return None  # no --enable-metrics (404), or no answer: no evidence either way
+
+
+def engine_progress(client: InferenceClient, *, native: bool, request_timeout_s: float) -> EngineProgress:
+    """Ask a server whose request ran out of time whether its engine still makes progress.
+
+    /health_generate (native SGLang): 200 = a 1-token generation got through the scheduler (progress); 503 or
+    no answer within PROGRESS_HEALTH_S = it did not. /metrics (when the server exposes it), read before and after:
+    generation / request counters that moved = progress; nothing moved while requests are running = none.
+    Bounded: at most PROGRESS_HEALTH_S (capped at the request timeout) + 2 x 2 s.
+    """
+    probe_s = min(PROGRESS_HEALTH_S, max(1.0, request_timeout_s))
+    started = time.monotonic()
+    before = _metrics(client, 2.0)
+    evidence: list[str] = []
+    health: bool | None = None
+    if native:
+        try:
+            status = client.health_generate(timeout_s=probe_s)
+        except ApiError as exc:
+            if exc.cause == "timeout":
+                health = False
+                evidence.append(f"{HEALTH_PATH}: no answer within {probe_s:g}s (a 1-token generation did not get "
+                                "through the scheduler)")
+            else:
+                evidence.append(f"{HEALTH_PATH}: {exc.message}")
+        else:
+            health = status == 200
+            evidence.append(f"{HEALTH_PATH} answered {status}" + (" (a 1-token generation got through)" if health
+                                                                   else " (no output from the scheduler)"))
+    metrics: bool | None = None
+    if before is not None:
+        if time.monotonic() - started < 1.0:
+            time.sleep(1.0)  # counters need a moment to move
+        after = _metrics(client, 2.0) or {}
+        span = time.monotonic() - started
+        moved = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in PROGRESS_COUNTERS if name in after}
+        running = after.get("sglang:num_running_reqs", 0.0) + after.get("sglang:num_queue_reqs", 0.0)
+        said = ", ".join(f"{name.removeprefix('sglang:')} +{delta:g}" for name, delta in moved.items())
+        evidence.append(f"/metrics over {span:.1f}s: {said or 'no progress counters'}; "
+                        f"{running:g} requests running or queued")
+        if any(delta > 0 for delta in moved.values()):
+            metrics = True
+        elif moved and running > 0:
+            metrics = False
+    moving = True if (health or metrics) else (False if (health is False or metrics is False) else None)
+    return EngineProgress(moving, evidence)
+
+
+@dataclass(eq=False)
+class ServiceStuck(ServiceNotReady):
+    """After readiness, a request ran out of --request-timeout: the service is unusable for the rest of the run
+    (stuck, or far too slow), like a death; its remaining tests are blocked naming this."""
+
+    request: str = ""
+    got: str = ""
+    progress: str = ""
+
+    def __str__(self) -> str:
+        stuck = "far too slow" if "still makes progress" in self.progress else "stuck"
+        return (f"service {self.service} is {stuck}: {self.request} not answered within "
+                f"{format_seconds(self.waited_s)} (--request-timeout, total time): got {self.got}; {self.progress}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,7 +23,7 @@ import httpx
 # imported during a test, and a second copy of httpcore raises exceptions that httpx no longer maps.
 httpx.HTTPTransport().close()
 
-__all__ = ["DripServer", "FaultProxy", "Reply", "SilentServer", "huge_generation", "is_sampled", "sampled_500"]
+__all__ = ["DripServer", "FaultProxy", "Reply", "SilentServer", "blank_stream", "huge_generation", "is_sampled", "sampled_500"]
 
 
 @dataclass
@@ -34,6 +34,8 @@ class Reply:
     body: bytes
     content_type: str = "application/json"
     chunked: bool = False  # no Content-Length: the client only learns the size by reading
+    drip_every_s: float | None = None  # chunked, `body` sent again every this many seconds (for drip_for_s)
+    drip_for_s: float = 60.0
 
 
 Rule = Callable[[str, str, Any], Reply | None]  # (method, path, JSON body or None) -> replacement
@@ -120,6 +122,18 @@ def _chunk(handler: BaseHTTPRequestHandler, data: bytes) -> None:
 def _send(handler: BaseHTTPRequestHandler, reply: Reply) -> None:
     handler.send_response(reply.status)
     handler.send_header("Content-Type", reply.content_type)
+    if reply.drip_every_s is not None:
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        until = time.monotonic() + reply.drip_for_s
+        try:
+            while time.monotonic() < until:
+                _chunk(handler, reply.body)
+                time.sleep(reply.drip_every_s)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up: what a deadline does
+        handler.close_connection = True
+        return
     if not reply.chunked:
         handler.send_header("Content-Length", str(len(reply.body)))
         handler.end_headers()
@@ -133,6 +147,17 @@ def _send(handler: BaseHTTPRequestHandler, reply: Reply) -> None:
         except (BrokenPipeError, ConnectionResetError):
             return  # the client stopped reading: what a byte cap does
     _chunk(handler, b"")
+
+
+def blank_stream(every_s: float) -> Rule:
+    """Answer every streamed generation with an SSE stream that sends a blank line every `every_s`, forever."""
+    def rule(method: str, path: str, body: Any) -> Reply | None:
+        if path not in ("/generate", "/v1/completions", "/v1/chat/completions") or not isinstance(body, dict):
+            return None
+        if not body.get("stream"):
+            return None
+        return Reply(200, b"\n", content_type="text/event-stream", drip_every_s=every_s)
+    return rule
 
 
 def is_sampled(path: str, body: Any) -> bool:
@@ -206,12 +231,9 @@ class DripServer:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen(64)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         self._thread = threading.Thread(target=self._accept, name="drip-server", daemon=True)
         self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
 
     def _accept(self) -> None:
         while not self._closed.is_set():
