@@ -132,6 +132,7 @@ class Scheduler(threading.Thread):
         self.token_delay_s = active.values.get("token-delay", 0.0)  # a step costs this per token it commits
         self.wedged = False  # the wedge fault: the loop stops stepping for good (HTTP stays up)
         self._step_tokens = 0  # the most tokens one sequence committed in the last step
+        self._prefill_tokens = 0  # 1 when this iteration prefilled (its first token)
         # GPU cost model (--gpu-step-ms): on a GPU one pass costs about the same for 1 or 64 tokens and
         # for 1 or many sequences (memory-bound), which is what makes speculative decoding pay off.
         self.step_floor_s = step_floor_s
@@ -216,7 +217,9 @@ class Scheduler(threading.Thread):
             if self.running:
                 self.run_batch()
                 spent = time.monotonic() - started
-                step = max(spent, self.step_floor_s, self.token_delay_s * self._step_tokens) * self.slow_factor
+                delay = self.token_delay_s * (self._step_tokens + self._prefill_tokens)
+                self._prefill_tokens = 0
+                step = max(spent, self.step_floor_s, delay) * self.slow_factor
                 if step > spent:
                     time.sleep(step - spent)
 
@@ -279,6 +282,7 @@ class Scheduler(threading.Thread):
             self._maybe_sampling_kernel(req.params)
             req.seq, first = self.engine.start(req.prompt, req.params, req.seed)
             req.prefill_finished = time.time()
+            self._prefill_tokens = 1  # token-delay: the prefill's token costs its time like a decoded one
             self._emit(req, first.tokens if req.params.max_new_tokens > 0 else [], first.rows)
         now = time.monotonic()
         n_tokens = sum(len(r.prompt) for r in new)

@@ -4,6 +4,7 @@ endpoint, the limit and how far the call got. Real servers on 127.0.0.1 (http_do
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -86,3 +87,17 @@ def test_a_fast_answer_is_not_touched_by_the_deadline() -> None:
     with DripServer("headers", paths=("/drip",)) as server, client(server.url) as http:
         assert http.request("GET", "/v1/models").status_code == 200  # answered at once: no deadline error
         assert http.request("GET", "/v1/models").json() == {}
+
+
+@pytest.mark.parametrize("call", ["flush_cache", "server_accept_length"])
+def test_the_load_generators_side_calls_end_at_their_deadline(call: str) -> None:
+    """The perf layer's /flush_cache and /server_info calls (load/run.py) are bounded by total time too (their
+    streamed requests already are: load/sse.py runs each under asyncio.timeout)."""
+    from pytest_dflash.load import run as load_run
+
+    with DripServer("headers", every_s=0.2) as server:
+        started = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout, match=r"no complete answer within 1s \(total time\)"):
+            asyncio.run(getattr(load_run, call)(server.url, timeout_s=LIMIT_S))
+        took = time.monotonic() - started
+    assert took < LIMIT_S + SLACK_S, f"{took:.1f}s"
