@@ -227,10 +227,7 @@ class Scheduler(threading.Thread):
         """The wedge fault: from the next iteration on, the scheduler never steps again (a deadlocked collective
         or a GPU that stopped answering): requests already running and every new one wait forever, no output
         leaves, /health_generate times out (503), /metrics counters stop moving; the HTTP process still answers."""
-        if not self.wedged:
-            logger.info("wedge fault: the scheduler stops stepping (requests running: %d, waiting: %d)",
-                        len(self.running), len(self.waiting))
-            self.wedged = True
+        self.wedged = True  # silent, as a real wedge is (SGLang's watchdog would speak only after 300 s)
 
     def _wedge(self) -> None:
         while not self._stopping:  # in-process use only ends it (shutdown); the server never does
