@@ -144,20 +144,20 @@ class ServiceHandle:
         try:
             if self.failure is not None:
                 return ""
-            progress = engine_progress(self.client, native=self.native, request_timeout_s=request_timeout)
+            progress = engine_progress(self.client, native=self.native, request_timeout_s=request_timeout,
+                                       measure_pace=error.per_token_s is None)
             method = error.method or "POST"
             stuck = ServiceStuck(self.label, error.limit_s, f"{method} {error.endpoint} timed out",
-                                 request=f"{method} {error.endpoint}", got=error.got, progress=progress.describe())
+                                 request=f"{method} {error.endpoint}", got=error.got, progress=progress.describe(),
+                                 moving=progress.moving, per_token_s=error.per_token_s or progress.per_token_s)
             self.failure = stuck
             test = self.current_test or "?"
             self.failure_reported_by = test
             summary = scrub(str(stuck), LINE_BYTES, "summary")
             self.host.run.book.record_death(Failure(self.host.name, "service", self.name, test, summary))
             self.client.unusable = str(stuck)
-            self.host.run.progress(self.event("failed", f"{'far too slow' if progress.moving else 'stuck'}: "
-                                                        f"{error.endpoint} not answered within "
-                                                        f"{error.limit_s:g}s: {progress.describe()}"))
-            return progress.describe() + "; every later test of this service is blocked"
+            self.host.run.progress(self.event("failed", readiness_error_summary(stuck)))
+            return f"the service is {stuck.kind}: {progress.describe()}; every later test of this service is blocked"
         finally:
             self._stuck_lock.release()
 

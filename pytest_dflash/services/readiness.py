@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pytest_dflash import interrupts
-from pytest_dflash.client import GREEDY, SAMPLED, InferenceClient, Sampling
+from pytest_dflash.client import GREEDY, SAMPLED, DeadlineExceeded, InferenceClient, Sampling
 from pytest_dflash.config.durations import format_seconds
 from pytest_dflash.errors import ApiError, Death, ServiceCrashed, ServiceGone, ServiceNotReady, ServiceRestarted
 from pytest_dflash.services.base import LogMark, ServiceManager, ServiceState
@@ -542,11 +542,12 @@ def metric_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
 class EngineProgress:
     """Whether a server's engine still produced output when one of its requests ran out of time."""
 
-    moving: bool | None  # True: it makes progress (far too slow); False: none at all (stuck); None: cannot tell
+    moving: bool | None  # True: output still gets through; False: none at all (stuck); None: cannot tell
     evidence: list[str] = field(default_factory=list)
+    per_token_s: float | None = None  # the pace a short streamed probe decoded at (None: not measured)
 
     def describe(self) -> str:
-        verdict = {True: "the engine still makes progress, far too slowly for --request-timeout",
+        verdict = {True: "the engine still makes progress",
                    False: "the engine makes no progress at all (stuck)",
                    None: "whether the engine still makes progress is unknown"}[self.moving]
         return verdict + (f" ({'; '.join(self.evidence)})" if self.evidence else "")
@@ -559,13 +560,35 @@ def _metrics(client: InferenceClient, timeout_s: float) -> dict[str, float] | No
         return None  # no --enable-metrics (404), or no answer: no evidence either way
 
 
-def engine_progress(client: InferenceClient, *, native: bool, request_timeout_s: float) -> EngineProgress:
+def _pace(client: InferenceClient, *, native: bool, seconds: float) -> tuple[float | None, str]:
+    """Seconds per token of a short greedy stream, read for at most `seconds`; and what it showed."""
+    sampling = Sampling(max_tokens=32, temperature=0.0, ignore_eos=True)
+    try:
+        stream = (client.generate_stream("Hello", sampling, timeout_s=seconds) if native
+                  else client.completion_stream("Hello", sampling, timeout_s=seconds))
+    except DeadlineExceeded as exc:
+        if exc.per_token_s is None:
+            return None, f"a {seconds:g}s streamed probe got {exc.got}"
+        return exc.per_token_s, (f"a streamed probe: {exc.tokens} tokens in {seconds:g}s, "
+                                 f"{exc.per_token_s:.2f} s per token")
+    except ApiError as exc:
+        return None, f"a streamed probe failed: {exc.message}"
+    times = stream.arrival_s
+    per_token = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+    pace = f", {per_token:.3f} s per event" if per_token is not None else ""
+    return per_token, f"a streamed probe of 32 tokens finished in {stream.elapsed_s:.1f}s{pace}: the engine is fast"
+
+
+def engine_progress(client: InferenceClient, *, native: bool, request_timeout_s: float,
+                    measure_pace: bool = False) -> EngineProgress:
     """Ask a server whose request ran out of time whether its engine still makes progress.
 
     /health_generate (native SGLang): 200 = a 1-token generation got through the scheduler (progress); 503 or
     no answer within PROGRESS_HEALTH_S = it did not. /metrics (when the server exposes it), read before and after:
     generation / request counters that moved = progress; nothing moved while requests are running = none.
-    Bounded: at most PROGRESS_HEALTH_S (capped at the request timeout) + 2 x 2 s.
+    `measure_pace`: when output still gets through, a short streamed greedy probe measures how fast (for a
+    request that was not streamed, so its own pace is unknown). Bounded: at most 2 x PROGRESS_HEALTH_S (each
+    capped at the request timeout) + 2 x 2 s.
     """
     probe_s = min(PROGRESS_HEALTH_S, max(1.0, request_timeout_s))
     started = time.monotonic()
@@ -602,7 +625,11 @@ def engine_progress(client: InferenceClient, *, native: bool, request_timeout_s:
         elif moved and running > 0:
             metrics = False
     moving = True if (health or metrics) else (False if (health is False or metrics is False) else None)
-    return EngineProgress(moving, evidence)
+    per_token: float | None = None
+    if measure_pace and moving is not False:
+        per_token, said = _pace(client, native=native, seconds=probe_s)
+        evidence.append(said)
+    return EngineProgress(moving, evidence, per_token)
 
 
 @dataclass(eq=False)
@@ -613,8 +640,19 @@ class ServiceStuck(ServiceNotReady):
     request: str = ""
     got: str = ""
     progress: str = ""
+    moving: bool | None = None  # EngineProgress.moving
+    per_token_s: float | None = None  # the pace seen (the request's own stream, else the probe's)
+
+    @property
+    def kind(self) -> str:
+        """"stuck" (no output gets through), "far too slow" (a pace was measured), else "not answering in time"."""
+        if self.moving is False:
+            return "stuck"
+        if self.per_token_s is not None and self.per_token_s > 0:
+            return "far too slow"
+        return "not answering in time"
 
     def __str__(self) -> str:
-        stuck = "far too slow" if "still makes progress" in self.progress else "stuck"
-        return (f"service {self.service} is {stuck}: {self.request} not answered within "
+        pace = f" ({self.per_token_s:.2f} s per token)" if self.kind == "far too slow" else ""
+        return (f"service {self.service} is {self.kind}{pace}: {self.request} not answered within "
                 f"{format_seconds(self.waited_s)} (--request-timeout, total time): got {self.got}; {self.progress}")

@@ -52,11 +52,14 @@ def test_a_slow_engine_still_makes_progress() -> None:
         busy = threading.Thread(target=lambda: http.request("POST", "/generate", timeout_s=10, json_body={
             "text": "Hi", "sampling_params": {"max_new_tokens": 12, "temperature": 0}}), daemon=True)
         busy.start()  # a request that finishes meanwhile: the counters move
-        progress = engine_progress(http, native=True, request_timeout_s=TIMEOUT_S)
+        progress = engine_progress(http, native=True, request_timeout_s=TIMEOUT_S, measure_pace=True)
         busy.join(15)
     assert progress.moving is True, progress
-    assert "far too slowly" in progress.describe()
+    assert "the engine still makes progress" in progress.describe()
     assert any("/health_generate answered 200" in e for e in progress.evidence), progress.evidence
+    # the pace of a short streamed probe: what a request that was not streamed cannot say about itself
+    assert progress.per_token_s is not None and 0.4 <= progress.per_token_s <= 0.8, progress
+    assert any("s per token" in e for e in progress.evidence), progress.evidence
 
 
 def test_metric_values_sum_label_sets() -> None:
