@@ -157,7 +157,7 @@ class ServiceHandle:
             self.host.run.book.record_death(Failure(self.host.name, "service", self.name, test, summary))
             self.client.unusable = str(stuck)
             self.host.run.progress(self.event("failed", readiness_error_summary(stuck)))
-            return f"the service is {stuck.kind}: {progress.describe()}; every later test of this service is blocked"
+            return f"the service is {stuck.what}: {progress.describe()}; every later test of this service is blocked"
         finally:
             self._stuck_lock.release()
 

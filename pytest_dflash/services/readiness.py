@@ -652,7 +652,11 @@ class ServiceStuck(ServiceNotReady):
             return "far too slow"
         return "not answering in time"
 
+    @property
+    def what(self) -> str:
+        """"stuck", "far too slow (0.50 s per token)", "not answering in time"."""
+        return f"{self.kind} ({self.per_token_s:.2f} s per token)" if self.kind == "far too slow" else self.kind
+
     def __str__(self) -> str:
-        pace = f" ({self.per_token_s:.2f} s per token)" if self.kind == "far too slow" else ""
-        return (f"service {self.service} is {self.kind}{pace}: {self.request} not answered within "
+        return (f"service {self.service} is {self.what}: {self.request} not answered within "
                 f"{format_seconds(self.waited_s)} (--request-timeout, total time): got {self.got}; {self.progress}")

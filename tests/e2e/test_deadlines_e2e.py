@@ -53,13 +53,14 @@ def test_a_stream_of_blank_lines_fails_within_the_request_timeout(run_suite) -> 
     assert outcomes.get("failed") == 1, outcomes
 
 
-@pytest.mark.parametrize(("fault", "suite", "said"), [
-    ("wedge=3", "smoke", "stuck"),  # served readiness (2 requests) and one test, then never again
-    ("token-delay=0.5", "smoke", "far too slow"),  # readiness's 8 tokens fit its budget; 16 tokens do not fit 3 s
-    ("wedge=3", "generation", "stuck"),
+@pytest.mark.parametrize(("fault", "suite", "said", "diagnosis"), [
+    ("wedge=3", "smoke", "is stuck", "engine-stuck"),  # served readiness (2 requests) and one test, then never again
+    # readiness's 8 tokens fit its budget; 16 tokens do not fit 3 s
+    ("token-delay=0.5", "smoke", "is far too slow (0.5", "engine-far-too-slow"),
+    ("wedge=3", "generation", "is stuck", "engine-stuck"),
 ], ids=["wedged-smoke", "slow-smoke", "wedged-generation"])
 def test_a_stuck_or_slow_engine_fails_once_and_blocks_the_rest(run_suite, tmp_path, fault: str, suite: str,  # type: ignore[no-untyped-def]
-                                                               said: str) -> None:
+                                                               said: str, diagnosis: str) -> None:
     profile = write_profile(tmp_path, "sick", {"plain": ("NONE", ["--inject", fault])})
     started = time.monotonic()
     result = run_suite(suite, "--host", str(profile), f"--request-timeout={REQUEST_TIMEOUT_S:g}s")
@@ -69,9 +70,12 @@ def test_a_stuck_or_slow_engine_fails_once_and_blocks_the_rest(run_suite, tmp_pa
     data = verdict(run_suite.reports, "sick")
     failures = [f for f in data["failures"] if f.get("services") == ["plain"]]
     assert len(failures) == 1, data["failures"]  # ONE test fails, naming why…
-    assert said in failures[0]["message"] and "--request-timeout" in failures[0]["message"], failures[0]
+    assert diagnosis in [d.get("id") for d in failures[0]["diagnosis"]], failures[0]  # (its message: the title)
     blocked = [b for b in data["blocked"] if b.get("services") == ["plain"]]
-    assert blocked and all(failures[0]["test"] in b["message"] for b in blocked), blocked  # …the rest name it
+    assert blocked, data
+    for entry in blocked:  # …the rest name it, and why
+        assert failures[0]["test"] in entry["message"] and said in entry["message"], entry
+        assert "--request-timeout" in entry["message"], entry
     assert data["verdict"] == "fail"
     # start-up + readiness (~8 s at 0.5 s/token) + ONE request timeout + the progress check, on a loaded machine;
     # waiting out the timeout per test takes minutes (the perf layer's own request timeout is 120 s)
