@@ -132,7 +132,6 @@ class Scheduler(threading.Thread):
         self.token_delay_s = active.values.get("token-delay", 0.0)  # a step costs this per token it commits
         self.wedged = False  # the wedge fault: the loop stops stepping for good (HTTP stays up)
         self._step_tokens = 0  # the most tokens one sequence committed in the last step
-        self._prefill_tokens = 0  # 1 when this iteration prefilled (its first token)
         # GPU cost model (--gpu-step-ms): on a GPU one pass costs about the same for 1 or 64 tokens and
         # for 1 or many sequences (memory-bound), which is what makes speculative decoding pay off.
         self.step_floor_s = step_floor_s
@@ -217,9 +216,7 @@ class Scheduler(threading.Thread):
             if self.running:
                 self.run_batch()
                 spent = time.monotonic() - started
-                delay = self.token_delay_s * (self._step_tokens + self._prefill_tokens)
-                self._prefill_tokens = 0
-                step = max(spent, self.step_floor_s, delay) * self.slow_factor
+                step = max(spent, self.step_floor_s) * self.slow_factor
                 if step > spent:
                     time.sleep(step - spent)
 
@@ -275,11 +272,12 @@ class Scheduler(threading.Thread):
         if not new:
             return
         running_before = len(self.running)
+        if self.token_delay_s:
+            time.sleep(self.token_delay_s)  # token-delay: the prefill batch costs a token's time before its tokens
         for req in new:
             self._maybe_sampling_kernel(req.params)
             req.seq, first = self.engine.start(req.prompt, req.params, req.seed)
             req.prefill_finished = time.time()
-            self._prefill_tokens = 1  # token-delay: the prefill's token costs its time like a decoded one
             self._emit(req, first.tokens if req.params.max_new_tokens > 0 else [], first.rows)
         now = time.monotonic()
         n_tokens = sum(len(r.prompt) for r in new)
@@ -294,6 +292,7 @@ class Scheduler(threading.Thread):
         """One step for every running request."""
         commit_lens = []
         self._step_tokens = 0
+        delayed: list[tuple[Request, list[int], list[np.ndarray]]] = []  # token-delay: emitted after the delay
         for req in list(self.running):
             if req.aborted:
                 self.running.remove(req)
@@ -306,7 +305,14 @@ class Scheduler(threading.Thread):
                 commit_lens.append(len(step.tokens))
             self._account(req.seq.stats, before)
             self._step_tokens = max(self._step_tokens, len(step.tokens))
-            self._emit(req, step.tokens, step.rows)
+            if self.token_delay_s:
+                delayed.append((req, step.tokens, step.rows))
+            else:
+                self._emit(req, step.tokens, step.rows)
+        if delayed:  # the step costs its time before its tokens leave, as on a GPU
+            time.sleep(self.token_delay_s * self._step_tokens)
+            for req, tokens, rows in delayed:
+                self._emit(req, tokens, rows)
         if self.engine.algorithm == "DDTREE" and not self._ddtree_verified and commit_lens:
             # the ddtree-v2 port logs its first verify step once, one length per request of the batch (H200:
             # [1] on a random draft, [16] = the whole block on the lossy tree, [5, 5] for two requests at once)
