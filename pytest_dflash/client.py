@@ -440,7 +440,7 @@ class InferenceClient:
         where = self.limit_name if progress.limit_s == self.default_limit_s else "this call's timeout"
         error = DeadlineExceeded(
             self.service, endpoint, progress.status,
-            f"no complete answer within {progress.limit_s:g}s ({where}, total time): got {got} after "
+            f"timed out: no complete answer within {progress.limit_s:g}s ({where}, total time): got {got} after "
             f"{elapsed:.1f}s", cause="timeout", limit_s=progress.limit_s, elapsed_s=elapsed, got=got,
             tokens=progress.tokens if progress.stream else None, per_token_s=per_token, limit_name=where,
             method=progress.method)

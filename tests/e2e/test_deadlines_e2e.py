@@ -33,8 +33,8 @@ def test_a_server_dripping_server_info_cannot_hold_discovery(run_suite) -> None:
     assert result.ret != 0
     # discovery's deadline (5 s per GET) + readiness's (--request-timeout) + pytest start-up
     assert took < 45, f"{took:.0f}s: discovery or readiness waited on a dripping server"
-    result.stderr.fnmatch_lines(["[[]dflash[]] *: http://*/server_info could not be read: GET /server_info: no complete "
-                                 "answer within 5s (the discovery timeout, total time): got nothing*"])
+    result.stderr.fnmatch_lines(["[[]dflash[]] *: http://*/server_info could not be read: GET /server_info: timed out: no "
+                                 "complete answer within 5s (the discovery timeout, total time): got nothing*"])
     assert verdict(run_suite.reports, host_name(server.url))["verdict"] != "pass"
 
 
