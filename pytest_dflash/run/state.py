@@ -146,6 +146,11 @@ class ServiceHandle:
                 return ""
             progress = engine_progress(self.client, native=self.native, request_timeout_s=request_timeout,
                                        measure_pace=error.per_token_s is None)
+            if progress.fast:
+                # Fresh requests are served at speed: this request alone was lost (its test fails with it), the
+                # service is neither stuck nor too slow, and its other tests are not held up by it.
+                return (f"{progress.describe()}: this request alone was lost; the service is not blocked (a fresh "
+                        "request is answered at speed)")
             method = error.method or "POST"
             stuck = ServiceStuck(self.label, error.limit_s, f"{method} {error.endpoint} timed out",
                                  request=f"{method} {error.endpoint}", got=error.got, progress=progress.describe(),

@@ -544,7 +544,8 @@ class EngineProgress:
 
     moving: bool | None  # True: output still gets through; False: none at all (stuck); None: cannot tell
     evidence: list[str] = field(default_factory=list)
-    per_token_s: float | None = None  # the pace a short streamed probe decoded at (None: not measured)
+    per_token_s: float | None = None  # the pace a short streamed probe decoded at (None: not measured, or fast)
+    fast: bool = False  # the streamed probe finished within its bound: fresh requests are served at speed
 
     def describe(self) -> str:
         verdict = {True: "the engine still makes progress",
@@ -560,23 +561,21 @@ def _metrics(client: InferenceClient, timeout_s: float) -> dict[str, float] | No
         return None  # no --enable-metrics (404), or no answer: no evidence either way
 
 
-def _pace(client: InferenceClient, *, native: bool, seconds: float) -> tuple[float | None, str]:
-    """Seconds per token of a short greedy stream, read for at most `seconds`; and what it showed."""
+def _pace(client: InferenceClient, *, native: bool, seconds: float) -> tuple[float | None, str, bool]:
+    """Seconds per token of a short greedy stream read for at most `seconds` (None: not measured, or the stream
+    finished in time: fast); what it showed; and whether it finished in time."""
     sampling = Sampling(max_tokens=32, temperature=0.0, ignore_eos=True)
     try:
         stream = (client.generate_stream("Hello", sampling, timeout_s=seconds) if native
                   else client.completion_stream("Hello", sampling, timeout_s=seconds))
     except DeadlineExceeded as exc:
         if exc.per_token_s is None:
-            return None, f"a {seconds:g}s streamed probe got {exc.got}"
+            return None, f"a {seconds:g}s streamed probe got {exc.got}", False
         return exc.per_token_s, (f"a streamed probe: {exc.tokens} tokens in {seconds:g}s, "
-                                 f"{exc.per_token_s:.2f} s per token")
+                                 f"{exc.per_token_s:.2f} s per token"), False
     except ApiError as exc:
-        return None, f"a streamed probe failed: {exc.message}"
-    times = stream.arrival_s
-    per_token = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-    pace = f", {per_token:.3f} s per event" if per_token is not None else ""
-    return per_token, f"a streamed probe of 32 tokens finished in {stream.elapsed_s:.1f}s{pace}: the engine is fast"
+        return None, f"a streamed probe failed: {exc.message}", False
+    return None, f"a streamed probe of 32 tokens finished in {stream.elapsed_s:.1f}s", True
 
 
 def engine_progress(client: InferenceClient, *, native: bool, request_timeout_s: float,
@@ -626,10 +625,11 @@ def engine_progress(client: InferenceClient, *, native: bool, request_timeout_s:
             metrics = False
     moving = True if (health or metrics) else (False if (health is False or metrics is False) else None)
     per_token: float | None = None
+    fast = False
     if measure_pace and moving is not False:
-        per_token, said = _pace(client, native=native, seconds=probe_s)
+        per_token, said, fast = _pace(client, native=native, seconds=probe_s)
         evidence.append(said)
-    return EngineProgress(moving, evidence, per_token)
+    return EngineProgress(moving, evidence, per_token, fast)
 
 
 @dataclass(eq=False)

@@ -62,6 +62,16 @@ def test_a_slow_engine_still_makes_progress() -> None:
     assert any("s per token" in e for e in progress.evidence), progress.evidence
 
 
+def test_one_lost_request_on_a_fast_engine_is_not_a_slow_engine() -> None:
+    with RefServerProcess("--inject", "hang=1", "--enable-metrics") as server, client(server.url) as http:
+        with pytest.raises(DeadlineExceeded):
+            http.generate("Hi")  # admitted and never stepped; everyone else is served
+        progress = engine_progress(http, native=True, request_timeout_s=TIMEOUT_S, measure_pace=True)
+    assert progress.moving is True and progress.fast, progress
+    assert progress.per_token_s is None, progress
+    assert any("a streamed probe of 32 tokens finished in" in e for e in progress.evidence), progress.evidence
+
+
 def test_metric_values_sum_label_sets() -> None:
     text = ('# HELP sglang:generation_tokens_total x\n'
             'sglang:generation_tokens_total{is_streaming="false"} 12.0\n'
