@@ -549,7 +549,7 @@ class EngineProgress:
 
     def describe(self) -> str:
         verdict = {True: "the engine still makes progress",
-                   False: "the engine makes no progress at all (stuck)",
+                   False: "the engine makes no progress at all",
                    None: "whether the engine still makes progress is unknown"}[self.moving]
         return verdict + (f" ({'; '.join(self.evidence)})" if self.evidence else "")
 
