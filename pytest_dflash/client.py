@@ -8,6 +8,16 @@ Bodies are read with a byte cap (`response_cap`): a generation's cap follows fro
 allows (max_tokens × n × prompts, logprobs), everything else gets `DEFAULT_MAX_BODY`, `/metrics`
 `METRICS_MAX_BODY`. A body over its cap fails with its size (`ApiError.cause == "too-large"`) and is
 never read whole, so a server answering megabytes to max_tokens=4 cannot fill memory or the reports.
+
+Every request and every stream is bounded by TOTAL time, not only per read (httpx's timeouts are per
+read: a server that drips a byte, a blank line or an SSE comment every 2 s would hold a call forever).
+The deadline is the call's `timeout_s`, else the client's read timeout (the run's `--request-timeout`).
+It is enforced below httpx, on every socket operation (connect, write, each read is given at most the
+time left), so it covers response headers as well as the body; the body and SSE loops check it between
+chunks too. Running out of it raises `DeadlineExceeded` (an `ApiError`, cause "timeout") naming the
+endpoint, the limit and how far the call got (no response headers / status and bytes / SSE events and
+tokens, seconds per token). `on_deadline`, when set (run/state.py), is told first and may add what it
+found out about the server (is the engine still making progress?) to the error's message.
 """
 
 from __future__ import annotations
@@ -20,10 +30,11 @@ import ssl
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpcore
 import httpx
 
 from pytest_dflash.errors import ApiError
@@ -63,6 +74,158 @@ def _proxied(host: str) -> bool:
     """Would httpx (trust_env) send a request for `host` through a proxy named in the environment?"""
     proxies = urllib.request.getproxies()
     return any(proxies.get(k) for k in ("http", "https", "all")) and not urllib.request.proxy_bypass(host)
+
+
+# ---- total deadlines, enforced below httpx ---------------------------------------------------------------------
+
+
+class _Deadline(threading.local):
+    """The monotonic time by which this thread's current call must be done (None: no call in progress)."""
+
+    at: float | None = None
+
+
+_DEADLINE = _Deadline()
+
+
+def _time_left(timeout: float | None, error: type[Exception]) -> float | None:
+    """`timeout` (a per-operation timeout) cut to the time left before this thread's deadline."""
+    at = _DEADLINE.at
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        raise error("the call's total deadline has passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A socket whose every operation gets at most the time left before the calling thread's deadline."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _time_left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _time_left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname,
+                                                     _time_left(timeout, httpcore.ConnectTimeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's network backend with the calling thread's deadline applied to every connection it makes."""
+
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_tcp(host, port, _time_left(timeout, httpcore.ConnectTimeout),
+                                                       local_address, socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(path, _time_left(timeout, httpcore.ConnectTimeout),
+                                                               socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def bound_total_time(client: httpx.Client) -> httpx.Client:
+    """Give every connection `client` makes (directly or through an environment proxy) the calling thread's
+    deadline. httpx has no public hook below its per-read timeouts, so this wraps the network backend of
+    each httpcore pool; it fails loudly if a new httpx moved it (a call without a deadline must not pass)."""
+    transports = [client._transport, *(t for t in client._mounts.values() if t is not None)]
+    for transport in transports:
+        pool = getattr(transport, "_pool", None)
+        backend = getattr(pool, "_network_backend", None)
+        if not isinstance(backend, httpcore.NetworkBackend):
+            raise RuntimeError(f"httpx {httpx.__version__}: cannot bound the total time of HTTP calls "
+                               f"({type(transport).__name__} has no httpcore pool with a network backend)")
+        if not isinstance(backend, _DeadlineBackend):
+            pool._network_backend = _DeadlineBackend(backend)  # type: ignore[union-attr]
+    return client
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[float]:
+    """Bound every HTTP operation of this thread (on a `bound_total_time` client) to `seconds` from now, in all;
+    yields the monotonic deadline. An inner deadline never extends an outer one."""
+    outer = _DEADLINE.at
+    at = time.monotonic() + seconds
+    _DEADLINE.at = at if outer is None else min(at, outer)
+    try:
+        yield _DEADLINE.at
+    finally:
+        _DEADLINE.at = outer
+
+
+@dataclass(eq=False)
+class DeadlineExceeded(ApiError):
+    """A call ran out of its total time: the endpoint, the limit, and how far it got."""
+
+    limit_s: float = 0.0
+    elapsed_s: float = 0.0
+    got: str = ""  # "no HTTP response headers", "HTTP 200 and 120 bytes of body", "5 SSE events, 4 tokens …"
+    tokens: int | None = None  # tokens seen in a stream (None: not a stream, or nothing countable)
+    per_token_s: float | None = None  # seconds per token over the tokens seen (None: fewer than one)
+    limit_name: str = ""  # where the limit comes from: "--request-timeout", "timeout_s", …
+    method: str = ""
+
+
+@dataclass
+class _Progress:
+    """How far one call got, for the error that says so when it runs out of time."""
+
+    started: float
+    deadline: float
+    limit_s: float
+    status: int | None = None
+    bytes: int = 0
+    events: int = 0
+    tokens: int = 0
+    token_times: list[float] = field(default_factory=list)  # seconds from the start at which tokens arrived
+    stream: bool = False
+    method: str = "GET"
+
+    @property
+    def overdue(self) -> bool:
+        # a socket timeout cut to the deadline may fire a hair before it (poll's millisecond resolution)
+        return time.monotonic() >= self.deadline - 0.01
+
+    def tokens_seen(self, count: int) -> None:
+        if count > self.tokens:
+            now = time.monotonic() - self.started
+            self.token_times.extend([now] * (count - self.tokens))
+            self.tokens = count
+
+    def describe(self) -> tuple[str, float | None]:
+        """What the call got, in words; and seconds per token (None: under one token)."""
+        if self.status is None:
+            return "nothing (not even the response headers)", None
+        if not self.stream:
+            return f"HTTP {self.status} headers and {self.bytes} bytes of body, not the whole body", None
+        if not self.tokens:
+            return (f"HTTP {self.status}, {self.bytes} bytes in {self.events} SSE events, no token at all: the "
+                    "stream never carried a token"), None
+        first = self.token_times[0]
+        # the pace of decoding: between the first token and the last (the first one also waited for the prefill)
+        per_token = ((self.token_times[-1] - first) / (self.tokens - 1) if self.tokens > 1
+                     else time.monotonic() - self.started)
+        return (f"HTTP {self.status}, {self.tokens} tokens in {self.events} SSE events, {per_token:.2f} s per "
+                f"token (first after {first:.1f} s)"), per_token
 
 
 @dataclass(frozen=True)
@@ -177,11 +340,20 @@ class InferenceClient:
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         api_key: str | None = None,
         model: str | None = None,
+        limit_name: str = "the client's default timeout",
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # httpx does not retry; keep-alive is fine (SGLang is uvicorn). One SSL context for every client: httpx
         # would load the CA bundle again for each (≈ 15 ms of CPU; 64 services of a fleet worker paid a second).
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers, verify=_ssl_context())
+        self._http = bound_total_time(httpx.Client(base_url=base_url, timeout=timeout, headers=headers,
+                                                   verify=_ssl_context()))
+        # A call's total deadline when it names none: the per-read timeout, now meant as total time.
+        self.default_limit_s = timeout.read if timeout.read is not None else 60.0
+        self.limit_name = limit_name  # how the default limit is documented ("--request-timeout")
+        # told of every DeadlineExceeded before it is raised; returns more to say about it, or ""
+        self.on_deadline: Callable[[DeadlineExceeded], str] | None = None
+        # set once the service was failed (stuck, far too slow): later calls fail at once, naming why
+        self.unusable: str | None = None
         self.base_url = base_url.rstrip("/")
         self.service = service
         self._model = model
@@ -230,10 +402,17 @@ class InferenceClient:
     # ---- plumbing ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _mapped(self, endpoint: str) -> Iterator[None]:
-        """Translate httpx's exceptions into ApiError (raised `from` the original)."""
+    def _mapped(self, endpoint: str, progress: _Progress | None = None) -> Iterator[None]:
+        """Translate httpx's exceptions into ApiError (raised `from` the original); a timeout at or past the
+        call's total deadline is a DeadlineExceeded saying how far the call got."""
         try:
             yield
+        except DeadlineExceeded:
+            raise
+        except httpx.TimeoutException as exc:
+            if progress is not None and progress.overdue and "ConnectTimeout" not in type(exc).__name__:
+                raise self._deadline_error(endpoint, progress) from exc
+            raise ApiError(self.service, endpoint, None, f"timed out ({type(exc).__name__})", cause="timeout") from exc
         except httpx.RemoteProtocolError as exc:
             raise ApiError(self.service, endpoint, None, DROPPED, str(exc), cause="dropped") from exc
         except (httpx.ReadError, httpx.WriteError) as exc:
@@ -241,13 +420,39 @@ class InferenceClient:
                            cause="dropped") from exc
         except httpx.ConnectError as exc:
             raise ApiError(self.service, endpoint, None, f"cannot connect: {exc}", cause="refused") from exc
-        except httpx.TimeoutException as exc:
-            raise ApiError(self.service, endpoint, None, f"timed out ({type(exc).__name__})", cause="timeout") from exc
         except httpx.HTTPError as exc:
             raise ApiError(self.service, endpoint, None, f"{type(exc).__name__}: {exc}") from exc
 
     def _timeout(self, seconds: float | None) -> httpx.Timeout | None:
         return None if seconds is None else httpx.Timeout(seconds, connect=min(5.0, seconds))
+
+    def _progress(self, method: str, timeout_s: float | None, *, stream: bool = False) -> _Progress:
+        if self.unusable is not None:
+            raise ApiError(self.service, "", None, f"not sent: the service was failed: {self.unusable}",
+                           cause="unusable")
+        limit = timeout_s if timeout_s is not None else self.default_limit_s
+        started = time.monotonic()
+        return _Progress(started, started + limit, limit, stream=stream, method=method.upper())
+
+    def _deadline_error(self, endpoint: str, progress: _Progress) -> DeadlineExceeded:
+        got, per_token = progress.describe()
+        elapsed = time.monotonic() - progress.started
+        where = self.limit_name if progress.limit_s == self.default_limit_s else "this call's timeout"
+        error = DeadlineExceeded(
+            self.service, endpoint, progress.status,
+            f"timed out: no complete answer within {progress.limit_s:g}s ({where}, total time): got {got} after "
+            f"{elapsed:.1f}s", cause="timeout", limit_s=progress.limit_s, elapsed_s=elapsed, got=got,
+            tokens=progress.tokens if progress.stream else None, per_token_s=per_token, limit_name=where,
+            method=progress.method)
+        if self.on_deadline is not None:
+            more = self.on_deadline(error)
+            if more:
+                error.message += f"; {more}"
+        return error
+
+    def _check_deadline(self, endpoint: str, progress: _Progress) -> None:
+        if progress.overdue:
+            raise self._deadline_error(endpoint, progress)
 
     def request(
         self, method: str, path: str, *, json_body: Any = None, timeout_s: float | None = None,
@@ -259,11 +464,14 @@ class InferenceClient:
         then not read further; the error names the size seen and the cap).
         """
         cap = max_bytes if max_bytes is not None else response_cap(path, json_body)
-        with self._mapped(path), self._http.stream(method, path, json=json_body, timeout=self._timeout(timeout_s) or
-                                                   self._http.timeout) as response:
-            return self._read_capped(response, path, cap)
+        progress = self._progress(method, timeout_s)
+        with self._mapped(path, progress), deadline(progress.limit_s), self._http.stream(
+                method, path, json=json_body, timeout=self._timeout(timeout_s) or self._http.timeout) as response:
+            progress.status = response.status_code
+            return self._read_capped(response, path, cap, progress)
 
-    def _read_capped(self, response: httpx.Response, path: str, cap: int) -> httpx.Response:
+    def _read_capped(self, response: httpx.Response, path: str, cap: int,
+                     progress: _Progress | None = None) -> httpx.Response:
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > cap:
             raise self._too_large(path, response.status_code, cap, f"Content-Length {int(declared)} bytes", b"")
@@ -271,6 +479,9 @@ class InferenceClient:
         size = 0
         for chunk in response.iter_bytes():
             size += len(chunk)
+            if progress is not None:
+                progress.bytes = size
+                self._check_deadline(path, progress)
             if size > cap:
                 raise self._too_large(path, response.status_code, cap, f"{size}+ bytes read", b"".join(chunks))
             chunks.append(chunk)
@@ -413,16 +624,18 @@ class InferenceClient:
         line_cap = response_cap(path, payload_body)
         # Every event carries at most the whole output; there are at most about as many events as tokens.
         total_cap = min(STREAM_MAX_TOTAL, line_cap * (_requested_tokens(path, payload_body) + 16))
-        with self._mapped(path), self._http.stream("POST", path, json=payload_body,
-                                                   timeout=self._timeout(timeout_s) or self._http.timeout) as response:
+        progress = self._progress("POST", timeout_s, stream=True)
+        with self._mapped(path, progress), deadline(progress.limit_s), self._http.stream(
+                "POST", path, json=payload_body, timeout=self._timeout(timeout_s) or self._http.timeout) as response:
+            progress.status = response.status_code
             if response.status_code >= 400:
-                response = self._read_capped(response, path, DEFAULT_MAX_BODY)
+                response = self._read_capped(response, path, DEFAULT_MAX_BODY, progress)
                 raise ApiError(self.service, path, response.status_code, _error_message(response), response.text[:500])
             content_type = response.headers.get("content-type", "")
-            for line in self._capped_lines(response, path, line_cap, total_cap):
+            for line in self._capped_lines(response, path, line_cap, total_cap, progress):
                 raw.append(line)
-                if not line.strip():
-                    continue
+                if not line.strip() or line.startswith(":"):
+                    continue  # blank lines end events; ':' lines are SSE comments (a proxy's keep-alive pings)
                 if done:
                     raise ApiError(self.service, path, response.status_code, f"data after [DONE]: {line[:200]!r}")
                 if not line.startswith("data:"):
@@ -443,15 +656,21 @@ class InferenceClient:
                     raise ApiError(self.service, path, response.status_code, f"error event in stream: {payload[:300]}")
                 events.append(event)
                 arrival.append(time.monotonic() - started)
+                progress.events = len(events)
+                progress.tokens_seen(_stream_tokens(events, progress.tokens))
         return Stream(events, arrival, done, raw, time.monotonic() - started, response.status_code, content_type)
 
-    def _capped_lines(self, response: httpx.Response, path: str, line_cap: int, total_cap: int) -> Iterator[str]:
-        """`response.iter_lines()` (str.splitlines semantics, as httpx), failing on a line or a total over its cap."""
+    def _capped_lines(self, response: httpx.Response, path: str, line_cap: int, total_cap: int,
+                      progress: _Progress) -> Iterator[str]:
+        """`response.iter_lines()` (str.splitlines semantics, as httpx), failing on a line or a total over its cap,
+        or when the call's total deadline passes (blank lines and SSE comments do not buy time)."""
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         pending = ""
         total = 0
         for chunk in response.iter_bytes():
             total += len(chunk)
+            progress.bytes = total
+            self._check_deadline(path, progress)
             if total > total_cap:
                 raise self._too_large(path, response.status_code, total_cap, f"stream of {total}+ bytes", b"")
             text = pending + decoder.decode(chunk)
@@ -495,6 +714,24 @@ class InferenceClient:
         if native:
             return self.generate("Hello", sampling, timeout_s=timeout_s)
         return self.completion("Hello", sampling, timeout_s=timeout_s)[0]
+
+
+def _stream_tokens(events: list[dict[str, Any]], before: int) -> int:
+    """Tokens streamed so far: native /generate events carry the cumulative output_ids (or completion_tokens);
+    OpenAI chunks carry one delta each (a chunk with text or content counts one token, at least)."""
+    last = events[-1]
+    if isinstance(last.get("output_ids"), list):
+        return len(last["output_ids"])
+    meta = last.get("meta_info")
+    if isinstance(meta, dict) and isinstance(meta.get("completion_tokens"), int):
+        return int(meta["completion_tokens"])
+    usage = last.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int) and not last.get("choices"):
+        return max(before, int(usage["completion_tokens"]))
+    for choice in last.get("choices") or []:
+        if isinstance(choice, dict) and (choice.get("text") or (choice.get("delta") or {}).get("content")):
+            return before + 1
+    return before
 
 
 _NEWLINES = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines splits on

@@ -4,13 +4,14 @@ own accept-length counters read around the run (:func:`run_load`, :func:`run_loa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import math
 import os
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,21 +34,34 @@ __all__ = ["flush_cache", "run_load", "run_load_async", "server_accept_length"]
 
 async def flush_cache(base_url: str, *, headers: Mapping[str, str] | None = None,
                       timeout_s: float = 30.0) -> bool:
-    """POST /flush_cache (resets SGLang's accept-length counters); False when refused (busy: 400)."""
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=dict(headers or {}),
-                                 trust_env=False) as client:
+    """POST /flush_cache (resets SGLang's accept-length counters); False when refused (busy: 400).
+
+    Bounded by `timeout_s` of total time (httpx.ReadTimeout), not only per read."""
+    async with _total_time("POST /flush_cache", timeout_s), httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, headers=dict(headers or {}), trust_env=False) as client:
         resp = await client.post("/flush_cache")
         return resp.status_code == 200
+
+
+@contextlib.asynccontextmanager
+async def _total_time(what: str, timeout_s: float) -> AsyncIterator[None]:
+    """`timeout_s` of total time for `what`; running out of it is an httpx.ReadTimeout naming the call and limit."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
+    except TimeoutError:
+        raise httpx.ReadTimeout(f"{what}: no complete answer within {timeout_s:g}s (total time)") from None
 
 
 async def server_accept_length(base_url: str, *, headers: Mapping[str, str] | None = None,
                                timeout_s: float = 30.0) -> float | None:
     """``internal_states[0].avg_spec_accept_length`` from /server_info (old: /get_server_info).
 
-    It is cumulative since the server started or since the last successful /flush_cache.
+    It is cumulative since the server started or since the last successful /flush_cache. Bounded by `timeout_s`
+    of total time (httpx.ReadTimeout), not only per read.
     """
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=dict(headers or {}),
-                                 trust_env=False) as client:
+    async with _total_time("GET /server_info", timeout_s), httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, headers=dict(headers or {}), trust_env=False) as client:
         resp = await client.get("/server_info")
         if resp.status_code == 404:
             resp = await client.get("/get_server_info")

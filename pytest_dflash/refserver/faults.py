@@ -48,6 +48,8 @@ FAULTS: dict[str, FaultSpec] = {
     "tree-verify-bug": FaultSpec("", 0.0),
     "greedy-fallback": FaultSpec("", 0.0),
     "slow-decode": FaultSpec("factor", None),
+    "token-delay": FaultSpec("seconds_per_token", None),
+    "wedge": FaultSpec("n_requests", None, integer=True),
     "cold-jit": FaultSpec("seconds", None),
     "scheduler-crash": FaultSpec("delay_s", 0.0),
     "scheduler-segv": FaultSpec("seconds", None),

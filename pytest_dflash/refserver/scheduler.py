@@ -129,6 +129,9 @@ class Scheduler(threading.Thread):
             active.values.get("slow-load", 0.0), active.values.get("cold-jit", 0.0)
         )
         self.slow_factor = active.values.get("slow-decode", 1.0)
+        self.token_delay_s = active.values.get("token-delay", 0.0)  # a step costs this per token it commits
+        self.wedged = False  # the wedge fault: the loop stops stepping for good (HTTP stays up)
+        self._step_tokens = 0  # the most tokens one sequence committed in the last step
         # GPU cost model (--gpu-step-ms): on a GPU one pass costs about the same for 1 or 64 tokens and
         # for 1 or many sequences (memory-bound), which is what makes speculative decoding pay off.
         self.step_floor_s = step_floor_s
@@ -204,6 +207,9 @@ class Scheduler(threading.Thread):
         # Warm-up (slow-load, cold-jit): the scheduler is busy and silent; requests queue up.
         time.sleep(max(0.0, self.warmup_until - time.monotonic()))
         while not self._stopping:
+            if self.wedged:
+                self._wedge()
+                continue
             self._drain_inbox(block=not self.running and not self.waiting)
             started = time.monotonic()
             self._admit()
@@ -213,6 +219,16 @@ class Scheduler(threading.Thread):
                 step = max(spent, self.step_floor_s) * self.slow_factor
                 if step > spent:
                     time.sleep(step - spent)
+
+    def wedge(self) -> None:
+        """The wedge fault: from the next iteration on, the scheduler never steps again (a deadlocked collective
+        or a GPU that stopped answering): requests already running and every new one wait forever, no output
+        leaves, /health_generate times out (503), /metrics counters stop moving; the HTTP process still answers."""
+        self.wedged = True  # silent, as a real wedge is (SGLang's watchdog would speak only after 300 s)
+
+    def _wedge(self) -> None:
+        while not self._stopping:  # in-process use only ends it (shutdown); the server never does
+            self._drain_inbox(block=True)  # new requests queue up (/metrics num_queue_reqs), never run
 
     def _drain_inbox(self, *, block: bool) -> None:
         try:
@@ -256,6 +272,8 @@ class Scheduler(threading.Thread):
         if not new:
             return
         running_before = len(self.running)
+        if self.token_delay_s:
+            time.sleep(self.token_delay_s)  # token-delay: the prefill batch costs a token's time before its tokens
         for req in new:
             self._maybe_sampling_kernel(req.params)
             req.seq, first = self.engine.start(req.prompt, req.params, req.seed)
@@ -273,6 +291,8 @@ class Scheduler(threading.Thread):
     def run_batch(self) -> None:
         """One step for every running request."""
         commit_lens = []
+        self._step_tokens = 0
+        delayed: list[tuple[Request, list[int], list[np.ndarray]]] = []  # token-delay: emitted after the delay
         for req in list(self.running):
             if req.aborted:
                 self.running.remove(req)
@@ -284,7 +304,15 @@ class Scheduler(threading.Thread):
             if req.seq.stats.verify_ct > before[0]:
                 commit_lens.append(len(step.tokens))
             self._account(req.seq.stats, before)
-            self._emit(req, step.tokens, step.rows)
+            self._step_tokens = max(self._step_tokens, len(step.tokens))
+            if self.token_delay_s:
+                delayed.append((req, step.tokens, step.rows))
+            else:
+                self._emit(req, step.tokens, step.rows)
+        if delayed:  # the step costs its time before its tokens leave, as on a GPU
+            time.sleep(self.token_delay_s * self._step_tokens)
+            for req, tokens, rows in delayed:
+                self._emit(req, tokens, rows)
         if self.engine.algorithm == "DDTREE" and not self._ddtree_verified and commit_lens:
             # the ddtree-v2 port logs its first verify step once, one length per request of the batch (H200:
             # [1] on a random draft, [16] = the whole block on the lossy tree, [5, 5] for two requests at once)

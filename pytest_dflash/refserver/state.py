@@ -141,6 +141,8 @@ class ServerState:
         if request.headers.get(WARMUP_HEADER):
             return False
         self.generation_requests += 1
+        if "wedge" in self.faults and self.generation_requests > int(self.faults.value("wedge")):
+            self.scheduler.wedge()
         return "hang" in self.faults and self.generation_requests == int(self.faults.value("hang"))
 
     def seed_for(self, seed: int | None, i: int) -> int | None:

@@ -5,7 +5,9 @@ for /server_info's speculative_algorithm, so that speculative-only tests are nev
 server (and the algorithm filter applies to attached servers as to provisioned ones). One read-only GET per
 service, in parallel across services. A server that refuses connections is not up yet (a deploy pipeline
 attaches right after a restart): it is asked again every 0.25 s until it answers, up to WAIT_UP_S (at most
-the service's ready_timeout); any other failure (an HTTP error, a timeout, garbage) is an answer at once. An
+the service's ready_timeout); any other failure (an HTTP error, a timeout, garbage) is an answer at once. Every
+GET has a total deadline of DISCOVERY_TIMEOUT_S (not per read: a server dripping /server_info a byte every 2 s
+is cut off there, and the error says how far it got), so discovery ends within WAIT_UP_S + 2 x 5 s. An
 answer that cannot be had leaves the service AUTO with the reason, and its service-layer test fails with it.
 
 Under xdist the controller asks and the workers take its answers (workerinput), so that every worker collects
@@ -23,8 +25,10 @@ from collections.abc import Mapping
 
 import httpx
 
+from pytest_dflash.client import InferenceClient
 from pytest_dflash.config.profiles import AUTO, HostProfile, ServiceSpec
-from pytest_dflash.evidence.bounds import scrub
+from pytest_dflash.errors import ApiError
+from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
 
 DISCOVERY_TIMEOUT_S = 5.0
 WAIT_UP_S = 180.0  # how long a server that refuses connections may take to open its port
@@ -40,28 +44,31 @@ def pending(profiles: Mapping[str, HostProfile]) -> list[tuple[str, ServiceSpec]
 
 
 def ask(spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S) -> dict[str, str]:
-    """{"algorithm": "DFLASH" | "NONE" | ...} from the server's /server_info, or {"error": why}."""
+    """{"algorithm": "DFLASH" | "NONE" | ...} from the server's /server_info, or {"error": why, "cause": ...}.
+
+    Each GET is bounded by `timeout_s` of TOTAL time (client.py's deadline), so a server that drips its answer a
+    byte at a time cannot hold the run in pytest_configure."""
     url = spec.url.rstrip("/")
     key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    timeout = httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))
     try:
-        with httpx.Client(timeout=timeout_s, headers=headers) as client:
+        with InferenceClient(url, service=spec.name, timeout=timeout, api_key=key,
+                             limit_name="the discovery timeout") as client:
             for path in ("/server_info", "/get_server_info"):
-                with client.stream("GET", url + path) as response:
-                    if response.status_code == 404:
-                        continue
-                    body = b""
-                    for chunk in response.iter_bytes():
-                        body += chunk
-                        if len(body) > INFO_CAP:
-                            return {"error": f"GET {path} sent more than {INFO_CAP // 1024} KB: not SGLang's "
-                                             "server_info"}
-                    if response.status_code != 200:
-                        return {"error": f"GET {path} answered HTTP {response.status_code}"}
-                    info = httpx.Response(200, content=body).json()
-                    if not isinstance(info, dict):
-                        return {"error": f"GET {path} did not answer a JSON object"}
-                    return {"algorithm": str(info.get("speculative_algorithm") or "NONE").upper()}
+                try:
+                    response = client.request("GET", path, timeout_s=timeout_s, max_bytes=INFO_CAP)
+                except ApiError as exc:
+                    if exc.cause == "too-large":
+                        return {"error": f"GET {path} sent more than {INFO_CAP // 1024} KB: not SGLang's server_info"}
+                    return {"error": scrub(f"GET {path}: {exc.message}", 300, "discovery"), "cause": exc.cause}
+                if response.status_code == 404:
+                    continue
+                if response.status_code != 200:
+                    return {"error": f"GET {path} answered HTTP {response.status_code}"}
+                info = response.json()
+                if not isinstance(info, dict):
+                    return {"error": f"GET {path} did not answer a JSON object"}
+                return {"algorithm": str(info.get("speculative_algorithm") or "NONE").upper()}
     except (httpx.HTTPError, ValueError) as exc:
         return {"error": scrub(f"{type(exc).__name__}: {exc}", 300, "discovery")}
     return {"algorithm": "NONE", "note": "no /server_info (not an SGLang server): treated as plain"}
@@ -75,7 +82,7 @@ def ask_when_up(key: str, spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOU
     next_say = started + PROGRESS_EVERY_S
     while True:
         answer = ask(spec, timeout_s)
-        refused = "ConnectError" in answer.get("error", "")
+        refused = answer.get("cause") == "refused"
         now = time.monotonic()
         if not refused or now >= deadline:
             return answer
@@ -94,7 +101,12 @@ def discover(profiles: Mapping[str, HostProfile], timeout_s: float = DISCOVERY_T
         return {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
         futures = {key: pool.submit(ask_when_up, key, spec, timeout_s, wait_up_s) for key, spec in todo}
-        return {key: future.result() for key, future in futures.items()}
+        answers = {key: future.result() for key, future in futures.items()}
+    for key, spec in todo:
+        if "error" in answers[key]:  # one line now: its service-layer test fails with it later (or is blocked)
+            print(scrub(f"[dflash] {key}: {spec.url}/server_info could not be read: {answers[key]['error']}",
+                        LINE_BYTES, "discovery"), file=sys.stderr, flush=True)
+    return answers
 
 
 def apply(profiles: Mapping[str, HostProfile], answers: Answers) -> dict[str, HostProfile]:

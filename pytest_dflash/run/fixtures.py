@@ -30,6 +30,7 @@ def use_service(node: pytest.Item | None, handle: ServiceHandle) -> None:
     """Record that the test uses `handle`: its log and state are the test's evidence, its death the test's."""
     if node is None:
         return
+    handle.current_test = node.nodeid  # a request that runs out of time fails the service in this test
     handles = node.stash.setdefault(HANDLES_KEY, [])
     if handle not in handles:
         handles.append(handle)

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from pytest_dflash import interrupts
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client import DeadlineExceeded, InferenceClient
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.errors import (
     ApiError,
@@ -34,14 +34,22 @@ from pytest_dflash.errors import (
     ServiceRestarted,
     TransportError,
 )
+from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
 from pytest_dflash.hostaccess.hostlock import HostLock
 from pytest_dflash.hostaccess.transport import Transport
-from pytest_dflash.run.layers import LayerBook
+from pytest_dflash.run.layers import Failure, LayerBook
 from pytest_dflash.services.base import LogMark, ServiceManager
 from pytest_dflash.services.container import ContainerService, reap_stale_containers
 from pytest_dflash.services.external import ExternalService
 from pytest_dflash.services.process import ProcessService, reap_stale, state_root
-from pytest_dflash.services.readiness import LIVENESS_TIMEOUT_S, HttpLiveness, ReadinessWatcher, ReadyReport
+from pytest_dflash.services.readiness import (
+    LIVENESS_TIMEOUT_S,
+    HttpLiveness,
+    ReadinessWatcher,
+    ReadyReport,
+    ServiceStuck,
+    engine_progress,
+)
 from pytest_dflash.services.systemd import SystemdService, reap_stale_units
 
 # Where progress lines go (report/progress.py shows them). A line is a str; its kind rides on its class: a
@@ -96,6 +104,9 @@ class ServiceHandle:
     # A peer started beside the service a test asked for waits for readiness in the background (wait_in_background)
     _background: threading.Thread | None = None
     _background_error: BaseException | None = None
+    # the test now using the service (run/fixtures.use_service): a request that runs out of time fails it
+    current_test: str | None = None
+    _stuck_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def name(self) -> str:
@@ -115,8 +126,45 @@ class ServiceHandle:
             api_key = os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
             timeout = httpx.Timeout(self.host.run.options.request_timeout_s, connect=5.0)
             self._client = InferenceClient(self.url, service=self.label, api_key=api_key, model=self.spec.model,
-                                           timeout=timeout)
+                                           timeout=timeout, limit_name="--request-timeout")
+            self._client.on_deadline = self._out_of_time
         return self._client
+
+    def _out_of_time(self, error: DeadlineExceeded) -> str:
+        """A request of this ready service ran out of its total time: the first one that had at least
+        --request-timeout fails the service, once, like a death (the test it ran in fails with it; every later
+        test that needs the service is blocked naming it). Its engine is asked whether it still makes progress
+        (stuck, or far too slow); the answer is added to the request's error. Readiness has its own rules, and a
+        call given less than --request-timeout (a liveness probe) says nothing about the service."""
+        request_timeout = self.host.run.options.request_timeout_s
+        if self.ready is None or error.limit_s < request_timeout:
+            return ""
+        if not self._stuck_lock.acquire(blocking=False):
+            return "the service is being judged stuck or too slow by another of its requests"
+        try:
+            if self.failure is not None:
+                return ""
+            progress = engine_progress(self.client, native=self.native, request_timeout_s=request_timeout,
+                                       measure_pace=error.per_token_s is None)
+            if progress.fast:
+                # Fresh requests are served at speed: this request alone was lost (its test fails with it), the
+                # service is neither stuck nor too slow, and its other tests are not held up by it.
+                return (f"{progress.describe()}: this request alone was lost; the service is not blocked (a fresh "
+                        "request is answered at speed)")
+            method = error.method or "POST"
+            stuck = ServiceStuck(self.label, error.limit_s, f"{method} {error.endpoint} timed out",
+                                 request=f"{method} {error.endpoint}", got=error.got, progress=progress.describe(),
+                                 moving=progress.moving, per_token_s=error.per_token_s or progress.per_token_s)
+            self.failure = stuck
+            test = self.current_test or "?"
+            self.failure_reported_by = test
+            summary = scrub(str(stuck), LINE_BYTES, "summary")
+            self.host.run.book.record_death(Failure(self.host.name, "service", self.name, test, summary))
+            self.client.unusable = str(stuck)
+            self.host.run.progress(self.event("failed", readiness_error_summary(stuck)))
+            return f"the service is {stuck.what}: {progress.describe()}; every later test of this service is blocked"
+        finally:
+            self._stuck_lock.release()
 
     @property
     def native(self) -> bool:

@@ -3,6 +3,7 @@
 `FaultProxy` forwards every request to a real server (a refserver process) and lets a rule replace
 the answer to some of them: an HTTP 500 to sampled requests, megabytes for max_tokens=4.
 `SilentServer` listens and never answers (the kernel accepts the connection from its backlog).
+`DripServer` answers a byte, a blank line or a token at a time: no read waits long, no answer ends.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,7 +23,7 @@ import httpx
 # imported during a test, and a second copy of httpcore raises exceptions that httpx no longer maps.
 httpx.HTTPTransport().close()
 
-__all__ = ["FaultProxy", "Reply", "SilentServer", "huge_generation", "is_sampled", "sampled_500"]
+__all__ = ["DripServer", "FaultProxy", "Reply", "SilentServer", "blank_stream", "huge_generation", "is_sampled", "sampled_500"]
 
 
 @dataclass
@@ -32,6 +34,8 @@ class Reply:
     body: bytes
     content_type: str = "application/json"
     chunked: bool = False  # no Content-Length: the client only learns the size by reading
+    drip_every_s: float | None = None  # chunked, `body` sent again every this many seconds (for drip_for_s)
+    drip_for_s: float = 60.0
 
 
 Rule = Callable[[str, str, Any], Reply | None]  # (method, path, JSON body or None) -> replacement
@@ -118,6 +122,18 @@ def _chunk(handler: BaseHTTPRequestHandler, data: bytes) -> None:
 def _send(handler: BaseHTTPRequestHandler, reply: Reply) -> None:
     handler.send_response(reply.status)
     handler.send_header("Content-Type", reply.content_type)
+    if reply.drip_every_s is not None:
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        until = time.monotonic() + reply.drip_for_s
+        try:
+            while time.monotonic() < until:
+                _chunk(handler, reply.body)
+                time.sleep(reply.drip_every_s)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up: what a deadline does
+        handler.close_connection = True
+        return
     if not reply.chunked:
         handler.send_header("Content-Length", str(len(reply.body)))
         handler.end_headers()
@@ -131,6 +147,17 @@ def _send(handler: BaseHTTPRequestHandler, reply: Reply) -> None:
         except (BrokenPipeError, ConnectionResetError):
             return  # the client stopped reading: what a byte cap does
     _chunk(handler, b"")
+
+
+def blank_stream(every_s: float) -> Rule:
+    """Answer every streamed generation with an SSE stream that sends a blank line every `every_s`, forever."""
+    def rule(method: str, path: str, body: Any) -> Reply | None:
+        if path not in ("/generate", "/v1/completions", "/v1/chat/completions") or not isinstance(body, dict):
+            return None
+        if not body.get("stream"):
+            return None
+        return Reply(200, b"\n", content_type="text/event-stream", drip_every_s=every_s)
+    return rule
 
 
 def is_sampled(path: str, body: Any) -> bool:
@@ -183,3 +210,103 @@ class SilentServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class DripServer:
+    """Answers every request on 127.0.0.1:<free port> a little at a time, so that no single read ever waits long
+    (per-read timeouts never fire) while the answer never completes — for `for_s` seconds, then it hangs up.
+
+    `mode`: "headers" drips the status line and headers one byte per `every_s`; "body" sends the headers of a
+    200 with a large Content-Length, then one body byte per `every_s`; "sse" sends the headers of an SSE
+    stream, then `line` (a blank line by default; ": ping\\n\\n" is an SSE comment) per `every_s`; "tokens"
+    sends one native /generate SSE event with one more output id per `every_s`, never [DONE].
+    `paths`: only these paths drip; others answer `{}` with 200 at once (None: every path drips).
+    """
+
+    def __init__(self, mode: str, *, every_s: float = 0.2, for_s: float = 20.0, line: bytes = b"\n",
+                 paths: tuple[str, ...] | None = None) -> None:
+        self.mode, self.every_s, self.for_s, self.line, self.paths = mode, every_s, for_s, line, paths
+        self.requests: list[str] = []
+        self._closed = threading.Event()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._accept, name="drip-server", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), name="drip-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            try:
+                while True:
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        data = conn.recv(65536)
+                        if not data:
+                            return
+                        head += data
+                    request_line = head.split(b"\r\n", 1)[0].decode(errors="replace")
+                    self.requests.append(request_line)
+                    length = 0
+                    for header in head.split(b"\r\n"):
+                        if header.lower().startswith(b"content-length:"):
+                            length = int(header.split(b":", 1)[1])
+                    body = head.split(b"\r\n\r\n", 1)[1]
+                    while len(body) < length:
+                        body += conn.recv(65536)
+                    path = request_line.split(" ")[1] if " " in request_line else "/"
+                    if self.paths is not None and path.split("?")[0] not in self.paths:
+                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                        continue
+                    self._drip(conn)
+                    return
+            except OSError:
+                return
+
+    def _drip(self, conn: socket.socket) -> None:
+        until = time.monotonic() + self.for_s
+        if self.mode == "headers":
+            pieces = [bytes([b]) for b in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" * 1000]
+        elif self.mode == "body":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 60000\r\n\r\n{")
+            pieces = [b" "] * 60000
+        else:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            pieces = []
+        ids: list[int] = []
+        index = 0
+        while time.monotonic() < until and not self._closed.is_set():
+            if self.mode in ("headers", "body"):
+                piece = pieces[index % len(pieces)]
+            elif self.mode == "sse":
+                piece = _chunk_bytes(self.line)
+            else:
+                ids.append(100 + index)
+                event = {"text": "x" * len(ids), "output_ids": list(ids), "meta_info": {"completion_tokens": len(ids)}}
+                piece = _chunk_bytes(b"data: " + json.dumps(event).encode() + b"\n\n")
+            index += 1
+            conn.sendall(piece)
+            time.sleep(self.every_s)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._sock.close()
+
+    def __enter__(self) -> DripServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _chunk_bytes(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
