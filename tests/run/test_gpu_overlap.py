@@ -1,0 +1,95 @@
+"""run/state.py: services that share a (declared) GPU. The second starts once the first's GPU memory is settled (its
+'KV Cache is allocated' pool lines are over), not after its readiness, so the first's long tail (CUDA-graph capture:
+the slow-graphs fault; the first sampled request's JIT: cold-jit) overlaps the second's start; a death of the first
+during that overlap still fails its wait at once, with its log, and the second goes on to its own verdict. Real
+refserver processes, a real run state."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.errors import ServiceCrashed
+from pytest_dflash.run.state import DflashRun, RunOptions
+
+PROFILE = """
+[host]
+connection = "local://"
+python = "{python}"
+provision = "always"
+
+[services.a]
+kind = "process"
+algorithm = "NONE"
+gpus = [0]
+command = ["{{python}}", "-m", "pytest_dflash.refserver", "--host", "127.0.0.1", "--port", "{{port}}",
+           "--speculative-algorithm", "NONE", "--inject", "{faults}"]
+ready_timeout = "60s"
+
+[services.b]
+kind = "process"
+algorithm = "NONE"
+gpus = [0]
+command = ["{{python}}", "-m", "pytest_dflash.refserver", "--host", "127.0.0.1", "--port", "{{port}}",
+           "--speculative-algorithm", "NONE"]
+ready_timeout = "60s"
+"""
+
+
+def one_gpu_host(tmp_path: Path, faults: str) -> tuple[DflashRun, list[str]]:
+    os.environ.setdefault("DFLASH_STATE_DIR", str(tmp_path / "state"))
+    path = tmp_path / "h.toml"
+    path.write_text(PROFILE.format(python=sys.executable, faults=faults))
+    run = DflashRun({"h": load_profile(path, name="h")}, RunOptions(provision=True), f"overlap{os.getpid()}")
+    lines: list[str] = []
+    run.progress = lambda line: lines.append(f"{time.monotonic():.3f} {line}")
+    run.host("h").needed.update({"a", "b"})
+    return run, lines
+
+
+def started_at(lines: list[str], service: str) -> float:
+    return next(float(line.split()[0]) for line in lines if f"h/{service}: started" in line)
+
+
+def test_the_second_service_on_a_gpu_starts_at_the_firsts_kv_allocation_not_its_readiness(tmp_path: Path) -> None:
+    run, lines = one_gpu_host(tmp_path, "slow-graphs=4,cold-jit=3")
+    try:
+        a = run.host("h").service("a").ensure_ready()
+        b = run.host("h").service("b").ensure_ready()
+    finally:
+        assert run.cleanup() == []
+    # a: KV pools at ~1 s, then 4 s of CUDA-graph capture before its port, then a 3 s warm-up and a 3 s JIT
+    assert list(a.phases)[:5] == ["process_started", "weights_loaded", "kv_cache_allocated",
+                                  "cuda_graphs_captured", "port_open"], a.phases
+    assert a.phases["port_open"] - a.phases["kv_cache_allocated"] >= 3, a.phases
+    b_start = b.waited_from - a.waited_from  # b's wait begins as it is started
+    # at a's allocation (its log has whole seconds; read every 1 s), during its CUDA-graph capture: not after
+    assert a.phases["kv_cache_allocated"] - 1.0 <= b_start < a.phases["port_open"], (b_start, a.phases)
+    assert b_start < a.total_s - 5, (b_start, a.total_s)
+    said = next(line for line in lines if "h/b: started" in line)
+    assert "after its GPU neighbour was settled (a: its log said 'KV Cache is allocated'" in said, said
+    assert b.phases["first_sampled"] == pytest.approx(b.total_s, abs=0.001)
+
+
+def test_a_death_of_the_first_during_the_overlap_fails_its_wait_at_once_and_the_second_goes_on(
+        tmp_path: Path) -> None:
+    # a dies 1 s after its port opens (slow-graphs 2 s after its pools), in a warm-up of 8 s: b started meanwhile
+    run, lines = one_gpu_host(tmp_path, "slow-graphs=2,cold-jit=8,crash-after=1")
+    try:
+        began = time.monotonic()
+        with pytest.raises(ServiceCrashed) as crashed:
+            run.host("h").service("a").ensure_ready()
+        waited = time.monotonic() - began
+        b = run.host("h").service("b").ensure_ready()
+    finally:
+        assert run.cleanup() == []
+    assert waited < 8, waited  # its death, not its 8 s warm-up + 8 s JIT, ended the wait
+    assert "exited with status 1" in str(crashed.value) and "TokenizerManager event loop died" in crashed.value.log_tail
+    failed_at = next(float(line.split()[0]) for line in lines if "h/a: not ready" in line)
+    assert started_at(lines, "b") < failed_at, lines  # b was started during the overlap, before a died
+    assert b.sampled_s is not None  # and became ready on its own
