@@ -132,8 +132,8 @@ class StartupWatch:
 
     def poll(self, now: float, *, force: bool = False) -> None:
         """Read the log again if it is time to (monotonic `now`) and the port is not open yet."""
-        if (now < self._next_read and not force) or "port_open" in self.log.ends:
-            return
+        if (now < self._next_read and not force) or "port_open" in self.log.ends or self.log_mark is None:
+            return  # no mark: not started by this run (attached), its log holds an older start-up, if any
         self._next_read = now + STARTUP_LOG_EVERY_S
         try:
             text = self.service.logs_since(self.log_mark, STARTUP_LOG_LINES)
@@ -256,6 +256,7 @@ class ReadinessWatcher:
     abandoned: Callable[[], bool] | None = None
     # called once when the service's GPU memory is settled (StartupWatch): a neighbour on its GPU may start
     on_settled: Callable[[str], None] | None = None
+    progress_every_s: float = PROGRESS_EVERY_S
     _base_restarts: int | None = None
 
     def _check_abandoned(self, phase: str, started: float) -> None:
@@ -301,7 +302,7 @@ class ReadinessWatcher:
         problem = "no HTTP answer yet"
         in_flight: _InFlight | None = None
         dropped_at: float | None = None
-        next_progress = started + PROGRESS_EVERY_S
+        next_progress = started + self.progress_every_s
         next_attempt = started
         while True:
             interrupts.raise_if_lost()
@@ -323,7 +324,7 @@ class ReadinessWatcher:
                 doing = f"{startup.doing()}; " if phase == "http" and startup.doing() else ""
                 self._say(f"waiting {format_seconds(now - started)} in {phase} phase: {doing}{problem}{extra}{hint}",
                           heartbeat=True)
-                next_progress = now + PROGRESS_EVERY_S
+                next_progress = now + self.progress_every_s
             if phase == "http" and now >= next_attempt:
                 try:
                     response = self.client.request("GET", "/v1/models", timeout_s=2)
