@@ -219,11 +219,13 @@ class ServiceHandle:
                     if self.host.run.cleaning:
                         raise ServiceError(f"{self.label}: not started: the run is ending")
             after = "; ".join(f"{other.name}: {other.settled_by}" for other in predecessors)
-            self.host.start_service(self, f" after its GPU neighbour was settled ({after})")
+            self.host.start_service(self, f" once the GPU memory of the service(s) it shares a GPU with was "
+                                          f"settled ({after})")
         except DflashError as exc:
             self.failure = exc
             self.settle("it was never started")
-            self.host.run.progress(self.event("failed", f"not started: {readiness_error_summary(exc)}"))
+            if not self.host.run.cleaning:  # the run's end is no failure of the service
+                self.host.run.progress(self.event("failed", f"not started: {readiness_error_summary(exc)}"))
             return
         except BaseException as exc:  # a bug: re-raised in the test that joins
             self._background_error = exc

@@ -144,11 +144,11 @@ class StartupWatch:
             self.utc_offset_s = utc_offset_for(log.last_line, time.time())
         self.log = log
         if "kv_cache_allocated" in log.ends:
-            self.settle("its log said 'KV Cache is allocated' (its KV pools are allocated)")
+            self.settle("its KV cache was allocated (its log's pool lines)")
 
     def port_opened(self) -> None:
         self.poll(time.monotonic(), force=True)  # the lines up to the port, for the phases
-        self.settle("its port opened (SGLang opens it after its KV pools and CUDA graphs)")
+        self.settle("its port opened (after its KV pools and CUDA graphs)")
 
     def settle(self, why: str) -> None:
         if self.settled_by is None:

@@ -13,8 +13,8 @@ import httpx
 
 from pytest_dflash.client import InferenceClient
 from pytest_dflash.config.profiles import ServiceSpec
-from pytest_dflash.services.process import ProcessService
 from pytest_dflash.services.phases import PHASE_NAMES
+from pytest_dflash.services.process import ProcessService
 from pytest_dflash.services.readiness import ReadinessWatcher
 
 
@@ -42,4 +42,4 @@ def test_heartbeats_name_the_start_up_phase_and_the_report_has_the_phases(tmp_pa
     assert report.phases["cuda_graphs_captured"] - report.phases["kv_cache_allocated"] >= 3, report.phases
     assert report.as_dict()["phases"] == report.phases
     (at, why), = settled
-    assert "KV Cache is allocated" in why and at - began < report.http_s - 2  # at the pools, not at the port
+    assert "KV cache was allocated" in why and at - began < report.http_s - 2  # at the pools, not at the port
