@@ -34,17 +34,17 @@ ready_timeout = "60s"
 [services.b]
 kind = "process"
 algorithm = "NONE"
-gpus = [0]
+gpus = [{b_gpu}]
 command = ["{{python}}", "-m", "pytest_dflash.refserver", "--host", "127.0.0.1", "--port", "{{port}}",
            "--speculative-algorithm", "NONE"]
 ready_timeout = "60s"
 """
 
 
-def one_gpu_host(tmp_path: Path, faults: str) -> tuple[DflashRun, list[str]]:
+def one_gpu_host(tmp_path: Path, faults: str, *, b_gpu: int = 0) -> tuple[DflashRun, list[str]]:
     os.environ.setdefault("DFLASH_STATE_DIR", str(tmp_path / "state"))
     path = tmp_path / "h.toml"
-    path.write_text(PROFILE.format(python=sys.executable, faults=faults))
+    path.write_text(PROFILE.format(python=sys.executable, faults=faults, b_gpu=b_gpu))
     run = DflashRun({"h": load_profile(path, name="h")}, RunOptions(provision=True), f"overlap{os.getpid()}")
     lines: list[str] = []
     run.progress = lambda line: lines.append(f"{time.monotonic():.3f} {line}")
@@ -110,3 +110,16 @@ def test_a_service_waiting_for_its_gpu_neighbour_is_never_started_once_the_run_e
     assert "the run is ending" in str(b.failure)
     assert a.manager.state().running is False
     assert [line.split(" ", 1)[1] for line in lines if "h/b" in line] == []
+
+
+def test_services_on_different_gpus_still_start_at_once(tmp_path: Path) -> None:
+    run, lines = one_gpu_host(tmp_path, "slow-graphs=4", b_gpu=1)
+    try:
+        a = run.host("h").service("a").ensure_ready()
+        b = run.host("h").service("b").ensure_ready()
+    finally:
+        assert run.cleanup() == []
+    assert started_at(lines, "b") - started_at(lines, "a") < 1.0, lines  # not at a's KV allocation: at once
+    said = next(line for line in lines if "h/b: started" in line)
+    assert "settled" not in said, said  # not queued behind a
+    assert b.waited_from - a.waited_from < a.phases["port_open"] - 2, (a.phases, b.waited_from - a.waited_from)

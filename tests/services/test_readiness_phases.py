@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from pytest_dflash.client import InferenceClient
 from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.errors import ServiceNotReady
 from pytest_dflash.services.phases import PHASE_NAMES
 from pytest_dflash.services.process import ProcessService
 from pytest_dflash.services.readiness import ReadinessWatcher
@@ -43,3 +45,24 @@ def test_heartbeats_name_the_start_up_phase_and_the_report_has_the_phases(tmp_pa
     assert report.as_dict()["phases"] == report.phases
     (at, why), = settled
     assert "KV cache was allocated" in why and at - began < report.http_s - 2  # at the pools, not at the port
+
+
+def test_a_server_whose_log_says_nothing_of_its_pools_is_settled_when_its_port_opens(tmp_path: Path) -> None:
+    """The second signal: no 'KV Cache is allocated' line (a server that is not SGLang, or no log to read), so the
+    port's opening settles it; its report still has port_open (from HTTP)."""
+    server = Path(__file__).parent / "last_words_server.py"
+    spec = ServiceSpec(name="svc", kind="process", url="http://127.0.0.1:{port}", algorithm="NONE",
+                       command=(sys.executable, str(server), "{port}"))
+    service = ProcessService(spec, host="h", run_id="portsettles", python=sys.executable, log_dir=tmp_path)
+    settled: list[str] = []
+    mark = service.log_mark()
+    service.start()
+    try:
+        client = InferenceClient(service.url, service="svc", timeout=httpx.Timeout(20, connect=5.0))
+        watcher = ReadinessWatcher(service, client, native=True, budget_s=30, sampled_budget_s=30, log_mark=mark,
+                                   on_settled=settled.append)
+        with pytest.raises(ServiceNotReady, match="greedy request rejected"):  # its generations answer 500
+            watcher.wait()
+    finally:
+        service.stop()
+    assert len(settled) == 1 and settled[0].startswith("its port opened"), settled
