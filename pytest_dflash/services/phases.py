@@ -149,10 +149,12 @@ def describe_in_progress(log: StartupLog, *, now: float, waited_from: float, utc
         if log.graphs_begun is not None and "cuda_graphs_captured" not in ends:
             allocated = at("kv_cache_allocated")
             return f"in CUDA-graph capture for {since(log.graphs_begun)} (KV cache allocated at {allocated})"
-        last = "cuda_graphs_captured" if "cuda_graphs_captured" in ends else "kv_cache_allocated"
-        return f"scheduler set up, port not open yet ({last.replace('_', ' ')} at {at(last)})"
+        if "cuda_graphs_captured" in ends:
+            return f"scheduler set up, port not open yet (CUDA graphs captured at {at('cuda_graphs_captured')})"
+        return f"scheduler set up, port not open yet (KV cache allocated at {at('kv_cache_allocated')})"
+    if log.weights_end is not None:  # SGLang prints the pool lines when a pool is done: sizing it takes the time
+        loaded = format_seconds(max(0.0, to_unix(log.weights_end, utc_offset_s) - waited_from))
+        return f"allocating the KV cache for {since(log.weights_end)} (weights loaded at {loaded})"
     if log.pools_begun is not None:
         return f"allocating the KV cache for {since(log.pools_begun)}"
-    if log.weights_end is not None:
-        return f"weights loaded at {format_seconds(max(0.0, to_unix(log.weights_end, utc_offset_s) - waited_from))}"
     return f"loading (process started at {at('process_started')}, weights and KV cache not allocated yet)"

@@ -76,6 +76,21 @@ def test_a_log_cut_during_the_cuda_graph_capture_says_so() -> None:
     assert said == "in CUDA-graph capture for 40.0s (KV cache allocated at 31.0s)", said
 
 
+@pytest.mark.parametrize(("last", "said"), [
+    # NGRAM of 2026-12-02: 11 s between its weights and its pool lines (SGLang sizes and allocates the pool)
+    ("Load weight end.", "allocating the KV cache for 5.00s (weights loaded at 27.0s)"),
+    # no CUDA graphs: the scheduler's last lines, the port not open yet
+    ("Engine startup timings", "scheduler set up, port not open yet (KV cache allocated at 38.0s)"),
+])
+def test_what_a_start_up_without_graphs_is_doing(last: str, said: str) -> None:
+    lines = day(DEC02 / "ngram.server.log").splitlines()
+    cut = next(i for i, line in enumerate(lines) if last in line) + 1
+    parsed = parse_startup("\n".join(lines[:cut]))
+    waited_from = to_unix(dt.datetime(2026, 12, 2, 21, 50, 30), 0.0)
+    now = to_unix(parsed.last_line or dt.datetime(2026, 12, 2), 0.0) + 5
+    assert describe_in_progress(parsed, now=now, waited_from=waited_from, utc_offset_s=0.0) == said
+
+
 def test_journald_and_container_prefixes_are_read_through() -> None:
     text = ("Dec 02 21:46:35 h200 python[737]: [2026-12-02 21:46:35] server_args=ServerArgs(...)\n"
             "2026-12-02T21:47:08.1Z [2026-12-02 21:47:08] KV Cache is allocated. dtype: torch.bfloat16\n"

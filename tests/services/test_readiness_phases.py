@@ -44,6 +44,7 @@ def test_heartbeats_name_the_start_up_phase_and_the_report_has_the_phases(tmp_pa
     assert report.phases["cuda_graphs_captured"] - report.phases["kv_cache_allocated"] >= 3, report.phases
     assert report.as_dict()["phases"] == report.phases
     (at, why), = settled
+    assert report.http_s is not None
     assert "KV cache was allocated" in why and at - began < report.http_s - 2  # at the pools, not at the port
 
 
