@@ -451,6 +451,11 @@ class HostContext:
         for handle in now[1:]:
             handle.wait_in_background()
         for handle, predecessors in later:
+            shared = sorted({gpu for other in predecessors for gpu in set(other.spec.gpus) & set(handle.spec.gpus)})
+            names = ", ".join(other.name for other in predecessors)
+            self.run.progress(f"{handle.label}: starts once the KV cache of {names} is allocated (shared GPU "
+                              f"{', '.join(map(str, shared))}: two servers sizing their pools at once charge each "
+                              "other's memory)")
             handle.start_after(predecessors)
 
     def start_service(self, handle: ServiceHandle, why: str = "") -> None:
