@@ -164,7 +164,7 @@ def _allocate_kv_pools(args: ServerArgs, algo: str) -> float:
 
 def _capture_cuda_graphs(args: ServerArgs, seconds: float) -> float:
     """SGLang 0.5.17's CUDA-graph capture lines, after the KV pools and before the port opens (the slow-graphs
-    fault makes the capture take `seconds`, as 42-85 s did on the H200); with --disable-cuda-graph its
+    fault makes the capture take `seconds`, as up to 185 s did on the H200); with --disable-cuda-graph its
     'Disable prefill CUDA graph' line instead. Returns the seconds it took."""
     if args.disable_cuda_graph:
         logger.info("Disable prefill CUDA graph because cuda_graph_config resolved prefill.backend='disabled' "

@@ -17,8 +17,8 @@ cuda_graphs_captured   the last ``Capture … CUDA graph end.``, once ``max_tota
 port_open              ``Uvicorn running on http://HOST:PORT``
 =====================  ==================================================================================
 
-KV pools come BEFORE the CUDA-graph capture in 0.5.17 (the capture is the long part: 42-85 s recorded), and the
-port opens after both. Times become seconds from the start of a readiness wait (a known wall-clock time, unix
+KV pools come BEFORE the CUDA-graph capture in 0.5.17 (the capture is the long part: up to 185 s recorded), and
+the port opens after both. Times become seconds from the start of a readiness wait (a known wall-clock time, unix
 seconds) through the log's UTC offset: the log has no zone, so `utc_offset_for` derives it from one line seen
 at a known time (rounded to a quarter hour: zones are whole quarter hours, the reading is seconds late).
 """
