@@ -24,6 +24,7 @@ from pytest_dflash.layers.parity import greedy as parity
 from pytest_dflash.layers.parity.hooks import LayerOptions
 from pytest_dflash.layers.perf.hooks import PerfLayer
 from pytest_dflash.layers.service import checks as service_checks
+from pytest_dflash.layers.service import coldstart
 from pytest_dflash.run.fixtures import ready_or_blocked
 from pytest_dflash.run.state import HostContext, ServiceHandle
 
@@ -35,6 +36,7 @@ __all__ = [
     "PerfLayer",
     "ServiceHandle",
     "acceptance",
+    "coldstart",
     "distribution",
     "env",
     "explain",

@@ -22,6 +22,7 @@ EXPORTED = [
     "PerfLayer",
     "ServiceHandle",
     "acceptance",
+    "coldstart",
     "distribution",
     "env",
     "explain",

@@ -39,6 +39,12 @@ CONTAINER_KEYS = ("engine", "runtime", "container", "label", "image", "args", "d
 PROVISION_MODES = ("never", "allowed", "always")
 FLOOR_KEYS = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms", "accept_length", "speedup_vs", "speedup")
 FLOOR_SETTINGS = ("regression_pct", "confidence")
+# Cold-start budgets in seconds (layers/service/coldstart.py): the whole cold start (the wait until the first
+# sampled answer), or one phase of it, named for the phase's end (services/phases.py PHASE_NAMES): e.g.
+# `cuda_graphs_captured_s = 120` = from the KV cache allocated to the CUDA graphs captured at most 120 s.
+COLD_START_FLOORS = ("cold_start_s", "process_started_s", "weights_loaded_s", "kv_cache_allocated_s",
+                     "cuda_graphs_captured_s", "port_open_s", "first_greedy_s", "first_sampled_s")
+FLOOR_KEYS: tuple[str, ...] = (*FLOOR_KEYS, *COLD_START_FLOORS)  # type: ignore[no-redef]
 # Any latency ceiling load.py measures per request: ttft_p50_ms, itl_p99_ms, tpot_mean_ms, e2e_p90_ms, ...
 LATENCY_FLOOR = re.compile(r"^(ttft|itl|tpot|e2e)_(mean|median|p(\d+(?:\.\d+)?))_ms$")
 PERF_ENDPOINTS = ("auto", "generate", "chat", "completions")

@@ -40,6 +40,7 @@ FAULTS: dict[str, FaultSpec] = {
     "xgrammar-structural-tag": FaultSpec("delay_s", 0.0),
     "flashinfer-sm120": FaultSpec("seconds_until_death", 3.0),
     "slow-load": FaultSpec("seconds", None),
+    "slow-graphs": FaultSpec("seconds", None),
     "oom-kill": FaultSpec("n_requests", None, integer=True),
     "crash-after": FaultSpec("seconds", None),
     "hang": FaultSpec("n", 1, integer=True),

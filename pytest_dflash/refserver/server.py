@@ -1,6 +1,7 @@
 """Start-up: SGLang 0.5.17's launch sequence, then uvicorn in front of the scheduler thread.
 
-Start-up follows SGLang: log the server args, load the model, allocate the KV pool, bind, serve,
+Start-up follows SGLang: log the server args, load the model, allocate the KV pools, capture the CUDA graphs
+(services/phases.py reads these lines), bind, serve,
 then a warm-up request through HTTP; /health_generate answers 503 until it has finished. The routes
 live in routes.py (native) and openai_api.py (OpenAI), what they share in state.py.
 """
@@ -117,11 +118,19 @@ def launch_server(args: ServerArgs) -> None:
         logger.error("Scheduler hit an exception: %s", traceback.format_exc())
         faults.scheduler_died_at_startup()
         raise
+    kv_s = _allocate_kv_pools(args, algo)
+    graphs_s = _capture_cuda_graphs(args, active.values.get("slow-graphs", 0.0))
     logger.info(
         "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=%d, max_running_requests=%d, "
         "context_len=%d, available_gpu_mem=%.2f GB",
         args.max_running_requests * args.effective_context_length, args.chunked_prefill_size,
         args.max_prefill_tokens, args.max_running_requests, args.effective_context_length, avail_mem_gb(),
+    )  # fmt: skip
+    logger.info(
+        "Engine startup timings (s): load_weight=%.2f, kv_cache_allocation=%.2f, scheduler_e2e=%.2f, "
+        "cuda_graph={prefill=%.2f, decode=0.00, target_verify=0.00, draft_prefill=0.00, draft_decode=0.00, "
+        "draft_extend=0.00}",
+        load_s, kv_s, time.monotonic() - t0, graphs_s,
     )  # fmt: skip
     sock = listening_socket(args.host, args.port)
     args.port = sock.getsockname()[1]  # --port 0: the port the kernel picked, logged by uvicorn
@@ -135,6 +144,40 @@ def launch_server(args: ServerArgs) -> None:
         timeout_keep_alive=5,
     )
     asyncio.run(_serve(_Server(uv_config), sock, state))
+
+
+def _allocate_kv_pools(args: ServerArgs, algo: str) -> float:
+    """SGLang 0.5.17's KV-pool lines, at the same moment (after the weights, before the CUDA graphs and the port):
+    the target's pool (its 'KV Cache is allocated' line comes from the scheduler, where scheduler-crash fails),
+    then the draft's for DFLASH/DDTREE, each closed by 'Memory pool end'. Returns the seconds it took."""
+    started = time.monotonic()
+    logger.info("Memory pool end. avail mem=%.2f GB", avail_mem_gb())
+    if algo in ("DFLASH", "DDTREE"):
+        assert args.max_running_requests is not None
+        tokens = args.max_running_requests * args.effective_context_length
+        size = tokens * 2 / 2**30  # bf16, one value per token: the refserver's draft keeps no real pool
+        logger.info("KV Cache is allocated. dtype: torch.bfloat16, #tokens: %d, K size: %.2f GB, V size: %.2f GB",
+                    tokens, size, size)
+        logger.info("Memory pool end. avail mem=%.2f GB", avail_mem_gb())
+    return time.monotonic() - started
+
+
+def _capture_cuda_graphs(args: ServerArgs, seconds: float) -> float:
+    """SGLang 0.5.17's CUDA-graph capture lines, after the KV pools and before the port opens (the slow-graphs
+    fault makes the capture take `seconds`, as up to 185 s did on the H200); with --disable-cuda-graph its
+    'Disable prefill CUDA graph' line instead. Returns the seconds it took."""
+    if args.disable_cuda_graph:
+        logger.info("Disable prefill CUDA graph because cuda_graph_config resolved prefill.backend='disabled' "
+                    "(e.g. via --cuda-graph-backend-prefill=disabled or auto-disable rules).")
+        return 0.0
+    started = time.monotonic()
+    logger.info("Capture target prefill CUDA graph begin. backend=breakable, num_tokens=[4, 8, 12, 16], "
+                "avail mem=%.2f GB", avail_mem_gb())
+    time.sleep(seconds)
+    elapsed = time.monotonic() - started
+    logger.info("Capture target prefill CUDA graph end. elapsed=%.2f s, mem usage=0.00 GB, avail mem=%.2f GB.",
+                elapsed, avail_mem_gb())
+    return elapsed
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

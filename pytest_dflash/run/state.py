@@ -74,6 +74,9 @@ def _silent(message: str) -> None:
     pass
 
 
+SETTLE_POLL_S = 0.25  # how often a service waiting for its GPU neighbour's memory looks (and at the run's end)
+
+
 @dataclass
 class RunOptions:
     provision: bool = False
@@ -107,6 +110,10 @@ class ServiceHandle:
     # the test now using the service (run/fixtures.use_service): a request that runs out of time fails it
     current_test: str | None = None
     _stuck_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Set once this started service's GPU memory is settled (its KV pools allocated, its port open, or its
+    # readiness wait over): a service sharing its GPU may start from then on (HostContext.prestart).
+    settled: threading.Event = field(default_factory=threading.Event)
+    settled_by: str | None = None
 
     @property
     def name(self) -> str:
@@ -240,6 +247,40 @@ class ServiceHandle:
     def event(self, state: str, what: str) -> ServiceEvent:
         return ServiceEvent(f"{self.label}: {what}", host=self.host.name, service=self.name, state=state)
 
+    def settle(self, why: str) -> None:
+        """This service's GPU memory is settled (`why`): the services waiting to share its GPU may start."""
+        if not self.settled.is_set():
+            self.settled_by = why
+            self.settled.set()
+
+    def start_after(self, predecessors: list[ServiceHandle]) -> None:
+        """In the background: start this service once each of `predecessors` (starting on a GPU it shares) is
+        settled, then wait for its readiness as wait_in_background does."""
+        self._background = threading.Thread(target=self._start_when_settled, args=(predecessors,),
+                                            name=f"start {self.label}", daemon=True)
+        self._background.start()
+
+    def _start_when_settled(self, predecessors: list[ServiceHandle]) -> None:
+        try:
+            for other in predecessors:
+                while not other.settled.wait(SETTLE_POLL_S):
+                    if self.host.run.cleaning:
+                        raise ServiceError(f"{self.label}: not started: the run is ending")
+            after = "; ".join(f"{other.name}: {other.settled_by}" for other in predecessors)
+            self.host.start_service(self, f" once the GPU memory of the service(s) it shares a GPU with was "
+                                          f"settled ({after})")
+        except DflashError as exc:
+            self.failure = exc
+            self.settle("it was never started")
+            if not self.host.run.cleaning:  # the run's end is no failure of the service
+                self.host.run.progress(self.event("failed", f"not started: {readiness_error_summary(exc)}"))
+            return
+        except BaseException as exc:  # a bug: re-raised in the test that joins
+            self._background_error = exc
+            self.settle("it was never started")
+            return
+        self._become_ready_in_background()
+
     def _become_ready(self) -> ReadyReport:
         progress = self.host.run.progress
         try:
@@ -248,6 +289,8 @@ class ServiceHandle:
             self.failure = exc
             progress(self.event("failed", f"not ready: {readiness_error_summary(exc)}"))
             raise
+        finally:  # ready, dead or given up on: nothing more of it will be allocated while it starts
+            self.settle("its readiness wait ended")
         progress(self.event("ready", f"ready after {self.ready.total_s:.1f}s"))
         try:
             self.server_info = self.client.server_info()
@@ -279,7 +322,7 @@ class ServiceHandle:
             sampled_budget_s=min(budget, self.spec.sampled_timeout_s),
             log_lines=self.host.run.options.journal_lines, progress=progress,
             log_mark=self.started_mark, request_timeout_s=self.host.run.options.request_timeout_s,
-            abandoned=lambda: self.host.run.cleaning,
+            abandoned=lambda: self.host.run.cleaning, on_settled=self.settle,
         )
         return watcher.wait()
 
@@ -346,6 +389,9 @@ class HostContext:
     _transport: Transport | None = None
     _lock: HostLock | None = None
     _lock_failure: DflashError | None = None
+    # held while a service is started and while teardown stops them: a start in a background thread either
+    # completes before teardown (which then stops it) or sees the run's cleanup and starts nothing
+    _start_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def name(self) -> str:
@@ -414,31 +460,68 @@ class HostContext:
                 self._lock_failure = exc
                 raise
             self.notes.extend(self._reap())
-        # Start the services this run needs together when their GPUs do not overlap: a second
-        # SGLang starting on the same GPU charges the first one's memory to itself (recorded S4e).
-        batch = [first]
-        taken = set(first.spec.gpus)
-        for name in sorted(self.needed - {first.name}):
-            other = self.service(name)
-            if other.manager.provisioned or other.spec.kind != first.spec.kind:
+        # Services on different GPUs start together. A service sharing a GPU with one still starting starts once
+        # that one's GPU memory is settled (its KV pools allocated: ReadinessWatcher's StartupWatch), in the
+        # background: two SGLang servers sizing their KV pools at once on one GPU charge each other's memory
+        # (recorded S4e), but the long tail (CUDA-graph capture, the first sampled request's JIT) may overlap.
+        batch: list[ServiceHandle] = []
+        for handle in [first, *(self.service(name) for name in sorted(self.needed - {first.name}))]:
+            if handle.manager.provisioned or handle._background is not None or handle.failure is not None:
                 continue
-            if taken & set(other.spec.gpus):
+            if handle is not first and handle.spec.kind != first.spec.kind:
                 continue
-            taken |= set(other.spec.gpus)
-            batch.append(other)
+            batch.append(handle)
+        now: list[ServiceHandle] = []
+        later: list[tuple[ServiceHandle, list[ServiceHandle]]] = []
         for handle in batch:
-            handle.started_mark = handle.manager.log_mark()
+            gpus = set(handle.spec.gpus)
+            starting = [other for other in self.services.values()
+                        if other is not handle and not other.settled.is_set() and gpus & set(other.spec.gpus)
+                        and (other.manager.provisioned or other._background is not None)]
+            planned = [other for other in (*now, *(h for h, _ in later)) if gpus & set(other.spec.gpus)]
+            predecessors = [*starting, *(other for other in planned if all(other is not s for s in starting))]
+            if handle is first and predecessors:
+                self._wait_settled(first, predecessors)  # the test asked for it: it waits in the foreground
+                predecessors = []
+            if predecessors:
+                later.append((handle, predecessors))
+            else:
+                now.append(handle)
+        for handle in now:
             try:
-                handle.manager.start()
+                self.start_service(handle)
             except DflashError as exc:
-                handle.failure = exc if handle is not first else None
                 if handle is first:
                     raise
+                handle.failure = exc
+                handle.settle("it was never started")
                 self.run.progress(handle.event("failed", f"not started: {readiness_error_summary(exc)}"))
-                continue
-            self.run.progress(handle.event("started", f"started ({handle.url})"))
-        for handle in batch[1:]:
+        for handle in now[1:]:
             handle.wait_in_background()
+        for handle, predecessors in later:
+            shared = sorted({gpu for other in predecessors for gpu in set(other.spec.gpus) & set(handle.spec.gpus)})
+            names = ", ".join(other.name for other in predecessors)
+            self.run.progress(f"{handle.label}: starts once the KV cache of {names} is allocated (shared GPU "
+                              f"{', '.join(map(str, shared))}: two servers sizing their pools at once charge each "
+                              "other's memory)")
+            handle.start_after(predecessors)
+
+    def start_service(self, handle: ServiceHandle, why: str = "") -> None:
+        """Start one service (unless the run is ending) and say so."""
+        with self._start_lock:
+            if self.run.cleaning:
+                raise ServiceError(f"{handle.label}: not started: the run is ending")
+            handle.started_mark = handle.manager.log_mark()
+            handle.manager.start()
+        self.run.progress(handle.event("started", f"started ({handle.url}){why}"))
+
+    def _wait_settled(self, handle: ServiceHandle, predecessors: list[ServiceHandle]) -> None:
+        """Before starting `handle` in the foreground: each of `predecessors` (on a GPU it shares) is settled."""
+        for other in predecessors:
+            while not other.settled.wait(SETTLE_POLL_S):
+                interrupts.raise_if_lost()
+                if self.run.cleaning:
+                    raise ServiceError(f"{handle.label}: not started: the run is ending")
 
     def _reap(self) -> list[str]:
         if self.profile.is_local and all(s.kind == "process" for s in self.profile.services.values()):
@@ -462,7 +545,10 @@ class HostContext:
             except (DflashError, OSError) as exc:
                 problems.append(f"{handle.label}: {exc}")
 
-        # In parallel: a real SGLang takes seconds to drain and exit after SIGTERM.
+        # In parallel: a real SGLang takes seconds to drain and exit after SIGTERM. Under the start lock: a service
+        # a background thread is starting right now is stopped too (and none is started after this).
+        with self._start_lock:
+            pass
         stoppers = [threading.Thread(target=stop, args=(h,), name=f"stop-{h.label}")
                     for h in self.services.values() if h.manager.provisioned and not self.run.options.keep]
         for thread in stoppers:

@@ -25,8 +25,23 @@ from dataclasses import dataclass, field
 from pytest_dflash import interrupts
 from pytest_dflash.client import GREEDY, SAMPLED, DeadlineExceeded, InferenceClient, Sampling
 from pytest_dflash.config.durations import format_seconds
-from pytest_dflash.errors import ApiError, Death, ServiceCrashed, ServiceGone, ServiceNotReady, ServiceRestarted
+from pytest_dflash.errors import (
+    ApiError,
+    Death,
+    DflashError,
+    ServiceCrashed,
+    ServiceGone,
+    ServiceNotReady,
+    ServiceRestarted,
+)
 from pytest_dflash.services.base import LogMark, ServiceManager, ServiceState
+from pytest_dflash.services.phases import (
+    StartupLog,
+    describe_in_progress,
+    parse_startup,
+    phase_offsets,
+    utc_offset_for,
+)
 
 POLL_S = 0.25
 # After a dropped connection, how long to watch for the death that usually follows
@@ -78,12 +93,95 @@ class ReadyReport:
     server_info: dict[str, object] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     waited_from: float = field(default_factory=time.time)  # wall clock: when the wait began (unix seconds)
+    # the cold start by phase (services/phases.py): phase -> seconds from the start of the wait at which it ENDED,
+    # in order: process_started, weights_loaded, kv_cache_allocated, cuda_graphs_captured, port_open (from the
+    # service's log; port_open from HTTP where there is no log), first_greedy, first_sampled; missing ones omitted
+    phases: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
         return {"http_s": self.http_s, "greedy_s": self.greedy_s, "sampled_s": self.sampled_s,
                 "total_s": self.total_s, "greedy_request_s": self.greedy_request_s,
                 "sampled_request_s": self.sampled_request_s, "notes": self.notes,
-                "waited_from": round(self.waited_from, 3), "ready_at": round(self.waited_from + self.total_s, 3)}
+                "waited_from": round(self.waited_from, 3), "ready_at": round(self.waited_from + self.total_s, 3),
+                "phases": dict(self.phases)}
+
+
+# How often the start-up log is read while the port is not open (a local file, or one journalctl over ssh), and
+# how many of its lines: SGLang prints ~50 before its port opens (its server_args line alone is ~8 KB).
+STARTUP_LOG_EVERY_S = 1.0
+STARTUP_LOG_LINES = 5000
+
+
+@dataclass
+class StartupWatch:
+    """The service's start-up by phase, as its log shows it while readiness waits (services/phases.py).
+
+    `on_settled(why)` is called once, when the service's GPU memory is settled: its KV pools are allocated (the
+    log's pool lines are over) or, where the log says nothing of them, its port opened (SGLang opens it after all
+    of its scheduler's allocations). A neighbour on the same GPU may start from then on (run/state.py).
+    """
+
+    service: ServiceManager
+    log_mark: LogMark | None
+    waited_from: float  # unix time the wait began
+    on_settled: Callable[[str], None] | None = None
+    log: StartupLog = field(default_factory=StartupLog)
+    utc_offset_s: float | None = None
+    settled_by: str | None = None
+    _next_read: float = 0.0
+
+    def poll(self, now: float, *, force: bool = False) -> None:
+        """Read the log again if it is time to (monotonic `now`) and the port is not open yet."""
+        if (now < self._next_read and not force) or "port_open" in self.log.ends or self.log_mark is None:
+            return  # no mark: not started by this run (attached), its log holds an older start-up, if any
+        self._next_read = now + STARTUP_LOG_EVERY_S
+        try:
+            text = self.service.logs_since(self.log_mark, STARTUP_LOG_LINES)
+        except DflashError:
+            return  # no log this time: the port opening still settles it
+        log = parse_startup(text)
+        if log.last_line is not None and self.utc_offset_s is None:
+            self.utc_offset_s = utc_offset_for(log.last_line, time.time())
+        self.log = log
+        if "kv_cache_allocated" in log.ends:
+            self.settle("its KV cache was allocated (its log's pool lines)")
+
+    def port_opened(self) -> None:
+        self.poll(time.monotonic(), force=True)  # the lines up to the port, for the phases
+        self.settle("its port opened (after its KV pools and CUDA graphs)")
+
+    def settle(self, why: str) -> None:
+        if self.settled_by is None:
+            self.settled_by = why
+            if self.on_settled is not None:
+                self.on_settled(why)
+
+    def doing(self) -> str:
+        """What the start-up is doing now, for a heartbeat ('' when the log says nothing)."""
+        if self.utc_offset_s is None:
+            return ""
+        return describe_in_progress(self.log, now=time.time(), waited_from=self.waited_from,
+                                    utc_offset_s=self.utc_offset_s)
+
+    def phases(self, report: ReadyReport) -> dict[str, float]:
+        """The report's phases: the log's (clamped to the port's opening as HTTP saw it), then the generations."""
+        out: dict[str, float] = {}
+        if self.utc_offset_s is not None:
+            out = phase_offsets(self.log, waited_from=self.waited_from, utc_offset_s=self.utc_offset_s,
+                                not_after=report.http_s)
+        return finish_phases(out, report)
+
+
+def finish_phases(from_log: dict[str, float], report: ReadyReport) -> dict[str, float]:
+    """`from_log` completed by what HTTP measured: the port (where the log has no line), first greedy, sampled."""
+    out = dict(from_log)
+    if "port_open" not in out and report.http_s is not None:
+        out["port_open"] = round(report.http_s, 3)
+    if report.greedy_s is not None:
+        out["first_greedy"] = round(report.greedy_s, 3)
+    if report.sampled_s is not None:
+        out["first_sampled"] = round(report.sampled_s, 3)
+    return out
 
 
 class _InFlight:
@@ -156,6 +254,9 @@ class ReadinessWatcher:
     # True once the run is ending (its cleanup began): a wait in a pre-flight thread ends then, not at its budget
     # (the process exits only when that thread does)
     abandoned: Callable[[], bool] | None = None
+    # called once when the service's GPU memory is settled (StartupWatch): a neighbour on its GPU may start
+    on_settled: Callable[[str], None] | None = None
+    progress_every_s: float = PROGRESS_EVERY_S
     _base_restarts: int | None = None
 
     def _check_abandoned(self, phase: str, started: float) -> None:
@@ -195,18 +296,21 @@ class ReadinessWatcher:
             return self._wait_over_http()  # attached by URL: no process to ask
         report = ReadyReport()
         started = time.monotonic()
+        startup = StartupWatch(self.service, self.log_mark, report.waited_from, self.on_settled)
         deadline = started + self.budget_s
         phase = "http"
         problem = "no HTTP answer yet"
         in_flight: _InFlight | None = None
         dropped_at: float | None = None
-        next_progress = started + PROGRESS_EVERY_S
+        next_progress = started + self.progress_every_s
         next_attempt = started
         while True:
             interrupts.raise_if_lost()
             self._check_abandoned(phase, started)
             now = time.monotonic()
             self._check_alive(phase)
+            if phase == "http":
+                startup.poll(now)
             if dropped_at is not None and now - dropped_at > DEATH_GRACE_S:
                 dropped_at = None  # the drop was not followed by death: retry the request below
             if now > deadline:
@@ -217,14 +321,16 @@ class ReadinessWatcher:
                 hint = (" (a new SGLang process's first sampled request took up to 256 s on an H200, also with warm "
                         "JIT caches; FlashInfer builds under one host-wide lock, so another process's JIT build "
                         "stalls it too)" if phase == "sampled" else "")
-                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: {problem}{extra}{hint}",
+                doing = f"{startup.doing()}; " if phase == "http" and startup.doing() else ""
+                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: {doing}{problem}{extra}{hint}",
                           heartbeat=True)
-                next_progress = now + PROGRESS_EVERY_S
+                next_progress = now + self.progress_every_s
             if phase == "http" and now >= next_attempt:
                 try:
                     response = self.client.request("GET", "/v1/models", timeout_s=2)
                     if response.status_code == 200:
                         report.http_s = now - started
+                        startup.port_opened()
                         phase, problem = "greedy", "greedy generation not answered yet"
                         continue  # straight on to the first generation
                     problem = f"/v1/models answered HTTP {response.status_code}"
@@ -241,6 +347,7 @@ class ReadinessWatcher:
                     finished, in_flight = in_flight, None
                     if finished.result is not None:
                         if _generation_answered(report, phase, finished.age, now - started):
+                            report.phases = startup.phases(report)
                             return report
                         phase, problem = "sampled", SAMPLED_PENDING
                         continue
@@ -368,6 +475,7 @@ class ReadinessWatcher:
                                               f"warmup phase: {HEALTH_PATH} answered HTTP {status}")
                     continue
                 if _generation_answered(report, phase, finished.age, now - started):
+                    report.phases = finish_phases({}, report)
                     return report
                 phase, problem = "sampled", SAMPLED_PENDING
                 continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_dflash.api import ServiceHandle, service_checks
+from pytest_dflash.api import ServiceHandle, coldstart, service_checks
 
 pytestmark = pytest.mark.service
 
@@ -18,6 +18,12 @@ pytestmark = pytest.mark.service
 def test_ready_by_real_generation(dflash_service_raw: ServiceHandle) -> None:
     """Ready = a real greedy AND a real sampled (top-k/top-p) generation succeeded."""
     service_checks.ready_by_real_generation(dflash_service_raw)
+
+
+def test_cold_start_within_its_budgets(dflash_service: ServiceHandle) -> None:
+    """The cold start (process → weights → KV cache → CUDA graphs → port → first greedy → first sampled) stays
+    within the [floors.SERVICE] cold-start budgets (cold_start_s, <phase>_s); skipped where none is set."""
+    coldstart.cold_start_within_budgets(dflash_service)
 
 
 def test_serves_the_profiles_algorithm(dflash_service: ServiceHandle) -> None:
