@@ -1,0 +1,64 @@
+"""Speculation that really happens: smoke against refservers whose drafts are never accepted, whose /v1/models
+names another model, whose verifier fell back to greedy; and NGRAM / EAGLE3 beside plain through every
+generation and parity check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from e2e_helpers import write_profile
+from support.pytest_runs import assert_no_crash, verdict
+
+DECLARED = 'unaccepted_draft = "random-weight test draft: loading and losslessness, not speed"'
+
+
+def test_smoke_fails_a_draft_that_is_never_accepted_and_a_renamed_model(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A random draft fails smoke's accept-length check (unless the profile declares it); a server naming another
+    model on /v1/models fails the identity check; a greedy-verification fallback fails the speculation check."""
+    profile = write_profile(tmp_path, "spec", {
+        "working": ("DFLASH", []),
+        "random": ("DFLASH", ["--random-draft"]),
+        "declared": ("DFLASH", ["--random-draft"]),
+        "renamed": ("NONE", ["--v1-models-id", "Qwen/Qwen3-8B"]),
+        "greedy": ("DFLASH", ["--inject", "greedy-fallback"]),
+    }, service_extra={"declared": DECLARED})
+    result = run_suite("smoke", "--host", str(profile),
+                       "-k", "accept_length or consistent_model or profiles_speculation")
+    assert_no_crash(result)
+    text = result.stdout.str()
+    failed = {line.split("::")[1].split(" ")[0] for line in text.splitlines() if line.startswith("FAILED ")}
+    assert failed == {"test_accept_length[spec/random]", "test_serves_one_consistent_model[spec/renamed]",
+                      "test_serves_the_profiles_speculation[spec/greedy]"}, text[-4000:]
+    result.stdout.fnmatch_lines([
+        "*random: no speculation in practice: accept length 1.0* on 3 greedy prompts (meta_info; * tokens in * "
+        "verify steps, accept rate 0.0*) < 1.1 required by the default minimum*",
+        "*Likely causes: a draft model that does not match the target*random or untrained draft*",
+    ])
+    result.stdout.fnmatch_lines(["*renamed*/v1/models lists [[]'Qwen/Qwen3-8B'[]]*"])
+    result.stdout.fnmatch_lines(["*greedy does not serve the speculation its profile asks for: sampled requests are "
+                                 "verified by greedy argmax*falling back to greedy argmax verification*"])
+    data = verdict(run_suite.reports, "spec")
+    assert data["services"]["working"]["speculation"]["speculative_algorithm"] == "DFLASH"
+    assert data["services"]["working"]["speculation"]["speculative_num_draft_tokens"] == 8
+    assert data["services"]["renamed"].get("speculation") is None  # plain: no speculation to record
+    assert data["metrics"]["acceptance:declared"]["mean"] < 1.1  # measured, and passed: the profile says why
+    assert data["metrics"]["acceptance:working"]["mean"] > 2
+
+
+def test_ngram_and_eagle3_beside_plain_pass_smoke_generation_and_parity(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The refserver serves NGRAM and EAGLE3 losslessly with real acceptance; every suite passes them."""
+    profile = write_profile(tmp_path, "algos", {
+        "plain": ("NONE", []),
+        "ngram": ("NGRAM", ["--speculative-num-draft-tokens", "8"]),
+        "eagle3": ("EAGLE3", ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+                              "--speculative-num-draft-tokens", "8"]),
+    }, parity=("plain", ["ngram", "eagle3"]))
+    result = run_suite(["smoke", "parity"], "--host", str(profile))
+    assert_no_crash(result)
+    text = result.stdout.str()
+    assert "failed" not in text.splitlines()[-1], text[-4000:]
+    data = verdict(run_suite.reports, "algos")
+    assert data["services"]["ngram"]["speculation"]["speculative_algorithm"] == "NGRAM"
+    assert data["services"]["eagle3"]["speculation"]["speculative_eagle_topk"] == 4
+    assert data["metrics"]["acceptance:ngram"]["mean"] > 1.1
+    assert data["metrics"]["acceptance:eagle3"]["mean"] > 1.5
