@@ -197,7 +197,7 @@ def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int 
     # No per-request fields (older SGLang): the server-wide average since a flush, prompts one at a time.
     if not _reports_server_mean(client):
         raise AcceptanceUnavailable(
-            f"{client.service}: no accept length at all: meta_info has no spec_verify_ct (no spec_* field) and "
+            f"{client.service}: no accept length: meta_info has no spec_verify_ct (no spec_* field) and "
             "/server_info has no internal_states[0].avg_spec_accept_length: the server is not speculating, though "
             f"its profile says it does. Likely causes: {LIKELY_CAUSES}")
     if flush_refused is not None:

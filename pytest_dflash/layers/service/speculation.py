@@ -128,6 +128,28 @@ def served_speculation(server_info: Mapping[str, Any] | None) -> dict[str, Any]:
     return {key: _normalise(key, info[key]) for key in SERVED_KEYS if info.get(key) is not None}
 
 
+_SERVER_ARGS_VALUE = r"=('(?:[^'\\]|\\.)*'|None|True|False|-?\d+(?:\.\d+)?)"
+
+
+def server_args_from_log(log: str) -> dict[str, Any]:
+    """The speculative keys of the log's first ``server_args=ServerArgs(...)`` line, as /server_info has them
+    (None where the log has no such line): what was served, for a server whose /server_info is gone."""
+    line = next((text for text in log.splitlines() if "server_args=ServerArgs(" in text), None)
+    if line is None:
+        return {}
+    out: dict[str, Any] = {}
+    for key in SERVED_KEYS:
+        match = re.search(rf"[(\s]{key}{_SERVER_ARGS_VALUE}", line)
+        if match is None:
+            continue
+        raw = match.group(1)
+        value: Any = {"None": None, "True": True, "False": False}.get(raw, raw)
+        if isinstance(value, str) and value.startswith("'"):
+            value = value[1:-1]
+        out[key] = value
+    return served_speculation(out)
+
+
 def log_findings(log: str) -> list[tuple[LogRule, str]]:
     """Each rule whose warning is in `log`, with its first line."""
     found = []
@@ -174,4 +196,4 @@ def compare(requested: Mapping[str, Any], served: Mapping[str, Any], log: str = 
 
 
 __all__ = ["FLAGS", "LOG_RULES", "Findings", "LogRule", "compare", "log_findings", "requested_speculation",
-           "served_speculation"]
+           "server_args_from_log", "served_speculation"]
