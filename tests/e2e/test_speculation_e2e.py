@@ -31,9 +31,8 @@ def test_smoke_fails_a_draft_that_is_never_accepted_and_a_renamed_model(run_suit
                       "test_serves_the_profiles_speculation[spec/greedy]"}, text[-4000:]
     result.stdout.fnmatch_lines([
         "*random: no speculation in practice: accept length 1.0* on 3 greedy prompts (meta_info; * tokens in * "
-        "verify steps, accept rate 0.0*) < 1.1 required by the default minimum*",
-        "*Likely causes: a draft model that does not match the target*random or untrained draft*",
-    ])
+        "verify steps, accept rate 0.0*) < 1.1 required by the default minimum*Likely causes: a draft model that does "
+        "not match the target*random or untrained draft*"])
     result.stdout.fnmatch_lines(["*renamed*/v1/models lists [[]'Qwen/Qwen3-8B'[]]*"])
     result.stdout.fnmatch_lines(["*greedy does not serve the speculation its profile asks for: sampled requests are "
                                  "verified by greedy argmax*falling back to greedy argmax verification*"])
@@ -41,6 +40,9 @@ def test_smoke_fails_a_draft_that_is_never_accepted_and_a_renamed_model(run_suit
     assert data["services"]["working"]["speculation"]["speculative_algorithm"] == "DFLASH"
     assert data["services"]["working"]["speculation"]["speculative_num_draft_tokens"] == 8
     assert data["services"]["renamed"].get("speculation") is None  # plain: no speculation to record
+    failures = {f["test"].split("::")[-1].split("@")[0]: f for f in data["failures"]}
+    assert failures["test_accept_length[spec/random]"]["diagnosis"][0]["id"] == "draft-never-accepted"
+    assert failures["test_serves_the_profiles_speculation[spec/greedy]"]["diagnosis"][0]["id"] == "greedy-fallback"
     assert data["metrics"]["acceptance:declared"]["mean"] < 1.1  # measured, and passed: the profile says why
     assert data["metrics"]["acceptance:working"]["mean"] > 2
 

@@ -134,7 +134,9 @@ def serves_the_profiles_speculation(service: ServiceHandle) -> speculation.Findi
         pytest.skip(f"{service.label} does not use speculative decoding")
     requested = speculation.requested_speculation(service.spec.command)
     algorithm = service.spec.algorithm if service.spec.speculative else None
-    findings = speculation.compare(requested, served, _log_text(service), algorithm=algorithm)
+    concurrency = service.host.profile.perf.get("concurrency")
+    findings = speculation.compare(requested, served, _log_text(service), algorithm=algorithm,
+                                   perf_concurrency=concurrency if isinstance(concurrency, int) else None)
     for note in findings.notes:
         service.host.notes.append(f"{service.label}: {note}")
     if findings.failures:

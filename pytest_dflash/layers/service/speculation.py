@@ -10,8 +10,9 @@ builds without the sampling kernel verifies sampled requests by greedy argmax. T
 * served: `/server_info` (`served_speculation`, recorded as the service's fact "speculation" in the verdict);
 * said: SGLang's warnings in the service's log (`log_findings`).
 
-`compare` sorts the differences into failures (the served speculation is not the one asked for: algorithm,
-number of draft tokens / block size, greedy-verification fallback) and notes (everything else).
+`compare` (with the profile's `[perf]` concurrency) sorts the differences into failures (the served speculation
+is not the one asked for: algorithm, number of draft tokens / block size, greedy-verification fallback) and notes
+(everything else).
 """
 
 from __future__ import annotations
@@ -161,9 +162,14 @@ def log_findings(log: str) -> list[tuple[LogRule, str]]:
 
 
 def compare(requested: Mapping[str, Any], served: Mapping[str, Any], log: str = "", *,
-            algorithm: str | None = None) -> Findings:
-    """Failures and notes: the profile's `algorithm` and command (`requested`) vs /server_info (`served`) vs the log."""
+            algorithm: str | None = None, perf_concurrency: int | None = None) -> Findings:
+    """Failures and notes: the profile's `algorithm` and command (`requested`) vs /server_info (`served`) vs the log;
+    `perf_concurrency` ([perf] concurrency) above the served max_running_requests is a note (requests queue)."""
     findings = Findings()
+    running = served.get("max_running_requests")
+    if perf_concurrency is not None and isinstance(running, int) and perf_concurrency > running:
+        findings.notes.append(f"[perf] concurrency {perf_concurrency} > the served max_running_requests {running}: "
+                              "the perf layer's requests queue on the server")
     asked = dict(requested)
     if algorithm is not None and algorithm not in ("AUTO",):
         asked.setdefault("speculative_algorithm", algorithm)
@@ -195,5 +201,14 @@ def compare(requested: Mapping[str, Any], served: Mapping[str, Any], log: str = 
     return findings
 
 
-__all__ = ["FLAGS", "LOG_RULES", "Findings", "LogRule", "compare", "log_findings", "requested_speculation",
-           "server_args_from_log", "served_speculation"]
+__all__ = [
+    "FLAGS",
+    "LOG_RULES",
+    "Findings",
+    "LogRule",
+    "compare",
+    "log_findings",
+    "requested_speculation",
+    "served_speculation",
+    "server_args_from_log",
+]

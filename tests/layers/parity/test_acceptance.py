@@ -12,6 +12,7 @@ import pytest
 from pytest_dflash.client import InferenceClient
 from pytest_dflash.config.profiles import profile_from_dict
 from pytest_dflash.errors import InventoryError
+from pytest_dflash.evidence.diagnosis import diagnose
 from pytest_dflash.layers.parity.acceptance import (
     DEFAULT_MIN_ACCEPT_LENGTH,
     Acceptance,
@@ -146,3 +147,15 @@ def test_unaccepted_draft_is_a_reason_on_a_speculative_service() -> None:
         profile_from_dict(_profile(algorithm="NONE", unaccepted_draft="why"), source=Path("p.toml"))
     with pytest.raises(InventoryError, match=r"unaccepted_draft.*expected the reason"):
         profile_from_dict(_profile(algorithm="DFLASH", unaccepted_draft=" "), source=Path("p.toml"))
+
+
+def test_the_catalog_names_a_draft_that_is_never_accepted_only_with_the_failure() -> None:
+    """The real random-draft log diagnoses as draft-never-accepted beside the accept-length failure; the same log
+    of a healthy run (a declared random draft) diagnoses as nothing."""
+    log = (RUN_2026_12_02 / "h200.dflash.server.log").read_text()
+    random_draft = _recorded_acceptance("h200-all-suites.verdict.json", "dflash")
+    with pytest.raises(AssertionError) as info:
+        check_accepts_drafts(random_draft, required_floor("dflash", {}, unaccepted_draft=None, source="h200.toml"))
+    found = diagnose(str(info.value), log)
+    assert found[0].id == "draft-never-accepted" and "accept len: 1.00, accept rate: 0.00" in found[0].evidence
+    assert [d.id for d in diagnose(log)] == []

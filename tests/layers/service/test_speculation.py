@@ -13,8 +13,8 @@ from pytest_dflash.layers.service.speculation import (
     compare,
     log_findings,
     requested_speculation,
-    server_args_from_log,
     served_speculation,
+    server_args_from_log,
 )
 
 DATA = Path(__file__).parents[2] / "data"
@@ -102,3 +102,15 @@ def test_eagle_topk_one_adjusting_the_draft_tokens_is_a_note() -> None:
     assert findings.failures == []
     assert findings.notes[0] == ("--speculative-num-draft-tokens 8 asked, /server_info speculative_num_draft_tokens = "
                                  "4 (topk 1: SGLang uses num_steps + 1)")
+
+
+def test_perf_concurrency_above_the_served_max_running_requests_is_a_note() -> None:
+    """tools/device/h200.toml's [perf] concurrency 4 fits the reset 48; a concurrency of 64 would queue."""
+    log = (RUN / "h200.dflash.server.log").read_text()
+    served = server_args_from_log(log)
+    perf = tomllib.loads((TOOLS / "h200.toml").read_text())["perf"]
+    assert not any("[perf]" in n for n in compare({}, served, algorithm="DFLASH",
+                                                  perf_concurrency=perf["concurrency"]).notes)
+    notes = compare({}, served, algorithm="DFLASH", perf_concurrency=64).notes
+    assert notes == ["[perf] concurrency 64 > the served max_running_requests 48: the perf layer's requests queue "
+                     "on the server"]
