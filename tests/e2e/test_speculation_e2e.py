@@ -22,7 +22,8 @@ def test_smoke_fails_a_draft_that_is_never_accepted_and_a_renamed_model(run_suit
         "renamed": ("NONE", ["--v1-models-id", "Qwen/Qwen3-8B"]),
         "greedy": ("DFLASH", ["--inject", "greedy-fallback"]),
     }, service_extra={"declared": DECLARED})
-    result = run_suite("smoke", "--host", str(profile),
+    html = tmp_path / "spec.html"
+    result = run_suite("smoke", "--host", str(profile), f"--html={html}",
                        "-k", "accept_length or consistent_model or profiles_speculation")
     assert_no_crash(result)
     text = result.stdout.str()
@@ -45,6 +46,7 @@ def test_smoke_fails_a_draft_that_is_never_accepted_and_a_renamed_model(run_suit
     assert failures["test_serves_the_profiles_speculation[spec/greedy]"]["diagnosis"][0]["id"] == "greedy-fallback"
     assert data["metrics"]["acceptance:declared"]["mean"] < 1.1  # measured, and passed: the profile says why
     assert data["metrics"]["acceptance:working"]["mean"] > 2
+    assert "speculation spec/working" in html.read_text()  # the served configuration, in the Environment table
 
 
 def test_ngram_and_eagle3_beside_plain_pass_smoke_generation_and_parity(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
