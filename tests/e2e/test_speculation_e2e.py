@@ -57,10 +57,15 @@ def test_ngram_and_eagle3_beside_plain_pass_smoke_generation_and_parity(run_suit
         "eagle3": ("EAGLE3", ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
                               "--speculative-num-draft-tokens", "8"]),
     }, parity=("plain", ["ngram", "eagle3"]))
-    result = run_suite(["smoke", "parity"], "--host", str(profile))
+    # kept short: one distribution parity and one concurrent parity (EAGLE3's top-k tree: the harder verify), no
+    # long-prompt or GPU/env checks (nothing algorithm-specific in them)
+    result = run_suite(["smoke", "generation", "parity"], "--host", str(profile), "-m", "not env and not host",
+                       "-k", "not long_prompt and not (distribution_parity and ngram) and not (concurrent and ngram)")
     assert_no_crash(result)
-    text = result.stdout.str()
-    assert "failed" not in text.splitlines()[-1], text[-4000:]
+    outcomes = result.parseoutcomes()
+    # skipped: plain's speculation check, and the DDTREE-vs-DFLASH acceptance test (no DDTREE here)
+    assert outcomes.get("passed", 0) >= 120 and set(outcomes) == {"passed", "skipped", "deselected"}, outcomes
+    assert outcomes["skipped"] == 2, result.stdout.str()[-4000:]
     data = verdict(run_suite.reports, "algos")
     assert data["services"]["ngram"]["speculation"]["speculative_algorithm"] == "NGRAM"
     assert data["services"]["eagle3"]["speculation"]["speculative_eagle_topk"] == 4
