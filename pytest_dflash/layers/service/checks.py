@@ -129,6 +129,8 @@ def serves_the_profiles_speculation(service: ServiceHandle) -> speculation.Findi
     __tracebackhide__ = True
     if not service.native:
         pytest.skip("needs SGLang's /server_info (not an SGLang server)")
+    if service.server_info is None:
+        pytest.skip(f"{service.label}: /server_info did not answer: the served speculation is unknown")
     served = speculation.served_speculation(service.server_info)
     if not service.spec.speculative and not served:
         pytest.skip(f"{service.label} does not use speculative decoding")

@@ -55,29 +55,29 @@ class LogRule:
 
 
 LOG_RULES: tuple[LogRule, ...] = (
-    LogRule("greedy_fallback", re.compile(r"[^\n]*falling back to greedy argmax verification[^\n]*"), True,
+    LogRule("greedy_fallback", re.compile(r"falling back to greedy argmax verification"), True,
             "sampled requests are verified by greedy argmax: their outputs are not drawn from the target's "
             "distribution (a build without the sampling kernel)"),
     LogRule("max_running_requests_reset",
-            re.compile(r"[^\n]*Max running requests is reset to (\d+) for speculative decoding[^\n]*"), False,
+            re.compile(r"Max running requests is reset to (\d+) for speculative decoding"), False,
             "max_running_requests was reset for speculative decoding (set --max-running-requests to choose it)"),
     LogRule("num_steps_forced",
-            re.compile(r"[^\n]*only supports speculative_num_steps == 1; overriding speculative_num_steps=[^\n]*"),
+            re.compile(r"only supports speculative_num_steps == 1; overriding speculative_num_steps="),
             False, "speculative_num_steps was forced to 1"),
     LogRule("topk_forced",
-            re.compile(r"[^\n]*only supports speculative_eagle_topk == 1; overriding speculative_eagle_topk=[^\n]*"),
+            re.compile(r"only supports speculative_eagle_topk == 1; overriding speculative_eagle_topk="),
             False, "speculative_eagle_topk was forced to 1"),
     LogRule("draft_attention_backend_fallback",
-            re.compile(r"[^\n]*draft worker only supports attention_backend in [^\n]*Falling back to[^\n]*"), False,
+            re.compile(r"draft worker only supports attention_backend in [^\n]*Falling back to"), False,
             "the draft attention backend asked for is not supported: another one serves the draft"),
     LogRule("num_draft_tokens_adjusted",
-            re.compile(r"[^\n]*speculative_num_draft_tokens is adjusted to speculative_num_steps \+ 1[^\n]*"), False,
+            re.compile(r"speculative_num_draft_tokens is adjusted to speculative_num_steps \+ 1"), False,
             "speculative_num_draft_tokens was adjusted to num_steps + 1 (topk 1)"),
     LogRule("num_draft_tokens_defaulted",
-            re.compile(r"[^\n]*(?:defaulting speculative_num_draft_tokens to \d+|speculative_num_draft_tokens is not "
-                       r"set; defaulting to \d+|speculative_num_draft_tokens is set to \d+ by default)[^\n]*"), False,
+            re.compile(r"(?:defaulting speculative_num_draft_tokens to \d+|speculative_num_draft_tokens is not "
+                       r"set; defaulting to \d+|speculative_num_draft_tokens is set to \d+ by default)"), False,
             "the number of draft tokens was not given: the server chose it"),
-    LogRule("spec_v2_synchronous", re.compile(r"[^\n]*Non-overlap \(synchronous\) spec v2 is used[^\n]*"), False,
+    LogRule("spec_v2_synchronous", re.compile(r"Non-overlap \(synchronous\) spec v2 is used"), False,
             "speculation runs without the overlap scheduler"),
 )
 
@@ -157,7 +157,9 @@ def log_findings(log: str) -> list[tuple[LogRule, str]]:
     for rule in LOG_RULES:
         match = rule.pattern.search(log)
         if match:
-            found.append((rule, match.group(0).strip()))
+            start = log.rfind("\n", 0, match.start()) + 1
+            end = log.find("\n", match.end())
+            found.append((rule, log[start : end if end != -1 else len(log)].strip()))
     return found
 
 

@@ -114,3 +114,30 @@ def test_perf_concurrency_above_the_served_max_running_requests_is_a_note() -> N
     notes = compare({}, served, algorithm="DFLASH", perf_concurrency=64).notes
     assert notes == ["[perf] concurrency 64 > the served max_running_requests 48: the perf layer's requests queue "
                      "on the server"]
+
+
+def _recorded_services() -> list[tuple[str, str, dict[str, Any], str]]:
+    """(run, service, its profile table, its log) for every server the DDTree H200 runs recorded with a
+    server_args line (a server that crashed before logging one has nothing to compare)."""
+    found = []
+    for run in sorted((DATA / "sglang-0.5.17-h200-ddtree").iterdir()):
+        for profile in run.glob("*.toml"):
+            data = tomllib.loads(profile.read_text())
+            for name, table in data["services"].items():
+                log = run / f"server_{name}.log"
+                if log.is_file() and "server_args=ServerArgs(" in (text := log.read_text(errors="replace")):
+                    found.append((run.name, name, {**table, "perf": data.get("perf", {})}, text))
+    return found
+
+
+def test_every_recorded_h200_server_served_what_its_profile_asked() -> None:
+    """No false alarm on 50-odd real servers (plain, DFLASH, DDTREE; graphs, overlap, flashinfer, budgets 8-64):
+    each speculative one gets exactly SGLang's max_running_requests note, a plain one nothing."""
+    recorded = _recorded_services()
+    assert len(recorded) >= 40
+    for run, name, table, log in recorded:
+        findings = compare(requested_speculation(table["command"]), server_args_from_log(log), log,
+                           algorithm=table["algorithm"].upper(), perf_concurrency=table["perf"].get("concurrency"))
+        assert findings.failures == [], (run, name, findings.failures)
+        expected = 0 if table["algorithm"].upper() == "NONE" else 1
+        assert len(findings.notes) == expected, (run, name, findings.notes)
