@@ -386,11 +386,12 @@ def _service(name: str, table: _Table, host: HostProfile, profile_dir: Path) -> 
     if (log_command or log_file) and host.connection is None:
         raise table.fail("log_command" if log_command else "log_file", "needs host access (a connection)")
     unaccepted_draft = table.get("unaccepted_draft", str)
-    if unaccepted_draft is not None and (not unaccepted_draft.strip() or algorithm.upper() in ("NONE", AUTO)):
-        raise table.fail("unaccepted_draft", "expected the reason why this speculative service's draft cannot be "
-                                             "accepted (a non-empty string), on a service with a speculative algorithm"
-                         if algorithm.upper() not in ("NONE", AUTO) else
-                         "only for a service with a speculative algorithm (this one has none)")
+    if unaccepted_draft is not None and algorithm.upper() in ("NONE", AUTO):
+        raise table.fail("unaccepted_draft", "only for a service with a speculative algorithm (this one has "
+                                             f"{'none' if algorithm.upper() == 'NONE' else 'no algorithm given'})")
+    if unaccepted_draft is not None and not unaccepted_draft.strip():
+        raise table.fail("unaccepted_draft", "expected the reason why this service's draft cannot be accepted "
+                                             "(a non-empty string)")
     needs_port = any("{port}" in part for part in (url, *command))
     if port_value is None and needs_port and kind != "process":
         raise table.fail("port", "expected a fixed port: only process services get an automatic one")
