@@ -28,6 +28,7 @@ DEFAULT_BLOCK_SIZE = 8  # SGLang takes DFlash's from the draft model's config (1
 DEFAULT_DDTREE_BUDGET = 32
 NGRAM_DEFAULT_DRAFT_TOKENS = 12  # SGLang's default for NGRAM
 DRAFT_HEAD_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
+DFLASH_DRAFT_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "trtllm_mha", "ascend")  # SGLang 0.5.17's
 SPECULATIVE_ALGORITHMS = ("NONE", "DFLASH", "DDTREE", *DRAFT_HEAD_ALGORITHMS, "NGRAM")
 ATTENTION_BACKENDS = (
     "triton", "flashinfer", "fa3", "fa4", "flashmla", "cutlass_mla", "trtllm_mha", "trtllm_mla",
@@ -193,8 +194,14 @@ def _handle_speculative(server_args: ServerArgs) -> None:
         server_args.speculative_num_steps = server_args.speculative_num_steps or 1
         server_args.speculative_eagle_topk = server_args.speculative_eagle_topk or 1
     if algo in ("DFLASH", "DDTREE", *DRAFT_HEAD_ALGORITHMS):
-        server_args.speculative_draft_attention_backend = (server_args.speculative_draft_attention_backend
-                                                           or server_args.attention_backend)
+        draft_backend = server_args.speculative_draft_attention_backend or server_args.attention_backend
+        if algo in ("DFLASH", "DDTREE") and draft_backend not in DFLASH_DRAFT_BACKENDS:
+            # SGLang 0.5.17 (arg_groups/speculative_hook.py): the draft runs on another backend, said once
+            server_args.adjustments.append(
+                f"DFLASH draft worker only supports attention_backend in {DFLASH_DRAFT_BACKENDS} for now, but got "
+                f"{draft_backend!r}. Falling back to 'flashinfer'.")
+            draft_backend = "flashinfer"
+        server_args.speculative_draft_attention_backend = draft_backend
     server_args.speculative_num_draft_tokens = block or DEFAULT_BLOCK_SIZE
     if server_args.speculative_num_draft_tokens < 2:
         raise ValueError(f"{algo} needs a block of at least 2 tokens, got {server_args.speculative_num_draft_tokens}.")

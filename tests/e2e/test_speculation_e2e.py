@@ -21,6 +21,7 @@ def test_smoke_fails_a_draft_that_is_never_accepted_and_a_renamed_model(run_suit
         "declared": ("DFLASH", ["--random-draft"]),
         "renamed": ("NONE", ["--v1-models-id", "Qwen/Qwen3-8B"]),
         "greedy": ("DFLASH", ["--inject", "greedy-fallback"]),
+        "drafted": ("DFLASH", ["--speculative-draft-attention-backend", "flashmla"]),
     }, service_extra={"declared": DECLARED})
     html = tmp_path / "spec.html"
     result = run_suite("smoke", "--host", str(profile), f"--html={html}",
@@ -46,6 +47,11 @@ def test_smoke_fails_a_draft_that_is_never_accepted_and_a_renamed_model(run_suit
     assert failures["test_serves_the_profiles_speculation[spec/greedy]"]["diagnosis"][0]["id"] == "greedy-fallback"
     assert data["metrics"]["acceptance:declared"]["mean"] < 1.1  # measured, and passed: the profile says why
     assert data["metrics"]["acceptance:working"]["mean"] > 2
+    # a draft attention backend SGLang replaced: passes, with notes naming both the difference and SGLang's line
+    assert data["services"]["drafted"]["speculation"]["speculative_draft_attention_backend"] == "flashinfer"
+    notes = [n for n in data["notes"] if n.startswith("spec/drafted")]
+    assert any("--speculative-draft-attention-backend flashmla asked" in n for n in notes), notes
+    assert any("but got 'flashmla'. Falling back to 'flashinfer'" in n for n in notes), notes
     assert "speculation spec/working" in html.read_text()  # the served configuration, in the Environment table
 
 

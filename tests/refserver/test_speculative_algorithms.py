@@ -3,6 +3,8 @@ DFLASH, with the acceptance each should have, and SGLang's start-up rules for th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from refserver_helpers import Job, run_jobs
 
@@ -79,3 +81,11 @@ def test_random_draft_and_v1_models_id_are_refserver_flags() -> None:
     args = prepare_server_args(["--speculative-algorithm", "DFLASH", "--random-draft", "--v1-models-id", "other"])
     assert args.random_draft and args.v1_models_id == "other"
     assert args.as_dict()["random_draft"] is True and "adjustments" not in args.as_dict()
+
+
+def test_an_unsupported_dflash_draft_backend_falls_back_with_sglangs_warning() -> None:
+    args = prepare_server_args(["--speculative-algorithm", "DFLASH", "--speculative-draft-attention-backend",
+                                "flashmla"])
+    assert args.speculative_draft_attention_backend == "flashinfer"
+    warnings = (Path(__file__).parents[1] / "data" / "sglang-0.5.17-source" / "speculative_warnings.log").read_text()
+    assert f"] {args.adjustments[0]}\n" in warnings  # word for word SGLang's line
