@@ -18,6 +18,7 @@ ENGINES = {
     "EAGLE3 chain": {"num_steps": 3, "block_size": 4},
     "EAGLE3 tree": {"num_steps": 3, "topk": 4, "block_size": 8},
     "STANDALONE": {"num_steps": 4, "block_size": 5},
+    "EAGLE tree": {"num_steps": 2, "topk": 2, "block_size": 4},
     "DFLASH random draft": {"random_draft": True},
 }
 
@@ -48,7 +49,7 @@ def test_each_algorithm_accepts_what_it_should(model: TinyLM) -> None:
     """Working drafts accept clearly more than 1 token per verify step; a random draft about 1."""
     lengths = {name: _accept_length(model, name) for name in ENGINES}
     assert lengths["DFLASH random draft"] < 1.1, lengths
-    for name in ("NGRAM", "EAGLE3 chain", "EAGLE3 tree", "STANDALONE"):
+    for name in ("NGRAM", "EAGLE3 chain", "EAGLE3 tree", "STANDALONE", "EAGLE tree"):
         assert lengths[name] > 1.3, lengths
     assert lengths["EAGLE3 tree"] > lengths["EAGLE3 chain"], lengths  # 4 candidates per step beat a chain
 

@@ -41,7 +41,7 @@ INTEGERS = ("speculative_num_draft_tokens", "speculative_num_steps", "speculativ
 BINDING = ("speculative_algorithm", "speculative_num_draft_tokens")
 TOPK_ONE_ADJUSTS = ("EAGLE", "EAGLE3", "STANDALONE")  # topk 1: num_draft_tokens := num_steps + 1 (SGLang's rule)
 SERVED_KEYS = (*FLAGS, "speculative_draft_model_path", "speculative_ddtree_budget", "speculative_dflash_block_size",
-               "speculative_use_rejection_sampling")
+               "speculative_use_rejection_sampling", "disaggregation_mode")
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,8 @@ def served_speculation(server_info: Mapping[str, Any] | None) -> dict[str, Any]:
     algorithm = str(info.get("speculative_algorithm") or "NONE").upper()
     if algorithm == "NONE":
         return {}
-    return {key: _normalise(key, info[key]) for key in SERVED_KEYS if info.get(key) is not None}
+    return {key: _normalise(key, info[key]) for key in SERVED_KEYS
+            if info.get(key) is not None and not (key == "disaggregation_mode" and info[key] == "null")}
 
 
 _SERVER_ARGS_VALUE = r"=('(?:[^'\\]|\\.)*'|None|True|False|-?\d+(?:\.\d+)?)"
@@ -175,6 +176,10 @@ def compare(requested: Mapping[str, Any], served: Mapping[str, Any], log: str = 
     asked = dict(requested)
     if algorithm is not None and algorithm not in ("AUTO",):
         asked.setdefault("speculative_algorithm", algorithm)
+    if served.get("disaggregation_mode"):
+        findings.notes.append(f"served under prefill/decode disaggregation (disaggregation_mode = "
+                              f"{served['disaggregation_mode']!r}): speculation has been reported silently off there "
+                              "upstream; the accept length is the proof that it runs")
     said = log_findings(log)
     adjusted = any(rule.name == "num_draft_tokens_adjusted" for rule, _ in said)
     served_algorithm = str(served.get("speculative_algorithm") or "NONE").upper()

@@ -141,3 +141,15 @@ def test_every_recorded_h200_server_served_what_its_profile_asked() -> None:
         assert findings.failures == [], (run, name, findings.failures)
         expected = 0 if table["algorithm"].upper() == "NONE" else 1
         assert len(findings.notes) == expected, (run, name, findings.notes)
+
+
+def test_disaggregation_is_recorded_and_noted() -> None:
+    """The real server_args line says disaggregation_mode='null' (not recorded); a decode server of a PD pair (the
+    same line with SGLang's 'decode') is recorded and noted: DFlash has run without speculation there upstream."""
+    log = (RUN / "h200.dflash.server.log").read_text()
+    assert "disaggregation_mode='null'" in log and "disaggregation_mode" not in server_args_from_log(log)
+    decode = server_args_from_log(log.replace("disaggregation_mode='null'", "disaggregation_mode='decode'"))
+    assert decode["disaggregation_mode"] == "decode"
+    findings = compare({}, decode, algorithm="DFLASH")
+    assert findings.failures == [] and findings.notes[0].startswith(
+        "served under prefill/decode disaggregation (disaggregation_mode = 'decode')")
