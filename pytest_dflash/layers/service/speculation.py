@@ -135,7 +135,8 @@ _SERVER_ARGS_VALUE = r"=('(?:[^'\\]|\\.)*'|None|True|False|-?\d+(?:\.\d+)?)"
 
 def server_args_from_log(log: str) -> dict[str, Any]:
     """The speculative keys of the log's first ``server_args=ServerArgs(...)`` line, as /server_info has them
-    (None where the log has no such line): what was served, for a server whose /server_info is gone."""
+    (empty where the log has no such line or no speculation): what was served, for a server whose /server_info is
+    gone."""
     line = next((text for text in log.splitlines() if "server_args=ServerArgs(" in text), None)
     if line is None:
         return {}
@@ -184,8 +185,6 @@ def compare(requested: Mapping[str, Any], served: Mapping[str, Any], log: str = 
     adjusted = any(rule.name == "num_draft_tokens_adjusted" for rule, _ in said)
     served_algorithm = str(served.get("speculative_algorithm") or "NONE").upper()
     for key, want in asked.items():
-        if key in SWITCHES:
-            continue
         if key == "speculative_algorithm":
             got: Any = served_algorithm
         elif key not in served:
@@ -195,7 +194,7 @@ def compare(requested: Mapping[str, Any], served: Mapping[str, Any], log: str = 
         if got == want:
             continue
         flag = FLAGS[key][0]
-        message = f"{flag} {want} asked, /server_info {key} = {got!r}"
+        message = f"{flag}{'' if key in SWITCHES else f' {want}'} asked, /server_info {key} = {got!r}"
         topk_one = (key == "speculative_num_draft_tokens" and served_algorithm in TOPK_ONE_ADJUSTS
                     and (adjusted or served.get("speculative_eagle_topk") == 1))
         if key in BINDING and not topk_one:

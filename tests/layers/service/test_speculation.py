@@ -153,3 +153,12 @@ def test_disaggregation_is_recorded_and_noted() -> None:
     findings = compare({}, decode, algorithm="DFLASH")
     assert findings.failures == [] and findings.notes[0].startswith(
         "served under prefill/decode disaggregation (disaggregation_mode = 'decode')")
+
+
+def test_overlap_scheduling_asked_off_and_served_on_is_a_note() -> None:
+    """The real DFLASH server ran with the overlap scheduler (disable_overlap_schedule=False in its server_args)."""
+    log = (RUN / "h200.dflash.server.log").read_text()
+    findings = compare(requested_speculation(["--disable-overlap-schedule"]), server_args_from_log(log),
+                       algorithm="DFLASH")
+    assert findings.failures == []
+    assert findings.notes == ["--disable-overlap-schedule asked, /server_info disable_overlap_schedule = False"]
