@@ -256,11 +256,17 @@ def check_accepts_drafts(acceptance: Acceptance, floor: Floor) -> None:
     per_request = f"; per request {[round(v, 2) for v in acceptance.per_request]}" if acceptance.per_request else ""
     zero = (f" The server reports accept rate 0 ({acceptance.accepted_drafts} of {acceptance.proposed_drafts} "
             "draft tokens accepted).") if rate_zero else ""
+    if acceptance.mean < DEFAULT_MIN_ACCEPT_LENGTH:  # not clearly above 1: speculation that does not happen
+        raise AssertionError(
+            f"{acceptance.service}: no speculation in practice: {acceptance.describe()} < {floor.value:g} required by "
+            f"{floor.where}{per_request}.{zero} Every verify step costs a draft and a wider target pass, so this "
+            f"service is slower than plain decoding. Likely causes: {LIKELY_CAUSES}. A test pair that knowingly serves "
+            "a draft that cannot be accepted says so: [services.NAME] unaccepted_draft = \"why\" (docs/profiles.md)")
     raise AssertionError(
-        f"{acceptance.service}: no speculation in practice: {acceptance.describe()} < {floor.value:g} required by "
-        f"{floor.where}{per_request}.{zero} Every verify step costs a draft and a wider target pass, so this service "
-        f"is slower than plain decoding. Likely causes: {LIKELY_CAUSES}. A test pair that knowingly serves a draft "
-        "that cannot be accepted says so: [services.NAME] unaccepted_draft = \"why\" (docs/profiles.md)")
+        f"{acceptance.service}: drafts accepted less often than required: {acceptance.describe()} < {floor.value:g} "
+        f"required by {floor.where}{per_request}. Likely causes: a draft model that does not match the target well "
+        "(another fine-tune or revision), --speculative-num-draft-tokens / the tree budget, prompts unlike the "
+        "draft's training data, or a verifier that rejects good drafts")
 
 
 def check_ddtree_vs_dflash(ddtree: Acceptance, dflash: Acceptance, *, ratio: float) -> None:

@@ -159,3 +159,11 @@ def test_the_catalog_names_a_draft_that_is_never_accepted_only_with_the_failure(
     found = diagnose(str(info.value), log)
     assert found[0].id == "draft-never-accepted" and "accept len: 1.00, accept rate: 0.00" in found[0].evidence
     assert [d.id for d in diagnose(log)] == []
+
+
+def test_a_working_draft_below_an_explicit_floor_is_not_called_no_speculation() -> None:
+    """Real NGRAM (4.8) under a floor of 6: drafts are accepted, just less often than the profile requires."""
+    ngram = _recorded_acceptance("ngram.verdict.json", "ngram")
+    with pytest.raises(AssertionError, match=r"h200/ngram: drafts accepted less often than required: accept length "
+                                             r"4.785 on 16 greedy prompts .* < 6 required by \[floors.ngram\]"):
+        check_accepts_drafts(ngram, required_floor("ngram", {"accept_length": 6}, unaccepted_draft=None, source="p"))
