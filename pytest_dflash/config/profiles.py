@@ -105,6 +105,9 @@ class ServiceSpec:
     container: ContainerSpec | None = None  # kind = "container"
     log_command: str | None = None  # kind = "external": a command printing its log ({since}: unix time)
     log_file: str | None = None  # kind = "external": a log file on the host
+    # A draft that knowingly cannot be accepted (a random-weight test draft): why. Lowers the default accept-length
+    # minimum (1.1) to 1 token per verify step (layers/parity/acceptance.py).
+    unaccepted_draft: str | None = None
 
     @property
     def speculative(self) -> bool:
@@ -423,6 +426,13 @@ def _service(name: str, table: _Table, host: HostProfile, profile_dir: Path) -> 
         raise table.fail("log_file", f"expected an absolute path on the host, got {log_file!r}")
     if (log_command or log_file) and host.connection is None:
         raise table.fail("log_command" if log_command else "log_file", "needs host access (a connection)")
+    unaccepted_draft = table.get("unaccepted_draft", str)
+    if unaccepted_draft is not None and algorithm.upper() in ("NONE", AUTO):
+        raise table.fail("unaccepted_draft", "only for a service with a speculative algorithm (this one has "
+                                             f"{'none' if algorithm.upper() == 'NONE' else 'no algorithm given'})")
+    if unaccepted_draft is not None and not unaccepted_draft.strip():
+        raise table.fail("unaccepted_draft", "expected the reason why this service's draft cannot be accepted "
+                                             "(a non-empty string)")
     needs_port = any("{port}" in part for part in (url, *command))
     if port_value is None and needs_port and kind != "process":
         raise table.fail("port", "expected a fixed port: only process services get an automatic one")
@@ -445,6 +455,7 @@ def _service(name: str, table: _Table, host: HostProfile, profile_dir: Path) -> 
         container=container,
         log_command=log_command,
         log_file=log_file,
+        unaccepted_draft=unaccepted_draft,
     )
     table.done()
     return spec

@@ -115,6 +115,8 @@ def _defs() -> dict[str, Any]:
                 "sampled_timeout": {"$ref": "#/$defs/duration"},
                 "api_key_env": {"type": "string"},
                 "model": {"type": "string"},
+                "unaccepted_draft": {"type": "string", "minLength": 1,
+                                     "description": "why this speculative service's draft cannot be accepted"},
                 "log_command": {"type": "string", "description": "external: a command printing its log ({since})"},
                 "log_file": {"type": "string", "pattern": "^/", "description": "external: a log file on the host"},
                 # kind = "container" (docker / podman)

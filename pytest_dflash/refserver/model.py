@@ -39,6 +39,7 @@ SPECIAL_TOKENS: dict[str, int] = {
     "<|MASK|>": 259,  # DFlash's mask token (real: mask_token_id in the draft config)
 }
 VOCAB_SIZE = 260
+RANDOM_DRAFT_SEED = 7  # --random-draft: the draft rows come from this generator, not from the target
 EOS_IDS: tuple[int, ...] = (256, 258)  # like Qwen: <|endoftext|> and <|im_end|> both end a turn
 LOGIT_GRID = 2.0**-20  # see module docstring: makes batched and single-step rows identical
 
@@ -274,14 +275,19 @@ class Drafter:
     candidates per position.
     """
 
-    def __init__(self, target: TinyLM) -> None:
+    def __init__(self, target: TinyLM, *, random_draft: bool = False) -> None:
         self.target = target
+        # --random-draft: rows from a seeded generator, unrelated to the target (a random-weight draft model)
+        self.random = np.random.default_rng(RANDOM_DRAFT_SEED) if random_draft else None
 
     def propose(self, pending: int, cache: KVCache, length: int) -> list[np.ndarray]:
         """Log-probabilities of the next ``length`` positions after ``pending``, along the greedy draft.
 
         Scribbles on the rows after ``cache.length``; the verify pass overwrites them.
         """
+        if self.random is not None:
+            noise = self.random.standard_normal((length, VOCAB_SIZE)) * 4.0
+            return [z - z.max() - math.log(float(np.exp(z - z.max()).sum())) for z in noise]
         rows = []
         tok = pending
         for j in range(length):

@@ -43,7 +43,8 @@ def missing_field(body: dict[str, Any], field: str, func: str, path: str) -> JSO
 
 def add_routes(app: FastAPI, state: ServerState) -> None:
     """Register the OpenAI-compatible routes on ``app``."""
-    model_id = state.args.served_model_name or state.args.model_path
+    # --v1-models-id: a server whose /v1/models names another model than /model_info and /server_info
+    model_id = state.args.v1_models_id or state.args.served_model_name or state.args.model_path
 
     @app.get("/v1/models")
     async def available_models() -> Response:

@@ -65,6 +65,8 @@ def launch_server(args: ServerArgs) -> None:
         logger.info("DDTREE does not support grammar-constrained decoding; setting --grammar-backend none (was %r) "
                     "so such requests are rejected instead of crashing the scheduler.", args.grammar_backend)
         args.grammar_backend = "none"
+    for line in args.adjustments:
+        logger.warning(line)
     logger.info(args.log_line())
     t0 = time.monotonic()
     config = ModelConfig(context_length=args.effective_context_length)
@@ -77,7 +79,7 @@ def launch_server(args: ServerArgs) -> None:
     )  # fmt: skip
     algo = args.speculative_algorithm or "NONE"
     active = faults.active()
-    if algo != "NONE":
+    if algo in ("DFLASH", "DDTREE"):
         # DDTREE drafts with the DFLASH draft runner too (real SGLang logs this line for both), then logs its worker
         logger.info(
             "Initialized DFLASH draft runner. attention_backend=%s, model=EarlyExitDraftModel, block_size=%d, "
@@ -103,6 +105,9 @@ def launch_server(args: ServerArgs) -> None:
         ddtree_budget=args.ddtree_budget,
         greedy_verify_only="greedy-fallback" in active,
         tree_verify_bug="tree-verify-bug" in active,
+        num_steps=args.speculative_num_steps or 1,
+        topk=args.speculative_eagle_topk or 1,
+        random_draft=args.random_draft,
     )
     assert args.max_running_requests is not None and args.sampling_backend is not None
     try:

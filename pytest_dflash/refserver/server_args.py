@@ -26,6 +26,10 @@ DEFAULT_CONTEXT_LENGTH = 2048
 MAX_CONTEXT_LENGTH = 32768  # the "derived" context length of the built-in model
 DEFAULT_BLOCK_SIZE = 8  # SGLang takes DFlash's from the draft model's config (16 on the H200 record)
 DEFAULT_DDTREE_BUDGET = 32
+NGRAM_DEFAULT_DRAFT_TOKENS = 12  # SGLang's default for NGRAM
+DRAFT_HEAD_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
+DFLASH_DRAFT_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "trtllm_mha", "ascend")  # SGLang 0.5.17's
+SPECULATIVE_ALGORITHMS = ("NONE", "DFLASH", "DDTREE", *DRAFT_HEAD_ALGORITHMS, "NGRAM")
 ATTENTION_BACKENDS = (
     "triton", "flashinfer", "fa3", "fa4", "flashmla", "cutlass_mla", "trtllm_mha", "trtllm_mla",
     "torch_native", "aiter", "wave", "intel_amx", "ascend",
@@ -84,12 +88,19 @@ class ServerArgs:
     speculative_num_draft_tokens: int | None = None
     speculative_dflash_block_size: int | None = None
     speculative_ddtree_budget: int | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_draft_attention_backend: str | None = None
     enable_deterministic_inference: bool = False
     # refserver-only
+    random_draft: bool = False
+    v1_models_id: str | None = None
     model_seed: int = 0
     gpu_step_ms: float = 0.0
     gpu_draft_ms: float | None = None
     inject: dict[str, float] = field(default_factory=dict)
+    # SGLang's start-up warnings about speculative settings it changed, logged before the server_args line
+    adjustments: list[str] = field(default_factory=list, repr=False)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
@@ -133,7 +144,8 @@ class ServerArgs:
 
     def as_dict(self) -> dict[str, Any]:
         """server_args as /server_info shows them (the API key's value is never shown)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "inject"}
+        hidden = ("inject", "adjustments")
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in hidden}
         out["api_key"] = None if self.api_key is None else "<redacted>"
         out["inject"] = ",".join(_describe(self.inject)) or None
         return out
@@ -162,6 +174,34 @@ def _handle_speculative(server_args: ServerArgs) -> None:
             f"speculative_dflash_block_size={server_args.speculative_dflash_block_size}."
         )
     block = server_args.speculative_num_draft_tokens or server_args.speculative_dflash_block_size
+    if algo in DRAFT_HEAD_ALGORITHMS:
+        # SGLang's EAGLE rules: num_steps and topk default small; topk 1 drafts a chain of num_steps tokens
+        server_args.speculative_num_steps = server_args.speculative_num_steps or 3
+        server_args.speculative_eagle_topk = server_args.speculative_eagle_topk or 1
+        if server_args.speculative_eagle_topk == 1 and block != server_args.speculative_num_steps + 1:
+            if block is not None:
+                server_args.adjustments.append(
+                    "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+                    "speculative_eagle_topk == 1")
+            block = server_args.speculative_num_steps + 1
+        block = block or 2 * server_args.speculative_num_steps * server_args.speculative_eagle_topk
+    elif algo == "NGRAM" and block is None:
+        block = NGRAM_DEFAULT_DRAFT_TOKENS
+        server_args.adjustments.append(
+            f"speculative_num_draft_tokens is set to {block} by default for ngram speculative decoding. "
+            "You can override this by explicitly setting --speculative-num-draft-tokens.")
+    else:
+        server_args.speculative_num_steps = server_args.speculative_num_steps or 1
+        server_args.speculative_eagle_topk = server_args.speculative_eagle_topk or 1
+    if algo in ("DFLASH", "DDTREE", *DRAFT_HEAD_ALGORITHMS):
+        draft_backend = server_args.speculative_draft_attention_backend or server_args.attention_backend
+        if algo in ("DFLASH", "DDTREE") and draft_backend not in DFLASH_DRAFT_BACKENDS:
+            # SGLang 0.5.17 (arg_groups/speculative_hook.py): the draft runs on another backend, said once
+            server_args.adjustments.append(
+                f"DFLASH draft worker only supports attention_backend in {DFLASH_DRAFT_BACKENDS} for now, but got "
+                f"{draft_backend!r}. Falling back to 'flashinfer'.")
+            draft_backend = "flashinfer"
+        server_args.speculative_draft_attention_backend = draft_backend
     server_args.speculative_num_draft_tokens = block or DEFAULT_BLOCK_SIZE
     if server_args.speculative_num_draft_tokens < 2:
         raise ValueError(f"{algo} needs a block of at least 2 tokens, got {server_args.speculative_num_draft_tokens}.")
@@ -173,6 +213,9 @@ def _handle_speculative(server_args: ServerArgs) -> None:
             raise ValueError(f"--speculative-ddtree-budget must be >= 1, got {server_args.speculative_ddtree_budget}.")
     if server_args.max_running_requests is None:
         server_args.max_running_requests = 48
+        server_args.adjustments.append(
+            "Max running requests is reset to 48 for speculative decoding. You can override this by explicitly "
+            "setting --max-running-requests.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,11 +237,21 @@ def build_parser() -> argparse.ArgumentParser:
            "every running request) takes at least this long whatever the batch size; 0 = CPU speed")
     a("--gpu-draft-ms", type=float, default=None,
       help="refserver only: the drafter's pass in that model (default: --gpu-step-ms / 8)")
-    a("--speculative-algorithm", type=str.upper, choices=("NONE", "DFLASH", "DDTREE"), default=None)
+    a("--speculative-algorithm", type=str.upper, choices=SPECULATIVE_ALGORITHMS, default=None)
     a("--speculative-draft-model-path", default=None, help="accepted; the drafter is built in")
     a("--speculative-num-draft-tokens", type=int, default=None, help=f"block size, default {DEFAULT_BLOCK_SIZE}")
     a("--speculative-dflash-block-size", type=int, default=None, help="alias of --speculative-num-draft-tokens")
     a("--speculative-ddtree-budget", type=int, default=None, help=f"tree nodes, default {DEFAULT_DDTREE_BUDGET}")
+    a("--speculative-num-steps", type=int, default=None, help="EAGLE/EAGLE3/STANDALONE: draft steps (default 3)")
+    a("--speculative-eagle-topk", type=int, default=None,
+      help="EAGLE/EAGLE3/STANDALONE: candidates per step (1: a chain; default 1)")
+    a("--speculative-draft-attention-backend", choices=ATTENTION_BACKENDS, default=None)
+    a("--random-draft", action="store_true",
+      help="refserver only: the drafter proposes random tokens, as a random-weight draft model: almost never "
+           "accepted ('accept len: 1.00, accept rate: 0.00'); output stays lossless")
+    a("--v1-models-id", default=None,
+      help="refserver only: /v1/models lists this id instead of the served model name (a server that names "
+           "another model than /model_info and /server_info)")
     a("--enable-metrics", action="store_true", help="serve /metrics (404 without, as SGLang)")
     a("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"))
     a("--api-key", default=None, help="require 'Authorization: Bearer KEY'")

@@ -10,6 +10,13 @@ DFLASH drafts ``block_size - 1`` tokens (the block's first slot is the last acce
 SGLang, where ``spec_num_proposed_drafts = verify_ct * (block_size - 1)``) and verifies the chain in
 one target pass. DDTREE builds a tree best-first from the drafter's per-position candidates under a
 node budget and verifies all nodes in one pass with an ancestor-only mask.
+
+EAGLE / EAGLE3 / STANDALONE draft ``num_steps`` tokens autoregressively with the drafter (a chain with
+``topk`` 1, else a best-first tree of ``num_draft_tokens - 1`` nodes over the top-``topk`` candidates per
+step); NGRAM has no draft model: it drafts the tokens that followed the latest earlier occurrence of the
+sequence's last 1-3 tokens (prompt and output). All of them verify through the same walk as DFLASH, so
+every algorithm is lossless here by construction. ``random_draft`` replaces the drafter by random rows:
+a draft that is (almost) never accepted, as a random-weight draft model on a real server.
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ from pytest_dflash.refserver.model import EOS_IDS, VOCAB_SIZE, Drafter, KVCache,
 
 __all__ = ["ALGORITHMS", "Engine", "SamplingParams", "Sequence", "SpecStats", "Step", "processed_probs"]
 
-ALGORITHMS = ("NONE", "DFLASH", "DDTREE")
+ALGORITHMS = ("NONE", "DFLASH", "DDTREE", "EAGLE", "EAGLE3", "NGRAM", "STANDALONE")
+DRAFT_HEAD_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")  # draft num_steps tokens, a chain or a top-k tree
+NGRAM_MAX_MATCH = 3  # the longest suffix NGRAM looks up
 SAMPLING_EPS = 1e-6  # SGLang treats temperature below this as greedy
 
 
@@ -141,11 +150,16 @@ class Engine:
         ddtree_budget: int = 32,
         greedy_verify_only: bool = False,
         tree_verify_bug: bool = False,
+        num_steps: int = 3,
+        topk: int = 1,
+        random_draft: bool = False,
     ) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown speculative algorithm {algorithm!r}")
         self.target = target
-        self.drafter = Drafter(target)
+        self.drafter = Drafter(target, random_draft=random_draft)
+        self.num_steps = num_steps
+        self.topk = topk
         self.algorithm = algorithm
         self.block_size = block_size
         self.ddtree_budget = ddtree_budget
@@ -166,19 +180,32 @@ class Engine:
             logits = self.target.forward([pending], seq.cache)
             seq.cache.keep([0])
             return Step([choose(logits[0], seq.params, seq.rng)], [logits[0]])
-        rows = self.drafter.propose(pending, seq.cache, self.block_size - 1)
-        if self.algorithm == "DFLASH":
-            tokens = [int(r.argmax()) for r in rows]
-            parents = list(range(len(tokens)))  # draft i hangs under row i (row 0: the pending token)
-        else:
-            tokens, parents = build_tree(rows, self.ddtree_budget)
+        tokens, parents = self._draft(pending, seq)
         logits = self.target.forward([pending, *tokens], seq.cache, [-1, *parents])
         path, emitted = self._walk(logits, tokens, parents, seq)
         seq.cache.keep(path)
         # proposed = block_size - 1 per verify step for DDTREE too, whatever the tree budget: the real ddtree-v2
         # port counts it so (H200: spec_proposed_drafts 150 = 10 verify steps x 15 at budget 32; accept rate 4/15)
-        seq.stats.record(accepted=len(path) - 1, proposed=self.block_size - 1)
+        proposed = len(tokens) if self.algorithm in DRAFT_HEAD_ALGORITHMS else self.block_size - 1
+        seq.stats.record(accepted=len(path) - 1, proposed=proposed)
         return Step(emitted, [logits[row] for row in path])
+
+    def _draft(self, pending: int, seq: Sequence) -> tuple[list[int], list[int]]:
+        """The draft tokens after ``pending`` and their parents (0: the pending token, i: draft token i)."""
+        if self.algorithm == "NGRAM":
+            tokens = ngram_draft([*seq.prompt, *seq.output], self.block_size - 1)
+            return tokens, list(range(len(tokens)))
+        if self.algorithm in DRAFT_HEAD_ALGORITHMS:
+            rows = self.drafter.propose(pending, seq.cache, self.num_steps)
+            if self.topk == 1:
+                tokens = [int(r.argmax()) for r in rows]
+                return tokens, list(range(len(tokens)))
+            return build_tree(rows, self.block_size - 1, top=self.topk)
+        rows = self.drafter.propose(pending, seq.cache, self.block_size - 1)
+        if self.algorithm == "DFLASH":
+            tokens = [int(r.argmax()) for r in rows]
+            return tokens, list(range(len(tokens)))  # draft i hangs under row i (row 0: the pending token)
+        return build_tree(rows, self.ddtree_budget)
 
     def _walk(
         self, logits: np.ndarray, tokens: list[int], parents: list[int], seq: Sequence
@@ -205,13 +232,24 @@ class Engine:
             node = nxt
 
 
-def build_tree(rows: list[np.ndarray], budget: int) -> tuple[list[int], list[int]]:
+def ngram_draft(context: list[int], length: int) -> list[int]:
+    """NGRAM's draft: the ``length`` tokens that followed the latest earlier occurrence of the context's last
+    NGRAM_MAX_MATCH (else fewer, down to 1) tokens; empty when even the last token never occurred before."""
+    for n in range(min(NGRAM_MAX_MATCH, len(context) - 1), 0, -1):
+        suffix = context[-n:]
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start : start + n] == suffix:
+                return context[start + n : start + n + length]
+    return []
+
+
+def build_tree(rows: list[np.ndarray], budget: int, *, top: int = 16) -> tuple[list[int], list[int]]:
     """Best-first draft tree: a node's score is the sum of its path's per-position log-probabilities.
 
     Returns the nodes' tokens and parents (0 = the root, node i is row i + 1). Each popped node
     pushes its next sibling (same parent, next candidate at its depth) and its first child.
     """
-    top = min(budget, 16)
+    top = min(budget, top)
     cands = [np.argsort(-r, kind="stable")[:top] for r in rows]
     tokens: list[int] = []
     parents: list[int] = []

@@ -132,6 +132,11 @@ class HtmlHooks:
         metadata["dflash run id"] = builder.run_id
         for name, versions in versions_seen(builder).items():
             metadata[name] = redact(versions)
+        for host, verdict in sorted(builder.hosts.items()):  # the served speculation of each speculative service
+            for service, facts in sorted(verdict.services.items()):
+                if isinstance(facts.get("speculation"), dict):
+                    metadata[f"speculation {host}/{service}"] = redact(", ".join(
+                        f"{key.removeprefix('speculative_')}={value}" for key, value in facts["speculation"].items()))
 
 
 def run_title(builder: VerdictBuilder) -> str:

@@ -37,6 +37,7 @@ from pytest_dflash.errors import (
 from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
 from pytest_dflash.hostaccess.hostlock import HostLock
 from pytest_dflash.hostaccess.transport import Transport
+from pytest_dflash.layers.service.speculation import served_speculation
 from pytest_dflash.run.layers import Failure, LayerBook
 from pytest_dflash.services.base import LogMark, ServiceManager
 from pytest_dflash.services.container import ContainerService, reap_stale_containers
@@ -197,6 +198,7 @@ class ServiceHandle:
             "version": self.version,
             "model": info.get("model_path"),
             "num_draft_tokens": info.get("speculative_num_draft_tokens"),
+            "speculation": served_speculation(info) or None,  # what /server_info says is speculated, and how
             "provisioned": self.manager.provisioned,
             "ready": self.ready.as_dict() if self.ready else None,
         }

@@ -31,6 +31,12 @@ def test_serves_the_profiles_algorithm(dflash_service: ServiceHandle) -> None:
     service_checks.serves_the_profiles_algorithm(dflash_service)
 
 
+def test_serves_the_profiles_speculation(dflash_service: ServiceHandle) -> None:
+    """/server_info's speculation (a verdict fact) is what the command asks for (algorithm, draft tokens) and the
+    log shows no greedy-verification fallback; other settings SGLang changed quietly become notes."""
+    service_checks.serves_the_profiles_speculation(dflash_service)
+
+
 def test_serves_one_consistent_model(dflash_service: ServiceHandle) -> None:
     """/v1/models, /model_info and /server_info name one model, and it is the profile's `model` when set."""
     service_checks.serves_one_consistent_model(dflash_service)

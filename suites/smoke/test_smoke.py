@@ -18,6 +18,8 @@ from pytest_dflash.api import (
     generation,
     host,
     parity,
+    parity_checks,
+    service_checks,
 )
 
 
@@ -42,6 +44,18 @@ def test_serves_the_profiles_algorithm(dflash_service: ServiceHandle) -> None:
     if reason := generation.served_algorithm_unknown(dflash_service):
         pytest.skip(reason)
     generation.check_served_algorithm(dflash_service)
+
+
+@pytest.mark.service
+def test_serves_one_consistent_model(dflash_service: ServiceHandle) -> None:
+    """/v1/models, /model_info and /server_info name one model, the profile's `model` when set (no generation)."""
+    service_checks.serves_one_consistent_model(dflash_service)
+
+
+@pytest.mark.service
+def test_serves_the_profiles_speculation(dflash_service: ServiceHandle) -> None:
+    """The served speculation (/server_info, the log) is the command's: algorithm, draft tokens, no greedy fallback."""
+    service_checks.serves_the_profiles_speculation(dflash_service)
 
 
 @pytest.mark.generation
@@ -73,9 +87,10 @@ def test_greedy_parity(dflash_pair: tuple[ServiceHandle, ServiceHandle], dflash_
 
 @pytest.mark.perf
 @pytest.mark.dflash_services(speculative=True)
-def test_accept_length(dflash_service: ServiceHandle, dflash_perf: PerfLayer) -> None:
-    """Accept length on the smoke prompts >= [floors.SERVICE] accept_length (>= 1 where the profile sets none)."""
-    dflash_perf.quick_accept_length_of(dflash_service, parity.SMOKE_PROMPTS)
+def test_accept_length(dflash_service: ServiceHandle, dflash_layer_options: LayerOptions) -> None:
+    """Drafts are really accepted: accept length on the smoke prompts >= [floors.SERVICE] accept_length, else >= 1.1
+    (>= 1 for a profile's declared unaccepted_draft)."""
+    parity_checks.quick_accept_length(dflash_service, parity.SMOKE_PROMPTS, dflash_layer_options)
 
 
 @pytest.mark.perf

@@ -30,7 +30,7 @@ def write_profile(
     lines = ["[host]", 'connection = "local://"', f'python = "{sys.executable}"', 'provision = "always"', ""]
     for service, (algorithm, args) in services.items():
         command = ["{python}", "-m", "pytest_dflash.refserver", "--host", "127.0.0.1", "--port", "{port}",
-                   "--speculative-algorithm", algorithm, "--enable-metrics", *ARGS[algorithm], *args]
+                   "--speculative-algorithm", algorithm, "--enable-metrics", *ARGS.get(algorithm, []), *args]
         lines += [f"[services.{service}]", 'kind = "process"', f'algorithm = "{algorithm}"',
                   f"command = {toml_list(command)}", 'ready_timeout = "60s"',
                   (service_extra or {}).get(service, ""), ""]

@@ -72,9 +72,10 @@ def test_an_accept_length_under_the_profiles_floor_fails_smoke_with_the_number(r
     result = run_suite("smoke", "--host", str(profile), "-k", "accept_length")
     assert_no_crash(result)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*lowaccept/dflash: accept length *.* < floor 8.5 ([[]floors.dflash[]] "
-                                 "accept_length of *lowaccept.toml) on 3 greedy prompts*"])
-    match = re.search(r"accept length (\d+\.\d+) < floor 8\.5", result.stdout.str())
+    result.stdout.fnmatch_lines(["*lowaccept/dflash: drafts accepted less often than required: accept length *.* on 3 "
+                                 "greedy prompts (meta_info; *) < 8.5 required by [[]floors.dflash[]] accept_length of "
+                                 "*lowaccept.toml*"])
+    match = re.search(r"accept length (\d+\.\d+) on 3 greedy prompts \(meta_info; [^)]*\) < 8\.5", result.stdout.str())
     assert match and 2.0 < float(match[1]) < 6.0, match
 
 

@@ -6,18 +6,49 @@ fields; then the server-wide ``/server_info`` ``internal_states[0].avg_spec_acce
 after a ``/flush_cache`` (which resets it) and the prompts run one at a time. ``/flush_cache`` changes the
 server's state: on a server this run did not start it is sent only when the user allowed it
 (``--allow-state-changes``); otherwise the fallback is refused with `FlushRefused`.
+
+A speculative service must really accept drafts: its mean accept length must be at least the profile's
+``[floors.SERVICE] accept_length``, else at least `DEFAULT_MIN_ACCEPT_LENGTH` (1.1: a draft accepted on one
+verify step in ten). A service whose profile declares ``unaccepted_draft = "why"`` (a random draft on a test
+pair) only has to emit at least one token per verify step. A speculative server that reports no accept length
+at all (no ``spec_*`` field in meta_info, none in /server_info) fails: it is not speculating.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pytest_dflash.client import InferenceClient, Sampling
 
 Source = Literal["meta_info", "server_info"]
+DEFAULT_MIN_ACCEPT_LENGTH = 1.1  # without [floors.SERVICE] accept_length: drafts accepted, not speculation in name
+LIKELY_CAUSES = ("a draft model that does not match the target (another model family, tokenizer or revision), "
+                 "a random or untrained draft, or speculation disabled by a fallback or a setting the server "
+                 "changed at start-up (see the service's log and test_serves_the_profiles_speculation)")
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The minimum mean accept length a service must reach, and where it comes from."""
+
+    value: float
+    where: str
+    unaccepted_draft: str | None = None  # the profile's reason for a draft that cannot be accepted
+
+
+def required_floor(service: str, floors: Mapping[str, float | str], *, unaccepted_draft: str | None,
+                   source: str) -> Floor:
+    """[floors.SERVICE] accept_length when set; else 1 for a declared `unaccepted_draft`; else the default."""
+    raw = floors.get("accept_length")
+    if isinstance(raw, int | float):
+        return Floor(float(raw), f"[floors.{service}] accept_length of {source}", unaccepted_draft)
+    if unaccepted_draft is not None:
+        return Floor(1.0, f"[services.{service}] unaccepted_draft of {source}: {unaccepted_draft}", unaccepted_draft)
+    return Floor(DEFAULT_MIN_ACCEPT_LENGTH, f"the default minimum for a speculative service (set [floors.{service}] "
+                                            "accept_length, or unaccepted_draft for a draft that cannot be accepted)")
 
 
 class AcceptanceUnavailable(AssertionError):
@@ -43,6 +74,20 @@ class Acceptance:
     per_request: list[float] = field(default_factory=list)
     server_mean: float | None = None  # server_info fallback: SGLang's own average
     by_category: dict[str, list[int]] = field(default_factory=dict)  # category -> [tokens, verify steps, prompts]
+    accepted_drafts: int = 0  # spec_num_correct_drafts summed (meta_info, when reported)
+    proposed_drafts: int = 0  # spec_num_proposed_drafts summed
+
+    @property
+    def accept_rate(self) -> float | None:
+        """Accepted / proposed draft tokens (None: the server reports no draft counts)."""
+        return self.accepted_drafts / self.proposed_drafts if self.proposed_drafts else None
+
+    def describe(self) -> str:
+        """'accept length 1.016 on 4 greedy prompts (meta_info; 260 tokens in 256 verify steps, accept rate 0.00)'."""
+        rate = f", accept rate {self.accept_rate:.3f}" if self.accept_rate is not None else ""
+        steps = f" in {self.steps} verify steps" if self.steps else ""
+        return (f"accept length {self.mean:.3f} on {self.prompts} greedy prompts ({self.source}; {self.tokens} "
+                f"tokens{steps}{rate})")
 
     @property
     def per_category(self) -> dict[str, float]:
@@ -65,6 +110,8 @@ class Acceptance:
         fact: dict[str, Any] = {"mean": round(self.mean, 4), "source": self.source, "prompts": self.prompts,
                                 "tokens": self.tokens, "verify_steps": self.steps,
                                 "per_request": [round(v, 3) for v in self.per_request]}
+        if self.accept_rate is not None:
+            fact["accept_rate"] = round(self.accept_rate, 4)
         if self.per_category:
             fact["per_category"] = self.per_category
             fact["prompts_per_category"] = {name: counts[2] for name, counts in sorted(self.by_category.items())}
@@ -90,6 +137,13 @@ def _flush(client: InferenceClient, *, deadline_s: float = 15.0) -> None:
             raise AcceptanceUnavailable(f"{client.service}: /flush_cache kept answering {status} for {deadline_s:g}s "
                                         "(requests running?); cannot reset the server-wide accept length")
         time.sleep(0.2)
+
+
+def _reports_server_mean(client: InferenceClient) -> bool:
+    """/server_info has the server-wide accept length field at all (any value): reading it changes nothing."""
+    states = (client.server_info() or {}).get("internal_states")
+    return isinstance(states, list) and bool(states) and isinstance(states[0], dict) \
+        and "avg_spec_accept_length" in states[0]
 
 
 def _server_mean(client: InferenceClient) -> float | None:
@@ -127,6 +181,10 @@ def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int 
         tokens, steps = counts
         result.tokens += tokens
         result.steps += steps
+        correct, proposed = gen.meta.get("spec_num_correct_drafts"), gen.meta.get("spec_num_proposed_drafts")
+        if isinstance(correct, int | float) and isinstance(proposed, int | float):
+            result.accepted_drafts += int(correct)
+            result.proposed_drafts += int(proposed)
         result.per_request.append(tokens / steps)
         category = categories[index] if categories is not None else None
         if category is not None:
@@ -137,6 +195,11 @@ def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int 
     if not missing:
         return result
     # No per-request fields (older SGLang): the server-wide average since a flush, prompts one at a time.
+    if not _reports_server_mean(client):
+        raise AcceptanceUnavailable(
+            f"{client.service}: no accept length: meta_info has no spec_verify_ct (no spec_* field) and "
+            "/server_info has no internal_states[0].avg_spec_accept_length: the server is not speculating, though "
+            f"its profile says it does. Likely causes: {LIKELY_CAUSES}")
     if flush_refused is not None:
         raise FlushRefused(f"{client.service}: meta_info has no per-request accept length (spec_verify_ct), and the "
                            f"server-wide average needs a /flush_cache first: {flush_refused}")
@@ -181,6 +244,31 @@ def check_floor(acceptance: Acceptance, floor: float | None, *, where: str = "")
             "--speculative-num-draft-tokens, or a verifier that rejects good drafts)")
 
 
+def check_accepts_drafts(acceptance: Acceptance, floor: Floor) -> None:
+    """The mean accept length reaches `floor` (see `required_floor`): the drafts are really accepted.
+
+    The failure names the numbers and the likely causes; a server reporting accept rate 0 says so."""
+    __tracebackhide__ = True
+    check_at_least_one(acceptance)
+    rate_zero = acceptance.accept_rate == 0.0 and acceptance.proposed_drafts > 0
+    if acceptance.mean >= floor.value:
+        return
+    per_request = f"; per request {[round(v, 2) for v in acceptance.per_request]}" if acceptance.per_request else ""
+    zero = (f" The server reports accept rate 0 ({acceptance.accepted_drafts} of {acceptance.proposed_drafts} "
+            "draft tokens accepted).") if rate_zero else ""
+    if acceptance.mean < DEFAULT_MIN_ACCEPT_LENGTH:  # not clearly above 1: speculation that does not happen
+        raise AssertionError(
+            f"{acceptance.service}: no speculation in practice: {acceptance.describe()} < {floor.value:g} required by "
+            f"{floor.where}{per_request}.{zero} Every verify step costs a draft and a wider target pass, so this "
+            f"service is slower than plain decoding. Likely causes: {LIKELY_CAUSES}. A test pair that knowingly serves "
+            "a draft that cannot be accepted says so: [services.NAME] unaccepted_draft = \"why\" (docs/profiles.md)")
+    raise AssertionError(
+        f"{acceptance.service}: drafts accepted less often than required: {acceptance.describe()} < {floor.value:g} "
+        f"required by {floor.where}{per_request}. Likely causes: a draft model that does not match the target well "
+        "(another fine-tune or revision), --speculative-num-draft-tokens / the tree budget, prompts unlike the "
+        "draft's training data, or a verifier that rejects good drafts")
+
+
 def check_ddtree_vs_dflash(ddtree: Acceptance, dflash: Acceptance, *, ratio: float) -> None:
     """DDTREE's mean accept length must be at least `ratio` x DFLASH's on the same prompts."""
     __tracebackhide__ = True
@@ -193,5 +281,6 @@ def check_ddtree_vs_dflash(ddtree: Acceptance, dflash: Acceptance, *, ratio: flo
         )
 
 
-__all__ = ["Acceptance", "AcceptanceUnavailable", "FlushRefused", "check_at_least_one", "check_ddtree_vs_dflash",
-           "check_floor", "measure"]
+__all__ = ["DEFAULT_MIN_ACCEPT_LENGTH", "LIKELY_CAUSES", "Acceptance", "AcceptanceUnavailable", "Floor", "FlushRefused",
+           "check_accepts_drafts", "check_at_least_one", "check_ddtree_vs_dflash", "check_floor", "measure",
+           "required_floor"]

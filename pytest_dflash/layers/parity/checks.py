@@ -138,11 +138,39 @@ def _acceptance(service: ServiceHandle, options: LayerOptions, cache: Cache) -> 
     return measured
 
 
+def required_floor(service: ServiceHandle) -> acceptance.Floor:
+    """The service's minimum mean accept length: [floors.SERVICE] accept_length, 1 for a declared
+    unaccepted_draft, else acceptance.DEFAULT_MIN_ACCEPT_LENGTH."""
+    profile = service.host.profile
+    return acceptance.required_floor(service.name, profile.floors.get(service.name, {}),
+                                     unaccepted_draft=service.spec.unaccepted_draft, source=str(profile.source))
+
+
+def _speculative_or_skip(service: ServiceHandle) -> None:
+    if service.algorithm == "NONE":  # an attached server says what it runs only in /server_info
+        pytest.skip(f"{service.label} does not use speculative decoding")
+
+
 def accept_length(service: ServiceHandle, options: LayerOptions, cache: Cache) -> acceptance.Acceptance:
-    """The service's mean accept length, measured and checked to be >= 1 token per verify step."""
+    """The service's mean accept length, measured and checked to reach its floor (`required_floor`)."""
     __tracebackhide__ = True
+    _speculative_or_skip(service)
     measured = _acceptance(service, options, cache)
-    acceptance.check_at_least_one(measured)
+    acceptance.check_accepts_drafts(measured, required_floor(service))
+    return measured
+
+
+def quick_accept_length(service: ServiceHandle, prompts: Sequence[str], options: LayerOptions, *,
+                        max_tokens: int = 64) -> acceptance.Acceptance:
+    """Smoke: the accept length on a few greedy prompts reaches the service's floor (`required_floor`).
+
+    A point estimate (greedy accept length is deterministic for a given server); suites/perf bounds it."""
+    __tracebackhide__ = True
+    if not service.native:
+        pytest.skip("accept length needs SGLang's native /generate meta_info")
+    _speculative_or_skip(service)
+    measured = measure_acceptance(service, prompts, max_tokens=max_tokens, allowed=options.allow_state_changes)
+    acceptance.check_accepts_drafts(measured, required_floor(service))
     return measured
 
 
@@ -168,4 +196,5 @@ def ddtree_accepts_at_least_dflash(service: ServiceHandle, options: LayerOptions
 
 
 __all__ = ["ACCEPTANCE_SAMPLE", "accept_length", "acceptance_prompts", "ddtree_accepts_at_least_dflash",
-           "distribution_parity", "greedy_parity", "measure_acceptance", "reference_samples", "require_native"]
+           "distribution_parity", "greedy_parity", "measure_acceptance", "quick_accept_length", "reference_samples",
+           "require_native", "required_floor"]

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+from pytest_dflash.errors import DflashError
 from pytest_dflash.layers.generation import checks as generation
+from pytest_dflash.layers.service import speculation
 from pytest_dflash.services.readiness import ReadyReport
 
 if TYPE_CHECKING:
@@ -114,5 +116,37 @@ def serves_one_consistent_model(service: ServiceHandle) -> None:
         _fail(f"{service.label}: " + "; ".join(problems) + f" (the server said: {said})")
 
 
+def _log_text(service: ServiceHandle, lines: int = 20000) -> str:
+    try:
+        return service.manager.logs_since(service.started_mark, lines)
+    except DflashError:
+        return ""
+
+
+def serves_the_profiles_speculation(service: ServiceHandle) -> speculation.Findings:
+    """The speculation /server_info reports (a fact of the verdict) is what the profile's command asks for, and the
+    server's log shows no greedy-verification fallback; other quietly changed settings become notes."""
+    __tracebackhide__ = True
+    if not service.native:
+        pytest.skip("needs SGLang's /server_info (not an SGLang server)")
+    if service.server_info is None:
+        pytest.skip(f"{service.label}: /server_info did not answer: the served speculation is unknown")
+    served = speculation.served_speculation(service.server_info)
+    if not service.spec.speculative and not served:
+        pytest.skip(f"{service.label} does not use speculative decoding")
+    requested = speculation.requested_speculation(service.spec.command)
+    algorithm = service.spec.algorithm if service.spec.speculative else None
+    concurrency = service.host.profile.perf.get("concurrency")
+    findings = speculation.compare(requested, served, _log_text(service), algorithm=algorithm,
+                                   perf_concurrency=concurrency if isinstance(concurrency, int) else None)
+    for note in findings.notes:
+        service.host.notes.append(f"{service.label}: {note}")
+    if findings.failures:
+        _fail(f"{service.label} does not serve the speculation its profile asks for: " + "; ".join(findings.failures)
+              + f" (served: {served or 'no speculation'}; asked: {requested or 'no speculative flags'})")
+    return findings
+
+
 __all__ = ["STAY_UP_S", "has_not_restarted", "health_answers", "model_problems", "ready_by_real_generation",
-           "served_models", "serves_one_consistent_model", "serves_the_profiles_algorithm", "stays_up"]
+           "served_models", "serves_one_consistent_model", "serves_the_profiles_algorithm",
+           "serves_the_profiles_speculation", "stays_up"]
