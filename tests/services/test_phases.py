@@ -111,3 +111,25 @@ def test_phases_become_seconds_from_the_start_of_the_wait() -> None:
                        "port_open": 34.0}
     # a line cannot end a phase after the moment it was read (HTTP saw the port at 33.5 s)
     assert phase_offsets(parsed, waited_from=waited_from, utc_offset_s=offset, not_after=33.5)["port_open"] == 33.5
+
+
+OVERLAP = DATA / "sglang-0.5.17-h200-overlap"
+
+
+def test_the_recorded_h200_overlap_started_the_neighbour_at_the_kv_line() -> None:
+    """Issue 26 on real SGLang (plain with CUDA graphs + NGRAM on one H200, cold caches): the phases the verdict
+    recorded are the ones its server logs say, and NGRAM started within 3 s of plain's `KV Cache is allocated`
+    line — during plain's CUDA-graph capture, long before its readiness — and both became ready."""
+    import json
+
+    verdict = json.loads((OVERLAP / "cold.verdict.json").read_text())
+    plain, ngram = verdict["services"]["plain"]["ready"], verdict["services"]["ngram"]["ready"]
+    for name, ready in (("plain", plain), ("ngram", ngram)):
+        log = parse_startup(day(OVERLAP / f"cold.{name}.server.log"))
+        recorded = {phase: seconds for phase, seconds in ready["phases"].items() if not phase.startswith("first_")}
+        # the machine's clock was UTC: the log's stamps are the verdict's phases to the second
+        assert phase_offsets(log, waited_from=ready["waited_from"], utc_offset_s=0.0) == pytest.approx(recorded, abs=1)
+    plain_kv_at = plain["waited_from"] + plain["phases"]["kv_cache_allocated"]
+    assert 0 <= ngram["waited_from"] - plain_kv_at < 3
+    assert ngram["waited_from"] < plain["waited_from"] + plain["phases"]["cuda_graphs_captured"]
+    assert ngram["ready_at"] - plain["waited_from"] < plain["total_s"] + 5  # overlapped: not plain's + ngram's
