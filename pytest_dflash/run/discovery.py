@@ -20,6 +20,7 @@ import concurrent.futures
 import dataclasses
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 
@@ -75,8 +76,10 @@ def ask(spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S) -> dict[str, 
 
 
 def ask_when_up(key: str, spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S,
-                wait_up_s: float = WAIT_UP_S) -> dict[str, str]:
-    """ask(), again every 0.25 s while the server refuses connections (not up yet), within the wait budget."""
+                wait_up_s: float = WAIT_UP_S, stop: threading.Event | None = None) -> dict[str, str]:
+    """ask(), again every 0.25 s while the server refuses connections (not up yet), within the wait budget.
+    `stop` set (the run was interrupted) ends the wait at the next retry."""
+    stop = stop or threading.Event()
     started = time.monotonic()
     deadline = started + min(wait_up_s, spec.ready_timeout_s)
     next_say = started + PROGRESS_EVERY_S
@@ -84,13 +87,13 @@ def ask_when_up(key: str, spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOU
         answer = ask(spec, timeout_s)
         refused = answer.get("cause") == "refused"
         now = time.monotonic()
-        if not refused or now >= deadline:
+        if not refused or now >= deadline or stop.is_set():
             return answer
         if now >= next_say:
             print(f"[dflash] {key}: waiting {now - started:.0f}s for {spec.display_url} to answer /server_info "
                   "(connection refused; its algorithm selects its tests)", file=sys.stderr, flush=True)
             next_say = now + PROGRESS_EVERY_S
-        time.sleep(0.25)
+        stop.wait(0.25)
 
 
 def discover(profiles: Mapping[str, HostProfile], timeout_s: float = DISCOVERY_TIMEOUT_S,
@@ -99,12 +102,19 @@ def discover(profiles: Mapping[str, HostProfile], timeout_s: float = DISCOVERY_T
     todo = pending(profiles)
     if not todo:
         return {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
-        futures = {key: pool.submit(ask_when_up, key, spec, timeout_s, wait_up_s) for key, spec in todo}
+    stop = threading.Event()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(todo)))
+    try:
+        futures = {key: pool.submit(ask_when_up, key, spec, timeout_s, wait_up_s, stop) for key, spec in todo}
         answers = {key: future.result() for key, future in futures.items()}
+    finally:
+        # Ctrl-C / SIGTERM (a KeyboardInterrupt here) must not wait out WAIT_UP_S for servers still not up:
+        # the retry loops stop at once and at most one GET (DISCOVERY_TIMEOUT_S) is left in flight per thread.
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
     for key, spec in todo:
         if "error" in answers[key]:  # one line now: its service-layer test fails with it later (or is blocked)
-            print(scrub(f"[dflash] {key}: {spec.url}/server_info could not be read: {answers[key]['error']}",
+            print(scrub(f"[dflash] {key}: {spec.display_url}/server_info could not be read: {answers[key]['error']}",
                         LINE_BYTES, "discovery"), file=sys.stderr, flush=True)
     return answers
 
@@ -122,7 +132,7 @@ def apply(profiles: Mapping[str, HostProfile], answers: Answers) -> dict[str, Ho
                 services[name] = dataclasses.replace(spec, algorithm=answer["algorithm"])
             else:
                 services[name] = dataclasses.replace(
-                    spec, discovery_error=f"{spec.url}/server_info could not be read before the tests were "
+                    spec, discovery_error=f"{spec.display_url}/server_info could not be read before the tests were "
                                           f"selected ({answer.get('error')}): its algorithm is unknown, so no "
                                           "algorithm-specific test was selected for it")
         out[host] = dataclasses.replace(profile, services=services) if services != profile.services else profile

@@ -1,0 +1,57 @@
+"""Discovery of an attached server's algorithm: bounded, interruptible, and never printing a URL's password."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from types import FrameType
+
+import pytest
+
+from pytest_dflash.config.profiles import attach_profile
+from pytest_dflash.run import discovery
+
+PASSWORD = "s3cret-pw"
+
+
+def _refused_url() -> str:
+    with socket.socket() as sock:  # bound and closed: nothing listens there, connections are refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://user:{PASSWORD}@127.0.0.1:{port}"
+
+
+def test_an_interrupt_ends_the_wait_for_a_server_not_up_yet_at_once() -> None:
+    """Ctrl-C / SIGTERM (a KeyboardInterrupt in the main thread) while a server refuses connections: discover()
+    returns control within a retry, not after WAIT_UP_S (the threads asking must not be joined to the end)."""
+    profile = attach_profile(_refused_url(), 0)
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            discovery.discover({profile.name: profile}, wait_up_s=120.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 5.0
+
+
+def test_a_server_that_never_comes_up_is_an_answer_with_a_masked_url(capsys: pytest.CaptureFixture[str]) -> None:
+    """The wait budget spent: the answer is an error (its service test fails with it) and neither the printed
+    line nor the reason kept in the profile carries the password."""
+    profile = attach_profile(_refused_url(), 0)
+    answers = discovery.discover({profile.name: profile}, wait_up_s=0.5)
+    (answer,) = answers.values()
+    assert answer.get("cause") == "refused"
+    applied = discovery.apply({profile.name: profile}, answers)[profile.name]
+    (spec,) = applied.services.values()
+    assert spec.discovery_error and "could not be read" in spec.discovery_error
+    assert PASSWORD not in spec.discovery_error
+    err = capsys.readouterr().err
+    assert "could not be read" in err and PASSWORD not in err
