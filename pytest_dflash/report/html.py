@@ -2,9 +2,10 @@
 Diagnosis columns (sortable, like pytest-html's own), the run's metadata in the Environment table (through
 pytest-metadata: run id, plugin version, the SGLang / torch / FlashInfer versions seen), and the host x layer
 verdict table at the top of the report, each host's cold start as a timeline (services side by side, phases
-coloured: report/plots.py), a skipped row's reason as a sentence (not pytest's (path, line, reason) tuple), and a
-title that names the run's hosts and verdicts instead of the file name. (The journal tails already appear in
-each row's log block, because they are report sections.) Registered only when pytest-html is active."""
+coloured: report/plots.py) over a table of the same phases as columns, a skipped row's reason as a sentence
+(not pytest's (path, line, reason) tuple), and a title that names the run's hosts and verdicts instead of the
+file name. (The journal tails already appear in each row's log block, because they are report sections.)
+Registered only when pytest-html is active."""
 
 from __future__ import annotations
 
@@ -181,10 +182,36 @@ def cold_start_section(builder: VerdictBuilder) -> str:
                  if isinstance(facts.get("ready"), dict)}
         svg = cold_start_timeline_svg(ready, title=f"{name}: cold start") if ready else None
         if svg is not None:
-            blocks.append(f'<div class="dflash-cold-start" data-host="{html.escape(name)}">{svg}</div>')
+            blocks.append(f'<div class="dflash-cold-start" data-host="{html.escape(name)}">{svg}'
+                          f"{cold_start_table(ready)}</div>")
     if not blocks:
         return ""
     return "<h2>dflash cold start</h2>" + "".join(blocks)
+
+
+def cold_start_table(ready: dict[str, Any]) -> str:
+    """The timeline's numbers as columns: one row per service, one column per phase (its duration, and when it
+    ended from the start of that service's wait), then the total; a phase a service never logged is blank."""
+    from pytest_dflash.report.plots import PHASES, cold_start_phases
+
+    rows = {svc: {phase: (start, end) for phase, start, end in cold_start_phases(facts)}
+            for svc, facts in ready.items()}
+    columns = [p for p in [*PHASES, "other"] if any(p in phases for phases in rows.values())]
+    head = "".join(f"<th>{html.escape(PHASES.get(p, ('other readiness checks', ''))[0])}</th>" for p in columns)
+    body = []
+    for svc, phases in rows.items():
+        cells = []
+        for phase in columns:
+            if phase in phases:
+                start, end = phases[phase]
+                cells.append(f'<td data-phase="{html.escape(phase)}" title="ended at +{end:.1f} s">'
+                             f"{end - start:.1f} s</td>")
+            else:
+                cells.append("<td></td>")
+        total = max((end for _, end in phases.values()), default=0.0)
+        body.append(f"<tr><th>{html.escape(svc)}</th>{''.join(cells)}<td>{total:.1f} s</td></tr>")
+    return (f'<table class="dflash-cold-start-phases"><tr><th>service</th>{head}<th>ready after</th></tr>'
+            f"{''.join(body)}</table>")
 
 
 def versions_seen(builder: VerdictBuilder) -> dict[str, str]:

@@ -313,6 +313,7 @@ def test_one_healthy_run_reports_cleanly_in_junit_html_and_the_trend(run_suite, 
     assert parsed.title == "pytest-dflash ci: PASS"
     assert set(parsed.phases) == {"ci"} and parsed.svgs >= 1
     assert parsed.phases["ci"].count("first_sampled") == 2 and "port_open" in parsed.phases["ci"]
+    assert text.count('class="dflash-cold-start-phases"') == 1  # the same phases as columns, under the timeline
     report = _Report()
     report.feed(text)
     source = (SUITES / "smoke" / "test_smoke.py").read_text().splitlines()

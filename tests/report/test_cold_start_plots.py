@@ -90,3 +90,20 @@ def test_readiness_spread_across_hosts() -> None:
     texts = [t.text or "" for t in root.iter(f"{NS}text")]
     assert "10 hosts: min 40, median 44.5, max 250 s (gpu-17)" in texts
     assert "1 host: min 30, median 30, max 30 s (gpu-00)" in texts
+
+
+def test_the_phases_as_columns_of_the_recorded_h200_overlap() -> None:
+    """The HTML report's table under the timeline, on the H200 recording of plain + NGRAM on one GPU: one row per
+    service, each phase's duration in its column (plain's 112 s CUDA-graph capture; NGRAM ran without graphs,
+    so its cell is blank), ready after 280.1 s and 217.2 s; parses as XML."""
+    from pytest_dflash.report.html import cold_start_table
+
+    overlap = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200-overlap" / "cold.verdict.json"
+    services = json.loads(overlap.read_text())["services"]
+    table = ET.fromstring(cold_start_table({name: facts["ready"] for name, facts in services.items()}))
+    header, *rows = [[cell.text or "" for cell in row] for row in table.iter("tr")]
+    assert header[0] == "service" and header[-1] == "ready after" and "capturing CUDA graphs" in header
+    by_service = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    assert by_service["plain"]["capturing CUDA graphs"] == "112.0 s"
+    assert by_service["ngram"]["capturing CUDA graphs"] == ""
+    assert by_service["plain"]["ready after"] == "280.1 s" and by_service["ngram"]["ready after"] == "217.2 s"
