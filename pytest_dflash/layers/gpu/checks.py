@@ -124,6 +124,10 @@ def chain_result(probe: Mapping[str, Any], name: str) -> Mapping[str, Any] | Non
     return next((c for c in probe.get("chains", []) if c.get("name") == name), None)
 
 
+SHARED_OBJECT_FAILURE = re.compile(r"cannot open shared object file|undefined symbol|wrong ELF class")
+IMPORT_STATEMENT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.MULTILINE)
+
+
 def chain_failure(result: Mapping[str, Any]) -> ChainFailure | None:
     """One chain of the import_chain probe -> its failure, or None when it imported."""
     if result.get("ok"):
@@ -139,6 +143,12 @@ def chain_failure(result: Mapping[str, Any]) -> ChainFailure | None:
     top = (missing or (symbol.group(1) if symbol else None) or failed.get("module") or "").split(".")[0]
     if "undefined symbol" in message and "sgl_kernel" in (message + str(failed.get("traceback", ""))):
         top = "sgl_kernel"
+    elif missing and "." not in missing and SHARED_OBJECT_FAILURE.search(message):
+        # an extension that could not be loaded (torch's `_C` without libcudnn): ImportError.name is its bare
+        # name, so the package is the one whose import statement failed, the traceback's last one
+        statements = IMPORT_STATEMENT.findall(str(failed.get("traceback", "")))
+        if statements:
+            top = next(name for name in statements[-1] if name).split(".")[0]
     package = PACKAGE_OF_MODULE.get(top) or (failed.get("owners") or [None])[0] or (top or None)
     return ChainFailure(result["name"], failed.get("module"), f"{failed.get('type')}: {message}", package,
                         str(failed.get("traceback", "")), str(result.get("stderr", "")))

@@ -62,3 +62,11 @@ def test_h200_sgl_kernel_chain_fails_on_an_undefined_symbol() -> None:
     assert failure is not None
     assert "undefined symbol" in failure.error
     assert failure.package == "sglang-kernel"
+
+
+def test_an_extension_that_cannot_load_names_its_package_not_its_bare_name() -> None:
+    """The dry run's torch 2.11 without its CUDA libraries: `from torch._C import *` fails on libcudnn.so.9 and
+    ImportError.name is '_C'; the package to fix is torch (not a package called '_C')."""
+    failure = chain_failure(chain_result(probe("abi-local", "import_chain"), "sgl_kernel"))
+    assert failure is not None and failure.package == "torch", failure
+    assert "libcudnn.so.9" in failure.error
