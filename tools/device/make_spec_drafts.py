@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tiny EAGLE3 and STANDALONE drafts for the tiny Qwen3 target of .sglang-stage/make_models.py (issue 25 item 4).
 
-    python3 make_spec_drafts.py TARGET_DIR OUTDIR [--draft-vocab N] [--standalone-layers K] [--check]
+    python3 make_spec_drafts.py TARGET_DIR OUTDIR [--draft-vocab N] [--standalone-layers K]
+                                [--check [--sglang-src SITE]]
         -> OUTDIR/eagle3, OUTDIR/standalone        (on the device: /tmp/models/target /tmp/models)
 
 Generated from the target's config, weights and tokenizer; nothing downloaded; deterministic (seeded). Needs
@@ -39,6 +40,15 @@ standalone/ -- a draft of the target's own architecture and tokenizer for ``--sp
     target's verify forward. So the profile does NOT declare ``unaccepted_draft`` for it, and the default
     accept-length floor applies. A truncated copy (``--standalone-layers K`` < the target's layers: the first K
     layers, the target's embedding, norm and head) is a smaller draft but, on a random target, an unaccepted one.
+
+--check checks shapes, the d2t/t2d maps, and the STANDALONE vocabulary and tokenizer. With --sglang-src SITE (an
+unpacked .sglang-stage/site.tar.xz) it also runs SGLang's OWN code on the CPU, without importing SGLang (its
+imports need CUDA kernels and cp312 builds): ``LlamaForCausalLMEagle3.load_weights`` from
+sglang/srt/models/llama_eagle3.py against the parameters its ``__init__`` creates for this config (transcribed
+below: the names and shapes of ``EAGLE3_PARAMS``), with weight loaders that check each (shard's) shape -- every
+parameter but the embedding (the target's) must be loaded, since load_weights silently skips a name it does not
+know --, and ``Qwen3ForCausalLM.set_eagle3_layers_to_capture`` from models/qwen3.py with qwen2.py's capture loop,
+for the configured layer ids, which must capture as many states as fc reads.
 """
 
 from __future__ import annotations
@@ -174,6 +184,99 @@ def check(target: str, out: str) -> list[str]:
     return problems
 
 
+def eagle3_params(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """The parameters LlamaForCausalLMEagle3.__init__ (SGLang 0.5.17) creates for `cfg`, as named_parameters()
+    names them: LlamaModel (embed_tokens, fc, layers.0 with qkv_proj over 2*hidden, gate_up_proj, hidden_norm;
+    norm) and the draft's own lm_head (draft_vocab_size rows; no fc_norm / input_norm: the config asks for none)."""
+    h, i, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    aux = len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    layer = "model.layers.0."
+    return {
+        "model.embed_tokens.weight": (cfg["vocab_size"], h), "model.fc.weight": (h, cfg["target_hidden_size"] * aux),
+        layer + "self_attn.qkv_proj.weight": ((heads + 2 * kv) * hd, 2 * h),
+        layer + "self_attn.o_proj.weight": (h, heads * hd),
+        layer + "mlp.gate_up_proj.weight": (2 * i, h), layer + "mlp.down_proj.weight": (h, i),
+        layer + "input_layernorm.weight": (h,), layer + "post_attention_layernorm.weight": (h,),
+        layer + "hidden_norm.weight": (h,), "model.norm.weight": (h,), "lm_head.weight": (cfg["draft_vocab_size"], h),
+    }
+
+
+def _method(path: str, cls: str, name: str, namespace: dict):
+    """One method of one class of an SGLang source file, compiled alone (nothing else of SGLang imported)."""
+    import ast
+    import typing
+
+    tree = ast.parse(open(path).read(), path)
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    fn = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    ns = {"torch": torch, **{k: getattr(typing, k) for k in ("Iterable", "Tuple", "List", "Optional")}, **namespace}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), path, "exec"), ns)
+    return ns[name]
+
+
+def check_with_sglang(site: str, target: str, out: str) -> list[str]:
+    """SGLang 0.5.17's own load_weights and capture-layer code run on the EAGLE-3 head (see the module doc)."""
+    import types
+
+    problems: list[str] = []
+    cfg = json.load(open(os.path.join(out, "eagle3", "config.json")))
+    tcfg = json.load(open(os.path.join(target, "config.json")))
+    shapes = eagle3_params(cfg)
+    loaded: dict[str, set] = {}
+    h, hd, heads, kv, inter = cfg["hidden_size"], cfg["head_dim"], cfg["num_attention_heads"], \
+        cfg["num_key_value_heads"], cfg["intermediate_size"]
+    shard_shapes = {"q": (heads * hd, 2 * h), "k": (kv * hd, 2 * h), "v": (kv * hd, 2 * h), 0: (inter, h), 1: (inter, h)}
+
+    def default_weight_loader(param, weight):
+        if tuple(weight.shape) != param.shape:
+            problems.append(f"{param.name}: checkpoint shape {tuple(weight.shape)}, parameter {param.shape}")
+        loaded.setdefault(param.name, set()).add(None)
+
+    def stacked_loader(param, weight, shard_id):
+        if tuple(weight.shape) != shard_shapes[shard_id]:
+            problems.append(f"{param.name}[{shard_id}]: checkpoint shape {tuple(weight.shape)}, "
+                            f"shard {shard_shapes[shard_id]}")
+        loaded.setdefault(param.name, set()).add(shard_id)
+
+    params = {}
+    for name, shape in shapes.items():
+        stacked = "qkv_proj" in name or "gate_up_proj" in name
+        params[name] = types.SimpleNamespace(name=name, shape=shape, **({"weight_loader": stacked_loader} if stacked else {}))
+    model = types.SimpleNamespace(named_parameters=lambda: list(params.items()), hot_token_id=None)
+    src = os.path.join(site, "sglang", "srt", "models")
+    load_weights = _method(os.path.join(src, "llama_eagle3.py"), "LlamaForCausalLMEagle3", "load_weights",
+                           {"default_weight_loader": default_weight_loader})
+    load_weights(model, load_file(os.path.join(out, "eagle3", "model.safetensors")).items())
+    for name in shapes:
+        want = {"q", "k", "v"} if "qkv_proj" in name else {0, 1} if "gate_up_proj" in name else {None}
+        if name == "model.embed_tokens.weight":
+            continue  # the target's embedding (EAGLE worker set_embed)
+        if loaded.get(name) != want:
+            problems.append(f"{name}: loaded {sorted(map(str, loaded.get(name, ())))}, needs {sorted(map(str, want))}")
+    if cfg["draft_vocab_size"] < cfg["vocab_size"]:
+        hot = model.hot_token_id
+        if hot is None or hot.shape[0] != cfg["draft_vocab_size"] or int(hot.max()) >= tcfg["vocab_size"]:
+            problems.append(f"hot_token_id after load_weights: {None if hot is None else tuple(hot.shape)}")
+
+    # Capture layers: Qwen3ForCausalLM.set_eagle3_layers_to_capture, then qwen2.py's loop
+    # `for i in range(start, end): if i in layers_to_capture: aux.append(...)`.
+    capture = _method(os.path.join(src, "qwen3.py"), "Qwen3ForCausalLM", "set_eagle3_layers_to_capture", {})
+    for ids, must in ((cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"], True), (None, False)):
+        fake = types.SimpleNamespace(pp_group=types.SimpleNamespace(is_last_rank=True), model=types.SimpleNamespace(),
+                                     config=types.SimpleNamespace(num_hidden_layers=tcfg["num_hidden_layers"]))
+        capture(fake, ids)
+        n = sum(1 for i in range(tcfg["num_hidden_layers"]) if i in fake.model.layers_to_capture)
+        fits = n * tcfg["hidden_size"] == shapes["model.fc.weight"][1]
+        print(json.dumps({"eagle_aux_hidden_state_layer_ids": ids, "layers_to_capture": fake.model.layers_to_capture,
+                          "captured_states": n, "fc_reads": len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+                          "fits": fits}), file=sys.stderr)
+        if must and not fits:
+            problems.append(f"the target captures {n} hidden states for layer ids {ids}; fc reads "
+                            f"{shapes['model.fc.weight'][1] // tcfg['hidden_size']}")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", help="the target model directory (make_models.py's OUTDIR/target)")
@@ -184,12 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--standalone-layers", type=int, default=None,
                     help="layers of the STANDALONE draft (default: all: an exact copy, the perfect draft)")
     ap.add_argument("--check", action="store_true", help="check the outputs' shapes, maps, vocab and tokenizer")
+    ap.add_argument("--sglang-src", default=None,
+                    help="with --check: an unpacked SGLang site (sglang/srt/models/...): run its load_weights and "
+                         "capture-layer code on the EAGLE-3 head")
     args = ap.parse_args(argv)
     torch.manual_seed(SEED)
     info = {"eagle3": eagle3(args.target, os.path.join(args.outdir, "eagle3"), args.draft_vocab),
             "standalone": standalone(args.target, os.path.join(args.outdir, "standalone"), args.standalone_layers)}
     if args.check:
         info["problems"] = check(args.target, args.outdir)
+        if args.sglang_src:
+            info["problems"] += check_with_sglang(args.sglang_src, args.target, args.outdir)
     print(json.dumps(info))
     return 1 if info.get("problems") else 0
 
