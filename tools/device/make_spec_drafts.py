@@ -67,13 +67,23 @@ AUX_LAYER_IDS = [0, 1, 2]      # target layers whose outputs the EAGLE-3 head re
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def write_json(path: str, obj: object) -> None:
     with open(path, "w") as f:
         json.dump(obj, f, indent=2)
 
 
 def eagle3(target: str, out: str, draft_vocab: int) -> dict:
-    tcfg = json.load(open(os.path.join(target, "config.json")))
+    tcfg = read_json(os.path.join(target, "config.json"))
     vocab, hidden, inter = tcfg["vocab_size"], tcfg["hidden_size"], tcfg["intermediate_size"]
     heads, kv = tcfg["num_attention_heads"], tcfg["num_key_value_heads"]
     head_dim = tcfg.get("head_dim") or hidden // heads
@@ -128,7 +138,7 @@ def eagle3(target: str, out: str, draft_vocab: int) -> dict:
 
 
 def standalone(target: str, out: str, layers: int | None) -> dict:
-    tcfg = json.load(open(os.path.join(target, "config.json")))
+    tcfg = read_json(os.path.join(target, "config.json"))
     n = tcfg["num_hidden_layers"]
     layers = n if layers is None else layers
     if not 0 < layers <= n:
@@ -140,9 +150,8 @@ def standalone(target: str, out: str, layers: int | None) -> dict:
     tw = load_file(os.path.join(target, "model.safetensors"))
     keep = {}
     for name, tensor in tw.items():
-        if name.startswith("model.layers."):
-            if int(name.split(".")[2]) >= layers:
-                continue
+        if name.startswith("model.layers.") and int(name.split(".")[2]) >= layers:
+            continue
         keep[name] = tensor.clone()
     cfg = dict(tcfg, num_hidden_layers=layers)
     if "max_window_layers" in cfg:
@@ -155,11 +164,12 @@ def standalone(target: str, out: str, layers: int | None) -> dict:
 def check(target: str, out: str) -> list[str]:
     """What SGLang 0.5.17 would refuse, checked without it: shapes, names, vocab and tokenizer identity."""
     problems = []
-    tcfg = json.load(open(os.path.join(target, "config.json")))
-    ecfg = json.load(open(os.path.join(out, "eagle3", "config.json")))
+    tcfg = read_json(os.path.join(target, "config.json"))
+    ecfg = read_json(os.path.join(out, "eagle3", "config.json"))
     ew = load_file(os.path.join(out, "eagle3", "model.safetensors"))
     h = tcfg["hidden_size"]
-    if ew["fc.weight"].shape != (ecfg["hidden_size"], h * len(ecfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])):
+    aux = len(ecfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    if ew["fc.weight"].shape != (ecfg["hidden_size"], h * aux):
         problems.append(f"fc.weight {tuple(ew['fc.weight'].shape)}")
     if ew["midlayer.self_attn.q_proj.weight"].shape[1] != 2 * ecfg["hidden_size"]:
         problems.append("q_proj does not read 2*hidden (embedding + fc output)")
@@ -171,16 +181,17 @@ def check(target: str, out: str) -> list[str]:
             problems.append("d2t does not map draft ids to distinct target ids")
         if int(ew["t2d"].sum()) != ecfg["draft_vocab_size"] or not bool(ew["t2d"][hot].all()):
             problems.append("t2d does not mark exactly the hot target ids")
-    scfg = json.load(open(os.path.join(out, "standalone", "config.json")))
+    scfg = read_json(os.path.join(out, "standalone", "config.json"))
     if scfg["vocab_size"] != tcfg["vocab_size"]:
         problems.append("standalone vocab_size differs from the target's (STANDALONE refuses it)")
-    if open(os.path.join(out, "standalone", "tokenizer.json")).read() != open(os.path.join(target, "tokenizer.json")).read():
+    tokenizer = read_text(os.path.join(out, "standalone", "tokenizer.json"))
+    if tokenizer != read_text(os.path.join(target, "tokenizer.json")):
         problems.append("standalone tokenizer differs from the target's (STANDALONE refuses it)")
     sw = load_file(os.path.join(out, "standalone", "model.safetensors"))
     tw = load_file(os.path.join(target, "model.safetensors"))
-    if scfg["num_hidden_layers"] == tcfg["num_hidden_layers"]:
-        if set(sw) != set(tw) or any(not torch.equal(sw[k], tw[k]) for k in tw):
-            problems.append("standalone is not an exact copy of the target")
+    exact = set(sw) == set(tw) and all(torch.equal(sw[k], tw[k]) for k in tw)
+    if scfg["num_hidden_layers"] == tcfg["num_hidden_layers"] and not exact:
+        problems.append("standalone is not an exact copy of the target")
     return problems
 
 
@@ -207,7 +218,7 @@ def _method(path: str, cls: str, name: str, namespace: dict):
     import ast
     import typing
 
-    tree = ast.parse(open(path).read(), path)
+    tree = ast.parse(read_text(path), path)
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
     fn = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == name)
     ns = {"torch": torch, **{k: getattr(typing, k) for k in ("Iterable", "Tuple", "List", "Optional")}, **namespace}
@@ -220,13 +231,14 @@ def check_with_sglang(site: str, target: str, out: str) -> list[str]:
     import types
 
     problems: list[str] = []
-    cfg = json.load(open(os.path.join(out, "eagle3", "config.json")))
-    tcfg = json.load(open(os.path.join(target, "config.json")))
+    cfg = read_json(os.path.join(out, "eagle3", "config.json"))
+    tcfg = read_json(os.path.join(target, "config.json"))
     shapes = eagle3_params(cfg)
     loaded: dict[str, set] = {}
     h, hd, heads, kv, inter = cfg["hidden_size"], cfg["head_dim"], cfg["num_attention_heads"], \
         cfg["num_key_value_heads"], cfg["intermediate_size"]
-    shard_shapes = {"q": (heads * hd, 2 * h), "k": (kv * hd, 2 * h), "v": (kv * hd, 2 * h), 0: (inter, h), 1: (inter, h)}
+    shard_shapes = {"q": (heads * hd, 2 * h), "k": (kv * hd, 2 * h), "v": (kv * hd, 2 * h),
+                    0: (inter, h), 1: (inter, h)}
 
     def default_weight_loader(param, weight):
         if tuple(weight.shape) != param.shape:
@@ -242,7 +254,8 @@ def check_with_sglang(site: str, target: str, out: str) -> list[str]:
     params = {}
     for name, shape in shapes.items():
         stacked = "qkv_proj" in name or "gate_up_proj" in name
-        params[name] = types.SimpleNamespace(name=name, shape=shape, **({"weight_loader": stacked_loader} if stacked else {}))
+        loader = {"weight_loader": stacked_loader} if stacked else {}
+        params[name] = types.SimpleNamespace(name=name, shape=shape, **loader)
     model = types.SimpleNamespace(named_parameters=lambda: list(params.items()), hot_token_id=None)
     src = os.path.join(site, "sglang", "srt", "models")
     load_weights = _method(os.path.join(src, "llama_eagle3.py"), "LlamaForCausalLMEagle3", "load_weights",
@@ -262,6 +275,7 @@ def check_with_sglang(site: str, target: str, out: str) -> list[str]:
     # Capture layers: Qwen3ForCausalLM.set_eagle3_layers_to_capture, then qwen2.py's loop
     # `for i in range(start, end): if i in layers_to_capture: aux.append(...)`.
     capture = _method(os.path.join(src, "qwen3.py"), "Qwen3ForCausalLM", "set_eagle3_layers_to_capture", {})
+    reads = len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     for ids, must in ((cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"], True), (None, False)):
         fake = types.SimpleNamespace(pp_group=types.SimpleNamespace(is_last_rank=True), model=types.SimpleNamespace(),
                                      config=types.SimpleNamespace(num_hidden_layers=tcfg["num_hidden_layers"]))
@@ -269,7 +283,7 @@ def check_with_sglang(site: str, target: str, out: str) -> list[str]:
         n = sum(1 for i in range(tcfg["num_hidden_layers"]) if i in fake.model.layers_to_capture)
         fits = n * tcfg["hidden_size"] == shapes["model.fc.weight"][1]
         print(json.dumps({"eagle_aux_hidden_state_layer_ids": ids, "layers_to_capture": fake.model.layers_to_capture,
-                          "captured_states": n, "fc_reads": len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+                          "captured_states": n, "fc_reads": reads,
                           "fits": fits}), file=sys.stderr)
         if must and not fits:
             problems.append(f"the target captures {n} hidden states for layer ids {ids}; fc reads "
