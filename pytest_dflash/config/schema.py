@@ -28,8 +28,8 @@ SCHEMA_ID = "https://pytest-dflash.invalid/schemas/host-profile.schema.json"
 SERVICE_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 # config/durations.py: 90, 1.5, "90s", "15m", "250ms", "2h" (spaces allowed around the number and unit)
 DURATION_TEXT = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h)?\s*$"
-# tables/host.py check_connection: local://, or ssh:// (paramiko://, safe-ssh://) with a host name or a bracketed IPv6 address;
-# ?timeout in (0, 5]
+# config/tables/host.py check_connection: local://, or ssh:// (paramiko://, safe-ssh://) with a host name or a
+# bracketed IPv6 address; ?timeout in (0, 5]
 CONNECTION = r"^(local://.*|(ssh|paramiko|safe-ssh)://([^@/?#]+@)?([^@/?#:\[\]]+|\[[0-9A-Fa-f:.]+(%\w+)?\])(:\d+)?/?(\?.*)?)$"
 # _host_name: not empty, no '/' or '\\', no control characters, no leading or trailing space
 HOST_NAME = r"^(?=\S)(?=.*\S$)[^/\\\u0000-\u001f\u007f-\u009f\u2028\u2029]+$"
