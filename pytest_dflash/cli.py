@@ -37,13 +37,8 @@ from typing import Any
 
 from pytest_dflash import __version__
 from pytest_dflash.config.durations import format_seconds
-from pytest_dflash.config.profiles import (
-    HostProfile,
-    attach_profile,
-    error_line,
-    load_profile,
-    resolve_profile_path,
-)
+from pytest_dflash.config.loader import attach_profile, error_line, load_profile, resolve_profile_path
+from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.config.schema import schema_text
 from pytest_dflash.errors import InventoryError
 from pytest_dflash.fleet import inventory, prometheus

@@ -1,10 +1,10 @@
 """JSON Schema (draft 2020-12) of a host profile, for editors: `pytest-dflash schema > dflash-profile.schema.json`.
 
-The validator in `config/profiles.py` is the authority; this schema is built from its constants (algorithms,
-service kinds, provision modes, floor keys, perf endpoints) and describes every key it accepts, so an editor
-completes `hosts/*.toml` and flags most mistakes while typing. What a schema cannot say — a [parity] or
-[floors] entry naming a service of *this* host, `{port}` only for process services, the default `kind`
-depending on the connection, template files existing — stays with the validator.
+The validator (`config/loader.py` and its tables in `config/tables/`) is the authority; this schema is built
+from their constants (algorithms, service kinds, provision modes, floor keys, perf endpoints) and describes every
+key they accept, so an editor completes `hosts/*.toml` and flags most mistakes while typing. What a schema cannot
+say — a [parity] or [floors] entry naming a service of *this* host, `{port}` only for process services, the
+default `kind` depending on the connection, template files existing — stays with the validator.
 
 Kept in sync by tests/config/test_schema.py: the keys of every table here are exactly the keys the validator
 accepts (read from its own "unknown key (known: …)" answer), every shipped profile validates, and broken
@@ -18,25 +18,18 @@ import json
 from typing import Any
 
 from pytest_dflash.config.durations import MAX_SECONDS
-from pytest_dflash.config.profiles import (
-    ALGORITHMS,
-    AUTO,
-    BECOME_USER,
-    CONTAINER_ENGINES,
-    CONTAINER_KEYS,
-    FLOOR_KEYS,
-    LATENCY_FLOOR,
-    PERF_ENDPOINTS,
-    PROVISION_MODES,
-    SERVICE_KINDS,
-)
+from pytest_dflash.config.profiles import ALGORITHMS, AUTO
+from pytest_dflash.config.tables.floors import FLOOR_KEYS, LATENCY_FLOOR
+from pytest_dflash.config.tables.host import BECOME_USER, PROVISION_MODES
+from pytest_dflash.config.tables.perf import PERF_ENDPOINTS
+from pytest_dflash.config.tables.services import CONTAINER_ENGINES, CONTAINER_KEYS, SERVICE_KINDS
 
 SCHEMA_ID = "https://pytest-dflash.invalid/schemas/host-profile.schema.json"
 SERVICE_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 # config/durations.py: 90, 1.5, "90s", "15m", "250ms", "2h" (spaces allowed around the number and unit)
 DURATION_TEXT = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h)?\s*$"
-# _check_connection: local://, or ssh:// (paramiko://, safe-ssh://) with a host name or a bracketed IPv6 address;
-# ?timeout in (0, 5]
+# config/tables/host.py check_connection: local://, or ssh:// (paramiko://, safe-ssh://) with a host name or a
+# bracketed IPv6 address; ?timeout in (0, 5]
 CONNECTION = r"^(local://.*|(ssh|paramiko|safe-ssh)://([^@/?#]+@)?([^@/?#:\[\]]+|\[[0-9A-Fa-f:.]+(%\w+)?\])(:\d+)?/?(\?.*)?)$"
 # _host_name: not empty, no '/' or '\\', no control characters, no leading or trailing space
 HOST_NAME = r"^(?=\S)(?=.*\S$)[^/\\\u0000-\u001f\u007f-\u009f\u2028\u2029]+$"

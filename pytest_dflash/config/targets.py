@@ -7,14 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_dflash.config.loader import attach_profile, error_line, load_profile, resolve_profile_path
 from pytest_dflash.config.options import option
-from pytest_dflash.config.profiles import (
-    HostProfile,
-    attach_profile,
-    error_line,
-    load_profile,
-    resolve_profile_path,
-)
+from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.errors import InventoryError
 from pytest_dflash.fleet import inventory
 from pytest_dflash.run.stash import EMPTY_SHARD_KEY, NAMED_HOSTS_KEY

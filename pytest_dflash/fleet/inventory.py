@@ -41,14 +41,9 @@ from typing import Any
 
 import yaml
 
-from pytest_dflash.config.profiles import (
-    HostProfile,
-    host_name_problem,
-    load_profile,
-    not_utf8,
-    profile_from_dict,
-    resolve_profile_path,
-)
+from pytest_dflash.config.loader import load_profile, not_utf8, profile_from_dict, resolve_profile_path
+from pytest_dflash.config.profiles import HostProfile
+from pytest_dflash.config.tables.host import host_name_problem
 from pytest_dflash.errors import InventoryError
 
 

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_dflash.config.profiles import ContainerSpec, ServiceSpec, render
+from pytest_dflash.config.placeholders import render
+from pytest_dflash.config.profiles import ContainerSpec, ServiceSpec
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, CommandResult, Transport, parse_probe_output
 from pytest_dflash.services.base import LogMark, ServiceState

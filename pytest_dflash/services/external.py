@@ -16,7 +16,8 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from pytest_dflash.config.profiles import ServiceSpec, render
+from pytest_dflash.config.placeholders import render
+from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import DflashError
 from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, Transport
 from pytest_dflash.services.base import LogMark, ServiceState

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_dflash.config.profiles import ServiceSpec, render
+from pytest_dflash.config.placeholders import render
+from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import ServiceError
 from pytest_dflash.services.base import LogMark, ServiceState, death_from_returncode
 

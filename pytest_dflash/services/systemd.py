@@ -17,7 +17,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pytest_dflash.config.profiles import ServiceSpec, render
+from pytest_dflash.config.placeholders import render
+from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import Transport, journal_since
 from pytest_dflash.services.base import LogMark, ServiceState

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.config.profiles import attach_profile, load_profile, render, resolve_profile_path
+from pytest_dflash.config.loader import attach_profile, load_profile, resolve_profile_path
+from pytest_dflash.config.placeholders import render
 from pytest_dflash.errors import InventoryError
 
 ROOT = Path(__file__).parents[2]

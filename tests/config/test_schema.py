@@ -1,5 +1,6 @@
-"""The host-profile JSON Schema (config/schema.py) agrees with the validator (config/profiles.py): the same keys
-per table, every shipped profile validates, and broken profiles the validator rejects are rejected too."""
+"""The host-profile JSON Schema (config/schema.py) agrees with the validator (config/loader.py, config/tables/):
+the same keys per table, every shipped profile validates, and broken profiles the validator rejects are rejected
+too."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from pytest_dflash.config.profiles import BUILTIN_PROFILES, load_profile, profile_from_dict
+from pytest_dflash.config.loader import BUILTIN_PROFILES, load_profile, profile_from_dict
 from pytest_dflash.config.schema import profile_schema
 from pytest_dflash.errors import InventoryError
 
@@ -80,7 +81,7 @@ def _schema_keys(*refs: str) -> set[str]:
 def test_the_schema_knows_exactly_the_validators_keys(table: tuple[str, ...], schema_path: tuple[str, ...]) -> None:
     import copy
 
-    from pytest_dflash.config.profiles import CONTAINER_KEYS
+    from pytest_dflash.config.tables.services import CONTAINER_KEYS
 
     schema = _schema_keys(*schema_path)
     if table == ("services", "a"):  # a systemd service: the container keys are unknown keys there
@@ -93,7 +94,7 @@ def test_perf_and_floor_keys_match_the_validator() -> None:
 
     perf = _known_keys(copy.deepcopy(FULL), ("perf",)) - set(FULL["services"])  # service names are tables there
     assert _schema_keys("$defs", "perf") == perf
-    from pytest_dflash.config.profiles import FLOOR_KEYS, FLOOR_SETTINGS
+    from pytest_dflash.config.tables.floors import FLOOR_KEYS, FLOOR_SETTINGS
 
     assert _schema_keys("$defs", "floors") == {*FLOOR_KEYS, *FLOOR_SETTINGS}
 

@@ -28,7 +28,7 @@ from container_helpers import (
 )
 from support.pytest_runs import assert_no_crash
 
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import ReadOnlyViolation
 from pytest_dflash.hostaccess.transport import Transport
 from pytest_dflash.services.container import ContainerService

@@ -9,7 +9,7 @@ from types import FrameType
 
 import pytest
 
-from pytest_dflash.config.profiles import attach_profile
+from pytest_dflash.config.loader import attach_profile
 from pytest_dflash.run import discovery
 
 PASSWORD = "s3cret-pw"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import ServiceCrashed
 from pytest_dflash.run.state import DflashRun, RunOptions
 

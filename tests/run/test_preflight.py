@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import ServiceError
 from pytest_dflash.run.preflight import preflight, wait_for_host
 from pytest_dflash.run.state import DflashRun, HostContext, RunOptions

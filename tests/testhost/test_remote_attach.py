@@ -18,7 +18,7 @@ import pytest
 from remote_helpers import GUEST_PYTHON, UNIT_DIR, Guest, RefUnit, SuiteRun, render_unit, unit_name, write_profile
 from testhost import TestHost
 
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import DflashError, ReadOnlyViolation
 from pytest_dflash.run.state import DflashRun, RunOptions
 

@@ -21,7 +21,7 @@ import pytest
 from remote_helpers import REMOTE_LOCK, REMOTE_OWNER, Guest, RefUnit, SuiteRun, unit_name, write_profile
 from testhost import TestHost
 
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import ServiceBusy
 from pytest_dflash.hostaccess.hostlock import HostLock
 from pytest_dflash.hostaccess.transport import Transport
@@ -96,7 +96,7 @@ def test_second_run_with_short_lock_wait_fails_naming_the_owner(testhost: TestHo
 
 IN_FLIGHT = """
 import sys
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.hostaccess.transport import Transport
 result = Transport(load_profile(__import__("pathlib").Path(sys.argv[1]))).run("sleep 3.217; echo survived", timeout_s=30)
 print(result.rc, result.stdout.strip(), result.stderr.strip())

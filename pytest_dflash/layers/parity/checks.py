@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_dflash.layers.generation import checks as generation
+from pytest_dflash.layers.generation.seeds import GREEDY_FALLBACK_LINE, service_log_line
 from pytest_dflash.layers.parity import acceptance
 from pytest_dflash.layers.parity import greedy as parity
 from pytest_dflash.layers.parity.distribution import DrawPlan, Sample, compare_distributions
@@ -98,7 +98,7 @@ def distribution_parity(pair: Pair, options: LayerOptions, cache: Cache) -> None
     evidence = ""
     if report.outcome == "fail":
         for service in (compared, reference):
-            line = generation.service_log_line(service, generation.GREEDY_FALLBACK_LINE)
+            line = service_log_line(service, GREEDY_FALLBACK_LINE)
             if line:
                 evidence += f"{service.label}'s log says: {line}\n"
     report.check(evidence=evidence.strip(), min_samples=options.min_samples)

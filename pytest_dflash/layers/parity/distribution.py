@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pytest_dflash.client import InferenceClient, Sampling
-from pytest_dflash.layers.generation.checks import generate_batch
+from pytest_dflash.layers.generation.requests import generate_batch
 
 Sample = tuple[int, ...]
 Outcome = Literal["pass", "fail", "inconclusive", "degenerate"]

@@ -23,14 +23,13 @@ where the server reports prompt ids (``logprob_start_len = 0``).
 from __future__ import annotations
 
 import concurrent.futures
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_dflash.client import Generation, InferenceClient, Sampling
 from pytest_dflash.errors import ApiError
+from pytest_dflash.layers.parity.prompts import Prompt
 from pytest_dflash.services.plain import ready_plain
 
 if TYPE_CHECKING:
@@ -45,39 +44,7 @@ NOISE_NOTE = ("numerical noise: sent again alone, the service gives the referenc
 TOP_LOGPROBS = 5
 DEFAULT_TIE_GAP = 1e-3
 DEFAULT_MAX_TIE_RATE = 0.25
-DEFAULT_MAX_TOKENS = 64
 
-
-@dataclass(frozen=True)
-class Prompt:
-    name: str
-    text: str
-    category: str | None = None  # from a dataset's "category" (accept length is reported per category)
-
-
-_LONG = (
-    "Speculative decoding speeds up autoregressive generation without changing its output. A small draft "
-    "model proposes several tokens ahead, and the large target model checks all of them in a single forward "
-    "pass. Every proposed token that matches what the target model would have produced is kept, and the "
-    "first mismatch is replaced by the target's own choice, so each verification step yields at least one "
-    "token and often many more. Block diffusion drafters such as DFlash propose a whole block of tokens in "
-    "one pass, conditioned on hidden states taken from the target model, while tree drafters such as DDTree "
-    "propose several alternative continuations at once and verify the whole tree with an attention mask "
-    "that lets every node see only its ancestors. Because verification always defers to the target model, "
-    "greedy decoding with speculation must produce exactly the same tokens as greedy decoding without it, "
-    "and sampling must draw from exactly the same distribution. The rest of this report describes how we "
-    "checked that claim on our servers, and what we found when we"
-)
-
-BUILTIN_PROMPTS: tuple[Prompt, ...] = (
-    Prompt("short", "The quick brown fox"),
-    Prompt("question", "Q: What is the boiling point of water at sea level?\nA:"),
-    Prompt("long", _LONG),
-    Prompt("code", 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n'),
-    Prompt("code-c", "#include <stdio.h>\n\nint main(void) {\n    for (int i = 0; i < 10; i++) {\n"),
-    Prompt("repetitive", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"),
-    Prompt("repetitive-words", "red green blue red green blue red green blue red"),
-)
 
 # The smoke suite's slice of the prompt set.
 SMOKE_PROMPTS: tuple[str, ...] = (
@@ -85,56 +52,6 @@ SMOKE_PROMPTS: tuple[str, ...] = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n",
     "Once upon a time there was a small model that learned to write stories about",
 )
-
-
-def load_prompts(path: Path) -> list[Prompt]:
-    """Prompts from a file: ``.jsonl`` is a dataset as the perf layer reads it (one {"prompt"} / {"category",
-    "prompt"} / ShareGPT {"conversations"} object per line); ``.json`` a list of strings, of {"name", "text"}, of
-    {"prompt", "category"?} or ShareGPT's {"conversations": [{"from": "human", "value"}, ...]} (the first human
-    turn); any other file one prompt per non-empty line ('#' starts a comment line).
-
-    Raises ValueError naming the file and what is wrong (and the line or item).
-    """
-    from pytest_dflash.load.workload import _entry, load_dataset
-
-    if path.suffix == ".jsonl":
-        entries = load_dataset(path)
-        return [Prompt(f"{path.stem}:{e.category + ':' if e.category else ''}{index}", e.prompt, e.category)
-                for index, e in enumerate(entries)]
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read the prompts file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    if path.suffix == ".json":
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON list of prompts")
-        prompts = []
-        for index, item in enumerate(data):
-            if isinstance(item, str):
-                prompts.append(Prompt(f"{path.stem}[{index}]", item))
-            elif isinstance(item, dict) and isinstance(item.get("text"), str):
-                prompts.append(Prompt(str(item.get("name") or f"{path.stem}[{index}]"), item["text"]))
-            elif isinstance(item, dict) and ("prompt" in item or "conversations" in item):
-                entry = _entry(f"{path}: item {index}", item)
-                if entry is not None:  # a ShareGPT conversation without a human turn is skipped
-                    prompts.append(Prompt(f"{path.stem}[{index}]", entry.prompt, entry.category))
-            else:
-                raise ValueError(f"{path}: item {index}: expected a string, {{\"name\", \"text\"}}, "
-                                 f"{{\"prompt\"}} or ShareGPT's {{\"conversations\"}}")
-    else:
-        lines = [line for line in raw.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-        prompts = [Prompt(f"{path.stem}:{number}", line) for number, line in enumerate(lines, 1)]
-    if not prompts:
-        raise ValueError(f"{path}: no prompts in the file")
-    if any(not p.text for p in prompts):
-        raise ValueError(f"{path}: empty prompt")
-    return prompts
 
 
 # ---- comparison ------------------------------------------------------------------------------------
@@ -542,6 +459,6 @@ def _retriaged(divergence: Divergence, verdict: Triage) -> Divergence:
                    note=verdict.note, lower_bound=verdict.lower_bound)
 
 
-__all__ = ["BUILTIN_PROMPTS", "SMOKE_PROMPTS", "Candidate", "Divergence", "ParityReport", "PlainServer", "Prompt",
+__all__ = ["SMOKE_PROMPTS", "Candidate", "Divergence", "ParityReport", "PlainServer",
            "Triage", "check_slice", "classify", "compare_greedy", "compare_pair", "first_divergence", "greedy_outputs",
-           "load_prompts", "numerical_noise", "triage"]
+           "numerical_noise", "triage"]

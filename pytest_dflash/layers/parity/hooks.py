@@ -17,11 +17,12 @@ import pytest
 from pytest_dflash.config import options
 from pytest_dflash.config.options import number
 from pytest_dflash.layers.parity.distribution import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, DrawPlan
-from pytest_dflash.layers.parity.greedy import BUILTIN_PROMPTS, DEFAULT_MAX_TOKENS, Prompt, load_prompts
+from pytest_dflash.layers.parity.prompts import BUILTIN_PROMPTS, Prompt, load_prompts
 
 if TYPE_CHECKING:
     from pytest_dflash.run.state import ServiceHandle
 
+DEFAULT_MAX_TOKENS = 64  # tokens of each prompt's greedy parity comparison (--parity-max-tokens)
 
 # Open-ended prompts, so the first tokens vary at temperature 1 on any model: distribution parity.
 DISTRIBUTION_PROMPTS: tuple[str, ...] = (

@@ -23,7 +23,7 @@ import pytest
 from pytest_dflash.client import Sampling
 from pytest_dflash.config import options
 from pytest_dflash.errors import ApiError
-from pytest_dflash.layers.generation.checks import PROMPT, Api, request_stream
+from pytest_dflash.layers.generation.requests import PROMPT, Api, request_stream
 from pytest_dflash.layers.parity.acceptance import check_floor
 from pytest_dflash.layers.parity.checks import measure_acceptance
 from pytest_dflash.layers.parity.hooks import allow_state_changes, state_change_refusal

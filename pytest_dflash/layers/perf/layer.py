@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_dflash.config.profiles import LATENCY_FLOOR
+from pytest_dflash.config.tables.floors import LATENCY_FLOOR
 from pytest_dflash.layers.perf.stats import (
     Sample,
     Verdict,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_dflash.config.profiles import COLD_START_FLOORS
+from pytest_dflash.config.tables.floors import COLD_START_FLOORS
 
 if TYPE_CHECKING:
     from pytest_dflash.run.state import ServiceHandle

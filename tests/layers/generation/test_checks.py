@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 
 from pytest_dflash.client import InferenceClient, Sampling, Stream
-from pytest_dflash.layers.generation import checks as generation
-from pytest_dflash.layers.generation.checks import Api, SeedVariation
+from pytest_dflash.layers.generation.bad_requests import bad_request, bad_request_body
+from pytest_dflash.layers.generation.checks import pick_stop_string
+from pytest_dflash.layers.generation.requests import Api
+from pytest_dflash.layers.generation.seeds import SeedVariation, check_seed_variation
+from pytest_dflash.layers.generation.shapes import check_full_length, check_stream
 
 PROBES = {"generate": "generate_stream", "completions": "completions_stream", "chat": "chat_completions_stream"}
 
@@ -34,7 +37,7 @@ def _request(record: dict[str, Any]) -> int:
 @pytest.mark.parametrize("api", list(PROBES))
 def test_recorded_sglang_streams_pass(recorded: dict[str, Any], server: str, api: str) -> None:
     record = recorded[f"{server}/{PROBES[api]}"]
-    check = generation.check_stream(_stream(record), native=api == "generate", max_tokens=_request(record),
+    check = check_stream(_stream(record), native=api == "generate", max_tokens=_request(record),
                                     what=api, chat=api == "chat")
     assert check.tokens == _request(record)
 
@@ -69,7 +72,7 @@ def test_broken_streams_fail_with_the_reason(recorded: dict[str, Any], api: str,
     content_type = "application/json" if breakage == "content-type" else stream.content_type
     stream = Stream(events, stream.arrival_s[: len(events)], stream.done, stream.raw_lines, 0.1, 200, content_type)
     with pytest.raises(AssertionError, match=re.escape(message)):
-        generation.check_stream(stream, native=api == "generate", max_tokens=_request(record), what=api,
+        check_stream(stream, native=api == "generate", max_tokens=_request(record), what=api,
                                 chat=api == "chat")
 
 
@@ -89,54 +92,54 @@ FALLBACK_LINE = ("[2026-11-30 05:02:25] DFLASH non-greedy verification is unavai
 def test_sampled_first_token_with_greedy_continuation_is_greedy_fallback() -> None:
     variation = _variation(_greedy_continuation([1, 2, 1, 3, 2, 1, 4, 2]))
     with pytest.raises(AssertionError, match="greedy fallback: 6 pairs of samples .* share their first token") as info:
-        generation.check_seed_variation(variation, api="generate", log_line=lambda: FALLBACK_LINE)
+        check_seed_variation(variation, api="generate", log_line=lambda: FALLBACK_LINE)
     assert "The server log says: " + FALLBACK_LINE in str(info.value)
 
 
 def test_without_the_log_line_the_message_says_sampling_is_not_sampling() -> None:
     variation = _variation(_greedy_continuation([1, 2, 1, 3, 2, 1, 4, 2]))
     with pytest.raises(AssertionError, match="sampling is not sampling") as info:
-        generation.check_seed_variation(variation, api="generate", log_line=lambda: None)
+        check_seed_variation(variation, api="generate", log_line=lambda: None)
     assert "falling back to greedy argmax" not in str(info.value)  # it would trigger the wrong diagnosis
 
 
 def test_identical_outputs_for_every_seed_fail() -> None:
     with pytest.raises(AssertionError, match="all 6 samples .* are identical"):
-        generation.check_seed_variation(_variation([(1, 2, 3)] * 6), api="completions", log_line=lambda: None)
+        check_seed_variation(_variation([(1, 2, 3)] * 6), api="completions", log_line=lambda: None)
 
 
 def test_text_only_flavours_see_repeated_outputs() -> None:
     variation = _variation(_greedy_continuation([1, 2, 1, 3, 2, 1, 4, 2]), native=False)
     with pytest.raises(AssertionError, match="6 pairs of samples .* are identical throughout"):
-        generation.check_seed_variation(variation, api="chat", log_line=lambda: None)
+        check_seed_variation(variation, api="chat", log_line=lambda: None)
 
 
 def test_real_sampling_passes_even_when_first_tokens_repeat() -> None:
     outputs: list[tuple[int, ...]] = [(1, 5, 6, 7), (1, 5, 6, 8), (2, 1, 1, 1), (1, 9, 9, 9), (2, 1, 1, 2), (3, 3, 3, 3)]
     for native in (True, False):
-        generation.check_seed_variation(_variation(outputs, native=native), api="generate", log_line=lambda: None)
+        check_seed_variation(_variation(outputs, native=native), api="generate", log_line=lambda: None)
 
 
 def test_too_few_shared_first_tokens_is_no_evidence() -> None:
-    generation.check_seed_variation(_variation(_greedy_continuation([1, 2, 3, 1, 4])), api="generate",
+    check_seed_variation(_variation(_greedy_continuation([1, 2, 3, 1, 4])), api="generate",
                                     log_line=lambda: None)  # one shared pair: could be chance
 
 
 @pytest.mark.parametrize(("text", "stop"), [(" quiro weat hello", "ro"), ("ab\ufffd\ufffdxyzxyz", "xy"),
                                             ("tiny", None)])
 def test_stop_string_is_taken_from_well_inside_the_text(text: str, stop: str | None) -> None:
-    assert generation._pick_stop_string(text) == stop
+    assert pick_stop_string(text) == stop
 
 
 def test_bad_requests_are_what_sglang_rejects(replay: Callable[..., InferenceClient]) -> None:
     client = replay(lambda body: (200, {}))
     client._model = "default"
-    body = generation.bad_request_body(client, "generate", "top_p=1.5", context_tokens=4096)
+    body = bad_request_body(client, "generate", "top_p=1.5", context_tokens=4096)
     assert body["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 4, "top_p": 1.5}
-    body = generation.bad_request_body(client, "completions", "prompt over the context", context_tokens=4096)
+    body = bad_request_body(client, "completions", "prompt over the context", context_tokens=4096)
     assert len(body["prompt"]) > 8192 and body["max_tokens"] == 4
-    assert "messages" not in generation.bad_request_body(client, "chat", "chat without messages", context_tokens=None)
-    assert generation.bad_request_body(client, "chat", "max_tokens=-1", context_tokens=None)["max_tokens"] == -1
+    assert "messages" not in bad_request_body(client, "chat", "chat without messages", context_tokens=None)
+    assert bad_request_body(client, "chat", "max_tokens=-1", context_tokens=None)["max_tokens"] == -1
 
 
 def test_recorded_error_bodies_are_4xx_with_a_message(recorded: dict[str, Any],
@@ -147,13 +150,13 @@ def test_recorded_error_bodies_are_4xx_with_a_message(recorded: dict[str, Any],
         record = recorded[f"plain/{probe}"]
         client = replay(lambda body, r=record: (r["status"], r["body_json"]))
         client._model = "default"
-        assert generation.bad_request(client, api, case, context_tokens=4096) == 400
+        assert bad_request(client, api, case, context_tokens=4096) == 400
 
 
 def test_a_5xx_for_a_bad_request_fails(replay: Callable[..., InferenceClient]) -> None:
     client = replay(lambda body: (500, {"error": {"message": "Internal Server Error"}}))
     with pytest.raises(AssertionError, match=r"bad request \[top_k=0\] to /generate answered HTTP 500, expected 4xx"):
-        generation.bad_request(client, "generate", "top_k=0", context_tokens=None)
+        bad_request(client, "generate", "top_k=0", context_tokens=None)
 
 
 def test_full_length_check_counts_openai_choices() -> None:
@@ -161,7 +164,7 @@ def test_full_length_check_counts_openai_choices() -> None:
 
     sampling = Sampling(max_tokens=4, n=2, ignore_eos=True)
     gens = [Generation("a", "length", completion_tokens=8, meta={"index": i}) for i in range(2)]
-    generation.check_full_length(gens, sampling, what="n=2")
+    check_full_length(gens, sampling, what="n=2")
     gens[1] = Generation("a", "stop", completion_tokens=8, meta={"index": 1})
     with pytest.raises(AssertionError, match=r"n=2 \(sample 1\): finish_reason 'stop' with ignore_eos"):
-        generation.check_full_length(gens, sampling, what="n=2")
+        check_full_length(gens, sampling, what="n=2")

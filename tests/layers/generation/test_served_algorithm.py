@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.config.profiles import attach_profile, load_profile
+from pytest_dflash.config.loader import attach_profile, load_profile
 from pytest_dflash.layers.generation import checks as generation
 from pytest_dflash.run import discovery
 from pytest_dflash.run.state import DflashRun, RunOptions, ServiceHandle

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.layers.gpu.layer import GpuHost, GpuOptions
 from pytest_dflash.run.state import DflashRun, RunOptions
 

@@ -12,7 +12,7 @@ import pytest
 from gpu_data import REPO, SUITES
 from support.pytest_runs import verdict
 
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.layers.gpu import env
 from pytest_dflash.layers.gpu.flags import (
     HELP_TEXT_REPLACEMENTS,

@@ -157,7 +157,7 @@ def test_kernels_probe_reports_flashinfers_own_rejection_and_cleans_up() -> None
 
 
 def test_the_transport_sends_a_siteless_probe_to_python_dash_s(tmp_path: Path) -> None:
-    from pytest_dflash.config.profiles import load_profile
+    from pytest_dflash.config.loader import load_profile
     from pytest_dflash.hostaccess.transport import Transport
 
     path = tmp_path / "h.toml"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.config.profiles import load_profile
-from pytest_dflash.layers.parity.greedy import BUILTIN_PROMPTS, load_prompts
+from pytest_dflash.config.loader import load_profile
+from pytest_dflash.layers.parity.prompts import BUILTIN_PROMPTS, load_prompts
 from pytest_dflash.run.state import DflashRun, HostContext, RunOptions
 from pytest_dflash.services.plain import (
     PlainUnavailable,

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_dflash.layers.parity.acceptance import Acceptance
 from pytest_dflash.layers.parity.checks import ACCEPTANCE_SAMPLE, acceptance_prompts
-from pytest_dflash.layers.parity.greedy import load_prompts
+from pytest_dflash.layers.parity.prompts import load_prompts
 
 
 def test_jsonl_and_sharegpt_prompt_files(tmp_path: Path) -> None:

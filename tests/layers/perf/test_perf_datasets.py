@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import InventoryError
 from pytest_dflash.layers.perf.hooks import OPTIONS_KEY, summary_lines
 from pytest_dflash.layers.perf.layer import PerfOverrides, PerfSettings, ServiceRun

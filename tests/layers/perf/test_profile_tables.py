@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import InventoryError
 from pytest_dflash.layers.perf.layer import PerfOverrides, PerfSettings
 

@@ -10,7 +10,7 @@ import pytest
 from perf_fakes import fake_result
 
 from pytest_dflash.client import Stream
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.layers.perf.layer import (
     PerfSettings,
     ServiceRun,

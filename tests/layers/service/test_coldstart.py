@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.config.profiles import COLD_START_FLOORS
+from pytest_dflash.config.tables.floors import COLD_START_FLOORS
 from pytest_dflash.layers.service.coldstart import judge_cold_start, phase_durations
 from pytest_dflash.services.phases import PHASE_NAMES, parse_startup, phase_offsets, to_unix
 

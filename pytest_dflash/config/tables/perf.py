@@ -1,0 +1,92 @@
+"""[perf] and [perf.SERVICE]: how the perf layer loads each service, normalised (durations in seconds)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.config.tables.reader import Table
+
+PERF_ENDPOINTS = ("auto", "generate", "chat", "completions")
+PERF_SERVICE_KEYS = ("requests", "duration", "warmup")
+
+
+def parse_perf(table: Table, services: Mapping[str, ServiceSpec], profile_dir: Path | None = None) -> dict[str, Any]:
+    """[perf]: how the perf layer loads each service; [perf.SERVICE] overrides requests/duration/warmup.
+
+    Values are normalised: durations in seconds (float), per-service tables under "services", `dataset` an
+    absolute path (relative to the profile file; "builtin": the shipped prompt set), read and checked here.
+    """
+
+    def dataset(name: str) -> str | None:
+        value = table.get(name, str)
+        if value is None:
+            return None
+        from pytest_dflash.load.workload import BUILTIN_NAME, DatasetError, dataset_path, load_dataset
+
+        path = dataset_path(value) if value == BUILTIN_NAME else (profile_dir or Path.cwd()) / Path(value).expanduser()
+        try:
+            load_dataset(path)
+        except DatasetError as exc:
+            raise table.fail(name, str(exc)) from None
+        return str(path.resolve())
+
+    def count(sub: Table, name: str, low: int) -> int | None:
+        value = sub.get(name, int)
+        if value is not None and value < low:
+            raise sub.fail(name, f"expected an integer >= {low}, got {value}")
+        return value
+
+    def number(sub: Table, name: str, *, positive: bool = True) -> float | None:
+        value = sub.get(name, float)
+        if value is not None and (value < 0 or (positive and value == 0)):
+            raise sub.fail(name, f"expected a {'positive' if positive else 'non-negative'} number, got {value!r}")
+        return value
+
+    def duration(sub: Table, name: str) -> float | None:
+        value = sub.duration(name, -1.0)
+        if value == -1.0:
+            return None
+        if not value > 0:
+            raise sub.fail(name, f"expected a positive duration like '30s', got {sub.raw(name)!r}")
+        return value
+
+    out: dict[str, Any] = {}
+    per_service: dict[str, dict[str, Any]] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            if key not in services:
+                raise table.fail(key, f"expected a service of this host ({', '.join(services)}) or a [perf] key")
+            sub = table.sub(key)
+            assert sub is not None
+            entry = {"requests": count(sub, "requests", 1), "duration": duration(sub, "duration"),
+                     "warmup": count(sub, "warmup", 0)}
+            sub.done()
+            per_service[key] = {k: v for k, v in entry.items() if v is not None}
+    endpoint = table.choice("endpoint", PERF_ENDPOINTS)
+    values = {
+        "endpoint": endpoint,
+        "concurrency": count(table, "concurrency", 1),
+        "requests": count(table, "requests", 1),
+        "duration": duration(table, "duration"),
+        "warmup": count(table, "warmup", 0),
+        "prompt_len": count(table, "prompt_len", 1),
+        "output_len": count(table, "output_len", 1),
+        "temperature": number(table, "temperature", positive=False),
+        "seed": count(table, "seed", 0),
+        "request_timeout": duration(table, "request_timeout"),
+        "max_loop_lag_ms": number(table, "max_loop_lag_ms"),
+        "max_client_cpu": number(table, "max_client_cpu"),
+        "retries": count(table, "retries", 0),
+        "client_procs": count(table, "client_procs", 1),
+        "dataset": dataset("dataset"),
+    }
+    for name in per_service:
+        table.get(name, dict)  # seen
+    table.done()
+    out.update({k: v for k, v in values.items() if v is not None})
+    if per_service:
+        out["services"] = per_service
+    return out

@@ -1,0 +1,97 @@
+"""The API flavours a generation check speaks, and one request sent in one of them.
+
+SGLang's native ``/generate`` ("generate", token ids visible) or the OpenAI endpoints ("completions", "chat").
+A server that is not SGLang has no native flavour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pytest_dflash.client import Generation, InferenceClient, Sampling, Stream
+from pytest_dflash.errors import ApiError
+
+Api = Literal["generate", "completions", "chat"]
+
+APIS: tuple[Api, ...] = ("generate", "completions", "chat")
+
+PATHS: dict[Api, str] = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+PROMPT = "The quick brown fox"
+
+
+def messages(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def request(client: InferenceClient, api: Api, prompt: str, sampling: Sampling, *,
+            timeout_s: float | None = None) -> list[Generation]:
+    """One request in one flavour; one Generation per sample (n > 1 gives several)."""
+    if api == "generate":
+        if sampling.n > 1:
+            return client.generate_many(prompt, sampling, timeout_s=timeout_s)
+        return [client.generate(prompt, sampling, timeout_s=timeout_s)]
+    if api == "completions":
+        return client.completion(prompt, sampling, timeout_s=timeout_s)
+    return client.chat(messages(prompt), sampling, timeout_s=timeout_s)
+
+
+def request_stream(client: InferenceClient, api: Api, prompt: str, sampling: Sampling, *,
+                   timeout_s: float | None = None) -> Stream:
+    if api == "generate":
+        return client.generate_stream(prompt, sampling, timeout_s=timeout_s)
+    if api == "completions":
+        return client.completion_stream(prompt, sampling, timeout_s=timeout_s)
+    return client.chat_stream(messages(prompt), sampling, timeout_s=timeout_s)
+
+
+def request_default(client: InferenceClient, prompt: str, sampling: Sampling, *, native: bool,
+              timeout_s: float | None = None) -> Generation:
+    return request(client, "generate" if native else "completions", prompt, sampling, timeout_s=timeout_s)[0]
+
+
+def generate_batch(client: InferenceClient, prompts: Sequence[str], samplings: Sequence[Sampling], *,
+                   timeout_s: float | None = None) -> list[Generation]:
+    """One native /generate request carrying a batch: prompt i with sampling i (SGLang's list form)."""
+    if len(prompts) != len(samplings):
+        raise ValueError("one sampling per prompt")
+    body = {"text": list(prompts), "sampling_params": [s.as_sglang() for s in samplings]}
+    response = client.request("POST", "/generate", json_body=body, timeout_s=timeout_s)
+    if response.status_code >= 400:
+        raise ApiError(client.service, "/generate", response.status_code, "batch request refused", response.text[:500])
+    try:
+        data = response.json()
+    except ValueError as exc:
+        raise ApiError(client.service, "/generate", response.status_code, f"malformed JSON body: {exc}",
+                       response.text[:500]) from exc
+    if not isinstance(data, list) or len(data) != len(prompts):
+        raise ApiError(client.service, "/generate", response.status_code,
+                       f"a batch of {len(prompts)} got {len(data) if isinstance(data, list) else 'no'} results",
+                       response.text[:300])
+    out = []
+    for item in data:
+        ids = item.get("output_ids") if isinstance(item, dict) else None
+        meta = item.get("meta_info") if isinstance(item, dict) else None
+        if not isinstance(ids, list) or not isinstance(meta, dict):
+            raise ApiError(client.service, "/generate", response.status_code, "batch result lacks output_ids/meta_info",
+                           str(item)[:300])
+        reason = meta.get("finish_reason")
+        out.append(Generation(text=str(item.get("text", "")), output_ids=[int(i) for i in ids],
+                              finish_reason=reason.get("type") if isinstance(reason, dict) else reason,
+                              completion_tokens=meta.get("completion_tokens"), prompt_tokens=meta.get("prompt_tokens"),
+                              meta=meta))
+    return out
+
+
+__all__ = [
+    "APIS",
+    "PATHS",
+    "PROMPT",
+    "Api",
+    "generate_batch",
+    "messages",
+    "request",
+    "request_default",
+    "request_stream",
+]

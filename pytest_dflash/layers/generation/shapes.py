@@ -1,0 +1,115 @@
+"""What a well-formed answer looks like: token counts, finish reasons, choices and a server-sent event stream.
+
+Each check raises AssertionError naming what is wrong and where (`what`), with the evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from pytest_dflash.client import Generation, Sampling, Stream
+
+
+def fail(message: str) -> NoReturn:
+    __tracebackhide__ = True
+    raise AssertionError(message)
+
+
+def check_completion_shape(gen: Generation, sampling: Sampling, *, what: str) -> None:
+    """A finished generation: tokens counted, a finish reason that fits max_tokens."""
+    __tracebackhide__ = True
+    if gen.finish_reason not in ("length", "stop"):
+        fail(f"{what}: finish_reason {gen.finish_reason!r}, expected 'length' or 'stop' (meta: {gen.meta})")
+    if gen.completion_tokens is None or gen.completion_tokens <= 0:
+        fail(f"{what}: completion_tokens = {gen.completion_tokens!r}; a generation must produce tokens")
+    if gen.completion_tokens > sampling.max_tokens:
+        fail(f"{what}: {gen.completion_tokens} tokens for max_tokens={sampling.max_tokens}")
+    if gen.finish_reason == "length" and gen.completion_tokens != sampling.max_tokens:
+        fail(f"{what}: finish_reason 'length' after {gen.completion_tokens} of {sampling.max_tokens} tokens")
+    if gen.output_ids is not None and len(gen.output_ids) != gen.completion_tokens:
+        fail(f"{what}: {len(gen.output_ids)} output_ids but completion_tokens = {gen.completion_tokens}")
+
+
+def check_full_length(gens: Sequence[Generation], sampling: Sampling, *, what: str) -> None:
+    """With ignore_eos every sample must run to max_tokens and say so ('length')."""
+    __tracebackhide__ = True
+    if sampling.n > 1 and len(gens) != sampling.n:
+        fail(f"{what}: {len(gens)} samples for n={sampling.n}")
+    per_choice = len(gens) == 1 or gens[0].output_ids is not None
+    for index, gen in enumerate(gens):
+        label = f"{what} (sample {index})" if len(gens) > 1 else what
+        if gen.finish_reason != "length":
+            fail(f"{label}: finish_reason {gen.finish_reason!r} with ignore_eos and max_tokens={sampling.max_tokens}"
+                  f", expected 'length' (text {gen.text[:80]!r})")
+        if per_choice:
+            check_completion_shape(gen, sampling, what=label)
+    if not per_choice:  # OpenAI: usage counts all choices together
+        tokens = gens[0].completion_tokens
+        if tokens != sampling.max_tokens * len(gens):
+            fail(f"{what}: usage.completion_tokens = {tokens} for {len(gens)} choices of {sampling.max_tokens} "
+                  "tokens each")
+        indices = sorted(int(g.meta["index"]) for g in gens if isinstance(g.meta.get("index"), int))
+        if indices != list(range(len(gens))):
+            fail(f"{what}: choice indices {indices}, expected 0..{len(gens) - 1}")
+
+
+@dataclass
+class StreamCheck:
+    stream: Stream
+    text: str
+    tokens: int | None
+
+
+def check_stream(stream: Stream, *, native: bool, max_tokens: int, what: str, chat: bool = False) -> StreamCheck:
+    """Well-formed SSE: events, monotonic cumulative output (native), final usage / finish, [DONE]."""
+    __tracebackhide__ = True
+    if not stream.content_type.startswith("text/event-stream"):
+        fail(f"{what}: content-type {stream.content_type!r}, expected text/event-stream")
+    if not stream.events:
+        fail(f"{what}: no events before the stream ended")
+    if not stream.done:
+        fail(f"{what}: stream ended without 'data: [DONE]' after {len(stream.events)} events "
+              f"(last line {stream.raw_lines[-1:]!r})")
+    if any(b < a for a, b in zip(stream.arrival_s, stream.arrival_s[1:], strict=False)):
+        fail(f"{what}: event arrival times go backwards: {stream.arrival_s}")
+    if native:
+        previous: list[int] = []
+        text = ""
+        for index, event in enumerate(stream.events):
+            ids = event.get("output_ids") or []
+            if ids[: len(previous)] != previous:
+                fail(f"{what}: event {index} output_ids {ids} do not extend the previous {previous}")
+            previous = ids
+            text = str(event.get("text", ""))
+        final = stream.events[-1]
+        meta: dict[str, Any] = final.get("meta_info") or {}
+        reason = meta.get("finish_reason")
+        if not reason:
+            fail(f"{what}: last event has no finish_reason: {final}")
+        tokens = meta.get("completion_tokens")
+        if tokens != len(previous):
+            fail(f"{what}: completion_tokens {tokens} != {len(previous)} streamed ids")
+        return StreamCheck(stream, text, tokens)
+    usage_events = [e for e in stream.events if e.get("usage") and not e.get("choices")]
+    if not usage_events:
+        fail(f"{what}: no final usage chunk (choices: [] with usage) although include_usage was requested")
+    if stream.events[-1] is not usage_events[-1]:
+        fail(f"{what}: the usage chunk is not the last event: {stream.events[-1]}")
+    chunks = [c for e in stream.events for c in e.get("choices") or []]
+    if chat and chunks and (chunks[0].get("delta") or {}).get("role") not in ("assistant", None):
+        fail(f"{what}: first chat delta has role {(chunks[0].get('delta') or {}).get('role')!r}")
+    text = "".join(str(c.get("text") or (c.get("delta") or {}).get("content") or "") for c in chunks)
+    finishes = [c.get("finish_reason") for c in chunks if c.get("finish_reason")]
+    if not finishes:
+        fail(f"{what}: no chunk carried a finish_reason")
+    if len(finishes) != 1 or chunks[-1].get("finish_reason") != finishes[0]:
+        fail(f"{what}: finish_reason must come once, on the last choice chunk; got {finishes}")
+    tokens = usage_events[-1]["usage"].get("completion_tokens")
+    if not isinstance(tokens, int) or not 0 < tokens <= max_tokens:
+        fail(f"{what}: usage.completion_tokens = {tokens!r} for max_tokens={max_tokens}")
+    return StreamCheck(stream, text, tokens)
+
+
+__all__ = ["StreamCheck", "check_completion_shape", "check_full_length", "check_stream", "fail"]
