@@ -66,9 +66,9 @@ async def _ours(url: str, a: argparse.Namespace) -> dict[str, Any]:
 async def _aiohttp(url: str, a: argparse.Namespace) -> dict[str, Any]:
     import aiohttp
 
-    from pytest_dflash.load.workload import _Workload
+    from pytest_dflash.load.workload import Workload
 
-    workload = _Workload(_spec(a))
+    workload = Workload(_spec(a))
     ttfts: list[float] = []
     itls: list[float] = []
     totals = {"tokens": 0, "failed": 0, "measured_tokens": 0}

@@ -42,7 +42,9 @@ from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.config.schema import schema_text
 from pytest_dflash.errors import InventoryError
 from pytest_dflash.fleet import inventory, prometheus
+from pytest_dflash.fleet import outputs as fleet_outputs
 from pytest_dflash.fleet import summary as fleet_summary
+from pytest_dflash.fleet import verdicts as fleet_verdicts
 from pytest_dflash.run.layers import LAYERS
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_OUTPUT = 0, 1, 2, 3
@@ -145,26 +147,26 @@ def merge(args: argparse.Namespace) -> int:
             if not args.previous.is_file():
                 return _error(f"--previous {args.previous}: no such file")
             previous = args.previous
-        elif (out / fleet_summary.SUMMARY_JSON).is_file():
-            previous = out / fleet_summary.SUMMARY_JSON
+        elif (out / fleet_outputs.SUMMARY_JSON).is_file():
+            previous = out / fleet_outputs.SUMMARY_JSON
     try:
-        verdicts, excluded = fleet_summary.load_verdicts(args.inputs, latest=args.latest, exclude=args.exclude)
+        verdicts, excluded = fleet_verdicts.load_verdicts(args.inputs, latest=args.latest, exclude=args.exclude)
         if not verdicts:
             return _error("every verdict was excluded: nothing to summarise")
         if previous is not None:
             fleet_summary.read_summary(previous)  # validate before writing anything
         gate = args.gate or fleet_summary.gate_layers_of(verdicts)
-    except fleet_summary.FleetInputError as exc:
+    except fleet_verdicts.FleetInputError as exc:
         return _error(str(exc))
     try:
-        summary, outputs = fleet_summary.summarize(
-            verdicts, out, previous_path=previous, history_dir=args.history or out / fleet_summary.HISTORY,
+        summary, outputs = fleet_outputs.summarize(
+            verdicts, out, previous_path=previous, history_dir=args.history or out / fleet_verdicts.HISTORY,
             gate_layers=gate, excluded=excluded, exclude_patterns=args.exclude, prometheus=args.prometheus,
             perf_threshold_pct=args.perf_threshold)
     except OSError as exc:
         print(f"pytest-dflash merge: error: cannot write the summary: {exc}", file=sys.stderr)
         return EXIT_OUTPUT
-    except fleet_summary.FleetInputError as exc:
+    except fleet_verdicts.FleetInputError as exc:
         return _error(str(exc))
     status = EXIT_OK
     if summary["gate"] is not None:
@@ -178,7 +180,7 @@ def merge(args: argparse.Namespace) -> int:
     if not args.quiet:
         inputs = f"{len(verdicts)} verdicts from {len(summary['runs'])} run(s)"
         print(f"pytest-dflash merge: {inputs} -> {out}")
-        for line in fleet_summary.headline(summary):
+        for line in fleet_outputs.headline(summary):
             print(f"  {line}")
         if missing:
             print(f"  {missing}")

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from pytest_dflash.config import options
+from pytest_dflash.fleet import outputs as fleet_outputs
 from pytest_dflash.fleet import prometheus
 from pytest_dflash.fleet import summary as fleet_summary
+from pytest_dflash.fleet import verdicts as fleet_verdicts
 from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
 
 RESULT_KEY = pytest.StashKey[dict[str, Any]]()
@@ -118,24 +120,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     report_dir = run.options.report_dir
     previous = options.path(config, "dflash_previous_summary")
-    if previous is None and (report_dir / fleet_summary.SUMMARY_JSON).is_file():
-        previous = report_dir / fleet_summary.SUMMARY_JSON
+    if previous is None and (report_dir / fleet_outputs.SUMMARY_JSON).is_file():
+        previous = report_dir / fleet_outputs.SUMMARY_JSON
     result: dict[str, Any] = {}
     try:
-        verdicts = [fleet_summary.LoadedVerdict(Path(p), fleet_summary.read_verdict(Path(p))) for p in reported]
+        verdicts = [fleet_verdicts.LoadedVerdict(Path(p), fleet_verdicts.read_verdict(Path(p))) for p in reported]
         try:
             if previous is not None:
                 fleet_summary.read_summary(previous)
-        except fleet_summary.FleetInputError as exc:
+        except fleet_verdicts.FleetInputError as exc:
             result["warning"] = f"previous summary ignored: {exc}"
             previous = None
         gate: list[str] = config.stash.get(GATE_KEY, [])
-        summary, outputs = fleet_summary.summarize(
+        summary, outputs = fleet_outputs.summarize(
             verdicts, report_dir, previous_path=previous,
-            history_dir=options.path(config, "dflash_history") or report_dir / fleet_summary.HISTORY,
+            history_dir=options.path(config, "dflash_history") or report_dir / fleet_verdicts.HISTORY,
             gate_layers=gate, prometheus=options.path(config, "dflash_prometheus"))
         result.update(summary=summary, outputs=outputs)
-    except (OSError, fleet_summary.FleetInputError) as exc:
+    except (OSError, fleet_verdicts.FleetInputError) as exc:
         # The verdicts and the exit code stand; the summary is a view of them.
         result["error"] = f"fleet summary not written: {exc}"
     if "summary" in result and (push_url := _push_url(config)):
@@ -161,7 +163,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     not_passing = summary["totals"]["pass"] < summary["totals"]["hosts"]
     interesting = not_passing or (trend and any(trend[k] for k in ("fixed", "disappeared", "perf")))
     if summary["totals"]["hosts"] > 1 or interesting:
-        for line in fleet_summary.headline(summary):
+        for line in fleet_outputs.headline(summary):
             terminalreporter.write_line(line)
     terminalreporter.write_line(f"fleet summary: {result['outputs'].summary_html}")
     for path in result["outputs"].prometheus[1:]:

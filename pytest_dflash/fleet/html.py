@@ -14,7 +14,7 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_dflash.fleet.summary import safe_name
+from pytest_dflash.fleet.values import safe_name
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "blocked": "#ef6c00", "skipped": "#757575",
            "not-run": "#bdbdbd"}

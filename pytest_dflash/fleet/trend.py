@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_dflash.fleet.values import flatten, host_numbers, parse_time
+from pytest_dflash.fleet.values import flatten, host_numbers, parse_time, safe_name
 from pytest_dflash.run.layers import LAYERS
 
 FAILING = ("failed", "blocked")
@@ -182,8 +182,6 @@ def trend_line(change: Mapping[str, Any]) -> str:
 
 
 def good_runs_path(root: Path, host: str) -> Path:
-    from pytest_dflash.fleet.summary import safe_name  # summary imports this module
-
     return root / safe_name(host) / GOOD_RUNS
 
 

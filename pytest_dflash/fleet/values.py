@@ -1,4 +1,5 @@
-"""Flat values of verdicts and summaries: timestamps, nested objects as dotted keys, their numbers."""
+"""Flat values of verdicts and summaries: timestamps, nested objects as dotted keys, their numbers, and a host
+name made safe for a file name or an HTML anchor (:func:`safe_name`)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,8 @@ def host_numbers(entry: Mapping[str, Any]) -> dict[str, float]:
             if isinstance(facts.get(key), int | float):
                 values[f"service:{service}.{key}"] = float(facts[key])
     return values
+
+
+def safe_name(name: str) -> str:
+    """`name` with every character but letters, digits and `-_.` replaced by `_` (history folders, anchors)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -45,13 +45,15 @@ Where each part lives
 :mod:`.spec` (:class:`LoadSpec`, lengths, SLOs) · :mod:`.workload` (request *i* → prompt and body) ·
 :mod:`.transport` (the stamped HTTP/1.1 transport, :func:`make_client`) · :mod:`.sse` (one streamed
 request: SSE framing and the token/usage consumers) · :mod:`.monitor` (event-loop lag, CPU,
-saturation) · :mod:`.results` (records, :class:`LoadResult`, aggregates) · :mod:`.run` (the run,
-server-side accept length) · :mod:`.procs` (one run over ``client_procs`` processes, merged) ·
+saturation) · :mod:`.results` (records, :class:`LoadResult`, aggregates) · :mod:`.serverinfo` (server-side
+accept length) · :mod:`.loop` (the run on one event loop) · :mod:`.procs` (one run over
+``client_procs`` processes, merged) · :mod:`.run` (:func:`run_load`: one loop or the processes) ·
 :mod:`.__main__` (the CLI).
 """
 
 from __future__ import annotations
 
+from pytest_dflash.load.loop import run_load_async
 from pytest_dflash.load.results import (
     ErrorKind,
     LoadResult,
@@ -61,7 +63,8 @@ from pytest_dflash.load.results import (
     aggregate,
     tokens_over_time,
 )
-from pytest_dflash.load.run import flush_cache, run_load, run_load_async, server_accept_length
+from pytest_dflash.load.run import run_load
+from pytest_dflash.load.serverinfo import flush_cache, server_accept_length
 from pytest_dflash.load.spec import LengthDist, LoadSpec, Slo
 from pytest_dflash.load.transport import make_client
 

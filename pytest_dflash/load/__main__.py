@@ -6,8 +6,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pytest_dflash.load.loop import run_coro, run_load_async
 from pytest_dflash.load.procs import run_load_procs
-from pytest_dflash.load.run import _run_coro, run_load_async
 from pytest_dflash.load.spec import ENDPOINT_PATHS, LoadSpec
 from pytest_dflash.load.workload import DatasetError, dataset_path, load_dataset
 
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if spec.client_procs > 1:
         result = run_load_procs(a.base_url, spec, stamped=not a.stock_httpx)
     else:
-        result = _run_coro(run_load_async(a.base_url, spec, _stamped=not a.stock_httpx))
+        result = run_coro(run_load_async(a.base_url, spec, stamped=not a.stock_httpx))
     print(result.summary())
     if a.out:
         Path(a.out).write_text(result.to_json(records=not a.no_records))

@@ -14,7 +14,7 @@ from pytest_dflash.load.results import RequestRecord, Saturation
 from pytest_dflash.load.spec import LoadSpec
 
 
-class _Monitor:
+class Monitor:
     """Ticks every ``interval_s``: loop lag, progress line. Reads loop-thread and process CPU."""
 
     def __init__(self, *, interval_s: float = 0.01, progress: bool, total: int | None,
@@ -52,7 +52,7 @@ class _Monitor:
         last_draw = 0.0
         while True:
             fut: asyncio.Future[None] = loop.create_future()
-            loop.call_at(next_at, _set_none, fut)
+            loop.call_at(next_at, set_none, fut)
             await fut
             now = loop.time()
             self.lags_ms.append((now - next_at) * 1e3)
@@ -92,12 +92,14 @@ class _Monitor:
             sys.stderr.flush()
 
 
-def _set_none(fut: asyncio.Future[None]) -> None:
+def set_none(fut: asyncio.Future[None]) -> None:
+    """Wake a sleeper at its ``loop.call_at`` time (unless it was cancelled meanwhile)."""
     if not fut.done():
         fut.set_result(None)
 
 
-def _saturation(spec: LoadSpec, mon: _Monitor, schedule_lags_ms: list[float]) -> Saturation:
+def saturation_of(spec: LoadSpec, mon: Monitor, schedule_lags_ms: list[float]) -> Saturation:
+    """Was the client the bottleneck of this one-loop run? Loop lag, loop CPU and open-loop send lag vs the spec."""
     lags = np.asarray(mon.lags_ms or [0.0])
     p50, p99 = (float(x) for x in np.percentile(lags, [50, 99]))
     sat = Saturation(loop_lag_p50_ms=p50, loop_lag_p99_ms=p99, loop_lag_max_ms=float(lags.max()),

@@ -3,7 +3,7 @@
 Why: one event loop streams about one core's worth of tokens (benchmarks/README.md); a server that
 streams more than that needs more clients, or the run measures the client. Each process is a
 ``spawn``-ed interpreter with its own event loop and connection pool, and runs
-:func:`~pytest_dflash.load.run.run_load_async` on its part of the run:
+:func:`~pytest_dflash.load.loop.run_load_async` on its part of the run:
 
 * request *i* (warm-up first, then measured, numbered as in a one-process run) is sent by process
   ``i % N``, built from the same spec and seed, so prompts, lengths and ids are those of the
@@ -45,8 +45,9 @@ from typing import Any
 
 import httpx
 
+from pytest_dflash.load.loop import Share, run_coro, run_load_async
 from pytest_dflash.load.results import LoadResult, Saturation, aggregate
-from pytest_dflash.load.run import _run_coro, _Share, flush_cache, run_load_async, server_accept_length
+from pytest_dflash.load.serverinfo import flush_cache, server_accept_length
 from pytest_dflash.load.spec import LoadSpec
 
 __all__ = ["ClientProcessError", "merge_results", "run_load_procs"]
@@ -103,9 +104,9 @@ def _child(conn: multiprocessing.connection.Connection, index: int, of: int, bas
             _, start_ns = await loop.run_in_executor(None, _recv, conn, deadline_s, "measure signal")
             return int(start_ns)
 
-        share = _Share(index=index, of=of, t0_ns=int(t0_ns), measure=measure)
-        result = _run_coro(run_load_async(base_url, spec, headers=headers, progress=False,
-                                          keep_token_times=keep_token_times, _stamped=stamped, _share=share))
+        share = Share(index=index, of=of, t0_ns=int(t0_ns), measure=measure)
+        result = run_coro(run_load_async(base_url, spec, headers=headers, progress=False,
+                                          keep_token_times=keep_token_times, stamped=stamped, share=share))
         conn.send(("result", result))
     except BaseException:
         with contextlib.suppress(OSError, ValueError):

@@ -88,6 +88,19 @@ class RequestRecord:
             return None
         return (self.e2e_ms - self.ttft_ms) / (self.output_tokens - 1)
 
+    def meets(self, slo: Slo) -> bool:
+        """True when this request succeeded and meets every objective of ``slo`` that is set."""
+        if not self.ok or self.ttft_ms is None:
+            return False
+        if slo.ttft_ms is not None and self.ttft_ms > slo.ttft_ms:
+            return False
+        if slo.itl_ms is not None and self.itl_ms and float(np.percentile(self.itl_ms, 99)) > slo.itl_ms:
+            return False
+        tpot = self.tpot_ms
+        if slo.tpot_ms is not None and tpot is not None and tpot > slo.tpot_ms:
+            return False
+        return not (slo.e2e_ms is not None and self.e2e_ms is not None and self.e2e_ms > slo.e2e_ms)
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in fields(self):
@@ -317,7 +330,7 @@ def aggregate(records: Sequence[RequestRecord], *, slo: Slo | None = None,
     else:
         m["accept_length"] = None
     if slo is not None:
-        good = sum(1 for r in ok if slo.met_by(r))
+        good = sum(1 for r in ok if r.meets(slo))
         m["request_goodput"] = rate(good)
         m["goodput_fraction"] = good / len(measured) if measured else 0.0
     else:

@@ -7,14 +7,9 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
-import numpy as np
-
-if TYPE_CHECKING:  # annotation only: results imports this module at run time
-    from pytest_dflash.load.results import RequestRecord
-
-__all__ = ["ENDPOINT_PATHS", "Endpoint", "LengthDist", "LoadSpec", "Slo"]
+__all__ = ["ENDPOINT_PATHS", "Endpoint", "LengthDist", "LoadSpec", "Slo", "as_dist"]
 
 
 Endpoint: TypeAlias = Literal["chat", "completions", "generate"]
@@ -63,31 +58,20 @@ class LengthDist:
         return int(min(max(round(value), self.low), hi))
 
 
-def _as_dist(value: int | LengthDist) -> LengthDist:
+def as_dist(value: int | LengthDist) -> LengthDist:
+    """A length as a distribution: a plain int is a fixed length (``LengthDist(mean=value)``)."""
     return value if isinstance(value, LengthDist) else LengthDist(mean=int(value))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Slo:
-    """Service-level objectives for goodput: a request is *good* when it meets every one set."""
+    """Service-level objectives for goodput: a request is *good* when it meets every one set
+    (:meth:`.results.RequestRecord.meets`)."""
 
     ttft_ms: float | None = None
     itl_ms: float | None = None  # on the request's p99 ITL
     tpot_ms: float | None = None
     e2e_ms: float | None = None
-
-    def met_by(self, rec: RequestRecord) -> bool:
-        """True when a successful request meets every objective that is set."""
-        if not rec.ok or rec.ttft_ms is None:
-            return False
-        if self.ttft_ms is not None and rec.ttft_ms > self.ttft_ms:
-            return False
-        if self.itl_ms is not None and rec.itl_ms and float(np.percentile(rec.itl_ms, 99)) > self.itl_ms:
-            return False
-        tpot = rec.tpot_ms
-        if self.tpot_ms is not None and tpot is not None and tpot > self.tpot_ms:
-            return False
-        return not (self.e2e_ms is not None and rec.e2e_ms is not None and rec.e2e_ms > self.e2e_ms)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,8 +135,8 @@ class LoadSpec:
         if cap is not None and self.client_procs > cap:
             raise ValueError(f"LoadSpec.client_procs ({self.client_procs}) > concurrency ({cap}): every client "
                              "process needs at least one request in flight")
-        _as_dist(self.prompt_len)
-        _as_dist(self.output_len)
+        as_dist(self.prompt_len)
+        as_dist(self.output_len)
 
     @property
     def closed_loop(self) -> bool:

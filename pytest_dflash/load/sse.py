@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from pytest_dflash.load.results import ErrorKind, RequestError, RequestRecord
-from pytest_dflash.load.transport import _Connection
+from pytest_dflash.load.transport import Connection
 
 _NS = 1_000_000  # ns per ms
 
@@ -71,7 +71,7 @@ def _error_message(obj: Mapping[str, Any]) -> str:
     return str(err)
 
 
-async def _one_request(client: httpx.AsyncClient, path: str, endpoint: str, body: bytes,
+async def one_request(client: httpx.AsyncClient, path: str, endpoint: str, body: bytes,
                        rec: RequestRecord, t0_ns: int, strict: bool, keep_times: bool,
                        timeout_s: float) -> None:
     """Send one streamed request and fill ``rec``; never raises except CancelledError."""
@@ -106,9 +106,9 @@ async def _stream(client: httpx.AsyncClient, path: str, endpoint: str, body: byt
     resp = await client.send(request, stream=True)
     try:
         ns = resp.extensions.get("network_stream")
-        stamped = isinstance(ns, _Connection)
+        stamped = isinstance(ns, Connection)
         start_ns = call_ns
-        if isinstance(ns, _Connection) and ns.request_start_ns >= call_ns:
+        if isinstance(ns, Connection) and ns.request_start_ns >= call_ns:
             start_ns = ns.request_start_ns
         rec.start_s = (start_ns - t0_ns) / 1e9
         rec.send_delay_ms = (start_ns - call_ns) / _NS
@@ -130,7 +130,7 @@ async def _stream(client: httpx.AsyncClient, path: str, endpoint: str, body: byt
         await resp.aclose()
 
 
-async def _consume_openai(chunks: Any, ns: _Connection | None, rec: RequestRecord, start_ns: int,
+async def _consume_openai(chunks: Any, ns: Connection | None, rec: RequestRecord, start_ns: int,
                           t0_ns: int, patterns: tuple[bytes, ...], strict: bool, keep_times: bool) -> None:
     """OpenAI chat/completions SSE: token events, then a usage chunk, then [DONE]."""
     buf = b""
@@ -216,7 +216,7 @@ async def _consume_openai(chunks: Any, ns: _Connection | None, rec: RequestRecor
     rec.prompt_tokens = int(pt) if isinstance(pt, int) else None
 
 
-async def _consume_generate(chunks: Any, ns: _Connection | None, rec: RequestRecord, start_ns: int,
+async def _consume_generate(chunks: Any, ns: Connection | None, rec: RequestRecord, start_ns: int,
                             t0_ns: int, strict: bool, keep_times: bool) -> None:
     """SGLang native /generate SSE: cumulative text/output_ids, meta_info.completion_tokens.
 

@@ -1,7 +1,7 @@
 """HTTP/1.1 transport for httpx that stamps every read at ``data_received``, and :func:`make_client`.
 
 The clock is read when the bytes reach user space, not when a parser gets to them (see the package
-docstring); the sibling modules read the stamp from :class:`_Connection`, the response's
+docstring); the sibling modules read the stamp from :class:`Connection`, the response's
 ``network_stream``.
 
 Why hand-written, measured side by side with an aiohttp client written as sglang's bench_serving
@@ -25,7 +25,7 @@ from typing import cast
 
 import httpx
 
-__all__ = ["make_client"]
+__all__ = ["Connection", "make_client"]
 
 
 class _Protocol(asyncio.Protocol):
@@ -91,7 +91,7 @@ def _expire(fut: asyncio.Future[None]) -> None:
         fut.set_exception(TimeoutError())
 
 
-class _Connection:
+class Connection:
     """One HTTP/1.1 connection: corked request writes, stamped reads."""
 
     def __init__(self, transport: asyncio.Transport, protocol: _Protocol, origin: tuple[str, str, int]) -> None:
@@ -166,7 +166,7 @@ _MAX_HEAD = 64 * 1024
 class _Body(httpx.AsyncByteStream):
     """A response body read straight off the connection: one piece per read, de-chunked."""
 
-    def __init__(self, transport: _H1Transport, conn: _Connection, request: httpx.Request, rest: bytes,
+    def __init__(self, transport: _H1Transport, conn: Connection, request: httpx.Request, rest: bytes,
                  rest_ns: int, framing: str, length: int, reusable: bool, timeout: float | None) -> None:
         self._t = transport
         self.conn = conn
@@ -298,9 +298,9 @@ class _H1Transport(httpx.AsyncBaseTransport):
 
     def __init__(self, *, max_connections: int | None, ssl_context: ssl.SSLContext | None = None) -> None:
         self._ssl = ssl_context
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
         self._slots = asyncio.Semaphore(max_connections) if max_connections else None
-        self._all: set[_Connection] = set()
+        self._all: set[Connection] = set()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         timeouts = request.extensions.get("timeout", {})
@@ -323,7 +323,7 @@ class _H1Transport(httpx.AsyncBaseTransport):
             raise
 
     async def _acquire(self, origin: tuple[str, str, int], request: httpx.Request,
-                       timeouts: Mapping[str, float | None]) -> _Connection:
+                       timeouts: Mapping[str, float | None]) -> Connection:
         """A connection for one request: an idle one if usable, else a new one (a slot each)."""
         if self._slots is not None:
             try:
@@ -346,7 +346,7 @@ class _H1Transport(httpx.AsyncBaseTransport):
             raise
 
     async def _connect(self, origin: tuple[str, str, int], request: httpx.Request,
-                       timeout: float | None) -> _Connection:
+                       timeout: float | None) -> Connection:
         scheme, host, port = origin
         loop = asyncio.get_running_loop()
         ssl_ctx: ssl.SSLContext | None = None
@@ -364,11 +364,11 @@ class _H1Transport(httpx.AsyncBaseTransport):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Connection(transport, protocol, origin)
+        conn = Connection(transport, protocol, origin)
         self._all.add(conn)
         return conn
 
-    async def _response(self, conn: _Connection, request: httpx.Request, timeout: float | None) -> httpx.Response:
+    async def _response(self, conn: Connection, request: httpx.Request, timeout: float | None) -> httpx.Response:
         buf = b""
         while True:
             data = await conn.read(request, timeout)
@@ -426,7 +426,7 @@ class _H1Transport(httpx.AsyncBaseTransport):
                               extensions={"http_version": parts[0], "reason_phrase": parts[2] if len(parts) > 2
                                           else b"", "network_stream": conn})
 
-    def _release(self, conn: _Connection) -> None:
+    def _release(self, conn: Connection) -> None:
         """An in-use connection whose response was read to the end goes back to the pool."""
         if self._slots is not None:
             self._slots.release()
@@ -436,7 +436,7 @@ class _H1Transport(httpx.AsyncBaseTransport):
             self._all.discard(conn)
             conn.close()
 
-    def _discard(self, conn: _Connection) -> None:
+    def _discard(self, conn: Connection) -> None:
         """An in-use connection that cannot be reused (error, unread body) is closed."""
         if self._slots is not None:
             self._slots.release()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_dflash.load.spec import LoadSpec, _as_dist
+from pytest_dflash.load.spec import LoadSpec, as_dist
 
 _WORDS_TEXT = (
     "the of and to in is was for on that with as by at from his it an were are which this be or has "
@@ -68,7 +68,7 @@ def _first_human_turn(where: str, conversations: Any) -> str | None:
     return None
 
 
-def _entry(where: str, obj: Any) -> DatasetPrompt | None:
+def dataset_entry(where: str, obj: Any) -> DatasetPrompt | None:
     """One JSONL line or one list item: {"prompt", "category"?, "output_len"?} or ShareGPT {"conversations"}."""
     if not isinstance(obj, dict):
         raise DatasetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
@@ -103,7 +103,7 @@ def _load_cached(path: str, _mtime_ns: int, _size: int) -> tuple[DatasetPrompt, 
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
         for index, obj in enumerate(data):
-            entry = _entry(f"{path}: item {index}", obj)
+            entry = dataset_entry(f"{path}: item {index}", obj)
             if entry is not None:
                 items.append(entry)
     else:  # JSONL: one object per line
@@ -114,7 +114,7 @@ def _load_cached(path: str, _mtime_ns: int, _size: int) -> tuple[DatasetPrompt, 
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
-            entry = _entry(f"{path}:{lineno}", obj)
+            entry = dataset_entry(f"{path}:{lineno}", obj)
             if entry is not None:
                 items.append(entry)
     if not items:
@@ -157,13 +157,13 @@ def sample_by_category(prompts: Sequence[DatasetPrompt], total: int, *, seed: in
     return out
 
 
-class _Workload:
+class Workload:
     """Deterministic request i -> (prompt, lengths, body bytes), independent of scheduling."""
 
     def __init__(self, spec: LoadSpec) -> None:
         self.spec = spec
-        self.prompt_dist = _as_dist(spec.prompt_len)
-        self.output_dist = _as_dist(spec.output_len)
+        self.prompt_dist = as_dist(spec.prompt_len)
+        self.output_dist = as_dist(spec.output_len)
         self.dataset = load_dataset(spec.dataset) if spec.dataset else None
         if self.dataset is not None:
             order = list(range(len(self.dataset)))

@@ -44,176 +44,31 @@ import contextlib
 import importlib
 import ipaddress
 import json
-import math
 import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-FAULTS = ("http500", "drop_before", "drop", "garbage", "truncate", "stall", "no_usage", "error_event")
-TOKEN_TEXT = " the"
-TOKEN_ID = 279
-MAX_RECORDS = 2_000_000
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method) of an already sorted list."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def _chunk(payload: bytes) -> bytes:
-    """One HTTP/1.1 chunk carrying one SSE event."""
-    event = b"data: " + payload + b"\n\n"
-    return b"%x\r\n%s\r\n" % (len(event), event)
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
-
-@dataclass(frozen=True, kw_only=True)
-class Config:
-    """What the server does for every request."""
-
-    tokens: int = 128
-    honor_max_tokens: bool = False
-    ttft_ms: float = 50.0
-    itl_ms: float = 10.0
-    model: str = "synth-model"
-    tokens_per_event: tuple[int, ...] = (1,)  # /generate only: cycled per event (spec decoding)
-    fault: str | None = None
-    fault_every: int = 1
-    record_prompts: bool = False  # keep every request's prompt text for GET /prompts (off: nothing kept)
-
-
-@dataclass
-class Stats:
-    """What the server measured (perf_counter_ns clock)."""
-
-    requests: int = 0
-    faults: int = 0
-    tokens: int = 0
-    t_first_request_ns: int = 0
-    t_last_token_ns: int = 0
-    ttft_ns: list[int] = field(default_factory=list)
-    itl_ns: list[int] = field(default_factory=list)
-    skip: int = 0  # the next `skip` generation requests are served but not recorded (client warm-up)
-
-    def summary(self) -> dict[str, Any]:
-        ttft = sorted(v / 1e6 for v in self.ttft_ns)
-        itl = sorted(v / 1e6 for v in self.itl_ns)
-        window_s = max(self.t_last_token_ns - self.t_first_request_ns, 0) / 1e9
-        return {
-            "requests": self.requests,
-            "faults": self.faults,
-            "tokens": self.tokens,
-            "window_s": window_s,
-            "tokens_per_s": self.tokens / window_s if window_s > 0 else 0.0,
-            "ttft_ms": {
-                "n": len(ttft),
-                "mean": sum(ttft) / len(ttft) if ttft else math.nan,
-                "p50": percentile(ttft, 50),
-                "p90": percentile(ttft, 90),
-                "p99": percentile(ttft, 99),
-            },
-            "itl_ms": {
-                "n": len(itl),
-                "mean": sum(itl) / len(itl) if itl else math.nan,
-                "p50": percentile(itl, 50),
-                "p99": percentile(itl, 99),
-            },
-        }
-
-
-class Encoded:
-    """Pre-encoded event chunks for one (endpoint, token count) pair."""
-
-    def __init__(self, endpoint: str, n: int, cfg: Config) -> None:
-        self.first: bytes
-        self.rest: list[bytes] = []  # one entry per later event
-        self.raw: list[bytes] = []  # /generate: unframed payloads with a prompt_tokens placeholder
-        self.event_tokens: list[int] = []  # tokens carried by each event, first included
-        m = cfg.model
-        if endpoint == "generate":
-            pattern = cfg.tokens_per_event
-            counts: list[int] = []
-            done = 0
-            while done < n:
-                k = min(pattern[len(counts) % len(pattern)], n - done)
-                counts.append(k)
-                done += k
-            self.event_tokens = counts
-            cum = 0
-            for i, k in enumerate(counts):
-                cum += k
-                meta: dict[str, Any] = {
-                    "id": "synth",
-                    "finish_reason": None,
-                    "prompt_tokens": "@P@",
-                    "completion_tokens": cum,
-                }
-                if i == len(counts) - 1:
-                    meta["finish_reason"] = {"type": "length", "length": n}
-                    meta["spec_verify_ct"] = len(counts)
-                    meta["spec_accept_length"] = n / len(counts)
-                obj = {"text": TOKEN_TEXT * cum, "output_ids": [TOKEN_ID] * cum, "meta_info": meta}
-                self.raw.append(_dumps(obj))
-            self.first, self.rest = b"", []
-            return
-        self.event_tokens = [1] * n
-        if endpoint == "chat":
-            base = {"id": "synth", "object": "chat.completion.chunk", "created": 0, "model": m}
-
-            def ev(delta: dict[str, Any], finish: str | None) -> bytes:
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-                return _chunk(_dumps({**base, "choices": [choice]}))
-
-            self.first = ev({"role": "assistant", "content": TOKEN_TEXT}, "length" if n == 1 else None)
-            mid = ev({"content": TOKEN_TEXT}, None)
-            self.rest = [mid] * (n - 2) + [ev({"content": TOKEN_TEXT}, "length")] if n > 1 else []
-        else:
-            base = {"id": "synth", "object": "text_completion", "created": 0, "model": m}
-
-            def evc(finish: str | None) -> bytes:
-                choice = {"index": 0, "text": TOKEN_TEXT, "logprobs": None, "finish_reason": finish}
-                return _chunk(_dumps({**base, "choices": [choice], "usage": None}))
-
-            self.first = evc("length" if n == 1 else None)
-            self.rest = [evc(None)] * (n - 2) + [evc("length")] if n > 1 else []
-
-    def usage_chunk(self, endpoint: str, model: str, prompt_tokens: int, n: int) -> bytes:
-        if endpoint == "generate":
-            return b""
-        obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
-        return _chunk(_dumps({"id": "synth", "object": obj, "created": 0, "model": model, "choices": [],
-                              "usage": usage}))
-
-
-DONE_CHUNK = _chunk(b"[DONE]")
-END_CHUNK = b"0\r\n\r\n"
-SSE_HEADERS = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-    b"transfer-encoding: chunked\r\nserver: synth\r\n\r\n"
+from pytest_dflash.refserver.synthetic_events import (
+    DONE_CHUNK,
+    END_CHUNK,
+    SSE_HEADERS,
+    TOKEN_ID,
+    TOKEN_TEXT,
+    Config,
+    Encoded,
+    Stats,
+    chunk,
+    count_prompt_tokens,
+    dumps,
+    json_response,
+    prompt_text,
 )
 
-
-def _json_response(status: int, obj: Any, *, keep_alive: bool = True) -> bytes:
-    body = obj if isinstance(obj, bytes) else _dumps(obj)
-    reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 500: b"Internal Server Error"}[status]
-    ctype = b"text/plain" if isinstance(obj, bytes) else b"application/json"
-    conn = b"" if keep_alive else b"connection: close\r\n"
-    return (
-        b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%sserver: synth\r\n\r\n%s"
-        % (status, reason, ctype, len(body), conn, body)
-    )
+FAULTS = ("http500", "drop_before", "drop", "garbage", "truncate", "stall", "no_usage", "error_event")
+MAX_RECORDS = 2_000_000
 
 
 class Server:
@@ -277,7 +132,7 @@ class Conn(asyncio.Protocol):
             try:
                 method, target, _version = head[0].split(" ", 2)
             except ValueError:
-                self._send(_json_response(400, {"error": "bad request line"}, keep_alive=False))
+                self._send(json_response(400, {"error": "bad request line"}, keep_alive=False))
                 self._close()
                 return
             headers = {}
@@ -305,35 +160,35 @@ class Conn(asyncio.Protocol):
                 if not isinstance(req, dict):
                     raise ValueError("body is not an object")
             except ValueError as exc:
-                self._send(_json_response(400, {"object": "error", "message": f"bad JSON: {exc}", "code": 400}))
+                self._send(json_response(400, {"object": "error", "message": f"bad JSON: {exc}", "code": 400}))
                 return
             self._generation(endpoint, req, t_read, keep_alive)
             return
         if method == "GET" and path in ("/health", "/health_generate"):
             self._send(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nserver: synth\r\n\r\n")
         elif method == "GET" and path == "/v1/models":
-            self._send(_json_response(200, {"object": "list", "data": [
+            self._send(json_response(200, {"object": "list", "data": [
                 {"id": srv.cfg.model, "object": "model", "owned_by": "synth", "max_model_len": 1 << 20}]}))
         elif method == "GET" and path in ("/server_info", "/get_server_info"):
             avg = srv.spec_tokens / srv.spec_verify if srv.spec_verify else None
-            self._send(_json_response(200, {"version": "synth", "internal_states": [
+            self._send(json_response(200, {"version": "synth", "internal_states": [
                 {"avg_spec_accept_length": avg}]}))
         elif method == "POST" and path == "/flush_cache":
             srv.spec_tokens = srv.spec_verify = 0
-            self._send(_json_response(200, b"Cache flushed.\n"))
+            self._send(json_response(200, b"Cache flushed.\n"))
         elif method == "GET" and path == "/stats":
-            self._send(_json_response(200, srv.stats.summary()))
+            self._send(json_response(200, srv.stats.summary()))
         elif method == "GET" and path == "/stats/raw":
-            self._send(_json_response(200, {"ttft_ms": [v / 1e6 for v in srv.stats.ttft_ns]}))
+            self._send(json_response(200, {"ttft_ms": [v / 1e6 for v in srv.stats.ttft_ns]}))
         elif method == "POST" and path == "/stats/reset":
             srv.stats = Stats(skip=int(query.get("skip", "0")))
-            self._send(_json_response(200, {"ok": True}))
+            self._send(json_response(200, {"ok": True}))
         elif method == "GET" and path == "/prompts":
-            self._send(_json_response(200, {"recorded": srv.cfg.record_prompts, "prompts": srv.prompts}))
+            self._send(json_response(200, {"recorded": srv.cfg.record_prompts, "prompts": srv.prompts}))
         elif method == "GET" and path == "/counters":
-            self._send(_json_response(200, {"requests": srv.request_index, "tokens": srv.tokens_total}))
+            self._send(json_response(200, {"requests": srv.request_index, "tokens": srv.tokens_total}))
         else:
-            self._send(_json_response(404, {"detail": "Not Found"}))
+            self._send(json_response(404, {"detail": "Not Found"}))
         if not keep_alive:
             self._close()
 
@@ -343,7 +198,7 @@ class Conn(asyncio.Protocol):
         index = srv.request_index
         srv.request_index += 1
         if cfg.record_prompts and len(srv.prompts) < 1_000_000:
-            srv.prompts.append(_prompt_text(endpoint, req))
+            srv.prompts.append(prompt_text(endpoint, req))
         stats = srv.stats
         if stats.skip > 0:  # served, but recorded in a throw-away Stats
             stats.skip -= 1
@@ -360,9 +215,9 @@ class Conn(asyncio.Protocol):
             asked = params.get("max_new_tokens" if endpoint == "generate" else "max_tokens")
             if isinstance(asked, int) and asked > 0:
                 n = min(n, asked) if cfg.tokens > 0 else asked
-        prompt_tokens = _prompt_tokens(endpoint, req)
+        prompt_tokens = count_prompt_tokens(endpoint, req)
         if fault == "http500":
-            self._send(_json_response(500, {"object": "error", "message": "synthetic failure", "code": 500}))
+            self._send(json_response(500, {"object": "error", "message": "synthetic failure", "code": 500}))
             return
         if fault == "drop_before":
             self._close()
@@ -381,11 +236,11 @@ class Conn(asyncio.Protocol):
         if fault in ("truncate", "no_usage"):
             tail = b""
         elif fault == "error_event":
-            tail = _chunk(_dumps({"error": {"message": "synthetic in-stream error", "code": 500}}))
+            tail = chunk(dumps({"error": {"message": "synthetic in-stream error", "code": 500}}))
         done = b"" if fault == "truncate" else DONE_CHUNK
         first, rest = enc.first, enc.rest
         if endpoint == "generate":  # prompt_tokens differs per request: frame these per request
-            framed = [_chunk(p.replace(b'"@P@"', b"%d" % prompt_tokens)) for p in enc.raw]
+            framed = [chunk(p.replace(b'"@P@"', b"%d" % prompt_tokens)) for p in enc.raw]
             first, rest = framed[0], framed[1:]
         ttft_s = cfg.ttft_ms / 1e3
         itl_s = cfg.itl_ms / 1e3
@@ -423,7 +278,7 @@ class Conn(asyncio.Protocol):
             if self.closed:
                 return
             now = time.perf_counter_ns()
-            self._send(_json_response(200, obj, keep_alive=keep_alive))
+            self._send(json_response(200, obj, keep_alive=keep_alive))
             stats.ttft_ns.append(now - t_read) if len(stats.ttft_ns) < MAX_RECORDS else None
             stats.tokens += n
             self.server.tokens_total += n
@@ -458,7 +313,7 @@ class Conn(asyncio.Protocol):
                 self._close(abort=True)
                 return
             if st.fault == "garbage":
-                self._send(_chunk(b"this is not json {"))
+                self._send(chunk(b"this is not json {"))
             if st.itl_s <= 0 or not st.rest:
                 self._send(b"".join(st.rest) + st.tail)
                 stats.tokens += sum(st.event_tokens[1:])
@@ -517,21 +372,6 @@ class _Stream:
     itl_s: float
     sent: int = 0
     last_ns: int = 0
-
-
-def _prompt_text(endpoint: str, req: dict[str, Any]) -> str:
-    """The request's prompt: chat messages' contents joined by spaces, the completion prompt, or /generate text."""
-    if endpoint == "chat":
-        msgs = req.get("messages") or []
-        return " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
-    if endpoint == "completions":
-        return str(req.get("prompt", ""))
-    return str(req.get("text", ""))
-
-
-def _prompt_tokens(endpoint: str, req: dict[str, Any]) -> int:
-    """Whitespace word count of the prompt (the synthetic server has no tokenizer)."""
-    return len(_prompt_text(endpoint, req).split())
 
 
 def _check_loopback(host: str) -> None:

@@ -14,6 +14,7 @@ from support.fleet_helpers import BROKEN, GREEN, make_verdict
 from support.promparse import parse
 
 from pytest_dflash.fleet import summary as fleet
+from pytest_dflash.fleet import verdicts as fleet_verdicts
 from pytest_dflash.fleet.prometheus import (
     METRICS,
     Exposition,
@@ -25,7 +26,7 @@ from pytest_dflash.fleet.prometheus import (
 
 
 def _summary(tmp_path: Path, **kwargs):  # type: ignore[no-untyped-def]
-    verdicts, excluded = fleet.load_verdicts([tmp_path / "in"])
+    verdicts, excluded = fleet_verdicts.load_verdicts([tmp_path / "in"])
     return fleet.build_summary(verdicts, excluded=excluded, **kwargs)
 
 

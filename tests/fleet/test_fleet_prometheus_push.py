@@ -17,6 +17,7 @@ from support.promparse import parse
 from pytest_dflash.cli import main
 from pytest_dflash.fleet import prometheus
 from pytest_dflash.fleet import summary as fleet
+from pytest_dflash.fleet import verdicts as fleet_verdicts
 
 FLEET_TEST = """
 import pytest
@@ -154,7 +155,7 @@ def test_an_unreachable_gateway_is_one_line(verdicts: Path, tmp_path: Path,
 
 def test_a_gateway_that_never_answers_is_bounded(verdicts: Path, gateway: Gateway) -> None:
     gateway.hold = threading.Event()
-    loaded, excluded = fleet.load_verdicts([verdicts])
+    loaded, excluded = fleet_verdicts.load_verdicts([verdicts])
     summary = fleet.build_summary(loaded, excluded=excluded)
     with pytest.raises(prometheus.PushError, match=r"^http://127\.0\.0\.1:\d+/metrics/job/pytest-dflash: .*timed out"):
         prometheus.push(gateway.url, summary, timeout_s=0.5)

@@ -10,8 +10,10 @@ from pathlib import Path
 from support.fleet_helpers import BROKEN, GREEN, SERVICES, make_verdict
 
 from pytest_dflash.cli import main
+from pytest_dflash.fleet import outputs as fleet_outputs
 from pytest_dflash.fleet import summary as fleet
 from pytest_dflash.fleet import trend
+from pytest_dflash.fleet import verdicts as fleet_verdicts
 from pytest_dflash.fleet.values import iso
 
 DAY = 86400.0
@@ -104,7 +106,7 @@ def test_what_changed_uses_the_env_snapshot_when_both_have_one(tmp_path: Path) -
         ("jit-cache", "facts.env.jit_cache.flashinfer.modules"): (12, 0),
         ("service", "services.dflash.version"): ("0.5.17", "0.5.18"),  # readiness time is not a change
     }
-    lines = fleet.headline(summary)
+    lines = fleet_outputs.headline(summary)
     assert any(line.startswith("gpu-a: failing since") and "changed since last good run good" in line
                for line in lines), lines
     page = (out / "fleet-summary.html").read_text()
@@ -112,15 +114,15 @@ def test_what_changed_uses_the_env_snapshot_when_both_have_one(tmp_path: Path) -
 
 
 def test_what_changed_falls_back_to_services_and_says_why(tmp_path: Path) -> None:
-    history = fleet.History(tmp_path / "history")
+    history = fleet_verdicts.History(tmp_path / "history")
     good = tmp_path / "good"
     make_verdict(good, "gpu-a", GREEN, run_id="good", finished=T0,
                  services={"dflash": {**SERVICES["dflash"], "provisioned": True, "url": "http://127.0.0.1:41000"}})
-    history.record([fleet.LoadedVerdict(p, fleet.read_verdict(p)) for p in good.glob("*.json")])
+    history.record([fleet_verdicts.LoadedVerdict(p, fleet_verdicts.read_verdict(p)) for p in good.glob("*.json")])
     bad = make_verdict(tmp_path / "bad", "gpu-a", BROKEN, run_id="bad", finished=T0 + DAY, facts=ENV_GOOD,
                        services={"dflash": {**SERVICES["dflash"], "algorithm": "DDTREE", "provisioned": True,
                                             "url": "http://127.0.0.1:42000"}})
-    summary = fleet.build_summary([fleet.LoadedVerdict(bad, fleet.read_verdict(bad))], history=history)
+    summary = fleet.build_summary([fleet_verdicts.LoadedVerdict(bad, fleet_verdicts.read_verdict(bad))], history=history)
     changed = summary["hosts"]["gpu-a"]["changed"]
     assert changed["basis"] == "services" and "last good verdict has no env/facts snapshot" in changed["note"]
     assert changed["changes"] == [{"category": "service", "key": "services.dflash.algorithm",
@@ -128,11 +130,11 @@ def test_what_changed_falls_back_to_services_and_says_why(tmp_path: Path) -> Non
 
 
 def test_history_keeps_the_newest_good_verdict_only(tmp_path: Path) -> None:
-    history = fleet.History(tmp_path / "history")
+    history = fleet_verdicts.History(tmp_path / "history")
 
-    def loaded(directory: Path, run: str, when: float, outcomes: dict[str, str]) -> fleet.LoadedVerdict:
+    def loaded(directory: Path, run: str, when: float, outcomes: dict[str, str]) -> fleet_verdicts.LoadedVerdict:
         path = make_verdict(directory, "gpu-a", outcomes, run_id=run, finished=when)
-        return fleet.LoadedVerdict(path, fleet.read_verdict(path))
+        return fleet_verdicts.LoadedVerdict(path, fleet_verdicts.read_verdict(path))
 
     assert history.record([loaded(tmp_path / "2", "new", T0 + DAY, GREEN)]) == [history.path("gpu-a")]
     assert history.record([loaded(tmp_path / "1", "old", T0, GREEN)]) == [], "a late old artifact"
@@ -194,13 +196,13 @@ def test_noisy_readiness_is_never_a_regression_but_a_doubled_one_is(tmp_path: Pa
         if summary["trend"] is None:
             continue
         assert not [p for p in summary["trend"]["perf"] if p["regression"]], (night, summary["trend"]["perf"])
-        assert not any(line.startswith("perf regressions") for line in fleet.headline(summary))
+        assert not any(line.startswith("perf regressions") for line in fleet_outputs.headline(summary))
     runs = json.loads((out / "history" / "gpu-a" / trend.GOOD_RUNS).read_text())["runs"]
     assert [r["numbers"]["service:dflash.ready_s"] for r in runs] == NOISY_READY
     doubled = _merge(_night(tmp_path, 20, 9.2), out)
     (change,) = [p for p in doubled["trend"]["perf"] if p["regression"]]
     assert (change["metric"], change["previous"], change["current"]) == ("service:dflash.ready_s", 4.6, 9.2)
-    line = next(line for line in fleet.headline(doubled) if line.startswith("perf regressions"))
+    line = next(line for line in fleet_outputs.headline(doubled) if line.startswith("perf regressions"))
     assert line == ("perf regressions: gpu-a service:dflash.ready_s 4.6 -> 9.2 (+100.0%), outside the last 5 good "
                     "runs' range 3.7-4.6 by > 25%")
     assert html.escape("outside the last 5 good runs' range 3.7-4.6 by > 25%") in (out / "fleet-summary.html").read_text()

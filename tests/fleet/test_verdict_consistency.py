@@ -11,7 +11,7 @@ import pytest
 from support.fleet_helpers import BROKEN, GREEN, make_verdict
 
 from pytest_dflash.cli import main
-from pytest_dflash.fleet.summary import inconsistency
+from pytest_dflash.fleet.verdicts import inconsistency
 
 
 def _edit(path: Path, **changes: Any) -> None:

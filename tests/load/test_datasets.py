@@ -16,7 +16,7 @@ from pytest_dflash.load import LoadSpec, run_load
 from pytest_dflash.load.workload import (
     SHIPPED_DATASET,
     DatasetError,
-    _Workload,
+    Workload,
     load_dataset,
     sample_by_category,
 )
@@ -68,7 +68,7 @@ def test_a_dataset_run_sends_exactly_the_datasets_prompts_in_a_seeded_order(synt
         assert collections.Counter(received) == {t: 2 for t in texts}  # cycled: each prompt twice, nothing else
         assert received[:5] == received[5:]  # one seeded permutation, repeated
         orders.append(received)
-        workload = _Workload(spec)
+        workload = Workload(spec)
         assert [workload.item(i).prompt for i in range(10)] == received  # request i is the i-th sent (concurrency 1)
         assert {workload.item(i).category for i in range(10)} == {"chat", "code"}
     assert orders[0] == orders[1] and orders[0] != orders[2]

@@ -192,7 +192,7 @@ def test_stock_httpx_transport_measures_the_same(synth: SynthFactory) -> None:
 
     srv = synth("--tokens", "16", "--ttft-ms", "20", "--itl-ms", "2")
     spec = LoadSpec(concurrency=2, num_requests=8, output_len=16)
-    r = asyncio.run(run_load_async(srv.url, spec, progress=False, _stamped=False))
+    r = asyncio.run(run_load_async(srv.url, spec, progress=False, stamped=False))
     assert r.metrics["completed"] == 8
     # The stock transport is the slow path; on a loaded 2-core CI machine its median drifts a few ms.
     assert 19.0 < r.metrics["median_ttft_ms"] < 45.0

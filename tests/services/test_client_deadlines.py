@@ -91,9 +91,9 @@ def test_a_fast_answer_is_not_touched_by_the_deadline() -> None:
 
 @pytest.mark.parametrize("call", ["flush_cache", "server_accept_length"])
 def test_the_load_generators_side_calls_end_at_their_deadline(call: str) -> None:
-    """The perf layer's /flush_cache and /server_info calls (load/run.py) are bounded by total time too (their
+    """The perf layer's /flush_cache and /server_info calls (load/serverinfo.py) are bounded by total time too (their
     streamed requests already are: load/sse.py runs each under asyncio.timeout)."""
-    from pytest_dflash.load import run as load_run
+    from pytest_dflash.load import serverinfo as load_run
 
     with DripServer("headers", every_s=0.2) as server:
         started = time.monotonic()

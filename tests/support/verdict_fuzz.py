@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_dflash.cli import main as cli_main
-from pytest_dflash.fleet.summary import inconsistency
+from pytest_dflash.fleet.verdicts import inconsistency
 
 ROOT = Path(__file__).parents[2]
 HOSTS = ("alpha", "beta")

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_dflash.load.workload import _entry, load_dataset
+from pytest_dflash.load.workload import dataset_entry, load_dataset
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def load_prompts(path: Path) -> list[Prompt]:
             elif isinstance(item, dict) and isinstance(item.get("text"), str):
                 prompts.append(Prompt(str(item.get("name") or f"{path.stem}[{index}]"), item["text"]))
             elif isinstance(item, dict) and ("prompt" in item or "conversations" in item):
-                entry = _entry(f"{path}: item {index}", item)
+                entry = dataset_entry(f"{path}: item {index}", item)
                 if entry is not None:  # a ShareGPT conversation without a human turn is skipped
                     prompts.append(Prompt(f"{path.stem}[{index}]", entry.prompt, entry.category))
             else:

@@ -50,7 +50,7 @@ from pytest_dflash.layers.perf.stats import (
 from pytest_dflash.load.results import LoadResult
 from pytest_dflash.load.run import run_load
 from pytest_dflash.load.spec import LoadSpec
-from pytest_dflash.load.workload import _Workload
+from pytest_dflash.load.workload import Workload
 
 __all__ = [
     "Comparison",
@@ -490,7 +490,7 @@ class ServiceRun:
         if not spec.dataset:
             return {}
         try:
-            workload = _Workload(spec)
+            workload = Workload(spec)
         except ValueError:
             return {}
         sums: dict[str, list[float]] = {}

@@ -62,7 +62,7 @@ STRINGS = [
      "refserver imitates it (alias of spec_correct_drafts_histogram)"),
     ("server-info-launch-command", 'result["launch_command"] = server_args.launch_command', "item 2 (new)"),
     ("server-info-frontend", '"frontend": "python",', "none"),
-    ("internal-state-accept-length", "avg_spec_accept_length", "load/run.py, perf: /server_info internal_states"),
+    ("internal-state-accept-length", "avg_spec_accept_length", "load/serverinfo.py, perf: /server_info internal_states"),
     ("ready-route", '@app.get("/ready")', "readiness (new route)"),
     ("get-load-route", '@app.get("/get_load")', "none"),
     ("health-bypass-env", "envs.SGLANG_DIAG_BYPASS_HEALTH_GENERATE.get()", "readiness: /health_generate 200 "
