@@ -9,20 +9,17 @@ from typing import Any
 import pytest
 from perf_fakes import fake_result, fake_run
 
-from pytest_dflash.layers.perf.hooks import summary_lines
-from pytest_dflash.layers.perf.layer import (
-    PerfSettings,
-    ServiceRun,
-    baseline_path,
+from pytest_dflash.layers.perf.baseline import baseline_path, judge_baseline, load_baseline, save_baseline
+from pytest_dflash.layers.perf.judging import (
     compare,
     comparison_pairs,
     judge_accept_length,
-    judge_baseline,
     judge_floors,
     judge_speedup,
-    load_baseline,
-    save_baseline,
 )
+from pytest_dflash.layers.perf.report import summary_lines
+from pytest_dflash.layers.perf.service_run import ServiceRun
+from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.load import LoadResult, LoadSpec
 
 

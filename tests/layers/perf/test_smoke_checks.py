@@ -11,11 +11,9 @@ from perf_fakes import fake_result
 
 from pytest_dflash.client import Stream
 from pytest_dflash.config.profiles import load_profile
-from pytest_dflash.layers.perf.layer import (
-    PerfSettings,
-    ServiceRun,
-    judge_accept_length,
-)
+from pytest_dflash.layers.perf.judging import judge_accept_length
+from pytest_dflash.layers.perf.service_run import ServiceRun
+from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.layers.perf.token_latency import (
     DEFAULT_TPOT_CEILING_MS,
     judge_token_latency,
