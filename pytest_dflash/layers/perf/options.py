@@ -5,6 +5,7 @@ Declared with every other option in pytest_dflash/config/options.py; each is als
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,8 @@ def _ceiling(config: pytest.Config) -> tuple[float | None, bool]:
     except ValueError:
         raise pytest.UsageError(f"{options.where('dflash_tpot_ceiling_ms')}: {raw!r} is not a number of milliseconds "
                                 "(or 'off')") from None
+    if not math.isfinite(value):  # 'nan', 'inf': no request could pass or fail such a ceiling
+        raise pytest.UsageError(f"{options.where('dflash_tpot_ceiling_ms')}: {raw!r} is not a finite number")
     if not value > 0:
         raise pytest.UsageError(f"{options.where('dflash_tpot_ceiling_ms')}: {raw!r} must be > 0")
     return value, False
