@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pytest_dflash.config.profiles import LATENCY_FLOOR
+from pytest_dflash.layers.parity.acceptance import required_floor
 from pytest_dflash.layers.perf.judgement import Comparison, Judgement
 from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.stats import judge_floor, judge_ratio, metric_sample, ratio_bound
@@ -78,15 +79,19 @@ def judge_floors(run: ServiceRun, floors: Mapping[str, float | str]) -> list[Jud
     return out
 
 
-def judge_accept_length(run: ServiceRun, floors: Mapping[str, float | str]) -> Judgement:
+def judge_accept_length(run: ServiceRun, floors: Mapping[str, float | str], *, unaccepted_draft: str | None = None,
+                        source: str = "the profile") -> Judgement:
     """Per-request accept length (``meta_info`` of native /generate), token-weighted, against the floor.
 
-    Without an ``accept_length`` floor the check is that at least one token is emitted per verify step.
-    The server-side value (``/server_info`` after ``/flush_cache``) is reported next to it.
+    The floor is the parity layer's (`acceptance.required_floor`, one rule for smoke, parity and perf): the
+    ``accept_length`` floor; without one, at least one token per verify step for a service whose profile declares
+    `unaccepted_draft`, else the default minimum `acceptance.DEFAULT_MIN_ACCEPT_LENGTH` (no speculation in name
+    only). The server-side value (``/server_info`` after ``/flush_cache``) is reported next to it.
     """
     key = "accept_length"
-    raw = floors.get(key)
-    threshold = float(raw) if isinstance(raw, int | float) else 1.0
+    floor = required_floor(run.service, floors, unaccepted_draft=unaccepted_draft, source=source)
+    threshold = floor.value
+    name = key if isinstance(floors.get(key), int | float) else f"{key} (no floor set: {floor.where})"
     server = run.result.server_accept_length
     server_text = (f"server-side /server_info after /flush_cache: {server:.3f}" if server is not None
                    else f"no server-side value ({run.server_accept_skipped})" if run.server_accept_skipped
@@ -100,8 +105,7 @@ def judge_accept_length(run: ServiceRun, floors: Mapping[str, float | str]) -> J
     except ValueError as exc:
         return Judgement(key=key, outcome="inconclusive", threshold=threshold,
                          message=f"{key}: INCONCLUSIVE — no per-request accept length ({exc}); {server_text}")
-    verdict = judge_floor(key if raw is not None else f"{key} (no floor set: at least 1 token per verify step)",
-                          sample, threshold, confidence=confidence_of(floors))
+    verdict = judge_floor(name, sample, threshold, confidence=confidence_of(floors))
     return Judgement.of(key, verdict, message=f"{verdict.message}; {server_text}")
 
 

@@ -16,8 +16,8 @@ import pytest
 
 from pytest_dflash.client import Sampling
 from pytest_dflash.layers.generation.checks import PROMPT, Api, request_stream
-from pytest_dflash.layers.parity.acceptance import check_floor
-from pytest_dflash.layers.parity.checks import measure_acceptance
+from pytest_dflash.layers.parity.acceptance import check_accepts_drafts
+from pytest_dflash.layers.parity.checks import measure_acceptance, required_floor
 from pytest_dflash.layers.perf.baseline import baseline_path, judge_baseline, load_baseline, save_baseline
 from pytest_dflash.layers.perf.book import PerfBook, PerfItem, host_of
 from pytest_dflash.layers.perf.judgement import NOT_PASSING, Judgement
@@ -111,10 +111,17 @@ class PerfLayer:
         if handle.algorithm == "NONE":  # an attached server says what it runs only in /server_info
             pytest.skip(f"{handle.label} does not use speculative decoding")
         run = self.measure(handle)
-        self.check(run, [judge_accept_length(run, self.floors(handle))])
+        self.check(run, [self._judge_accept_length(handle, run)])
+
+    def _judge_accept_length(self, handle: ServiceHandle, run: ServiceRun) -> Judgement:
+        """Against the service's floor, its `unaccepted_draft` exemption or the default minimum (one rule with the
+        smoke and parity layers: `acceptance.required_floor`)."""
+        return judge_accept_length(run, self.floors(handle), unaccepted_draft=handle.spec.unaccepted_draft,
+                                   source=str(handle.host.profile.source))
 
     def quick_accept_length_of(self, handle: ServiceHandle, prompts: Sequence[str], *, max_tokens: int = 64) -> None:
-        """Smoke: accept length on a few greedy prompts >= [floors.SERVICE] accept_length (>= 1 without one).
+        """Smoke: accept length on a few greedy prompts reaches the service's floor (`parity.checks.required_floor`:
+        [floors.SERVICE] accept_length, 1 for a declared unaccepted_draft, else the default minimum).
 
         A point estimate (greedy accept length is deterministic for a given server); suites/perf bounds it.
         """
@@ -123,11 +130,9 @@ class PerfLayer:
             pytest.skip("accept length needs SGLang's native /generate meta_info")
         if handle.algorithm == "NONE":  # an attached server says what it runs only in /server_info
             pytest.skip(f"{handle.label} does not use speculative decoding")
-        raw = self.floors(handle).get("accept_length")
-        floor = float(raw) if isinstance(raw, int | float) else None
         result = measure_acceptance(handle, prompts, max_tokens=max_tokens,
                                     allowed=self.options.allow_state_changes)
-        check_floor(result, floor, where=f"[floors.{handle.name}] accept_length of {handle.host.profile.source}")
+        check_accepts_drafts(result, required_floor(handle))
 
     def token_latency_of(self, handle: ServiceHandle, *, tokens: int = 32) -> Judgement:
         """Smoke: one streamed greedy request; its time per output token must stay under a sanity ceiling."""
@@ -186,7 +191,7 @@ class PerfLayer:
         if not judged:
             judged = run.judge(judge_floors(run, floors))
             if run.algorithm != "NONE" and run.native:
-                judged += run.judge([judge_accept_length(run, floors)])
+                judged += run.judge([self._judge_accept_length(handle, run)])
         bad = [j for j in judged if j.outcome in NOT_PASSING]
         if bad:
             pytest.fail(f"{handle.label}: baseline NOT recorded: this run did not pass its floors: {bad[0].message}"
