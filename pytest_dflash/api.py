@@ -22,7 +22,7 @@ from pytest_dflash.layers.parity import acceptance, distribution
 from pytest_dflash.layers.parity import checks as parity_checks
 from pytest_dflash.layers.parity import greedy as parity
 from pytest_dflash.layers.parity.hooks import LayerOptions
-from pytest_dflash.layers.perf.hooks import PerfLayer
+from pytest_dflash.layers.perf.layer import PerfLayer
 from pytest_dflash.layers.service import checks as service_checks
 from pytest_dflash.layers.service import coldstart
 from pytest_dflash.run.fixtures import ready_or_blocked

@@ -15,7 +15,7 @@ import pytest
 from e2e_helpers import ROOT
 from support.pytest_runs import assert_no_crash, verdict
 
-from pytest_dflash.layers.perf.layer import load_baseline
+from pytest_dflash.layers.perf.baseline import load_baseline
 
 LOCAL = ROOT / "hosts" / "local.toml"
 HOST = "perf-local"

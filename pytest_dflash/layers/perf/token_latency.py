@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_dflash.client import Stream
-from pytest_dflash.layers.perf.layer import Judgement
+from pytest_dflash.layers.perf.judgement import Judgement
 
 # Sanity ceiling on the time per output token of one streamed request: a server slower than 4 tokens a second
 # is broken whatever its outputs. Generous on purpose: a 400B-class model at concurrency 1 on one H200 node

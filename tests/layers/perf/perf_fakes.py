@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from pytest_dflash.layers.perf.layer import PerfSettings, ServiceRun
+from pytest_dflash.layers.perf.service_run import ServiceRun
+from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.load import ErrorKind, LoadResult, LoadSpec, RequestError, RequestRecord, Saturation, aggregate
 
 

@@ -9,20 +9,18 @@ from typing import Any
 import pytest
 from perf_fakes import fake_result, fake_run
 
-from pytest_dflash.layers.perf.hooks import summary_lines
-from pytest_dflash.layers.perf.layer import (
-    PerfSettings,
-    ServiceRun,
-    baseline_path,
+from pytest_dflash.layers.parity.acceptance import DEFAULT_MIN_ACCEPT_LENGTH
+from pytest_dflash.layers.perf.baseline import baseline_path, judge_baseline, load_baseline, save_baseline
+from pytest_dflash.layers.perf.judging import (
     compare,
     comparison_pairs,
     judge_accept_length,
-    judge_baseline,
     judge_floors,
     judge_speedup,
-    load_baseline,
-    save_baseline,
 )
+from pytest_dflash.layers.perf.report import summary_lines
+from pytest_dflash.layers.perf.service_run import ServiceRun
+from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.load import LoadResult, LoadSpec
 
 
@@ -127,9 +125,27 @@ def test_accept_length_per_request_against_the_floor_with_the_server_value_along
     assert j.outcome == "pass" and j.point == pytest.approx(4.0)
     assert "server-side /server_info after /flush_cache: 4.100" in j.message
     assert judge_accept_length(run, {"accept_length": 5.0}).outcome == "fail"
-    assert judge_accept_length(run, {}).outcome == "pass"  # no floor: at least 1 token per step
+    assert judge_accept_length(run, {}).outcome == "pass"  # no floor: the default minimum (1.1)
     none = judge_accept_length(fake_run(verify=None), {"accept_length": 3.0})
     assert none.outcome == "inconclusive" and "no per-request accept length" in none.message
+
+
+def test_accept_length_without_a_floor_needs_the_default_minimum_unless_the_draft_is_declared_unaccepted() -> None:
+    """One rule with smoke and parity (issue 25): accept length 1.03 is speculation in name only, whatever the
+    floor table says, unless the profile declares the draft unaccepted (then 1 token per verify step will do)."""
+    run = fake_run(tokens=32, verify=31)  # 32 tokens / 31 steps = 1.032 on every request
+    assert DEFAULT_MIN_ACCEPT_LENGTH == 1.1
+    j = judge_accept_length(run, {}, source="hosts/x.toml")
+    assert j.outcome == "fail" and j.threshold == DEFAULT_MIN_ACCEPT_LENGTH and j.point == pytest.approx(32 / 31)
+    assert j.message.startswith("accept_length (no floor set: the default minimum for a speculative service (set "
+                                "[floors.dflash] accept_length, or unaccepted_draft for a draft that cannot be "
+                                "accepted)): FAIL")
+    exempt = judge_accept_length(run, {}, unaccepted_draft="a random-weight test draft", source="hosts/x.toml")
+    assert exempt.outcome == "pass" and exempt.threshold == 1.0
+    assert "[services.dflash] unaccepted_draft of hosts/x.toml: a random-weight test draft" in exempt.message
+    floored = judge_accept_length(run, {"accept_length": 1.0}, unaccepted_draft=None)
+    assert floored.outcome == "pass" and floored.threshold == 1.0  # an explicit floor wins over the default
+    assert judge_accept_length(fake_run(tokens=32, verify=40), {}, unaccepted_draft="why").outcome == "fail"
 
 
 def test_speedup_is_a_ratio_of_two_runs_at_the_same_load() -> None:

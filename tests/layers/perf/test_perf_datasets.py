@@ -14,8 +14,10 @@ import pytest
 
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import InventoryError
-from pytest_dflash.layers.perf.hooks import OPTIONS_KEY, summary_lines
-from pytest_dflash.layers.perf.layer import PerfOverrides, PerfSettings, ServiceRun
+from pytest_dflash.layers.perf.hooks import OPTIONS_KEY
+from pytest_dflash.layers.perf.report import summary_lines
+from pytest_dflash.layers.perf.service_run import ServiceRun
+from pytest_dflash.layers.perf.settings import PerfOverrides, PerfSettings
 from pytest_dflash.load.workload import SHIPPED_DATASET
 
 BASE = """

@@ -8,7 +8,7 @@ import pytest
 
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import InventoryError
-from pytest_dflash.layers.perf.layer import PerfOverrides, PerfSettings
+from pytest_dflash.layers.perf.settings import PerfOverrides, PerfSettings
 
 ROOT = Path(__file__).parents[3]
 BASE = """

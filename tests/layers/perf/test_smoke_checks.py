@@ -11,11 +11,9 @@ from perf_fakes import fake_result
 
 from pytest_dflash.client import Stream
 from pytest_dflash.config.loader import load_profile
-from pytest_dflash.layers.perf.layer import (
-    PerfSettings,
-    ServiceRun,
-    judge_accept_length,
-)
+from pytest_dflash.layers.perf.judging import judge_accept_length
+from pytest_dflash.layers.perf.service_run import ServiceRun
+from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.layers.perf.token_latency import (
     DEFAULT_TPOT_CEILING_MS,
     judge_token_latency,
@@ -87,6 +85,30 @@ def test_tpot_ceiling_option_parses_and_bad_values_name_the_flag(pytester: pytes
     assert pytester.parseconfigure("--tpot-ceiling-ms", "off").stash[OPTIONS_KEY].tpot_ceiling_off
     with pytest.raises(pytest.UsageError, match="--tpot-ceiling-ms / dflash_tpot_ceiling_ms: 'fast' is not a number"):
         pytester.parseconfigure("--tpot-ceiling-ms", "fast")
+
+
+@pytest.mark.parametrize(("raw", "problem"), [
+    ("nan", "is not a finite number"), ("inf", "is not a finite number"), ("-inf", "is not a finite number"),
+    ("1e999", "is not a finite number"), ("infms", "is not a finite number"), ("-5", "must be > 0"),
+    ("0", "must be > 0"),
+])
+def test_a_tpot_ceiling_that_no_request_could_judge_is_a_usage_error(pytester: pytest.Pytester, raw: str,
+                                                                      problem: str) -> None:
+    """nan and inf were accepted: a ceiling of inf passes every server, nan's comparisons are all False."""
+    with pytest.raises(pytest.UsageError) as info:
+        pytester.parseconfigure(f"--tpot-ceiling-ms={raw}")  # "=": argparse takes "-inf" for a flag
+    assert str(info.value) == f"--tpot-ceiling-ms / dflash_tpot_ceiling_ms: {raw!r} {problem}"
+
+
+def test_a_bad_tpot_ceiling_stops_the_run_with_one_line_and_exit_4(pytester: pytest.Pytester) -> None:
+    suites = Path(__file__).parents[3] / "suites"
+    result = pytester.runpytest_subprocess(str(suites / "smoke"), "-p", "no:cacheprovider", "--host", "local",
+                                           "--tpot-ceiling-ms", "inf", timeout=60)
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == 4, output[-3000:]
+    assert "Traceback" not in output and "INTERNALERROR" not in output, output[-3000:]
+    lines = [line for line in result.stderr.str().splitlines() if line.strip()]
+    assert lines == ["ERROR: --tpot-ceiling-ms / dflash_tpot_ceiling_ms: 'inf' is not a finite number"], output
 
 
 def test_without_permission_the_perf_run_sends_no_flush_and_says_why() -> None:

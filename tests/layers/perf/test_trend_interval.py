@@ -6,7 +6,7 @@ from __future__ import annotations
 from perf_fakes import fake_run
 
 from pytest_dflash.fleet.trend import perf_deltas
-from pytest_dflash.layers.perf.hooks import throughput_interval
+from pytest_dflash.layers.perf.book import throughput_interval
 
 
 def _numbers(seed: int, e2e_ms: float = 100.0) -> dict[str, float]:

@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pytest_dflash.config.profiles import load_profile
+from pytest_dflash.config.loader import load_profile
 from pytest_dflash.layers.service.speculation import compare, requested_speculation
 
 PROFILE = Path(__file__).parents[3] / "tools" / "device" / "h200-eagle3.toml"

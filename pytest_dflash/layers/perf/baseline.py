@@ -1,0 +1,106 @@
+"""Perf baselines: a good run recorded (`--update-baseline`), read back, and the next run judged against it.
+
+    path = baseline_path(Path("reports/baselines"), "ct200", "dflash")   # reports/baselines/ct200/dflash.json
+    save_baseline(run, path)
+    judgements = judge_baseline(next_run, load_baseline(path), profile.floors["dflash"])
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_dflash.layers.perf.judgement import Judgement
+from pytest_dflash.layers.perf.judging import confidence_of, refused, same_load
+from pytest_dflash.layers.perf.service_run import ServiceRun, safe_name, write_json
+from pytest_dflash.layers.perf.stats import Sample, judge_regression, metric_sample
+from pytest_dflash.load.results import LoadResult
+
+__all__ = ["BASELINE_METRICS", "DEFAULT_REGRESSION_PCT", "Baseline", "baseline_path", "judge_baseline",
+           "load_baseline", "save_baseline"]
+
+DEFAULT_REGRESSION_PCT = 10.0
+# Statistics compared with a saved baseline (latency percentiles of a short run are too wide to gate on a ratio).
+BASELINE_METRICS = ("output_tok_s", "accept_length")
+UNITS = {"output_tok_s": "tok/s", "accept_length": "tokens/step"}
+
+
+def baseline_path(directory: Path, host: str, service: str) -> Path:
+    """``<directory>/<host>/<service>.json``."""
+    return directory / safe_name(host) / f"{safe_name(service)}.json"
+
+
+def save_baseline(run: ServiceRun, path: Path) -> Path:
+    """Record a good run (its records too: the next run's comparison resamples both)."""
+    doc = run.document()
+    doc["dflash_perf"]["recorded"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    write_json(path, doc)
+    return path
+
+
+@dataclass(frozen=True)
+class Baseline:
+    path: Path
+    result: LoadResult
+    recorded: str
+
+
+def load_baseline(path: Path) -> Baseline:
+    """A baseline written by :func:`save_baseline`; ValueError (naming the file) when it cannot be read."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        doc = json.loads(text)
+        result = LoadResult.from_json(text)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a readable perf baseline ({type(exc).__name__}: {exc})") from None
+    meta = doc.get("dflash_perf") if isinstance(doc, dict) else None
+    recorded = str(meta.get("recorded", "")) if isinstance(meta, dict) else ""
+    return Baseline(path, result, recorded or time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.end_wall)))
+
+
+def judge_baseline(run: ServiceRun, baseline: Baseline, floors: Mapping[str, float | str]) -> list[Judgement]:
+    """Regression of ``BASELINE_METRICS`` beyond ``regression_pct`` (default 10 %); old vs new in the message."""
+    raw_pct = floors.get("regression_pct", DEFAULT_REGRESSION_PCT)
+    pct = float(raw_pct) if isinstance(raw_pct, int | float) else DEFAULT_REGRESSION_PCT
+    confidence = confidence_of(floors)
+    if run.refusal:
+        return [refused("baseline", run)]
+    diff = same_load(run.result.spec, baseline.result.spec)
+    if diff:
+        return [refused("baseline", run, why=f"the baseline {baseline.path} was recorded with another load "
+                                              f"({', '.join(diff)}): record a new one with --update-baseline")]
+    out: list[Judgement] = []
+    for metric in BASELINE_METRICS:
+        try:
+            current, old = metric_sample(run.result, metric), metric_sample(baseline.result, metric)
+        except ValueError:
+            continue  # e.g. no accept length on a NONE service
+        key = f"baseline.{metric}"
+        verdict = judge_regression(f"{metric} vs baseline", current, old, max_regression_pct=pct,
+                                   confidence=confidence)
+        now, then = _sample_point(current), _sample_point(old)
+        change = (now / then - 1) * 100 if then else math.nan
+        unit = UNITS.get(metric, "")
+        detail = (f"; {metric} {_fmt(then, 4)} -> {_fmt(now, 4)} {unit} ({change:+.1f}%) since the baseline recorded "
+                  f"{baseline.recorded}")
+        out.append(Judgement.of(key, verdict, message=verdict.message + detail))
+    if not out:
+        out.append(Judgement(key="baseline", outcome="inconclusive",
+                             message=f"baseline: INCONCLUSIVE — no statistic in common with {baseline.path}"))
+    return out
+
+
+def _sample_point(sample: Sample) -> float:
+    """The point estimate of a ratio sample (throughput, accept length): scale · Σ values / Σ denominators."""
+    if sample.denominators is None:
+        return float(sample.values.mean())
+    total = float(sample.denominators.sum())
+    return sample.scale * float(sample.values.sum()) / total if total else math.nan
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"

@@ -1,0 +1,149 @@
+"""The perf runs of this process: one load run per (host, service), measured by the first test that needs it and
+shared by the others, published into the host's verdict and the report directory.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pytest_dflash.errors import ApiError
+from pytest_dflash.layers.parity.hooks import state_change_refusal
+from pytest_dflash.layers.perf.judgement import Judgement
+from pytest_dflash.layers.perf.judging import compare, comparison_pairs
+from pytest_dflash.layers.perf.options import PerfOptions
+from pytest_dflash.layers.perf.report import svg_plots
+from pytest_dflash.layers.perf.service_run import ServiceRun, safe_name
+from pytest_dflash.layers.perf.settings import PerfSettings
+from pytest_dflash.layers.perf.stats import bootstrap_bound, metric_sample
+from pytest_dflash.load.run import run_load
+from pytest_dflash.run.state import HostContext, ServiceHandle
+from pytest_dflash.services.readiness import Heartbeat
+
+__all__ = ["PerfBook", "PerfItem", "host_of", "throughput_interval"]
+
+
+@dataclass
+class PerfItem:
+    """What one test did with perf runs: the runs it used, the ones it measured (their plots go in its row)."""
+
+    runs: list[ServiceRun] = field(default_factory=list)
+    measured: list[ServiceRun] = field(default_factory=list)
+    judgements: list[tuple[ServiceRun, Judgement]] = field(default_factory=list)
+
+    def use(self, run: ServiceRun) -> None:
+        if run not in self.runs:
+            self.runs.append(run)
+
+
+class PerfBook:
+    """Perf runs of this process, one per (host, service), shared by every perf test of the service."""
+
+    def __init__(self, config: pytest.Config, options: PerfOptions) -> None:
+        self.config = config
+        self.options = options
+        self.runs: dict[tuple[str, str], ServiceRun] = {}
+
+    def report_dir(self, host: str) -> Path:
+        from pytest_dflash.run.stash import RUN_KEY
+
+        run = self.config.stash[RUN_KEY]
+        return run.options.report_dir / "perf" / safe_name(host)
+
+    def settings(self, handle: ServiceHandle) -> PerfSettings:
+        return PerfSettings.resolve(handle.host.profile.perf, handle.name, self.options.overrides)
+
+    def measure(self, handle: ServiceHandle, item: PerfItem) -> ServiceRun:
+        key = (handle.host.name, handle.name)
+        if key in self.runs:
+            run = self.runs[key]
+            item.use(run)
+            return run
+        settings = self.settings(handle)
+        progress = handle.host.run.progress
+        model = handle.spec.model or "default"
+        if settings.endpoint_for(handle.native) != "generate" and not handle.spec.model:
+            try:
+                model = handle.client.model()
+            except ApiError:
+                model = "default"
+        headers = {}
+        if handle.spec.api_key_env and os.environ.get(handle.spec.api_key_env):
+            headers["Authorization"] = f"Bearer {os.environ[handle.spec.api_key_env]}"
+        progress(f"{handle.label}: perf run ({settings.describe(handle.native)})")
+        refusal = state_change_refusal(handle, allowed=self.options.allow_state_changes)
+
+        def so_far(done: int, failed: int, tokens: int, seconds: float) -> None:
+            progress(Heartbeat(f"{handle.label}: perf run so far: {done} requests ({failed} failed), "
+                               f"{tokens / max(seconds, 1e-9):,.0f} tok/s, {seconds:.0f}s"))
+
+        run = ServiceRun.measure(host=handle.host.name, service=handle.name, algorithm=handle.algorithm,
+                                 url=handle.url, settings=settings, native=handle.native, model=model,
+                                 headers=headers, say=progress, flush_refused=refusal,
+                                 runner=functools.partial(run_load, so_far=so_far))
+        progress(run.headline())
+        self.runs[key] = run
+        item.use(run)
+        item.measured.append(run)
+        self._compare(handle.host, run)
+        self._write_plots(run)
+        self.publish(handle.host, run)
+        return run
+
+    def _compare(self, host: HostContext, run: ServiceRun) -> None:
+        """Speed-ups between this run and the host's other runs (DDTREE vs DFLASH vs NONE)."""
+        peers = {name: r for (h, name), r in self.runs.items() if h == host.name}
+        for faster, slower in comparison_pairs({name: r.algorithm for name, r in peers.items()}):
+            if run.service not in (faster, slower):
+                continue
+            comparison = compare(peers[faster], peers[slower])
+            if comparison is not None:
+                peers[faster].comparisons[slower] = comparison
+                if peers[faster] is not run:
+                    self.publish(host, peers[faster])
+
+    def publish(self, host: HostContext, run: ServiceRun) -> None:
+        """Numbers into the verdict (host.facts.metrics), the per-service JSON under the report dir."""
+        host.facts.metrics.update(run.metrics())
+        host.facts.metrics.update(throughput_interval(run))
+        if run.accept_length is not None:
+            host.facts.accept_lengths[run.service] = round(run.accept_length, 4)
+        run.write(self.report_dir(host.name) / f"{safe_name(run.service)}.json")
+
+    def _write_plots(self, run: ServiceRun) -> None:
+        directory = self.report_dir(run.host)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, svg in svg_plots(run).items():
+            (directory / f"{safe_name(run.service)}.{name}.svg").write_text(svg, encoding="utf-8")
+
+
+def throughput_interval(run: ServiceRun) -> dict[str, float]:
+    """`perf.<service>.output_throughput.lower/.upper`: the bootstrap bounds (each one-sided at 95%) of this
+    run's output tok/s, the spread the fleet trend judges a throughput change against (fleet/trend.py): the
+    floor judgement's when there is one, else computed here. {} when the run has no successful request."""
+    judged = run.judgements.get("output_tok_s")
+    lower, upper = (judged.lower, judged.upper) if judged is not None else (None, None)
+    if lower is None or upper is None:
+        try:
+            bound = bootstrap_bound(metric_sample(run.result, "output_tok_s"))
+        except ValueError:
+            return {}
+        lower, upper = bound.lower, bound.upper
+    if not (math.isfinite(lower) and math.isfinite(upper)):
+        return {}
+    prefix = f"perf.{run.service}.output_throughput"
+    return {f"{prefix}.lower": round(lower, 4), f"{prefix}.upper": round(upper, 4)}
+
+
+def host_of(run: ServiceRun, book: PerfBook) -> HostContext | None:
+    from pytest_dflash.run.stash import RUN_KEY
+
+    dflash_run = book.config.stash.get(RUN_KEY, None)
+    if dflash_run is None or run.host not in dflash_run.profiles:
+        return None
+    return dflash_run.host(run.host)

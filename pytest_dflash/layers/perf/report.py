@@ -1,0 +1,114 @@
+"""The perf layer's report side: each test's "dflash perf" section and HTML block (judgements, plots), and the
+terminal summary of every service's latest run (controller side, also under xdist).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from pytest_dflash.layers.perf.judgement import Judgement
+from pytest_dflash.layers.perf.service_run import ServiceRun
+
+__all__ = ["PerfSummary", "html_block", "section_text", "summary_lines", "svg_plots"]
+
+
+def section_text(runs: Sequence[ServiceRun], judgements: Sequence[tuple[ServiceRun, Judgement]]) -> str:
+    """A test's "dflash perf" report section: each run's headline, refusal and the judgements the test made."""
+    text = []
+    for run in runs:
+        text.append(run.headline())
+        if run.refusal:
+            text.append(f"  REFUSED: {run.refusal}")
+        text += [f"  {j.message}" for r, j in judgements if r is run]
+    return "\n".join(text)
+
+
+def svg_plots(run: ServiceRun) -> dict[str, str]:
+    """Latency CDF, tokens/s over time and (speculative services) the accept-length histogram, as SVG."""
+    from pytest_dflash.report.plots import plots_for_result
+
+    svgs = plots_for_result(run.result)
+    if run.accept_length is None:
+        svgs.pop("accept_length", None)  # NONE, or no native API: nothing to draw
+    return svgs
+
+
+def html_block(run: ServiceRun, *, plots: bool) -> str:
+    colour = {"pass": "#2e7d32", "fail": "#c62828", "inconclusive": "#ef6c00", "refused": "#6a1b9a"}
+    rows = "".join(
+        f'<tr><td style="color:{colour[j.outcome]};font-weight:bold">{j.outcome}</td>'
+        f"<td>{html.escape(j.message)}</td></tr>" for j in run.judgements.values())
+    out = [f'<div class="dflash-perf" style="margin:6px 0"><b>{html.escape(run.headline())}</b>']
+    if rows:
+        out.append(f'<table class="dflash-perf-judgements">{rows}</table>')
+    if plots:
+        svgs = svg_plots(run)
+        out.append('<div style="display:flex;flex-wrap:wrap;gap:8px">' + "".join(svgs.values()) + "</div>")
+    out.append("</div>")
+    return "".join(out)
+
+
+class PerfSummary:
+    """Controller side (also under xdist): the latest summary of each service's perf run, for the terminal."""
+
+    def __init__(self) -> None:
+        self.latest: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for key, value in report.user_properties:
+            if key == "dflash_perf" and isinstance(value, list):
+                for summary in value:
+                    if isinstance(summary, dict):
+                        self.latest[(str(summary["host"]), str(summary["service"]))] = summary
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if not self.latest:
+            return
+        terminalreporter.section("dflash perf")
+        for line in summary_lines(self.latest.values()):
+            terminalreporter.write_line(line)
+
+
+def summary_lines(summaries: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Per host: each service's numbers, then its judgements, then the speed-ups at the same load."""
+    by_host: dict[str, list[Mapping[str, Any]]] = {}
+    for summary in summaries:
+        by_host.setdefault(str(summary["host"]), []).append(summary)
+    lines: list[str] = []
+    for host, services in sorted(by_host.items()):
+        loads = sorted({str(s["describe"]) for s in services})
+        lines.append(f"{host}: {'; '.join(loads)}")
+        for s in services:
+            bounds = ""
+            if isinstance(s.get("lower"), int | float) and math.isfinite(s["lower"]):
+                bounds = f" [{s['lower']:.1f}, {s['upper']:.1f}]"
+            parts = [f"{s['output_tok_s']:.1f} tok/s{bounds}"]
+            if s.get("p99_ttft_ms") is not None:
+                parts.append(f"TTFT p50/p99 {s['median_ttft_ms']:.1f}/{s['p99_ttft_ms']:.1f} ms")
+            if s.get("p99_itl_ms") is not None:
+                parts.append(f"ITL p99 {s['p99_itl_ms']:.1f} ms")
+            if s.get("accept_length") is not None:
+                server = s.get("server_accept_length")
+                parts.append(f"accept length {s['accept_length']:.2f}"
+                             + (f" (server {server:.2f})" if server is not None else ""))
+            by_category = s.get("accept_length_by_category") or {}
+            if by_category:
+                parts.append("per category " + ", ".join(f"{k} {v:.2f}" for k, v in by_category.items()))
+            if s.get("failed"):
+                parts.append(f"{s['failed']} failed requests")
+            if s.get("saturated"):
+                parts.append("CLIENT SATURATED")
+            lines.append(f"    {s['service']} ({s['algorithm']}): {', '.join(parts)}")
+            outcomes = s.get("outcomes") or {}
+            judged = ", ".join(f"{k} {'PASS' if v == 'pass' else v.upper()}" for k, v in outcomes.items())
+            if judged:
+                lines.append(f"        {judged}")
+        speedups = [c for s in services for c in s.get("comparisons") or []]
+        if speedups:
+            lines.append("    speed-up (output tok/s, same load, 95% bounds): " + "; ".join(speedups))
+    return lines
