@@ -146,51 +146,47 @@ def _dotted(node: ast.expr) -> str | None:
 
 
 def suite_use(path: Path) -> SuiteUse:
-    """Parse `path` and list the api names it uses and every reach past `api.__all__`, as 'line N: what'."""
+    """Parse `path`: the api names it uses and every reach past `api.__all__`, as 'line N: what'."""
     use = SuiteUse()
+    found: list[tuple[int, str]] = []
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     api_aliases: set[str] = set()  # local dotted names bound to the module pytest_dflash.api
     imported: dict[str, str] = {}  # local name -> the api name it was imported as
+    outside = "which is not in pytest_dflash.api.__all__"
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.split(".")[0] != "pytest_dflash":
-                    continue
                 if alias.name == "pytest_dflash.api":
                     api_aliases.add(alias.asname or alias.name)
-                else:
-                    use.problems.append(f"line {node.lineno}: imports {alias.name} (use pytest_dflash.api)")
+                elif alias.name.split(".")[0] == "pytest_dflash":
+                    found.append((node.lineno, f"imports {alias.name} (use pytest_dflash.api)"))
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module.split(".")[0] != "pytest_dflash":
                 continue
             for alias in node.names:
                 if node.module == "pytest_dflash" and alias.name == "api":
                     api_aliases.add(alias.asname or "api")
-                elif node.module == "pytest_dflash.api":
-                    if alias.name == "*":
-                        use.problems.append(f"line {node.lineno}: imports * from pytest_dflash.api (name each)")
-                    elif alias.name not in api.__all__:
-                        use.problems.append(f"line {node.lineno}: imports {alias.name}, which is not in "
-                                            "pytest_dflash.api.__all__")
-                    else:
-                        imported[alias.asname or alias.name] = alias.name
+                elif node.module != "pytest_dflash.api":
+                    module = node.module if node.module != "pytest_dflash" else f"pytest_dflash.{alias.name}"
+                    found.append((node.lineno, f"imports {module} (use pytest_dflash.api)"))
+                elif alias.name == "*":
+                    found.append((node.lineno, "imports * from pytest_dflash.api (name each)"))
+                elif alias.name not in api.__all__:
+                    found.append((node.lineno, f"imports {alias.name}, {outside}"))
                 else:
-                    where = node.module if node.module != "pytest_dflash" else f"pytest_dflash.{alias.name}"
-                    use.problems.append(f"line {node.lineno}: imports {where} (use pytest_dflash.api)")
+                    imported[alias.asname or alias.name] = alias.name
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id in imported:
             use.names.add(imported[node.id])
         if not isinstance(node, ast.Attribute) or not (dotted := _dotted(node.value)):
             continue
-        if dotted in api_aliases:  # api.NAME
-            if node.attr in api.__all__:
-                use.names.add(node.attr)
-            else:
-                use.problems.append(f"line {node.lineno}: uses pytest_dflash.api.{node.attr}, which is not in "
-                                    "pytest_dflash.api.__all__")
+        if dotted in api_aliases and node.attr in api.__all__:  # api.NAME
+            use.names.add(node.attr)
+        elif dotted in api_aliases:
+            found.append((node.lineno, f"uses pytest_dflash.api.{node.attr}, {outside}"))
         elif dotted in imported and inspect.ismodule(getattr(api, imported[dotted], None)):
-            use.problems.append(f"line {node.lineno}: reaches through the module {dotted} to {node.attr}")
-    use.problems.sort(key=lambda problem: int(problem.split(":")[0].removeprefix("line ")))  # ast.walk is breadth-first
+            found.append((node.lineno, f"reaches through the module {dotted} to {node.attr}"))
+    use.problems = [f"line {lineno}: {what}" for lineno, what in sorted(found)]  # ast.walk is breadth-first
     return use
 
 
@@ -206,8 +202,8 @@ def test_suites_use_only_the_api_names(suite: Path) -> None:
 def test_every_api_name_is_used_by_a_suite() -> None:
     used = set().union(*(suite_use(path).names for path in SUITE_FILES))
     unused = [name for name in api.__all__ if name not in used and name not in KEPT_UNUSED]
-    assert not unused, (f"pytest_dflash.api exports {unused}, which no suite in suites/ uses: remove them, or "
-                        "say in KEPT_UNUSED why they stay")
+    assert not unused, (f"pytest_dflash.api exports {unused}, which no suite in suites/ uses: remove them, "
+                        "or say in KEPT_UNUSED why they stay")
     stale = [name for name in KEPT_UNUSED if name in used or name not in api.__all__]
     assert not stale, f"KEPT_UNUSED names {stale}, which a suite uses or the API no longer exports"
 
@@ -248,5 +244,6 @@ def test_the_check_sees_a_module_reached_through(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(api, "__all__", [*api.__all__, "inspect"])
     monkeypatch.setattr(api, "inspect", inspect, raising=False)
     suite = tmp_path / "test_x.py"
-    suite.write_text("from pytest_dflash.api import inspect\n\ndef test_a() -> None:\n    inspect.isclass(1)\n")
+    suite.write_text("from pytest_dflash.api import inspect\n\n"
+                     "def test_a() -> None:\n    inspect.isclass(1)\n")
     assert suite_use(suite).problems == ["line 4: reaches through the module inspect to isclass"]

@@ -34,7 +34,7 @@ from pytest_dflash.api import (
 
 @pytest.mark.host
 def test_host_reachable(dflash_host: HostContext) -> None:
-    """A trivial command on the host answers within 6 s (skipped when attached by URL, with no host access)."""
+    """A trivial command on the host answers within 6 s (skipped when attached by URL: no host access)."""
     if not dflash_host.has_host_access:
         pytest.skip("attached by URL: no host access")
     seconds = dflash_host.transport.ping()
