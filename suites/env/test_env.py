@@ -11,61 +11,80 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_dflash.api import GpuHost, env
+from pytest_dflash.api import (
+    ALL_CHAINS,
+    GpuHost,
+    driver_supports_torch_cuda,
+    flashinfer_companions_match,
+    flashinfer_toolkit_supports_gpu_arch,
+    import_chain,
+    installed_versions_satisfy_requirements,
+    jit_link_finds_cuda_libraries,
+    ninja_on_service_path,
+    pip_check_clean_for_serving_stack,
+    service_flags_exist_in_installed_sglang,
+    service_python_is_the_profiles,
+    serving_stack_matches_baseline,
+    sgl_kernel_has_build_for_gpu_arch,
+    toolkit_has_curand_headers,
+    torch_arch_list_covers_gpus,
+    torch_imports,
+    torch_initialises_cuda,
+)
 
 pytestmark = pytest.mark.env
 
 
 def test_service_python_is_the_profiles(dflash_gpu: GpuHost) -> None:
     """The probes run the profile's python; a service that runs another interpreter would not be the one probed."""
-    env.service_python_is_the_profiles(dflash_gpu)
+    service_python_is_the_profiles(dflash_gpu)
 
 
 def test_torch_imports(dflash_gpu: GpuHost) -> None:
     """torch imports in the server's venv (an undefined symbol here is a broken torch/CUDA overlay)."""
-    env.torch_imports(dflash_gpu)
+    torch_imports(dflash_gpu)
 
 
 def test_torch_initialises_cuda(dflash_gpu: GpuHost) -> None:
     """On a GPU host, torch is a CUDA build and initialises CUDA (driver new enough, devices visible)."""
-    env.torch_initialises_cuda(dflash_gpu)
+    torch_initialises_cuda(dflash_gpu)
 
 
 def test_torch_arch_list_covers_gpus(dflash_gpu: GpuHost) -> None:
     """torch.cuda.get_arch_list() has SASS for, or a lower-or-equal PTX of, every GPU's compute capability."""
-    env.torch_arch_list_covers_gpus(dflash_gpu)
+    torch_arch_list_covers_gpus(dflash_gpu)
 
 
 def test_driver_supports_torch_cuda(dflash_gpu: GpuHost) -> None:
     """The NVIDIA driver is new enough for the CUDA release torch was built with."""
-    env.driver_supports_torch_cuda(dflash_gpu)
+    driver_supports_torch_cuda(dflash_gpu)
 
 
-@pytest.mark.parametrize("chain", env.ALL_CHAINS)
+@pytest.mark.parametrize("chain", ALL_CHAINS)
 def test_import_chain(dflash_gpu: GpuHost, chain: str) -> None:
     """The serving chain imports in a fresh interpreter of the server's venv, in the service's environment."""
-    env.import_chain(dflash_gpu, chain)
+    import_chain(dflash_gpu, chain)
 
 
 def test_installed_versions_satisfy_requirements(dflash_gpu: GpuHost) -> None:
     """Requires-Dist pins of sglang, sglang-kernel, flashinfer, torch, xgrammar hold for the serving stack."""
-    env.installed_versions_satisfy_requirements(dflash_gpu)
+    installed_versions_satisfy_requirements(dflash_gpu)
 
 
 def test_service_flags_exist_in_installed_sglang(dflash_gpu: GpuHost) -> None:
     """Each SGLang service's command uses only flags the installed sglang still has; a removed (renamed) flag is
     named with its replacement before the server starts (docs/sglang-versions.md)."""
-    env.service_flags_exist_in_installed_sglang(dflash_gpu)
+    service_flags_exist_in_installed_sglang(dflash_gpu)
 
 
 def test_pip_check_clean_for_serving_stack(dflash_gpu: GpuHost) -> None:
     """`pip check` reports no version conflict that involves a serving-stack package."""
-    env.pip_check_clean_for_serving_stack(dflash_gpu)
+    pip_check_clean_for_serving_stack(dflash_gpu)
 
 
 def test_flashinfer_companions_match(dflash_gpu: GpuHost) -> None:
     """flashinfer-cubin and flashinfer-jit-cache, when installed, match flashinfer-python's version."""
-    env.flashinfer_companions_match(dflash_gpu)
+    flashinfer_companions_match(dflash_gpu)
 
 
 def test_flashinfer_toolkit_supports_gpu_arch(dflash_gpu: GpuHost) -> None:
@@ -74,30 +93,30 @@ def test_flashinfer_toolkit_supports_gpu_arch(dflash_gpu: GpuHost) -> None:
     FlashInfer <= 0.7.0 needs nvcc >= 12.9 for any SM 12.x GPU and otherwise drops the GPU and fails
     with the misleading "FlashInfer requires GPUs with sm75 or higher" (seed 000/004).
     """
-    env.flashinfer_toolkit_supports_gpu_arch(dflash_gpu)
+    flashinfer_toolkit_supports_gpu_arch(dflash_gpu)
 
 
 def test_toolkit_has_curand_headers(dflash_gpu: GpuHost) -> None:
     """curand.h / curand_kernel.h are on the JIT's include path (sampling and norm kernels include them)."""
-    env.toolkit_has_curand_headers(dflash_gpu)
+    toolkit_has_curand_headers(dflash_gpu)
 
 
 def test_jit_link_finds_cuda_libraries(dflash_gpu: GpuHost) -> None:
     """The JIT link (`-L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda`) finds both libraries."""
-    env.jit_link_finds_cuda_libraries(dflash_gpu)
+    jit_link_finds_cuda_libraries(dflash_gpu)
 
 
 def test_ninja_on_service_path(dflash_gpu: GpuHost) -> None:
     """FlashInfer's JIT runs `ninja` from PATH; the service's PATH must have it."""
-    env.ninja_on_service_path(dflash_gpu)
+    ninja_on_service_path(dflash_gpu)
 
 
 def test_sgl_kernel_has_build_for_gpu_arch(dflash_gpu: GpuHost) -> None:
     """sglang-kernel ships the common_ops build this GPU loads (sm90 on compute 9.0, sm100 otherwise)."""
-    env.sgl_kernel_has_build_for_gpu_arch(dflash_gpu)
+    sgl_kernel_has_build_for_gpu_arch(dflash_gpu)
 
 
 def test_serving_stack_matches_baseline(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
     """With --env-baseline: torch, sglang, sglang-kernel, flashinfer*, xgrammar, transformers, triton,
     nvidia-* CUDA libraries and the driver equal the known-good snapshot. Always records this host's snapshot."""
-    env.serving_stack_matches_baseline(dflash_gpu, request)
+    serving_stack_matches_baseline(dflash_gpu, request)

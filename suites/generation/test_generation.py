@@ -11,90 +11,108 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_dflash.api import LayerOptions, ServiceHandle, generation
+from pytest_dflash.api import (
+    APIS,
+    SAMPLING_CASES,
+    Api,
+    LayerOptions,
+    ServiceHandle,
+    bad_parameters,
+    concurrent_sampled,
+    default_api,
+    greedy,
+    long_prompt_near_context,
+    max_tokens_boundary,
+    n_samples,
+    sampled_case,
+    sampling_varies_with_seed,
+    still_serving,
+    stop_string,
+    stop_token_id,
+    streamed,
+    use_api,
+)
 
 pytestmark = pytest.mark.generation
-APIS = generation.APIS
-Api = generation.Api
 
 
 @pytest.mark.parametrize("api", APIS)
 def test_greedy_generation(dflash_service: ServiceHandle, api: Api) -> None:
     """temperature 0: max_tokens tokens, finish_reason 'length' (ignore_eos)."""
-    generation.use_api(dflash_service, api)
-    generation.greedy(dflash_service.client, native=dflash_service.native, api=api)
+    use_api(dflash_service, api)
+    greedy(dflash_service.client, native=dflash_service.native, api=api)
 
 
-@pytest.mark.parametrize("case", generation.SAMPLING_CASES)
+@pytest.mark.parametrize("case", SAMPLING_CASES)
 def test_sampled_generation(dflash_service: ServiceHandle, case: str) -> None:
     """Each sampling knob (temperature, top_k, top_p, min_p, seed) on its own, then all together."""
-    generation.sampled_case(dflash_service.client, generation.default_api(dflash_service), case)
+    sampled_case(dflash_service.client, default_api(dflash_service), case)
 
 
 @pytest.mark.parametrize("api", ("completions", "chat"))
 def test_sampled_generation_openai(dflash_service: ServiceHandle, api: Api) -> None:
     """The OpenAI endpoints take the same sampling knobs (top_k, min_p: SGLang extensions)."""
-    generation.sampled_case(dflash_service.client, api, "all+seed")
+    sampled_case(dflash_service.client, api, "all+seed")
 
 
 @pytest.mark.parametrize("api", APIS)
 def test_streamed_generation(dflash_service: ServiceHandle, api: Api) -> None:
     """Well-formed SSE: monotonic chunks, one finish_reason, final usage (OpenAI), then data: [DONE]."""
-    generation.use_api(dflash_service, api)
-    generation.streamed(dflash_service.client, native=dflash_service.native, api=api)
+    use_api(dflash_service, api)
+    streamed(dflash_service.client, native=dflash_service.native, api=api)
 
 
 @pytest.mark.parametrize("api", APIS)
 def test_stop_string(dflash_service: ServiceHandle, api: Api) -> None:
     """A stop string ends the output before it: finish_reason 'stop', the text is the greedy text up to it."""
-    generation.use_api(dflash_service, api)
-    generation.stop_string(dflash_service.client, api)
+    use_api(dflash_service, api)
+    stop_string(dflash_service.client, api)
 
 
 @pytest.mark.parametrize("api", ("generate", "completions"))
 def test_stop_token_id(dflash_service: ServiceHandle, api: Api) -> None:
     """stop_token_ids ends the output at the token's first occurrence in the greedy output."""
-    generation.use_api(dflash_service, "generate")  # the greedy token ids come from /generate
-    generation.stop_token_id(dflash_service.client, api)
+    use_api(dflash_service, "generate")  # the greedy token ids come from /generate
+    stop_token_id(dflash_service.client, api)
 
 
 @pytest.mark.parametrize("api", APIS)
 def test_max_tokens_boundary(dflash_service: ServiceHandle, api: Api) -> None:
     """max_tokens 1 and 7 with ignore_eos: exactly that many tokens, finish_reason 'length'."""
-    generation.use_api(dflash_service, api)
-    generation.max_tokens_boundary(dflash_service.client, api)
+    use_api(dflash_service, api)
+    max_tokens_boundary(dflash_service.client, api)
 
 
 @pytest.mark.parametrize("api", APIS)
 def test_n_samples(dflash_service: ServiceHandle, api: Api) -> None:
     """n = 3: three complete samples (OpenAI: choices 0..2, usage counts all of them)."""
-    generation.use_api(dflash_service, api)
-    generation.n_samples(dflash_service.client, api)
+    use_api(dflash_service, api)
+    n_samples(dflash_service.client, api)
 
 
 @pytest.mark.parametrize("api", ("generate", "completions"))
 def test_long_prompt_near_context_limit(dflash_service: ServiceHandle, api: Api,
                                         dflash_layer_options: LayerOptions) -> None:
     """A prompt of ~90% of the served context is answered in full and counted."""
-    generation.long_prompt_near_context(dflash_service, api, cap_tokens=dflash_layer_options.long_prompt_tokens)
+    long_prompt_near_context(dflash_service, api, cap_tokens=dflash_layer_options.long_prompt_tokens)
 
 
 def test_concurrent_sampled_requests_complete(dflash_service: ServiceHandle,
                                               dflash_layer_options: LayerOptions) -> None:
     """N sampled (top-k/top-p) requests at once, distinct seeds: every one completes in full."""
-    api = generation.default_api(dflash_service)
-    generation.concurrent_sampled(dflash_service.client, api, count=dflash_layer_options.concurrency)
-    generation.still_serving(dflash_service.client, native=dflash_service.native)
+    api = default_api(dflash_service)
+    concurrent_sampled(dflash_service.client, api, count=dflash_layer_options.concurrency)
+    still_serving(dflash_service.client, native=dflash_service.native)
 
 
 @pytest.mark.parametrize("api", APIS)
 def test_bad_parameters_get_4xx(dflash_service: ServiceHandle, api: Api) -> None:
     """Invalid sampling values, a prompt over the context, a chat without messages: 4xx, never 5xx or a crash."""
-    generation.bad_parameters(dflash_service, api)
+    bad_parameters(dflash_service, api)
 
 
 @pytest.mark.parametrize("api", APIS)
 def test_sampling_varies_with_seed(dflash_service: ServiceHandle, api: Api) -> None:
     """Greedy-fallback detection: at temperature 1 different seeds must give different outputs (beyond token 1)."""
-    generation.use_api(dflash_service, api)
-    generation.sampling_varies_with_seed(dflash_service, api)
+    use_api(dflash_service, api)
+    sampling_varies_with_seed(dflash_service, api)

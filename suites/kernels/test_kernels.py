@@ -13,34 +13,41 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_dflash.api import GpuHost, kernels
+from pytest_dflash.api import (
+    GpuHost,
+    builds_cold,
+    decode_attention_matches_sdpa,
+    sampling_respects_top_k_top_p,
+    service_does_not_rely_on_warm_jit_cache,
+    triton_kernel_compiles_and_runs,
+)
 
 pytestmark = [pytest.mark.kernels, pytest.mark.timeout(3600)]
 
 
 def test_flashinfer_sampling_builds_cold(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
     """FlashInfer's sampling module (sampling.cu, renorm.cu, binding) compiles and links from an empty cache."""
-    kernels.builds_cold(dflash_gpu, "sampling", request)
+    builds_cold(dflash_gpu, "sampling", request)
 
 
 def test_flashinfer_sampling_respects_top_k_top_p(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
     """top_k_top_p_sampling_from_probs draws only from the top-k then top-p set, with its frequencies."""
-    kernels.sampling_respects_top_k_top_p(dflash_gpu, request)
+    sampling_respects_top_k_top_p(dflash_gpu, request)
 
 
 def test_flashinfer_decode_attention_builds_cold(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
     """FlashInfer's single-decode attention module (fp16, head_dim 128) compiles and links from an empty cache."""
-    kernels.builds_cold(dflash_gpu, "decode", request)
+    builds_cold(dflash_gpu, "decode", request)
 
 
 def test_flashinfer_decode_attention_matches_sdpa(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
     """single_decode_with_kv_cache (GQA 32/8 heads, 1024 tokens) equals torch scaled_dot_product_attention."""
-    kernels.decode_attention_matches_sdpa(dflash_gpu, request)
+    decode_attention_matches_sdpa(dflash_gpu, request)
 
 
 def test_triton_kernel_compiles_and_runs(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
     """A Triton kernel compiles into an empty cache and computes x * 2 + y like torch."""
-    kernels.triton_kernel_compiles_and_runs(dflash_gpu, request)
+    triton_kernel_compiles_and_runs(dflash_gpu, request)
 
 
 def test_service_does_not_rely_on_warm_jit_cache(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
@@ -49,4 +56,4 @@ def test_service_does_not_rely_on_warm_jit_cache(dflash_gpu: GpuHost, request: p
     A warm cache keeps a service with a broken toolchain alive until a reboot, upgrade or new host
     (seed 004: healthy for weeks, dead on the first sampled request after the cache was gone).
     """
-    kernels.service_does_not_rely_on_warm_jit_cache(dflash_gpu, request)
+    service_does_not_rely_on_warm_jit_cache(dflash_gpu, request)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.api import LayerOptions, ServiceHandle, parity_checks
+from pytest_dflash.api import LayerOptions, ServiceHandle, accept_length, ddtree_accepts_at_least_dflash
 
 pytestmark = pytest.mark.perf
 
@@ -24,7 +24,7 @@ def test_accept_length(dflash_service: ServiceHandle, dflash_layer_options: Laye
     """Per-request accept length from meta_info (else /server_info after /flush_cache) on everyday prompts; >= 1.
 
     The /flush_cache goes to a server this run did not start only with --allow-state-changes (else: skipped)."""
-    parity_checks.accept_length(dflash_service, dflash_layer_options, dflash_run_cache)
+    accept_length(dflash_service, dflash_layer_options, dflash_run_cache)
 
 
 @pytest.mark.dflash_services(algorithms=("DDTREE",))
@@ -32,5 +32,5 @@ def test_ddtree_accepts_at_least_dflash(dflash_service: ServiceHandle, dflash_la
                                         dflash_run_cache: dict[tuple[str, ...], Any],
                                         request: pytest.FixtureRequest) -> None:
     """DDTREE's mean accept length >= ratio x DFLASH's on the same prompts (--ddtree-accept-ratio, default 1)."""
-    parity_checks.ddtree_accepts_at_least_dflash(dflash_service, dflash_layer_options, dflash_run_cache,
+    ddtree_accepts_at_least_dflash(dflash_service, dflash_layer_options, dflash_run_cache,
                                                  request.node)

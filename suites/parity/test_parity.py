@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.api import LayerOptions, ServiceHandle, parity_checks
+from pytest_dflash.api import LayerOptions, ServiceHandle, distribution_parity, greedy_parity
 
 pytestmark = pytest.mark.parity
 Pair = tuple[ServiceHandle, ServiceHandle]
@@ -23,7 +23,7 @@ Pair = tuple[ServiceHandle, ServiceHandle]
 def test_greedy_parity(dflash_pair: Pair, dflash_layer_options: LayerOptions,
                        dflash_run_cache: dict[tuple[str, ...], Any]) -> None:
     """Temperature 0, one prompt at a time: token-identical to the reference, or diverging only at ties."""
-    parity_checks.greedy_parity(dflash_pair, dflash_layer_options, dflash_run_cache, concurrent_requests=False)
+    greedy_parity(dflash_pair, dflash_layer_options, dflash_run_cache, concurrent_requests=False)
 
 
 def test_greedy_parity_concurrent(dflash_pair: Pair, dflash_layer_options: LayerOptions,
@@ -31,10 +31,10 @@ def test_greedy_parity_concurrent(dflash_pair: Pair, dflash_layer_options: Layer
     """The same prompts sent to the compared service all at once (one batch): still lossless.
 
     A small divergence on a prompt the service gets right alone is numerical noise (counted with ties)."""
-    parity_checks.greedy_parity(dflash_pair, dflash_layer_options, dflash_run_cache, concurrent_requests=True)
+    greedy_parity(dflash_pair, dflash_layer_options, dflash_run_cache, concurrent_requests=True)
 
 
 def test_distribution_parity(dflash_pair: Pair, dflash_layer_options: LayerOptions,
                              dflash_run_cache: dict[tuple[str, ...], Any]) -> None:
     """Sampled: the first K tokens follow the reference's distribution (chi-square test; too few samples fail)."""
-    parity_checks.distribution_parity(dflash_pair, dflash_layer_options, dflash_run_cache)
+    distribution_parity(dflash_pair, dflash_layer_options, dflash_run_cache)

@@ -9,22 +9,32 @@ from __future__ import annotations
 import pytest
 
 from pytest_dflash.api import (
+    SMOKE_PROMPTS,
     GpuHost,
     HostContext,
     LayerOptions,
     PerfLayer,
     ServiceHandle,
-    env,
-    generation,
-    host,
-    parity,
-    parity_checks,
-    service_checks,
+    check_slice,
+    gpus_visible,
+    greedy,
+    quick_accept_length,
+    ready_by_real_generation,
+    sampled,
+    sampling_varies_with_seed,
+    serves_one_consistent_model,
+    serves_the_profiles_algorithm,
+    serves_the_profiles_speculation,
+    serving_chains_import,
+    streamed,
+    torch_arch_list_covers_gpus,
+    torch_initialises_cuda,
 )
 
 
 @pytest.mark.host
 def test_host_reachable(dflash_host: HostContext) -> None:
+    """A trivial command on the host answers within 6 s (skipped when attached by URL: no host access)."""
     if not dflash_host.has_host_access:
         pytest.skip("attached by URL: no host access")
     seconds = dflash_host.transport.ping()
@@ -34,55 +44,55 @@ def test_host_reachable(dflash_host: HostContext) -> None:
 @pytest.mark.service
 def test_service_ready(dflash_service_raw: ServiceHandle) -> None:
     """Ready = a real greedy AND a real sampled (top-k/top-p) generation succeeded."""
-    report = dflash_service_raw.ensure_ready()
-    assert report.greedy_s is not None and report.sampled_s is not None
+    ready_by_real_generation(dflash_service_raw)
 
 
 @pytest.mark.service
 def test_serves_the_profiles_algorithm(dflash_service: ServiceHandle) -> None:
     """/server_info speculative_algorithm is the profile's algorithm (a DFLASH unit serving plain decoding fails)."""
-    if reason := generation.served_algorithm_unknown(dflash_service):
-        pytest.skip(reason)
-    generation.check_served_algorithm(dflash_service)
+    serves_the_profiles_algorithm(dflash_service)
 
 
 @pytest.mark.service
 def test_serves_one_consistent_model(dflash_service: ServiceHandle) -> None:
     """/v1/models, /model_info and /server_info name one model, the profile's `model` when set (no generation)."""
-    service_checks.serves_one_consistent_model(dflash_service)
+    serves_one_consistent_model(dflash_service)
 
 
 @pytest.mark.service
 def test_serves_the_profiles_speculation(dflash_service: ServiceHandle) -> None:
     """The served speculation (/server_info, the log) is the command's: algorithm, draft tokens, no greedy fallback."""
-    service_checks.serves_the_profiles_speculation(dflash_service)
+    serves_the_profiles_speculation(dflash_service)
 
 
 @pytest.mark.generation
 def test_greedy_generation(dflash_service: ServiceHandle) -> None:
-    generation.greedy(dflash_service.client, native=dflash_service.native)
+    """temperature 0: max_tokens tokens, finish_reason 'length' (ignore_eos)."""
+    greedy(dflash_service.client, native=dflash_service.native)
 
 
 @pytest.mark.generation
 def test_sampled_generation(dflash_service: ServiceHandle) -> None:
-    generation.sampled(dflash_service.client, native=dflash_service.native, seed=1234)
+    """A seeded sampled request (temperature 0.8, top_k 20, top_p 0.9) runs to max_tokens."""
+    sampled(dflash_service.client, native=dflash_service.native, seed=1234)
 
 
 @pytest.mark.generation
 def test_streamed_generation(dflash_service: ServiceHandle) -> None:
-    generation.streamed(dflash_service.client, native=dflash_service.native)
+    """A greedy streamed request: well-formed SSE up to data: [DONE], max_tokens tokens."""
+    streamed(dflash_service.client, native=dflash_service.native)
 
 
 @pytest.mark.generation
 def test_sampling_varies_with_seed(dflash_service: ServiceHandle) -> None:
     """At temperature 1 different seeds give different outputs beyond token 1 (a greedy-fallback verifier fails)."""
-    generation.sampling_varies_with_seed(dflash_service)
+    sampling_varies_with_seed(dflash_service)
 
 
 @pytest.mark.parity
 def test_greedy_parity(dflash_pair: tuple[ServiceHandle, ServiceHandle], dflash_layer_options: LayerOptions) -> None:
     """The smoke prompts are token-identical to the reference, or diverge at ties (at most max_tie_rate of them)."""
-    parity.check_slice(*dflash_pair, parity.SMOKE_PROMPTS, dflash_layer_options)
+    check_slice(*dflash_pair, SMOKE_PROMPTS, dflash_layer_options)
 
 
 @pytest.mark.perf
@@ -90,7 +100,7 @@ def test_greedy_parity(dflash_pair: tuple[ServiceHandle, ServiceHandle], dflash_
 def test_accept_length(dflash_service: ServiceHandle, dflash_layer_options: LayerOptions) -> None:
     """Drafts are really accepted: accept length on the smoke prompts >= [floors.SERVICE] accept_length, else >= 1.1
     (>= 1 for a profile's declared unaccepted_draft)."""
-    parity_checks.quick_accept_length(dflash_service, parity.SMOKE_PROMPTS, dflash_layer_options)
+    quick_accept_length(dflash_service, SMOKE_PROMPTS, dflash_layer_options)
 
 
 @pytest.mark.perf
@@ -106,17 +116,17 @@ def test_per_token_latency(dflash_service: ServiceHandle, dflash_perf: PerfLayer
 @pytest.mark.host
 def test_gpus_visible(dflash_gpu: GpuHost) -> None:
     """nvidia-smi lists every GPU the profile names (skips on a host that has none and names none)."""
-    host.gpus_visible(dflash_gpu)
+    gpus_visible(dflash_gpu)
 
 
 @pytest.mark.env
 def test_serving_chains_import(dflash_gpu: GpuHost) -> None:
     """Every import chain the services need imports in a fresh interpreter of the server's venv."""
-    env.serving_chains_import(dflash_gpu)
+    serving_chains_import(dflash_gpu)
 
 
 @pytest.mark.env
 def test_torch_has_kernels_for_the_gpus(dflash_gpu: GpuHost) -> None:
     """torch in the server's venv initialises CUDA and has SASS/PTX for every GPU's compute capability."""
-    env.torch_initialises_cuda(dflash_gpu)
-    env.torch_arch_list_covers_gpus(dflash_gpu)
+    torch_initialises_cuda(dflash_gpu)
+    torch_arch_list_covers_gpus(dflash_gpu)

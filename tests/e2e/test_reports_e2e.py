@@ -317,7 +317,7 @@ def test_one_healthy_run_reports_cleanly_in_junit_html_and_the_trend(run_suite, 
     report = _Report()
     report.feed(text)
     source = (SUITES / "smoke" / "test_smoke.py").read_text().splitlines()
-    line = next(i for i, text in enumerate(source, 1) if "host.gpus_visible(dflash_gpu)" in text)
+    line = next(i for i, text in enumerate(source, 1) if "gpus_visible(dflash_gpu)" in text)
     logs = [t["log"] for nodeid, tests in report.blob["tests"].items() for t in tests if "gpus_visible" in nodeid]
     assert logs == [f'<span class="dflash-skip-reason">Skipped: no GPU on ci: nvidia-smi not found on PATH (and its '
                     f"profile names none) (suites/smoke/test_smoke.py, line {line})</span>\n"], logs

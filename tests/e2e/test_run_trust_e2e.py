@@ -154,10 +154,10 @@ def _gate_suite(tmp_path: Path, extra_test: str) -> Path:
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_gated.py").write_text(
-        "import pytest\nfrom pytest_dflash.api import ServiceHandle, generation\n\n"
+        "import pytest\nfrom pytest_dflash.api import ServiceHandle, greedy\n\n"
         "@pytest.mark.generation\n"
         "def test_greedy(dflash_service: ServiceHandle) -> None:\n"
-        "    generation.greedy(dflash_service.client, native=dflash_service.native)\n")
+        "    greedy(dflash_service.client, native=dflash_service.native)\n")
     (suite / "test_other.py").write_text(extra_test)
     return suite
 

@@ -87,7 +87,7 @@ SUITE = '''
 import os
 
 import pytest
-from pytest_dflash.api import ServiceHandle, generation
+from pytest_dflash.api import ServiceHandle, greedy
 
 
 def maybe_fail(request):
@@ -98,7 +98,7 @@ def maybe_fail(request):
 
 @pytest.mark.generation
 def test_a(dflash_service: ServiceHandle, request) -> None:
-    generation.greedy(dflash_service.client, native=dflash_service.native)
+    greedy(dflash_service.client, native=dflash_service.native)
     maybe_fail(request)
 
 

@@ -22,9 +22,6 @@ from pytest_dflash.errors import ApiError, DflashError
 from pytest_dflash.layers.generation.bad_requests import BAD_REQUESTS, bad_request
 from pytest_dflash.layers.generation.context import context_limit, long_prompt
 from pytest_dflash.layers.generation.requests import (
-    # Transitional, for the merge of issue 27: the suites on this branch still read `generation.APIS` here;
-    # once they import names from pytest_dflash.api (which imports APIS from requests.py), drop APIS.
-    APIS,  # noqa: F401
     PATHS,
     PROMPT,
     Api,
