@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_dflash import __version__
+from pytest_dflash.config import inventory
 from pytest_dflash.config.durations import format_seconds
+from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.config.profiles import (
     HostProfile,
     attach_profile,
@@ -46,9 +48,8 @@ from pytest_dflash.config.profiles import (
 )
 from pytest_dflash.config.schema import schema_text
 from pytest_dflash.errors import InventoryError
-from pytest_dflash.fleet import inventory, prometheus
+from pytest_dflash.fleet import prometheus
 from pytest_dflash.fleet import summary as fleet_summary
-from pytest_dflash.run.layers import LAYERS
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_OUTPUT = 0, 1, 2, 3
 EXIT_USAGE = 4  # check: a bad profile or inventory, as pytest exits on one

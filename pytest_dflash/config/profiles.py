@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 
 from pytest_dflash.config.durations import MAX_TEXT, DurationError, parse_seconds
 from pytest_dflash.errors import InventoryError
-from pytest_dflash.evidence.redact import mask_url_passwords, one_line, redact_url
+from pytest_dflash.scrub.redact import mask_url_passwords, one_line, redact_url
 
 ALGORITHMS = ("NONE", "DFLASH", "DDTREE", "EAGLE", "EAGLE3", "NGRAM", "STANDALONE")
 # An external service whose profile names no algorithm: read from its /server_info before tests are selected

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.fleet.trend import (
     build_trend,
     record_good_runs,
@@ -32,7 +33,6 @@ from pytest_dflash.fleet.values import iso, numbers, parse_time
 from pytest_dflash.report.files import atomic_write
 from pytest_dflash.report.verdict import SCHEMA as VERDICT_SCHEMA
 from pytest_dflash.report.verdict import VERDICTS, LayerTally
-from pytest_dflash.run.layers import LAYERS
 
 SUMMARY_SCHEMA = "pytest-dflash/fleet-summary/1"
 SUMMARY_JSON = "fleet-summary.json"

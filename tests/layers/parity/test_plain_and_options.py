@@ -10,11 +10,11 @@ import pytest
 
 from pytest_dflash.config.profiles import load_profile
 from pytest_dflash.layers.parity.greedy import BUILTIN_PROMPTS, load_prompts
+from pytest_dflash.layers.parity.plain import plain_service
 from pytest_dflash.run.state import DflashRun, HostContext, RunOptions
 from pytest_dflash.services.plain import (
     PlainUnavailable,
     derive_plain_spec,
-    plain_service,
     strip_speculative_args,
     strip_speculative_text,
 )
