@@ -36,16 +36,17 @@ from pathlib import Path
 from typing import Any
 
 from pytest_dflash import __version__
+from pytest_dflash.config import inventory
 from pytest_dflash.config.durations import format_seconds
+from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.config.loader import attach_profile, error_line, load_profile, resolve_profile_path
 from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.config.schema import schema_text
 from pytest_dflash.errors import InventoryError
-from pytest_dflash.fleet import inventory, prometheus
 from pytest_dflash.fleet import outputs as fleet_outputs
+from pytest_dflash.fleet import prometheus
 from pytest_dflash.fleet import summary as fleet_summary
 from pytest_dflash.fleet import verdicts as fleet_verdicts
-from pytest_dflash.run.layers import LAYERS
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_OUTPUT = 0, 1, 2, 3
 EXIT_USAGE = 4  # check: a bad profile or inventory, as pytest exits on one

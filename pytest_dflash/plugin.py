@@ -5,7 +5,7 @@ Loaded through the `pytest11` entry point. It does nothing unless a target is gi
 
     options        config/options.py      targets     config/targets.py
     collection     run/collection.py      fixtures    run/fixtures.py (registered below)
-    blocking       run/layers.py          cleanup     run/cleanup.py
+    blocking       run/blocking.py        cleanup     run/cleanup.py
     evidence       evidence/attach.py     verdicts    report/session.py, report/verdict.py
 """
 
@@ -18,14 +18,18 @@ import pytest
 
 from pytest_dflash import interrupts
 from pytest_dflash.config import options
+from pytest_dflash.config.layers import LAYER_HELP, LAYERS
 from pytest_dflash.config.profiles import HostProfile
+from pytest_dflash.config.targets import EMPTY_SHARD_KEY, TARGETS_KEY
 from pytest_dflash.evidence import attach
 from pytest_dflash.fleet import scheduling
 from pytest_dflash.report import session as report_session
 from pytest_dflash.report.progress import ProgressChannel
+from pytest_dflash.report.verdict import BUILDER_KEY
 from pytest_dflash.run import cleanup, collection, discovery, preflight, timeouts
-from pytest_dflash.run.layers import LAYER_HELP, LAYERS, blocked_reason
-from pytest_dflash.run.stash import BUILDER_KEY, EMPTY_SHARD_KEY, GATE_KEY, INFO_KEY, RUN_KEY, TARGETS_KEY
+from pytest_dflash.run.blocking import blocked_reason
+from pytest_dflash.run.collection import INFO_KEY
+from pytest_dflash.run.stash import GATE_KEY, RUN_KEY
 from pytest_dflash.run.state import DflashRun, RunOptions
 
 # The fixtures, and the layer modules that add their own options and hooks (pytest loads them with this plugin).

@@ -1,1 +1,1 @@
-"""Configuration: every option and ini key, host profiles (typed tables), durations."""
+"""Configuration: options and ini keys, the layers, host profiles, fleet inventories, durations, state paths."""

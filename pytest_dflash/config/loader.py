@@ -27,7 +27,7 @@ from pytest_dflash.config.tables.perf import parse_perf
 from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.config.tables.services import check_url, parse_service
 from pytest_dflash.errors import InventoryError
-from pytest_dflash.evidence.redact import mask_url_passwords, one_line
+from pytest_dflash.scrub.redact import mask_url_passwords, one_line
 
 BUILTIN_PROFILES = Path(__file__).parent / "builtin"
 

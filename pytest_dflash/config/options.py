@@ -16,7 +16,7 @@ from typing import Any, Literal
 import pytest
 
 from pytest_dflash.config.durations import parse_seconds
-from pytest_dflash.run.layers import LAYERS
+from pytest_dflash.config.layers import LAYERS
 
 
 def option_text(config: pytest.Config, dest: str) -> str:

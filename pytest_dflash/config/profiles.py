@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_dflash.evidence.redact import redact_url
+from pytest_dflash.scrub.redact import redact_url
 
 ALGORITHMS = ("NONE", "DFLASH", "DDTREE", "EAGLE", "EAGLE3", "NGRAM", "STANDALONE")
 # An external service whose profile names no algorithm: read from its /server_info before tests are selected

@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from pytest_dflash.config import inventory
 from pytest_dflash.config.loader import attach_profile, error_line, load_profile, resolve_profile_path
 from pytest_dflash.config.options import option
 from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.errors import InventoryError
-from pytest_dflash.fleet import inventory
-from pytest_dflash.run.stash import EMPTY_SHARD_KEY, NAMED_HOSTS_KEY
+
+TARGETS_KEY = pytest.StashKey[dict[str, HostProfile]]()  # the run's profiles, loaded first (report/started.py)
+NAMED_HOSTS_KEY = pytest.StashKey[tuple[str, ...]]()  # every host the run names, before --shard
+EMPTY_SHARD_KEY = pytest.StashKey[str]()
 
 
 def load_targets(config: pytest.Config) -> dict[str, HostProfile]:

@@ -1,1 +1,1 @@
-"""Evidence for failures: log tails and state, the diagnosis catalog, redaction."""
+"""Evidence for failures: log tails and state, the diagnosis catalog, what each test report carries."""

@@ -2,7 +2,7 @@
 mark, unit/process state, kernel-log lines and a diagnosis; and the `dflash` user property every
 report carries to the controller (host, layer, services, blocked, diagnosis, facts).
 
-Every report leaves here redacted and bounded (bounds.py): its failure text, each section, the property,
+Every report leaves here redacted and bounded (scrub/bounds.py): its failure text, each section, the property,
 and all of them together (TEST_BYTES), whoever put them there (pytest's captured output included)."""
 
 from __future__ import annotations
@@ -19,45 +19,35 @@ from typing import Any
 import pytest
 
 from pytest_dflash.errors import DflashError, ServiceCrashed, ServiceRestarted
-from pytest_dflash.evidence.bounds import (
+from pytest_dflash.evidence.gather import gather
+from pytest_dflash.run.blocking import Failure, is_blocked
+from pytest_dflash.run.collection import ItemInfo
+from pytest_dflash.run.stash import HANDLES_KEY, MARKS_KEY
+from pytest_dflash.run.state import DflashRun, HostContext, ServiceHandle, readiness_error_summary
+from pytest_dflash.scrub.bounds import (
     ITEM_BYTES,
     LINE_BYTES,
     LOG_BYTES,
+    LOG_TAIL_LINES,
     LONGREPR_BYTES,
     PROPERTY_BYTES,
     TEST_BYTES,
     Keep,
     bound_obj,
+    failure_text,
     human,
     nbytes,
     scrub,
 )
-from pytest_dflash.evidence.gather import gather
-from pytest_dflash.evidence.redact import is_secret, remember
-from pytest_dflash.run.collection import ItemInfo
-from pytest_dflash.run.layers import Failure, is_blocked
-from pytest_dflash.run.stash import HANDLES_KEY, MARKS_KEY
-from pytest_dflash.run.state import DflashRun, HostContext, ServiceHandle, readiness_error_summary
+from pytest_dflash.scrub.redact import is_secret, remember
 from pytest_dflash.services.base import LogMark
 
-LOG_TAIL_LINES = 40  # of the service log in a failure message (the full window is its own report section)
 JUNIT_PREFIX = "dflash."  # flat JUnit <property> names: dflash.host, dflash.layer, dflash.verdict, …
 JUNIT_EVIDENCE = "dflash evidence for JUnit"
 JUNIT_ATTR = "dflash_junit_evidence"  # the report attribute that carries it to the controller
 # A test's outcome as the verdict counts it, worst first: what dflash.verdict says after its last phase.
 _OUTCOME_RANK = ("failed", "blocked", "skipped", "passed")
 _OUTCOME_KEY = pytest.StashKey[str]()
-
-
-def failure_text(exc: BaseException) -> str:
-    """The message of a service failure plus the end of its log, redacted and capped to fit a failure text."""
-    text = scrub(str(exc), ITEM_BYTES // 2, "error message")
-    tail = getattr(exc, "log_tail", "")
-    if tail:
-        lines = "\n".join(tail.strip().splitlines()[-LOG_TAIL_LINES:])
-        room = LONGREPR_BYTES - nbytes(text) - 1024  # the rest of the failure text: where, type, "Failed: "
-        text += "\n--- last lines of the service log ---\n" + scrub(lines, room, "log tail", keep="tail")
-    return text
 
 
 def run_secrets(run: DflashRun) -> Iterator[str]:

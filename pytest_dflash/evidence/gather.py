@@ -1,5 +1,5 @@
 """Evidence for a failed test: log / journal tails since the test started, unit properties, kernel-log
-lines about OOM and Xid, and a diagnosis from the catalog. Everything is redacted, then capped (bounds.py),
+lines about OOM and Xid, and a diagnosis from the catalog. Everything is redacted, then capped (scrub/bounds.py),
 before it leaves: a log tail keeps its last LOG_BYTES, every other section ITEM_BYTES."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pytest_dflash.errors import DflashError
-from pytest_dflash.evidence.bounds import ITEM_BYTES, LOG_BYTES, Keep, scrub
 from pytest_dflash.evidence.diagnosis import Diagnosis, diagnose
 from pytest_dflash.hostaccess.transport import journal_since
+from pytest_dflash.scrub.bounds import ITEM_BYTES, LOG_BYTES, Keep, scrub
 from pytest_dflash.services.base import LogMark, ServiceState
 
 if TYPE_CHECKING:

@@ -1,1 +1,1 @@
-"""Fleets: inventories, shards, the fleet summary, its HTML / JUnit / Prometheus outputs."""
+"""Fleets: the fleet summary and its trend, its HTML / JUnit / Prometheus outputs, hosts over xdist workers."""

@@ -22,12 +22,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.fleet.trend import build_trend, what_changed
 from pytest_dflash.fleet.values import iso, numbers
 from pytest_dflash.fleet.verdicts import FleetInputError, History, LoadedVerdict
 from pytest_dflash.report.verdict import SCHEMA as VERDICT_SCHEMA
 from pytest_dflash.report.verdict import VERDICTS
-from pytest_dflash.run.layers import LAYERS
 
 SUMMARY_SCHEMA = "pytest-dflash/fleet-summary/1"
 

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.fleet.values import flatten, host_numbers, parse_time, safe_name
-from pytest_dflash.run.layers import LAYERS
 
 FAILING = ("failed", "blocked")
 MAX_CHANGES = 200  # per host, in the summary ("what changed" of a whole package set can be long)

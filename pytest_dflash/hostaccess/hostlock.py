@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import IO
 
 from pytest_dflash import interrupts
+from pytest_dflash.config.paths import state_root
 from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.errors import HostUnreachable, ServiceBusy
 from pytest_dflash.hostaccess.transport import SSH_OPTIONS, audit_command
-from pytest_dflash.services.process import state_root
 
 REMOTE_LOCK = "/run/lock/pytest-dflash.lock"
 REMOTE_OWNER = "/run/lock/pytest-dflash.owner"

@@ -33,7 +33,7 @@ from typing import Any
 
 from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.errors import HostUnreachable, ReadOnlyViolation, TransportError
-from pytest_dflash.evidence.redact import redact
+from pytest_dflash.scrub.redact import redact
 
 # ssh: fail a dead connection within ~6 s instead of hanging on it forever.
 SSH_OPTIONS = "-o BatchMode=yes -o ServerAliveInterval=2 -o ServerAliveCountMax=3 -o LogLevel=ERROR"

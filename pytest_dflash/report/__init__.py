@@ -1,1 +1,1 @@
-"""Reports: pytest-html integration, plots, fleet summaries."""
+"""Reports: per-host verdicts and the gate, progress lines, pytest-html extras, plots, the CI job summary."""

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_dflash import __version__
-from pytest_dflash.evidence.redact import redact
-from pytest_dflash.run.layers import LAYERS
+from pytest_dflash.config.layers import LAYERS
+from pytest_dflash.scrub.redact import redact
 
 if TYPE_CHECKING:
     from pytest_dflash.report.verdict import VerdictBuilder
@@ -88,7 +88,7 @@ class HtmlHooks:
                         for key, _ in COLUMNS]
 
     def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str]) -> None:
-        from pytest_dflash.run.stash import BUILDER_KEY
+        from pytest_dflash.report.verdict import BUILDER_KEY
 
         builder = self.config.stash.get(BUILDER_KEY, None)
         self._metadata(builder)

@@ -43,9 +43,9 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
+from pytest_dflash.config.paths import state_root
 from pytest_dflash.run.state import ServiceEvent
-from pytest_dflash.services.process import state_root
+from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
 from pytest_dflash.services.readiness import Heartbeat
 
 __all__ = ["HEARTBEAT_EVERY_S", "MAX_FILE_BYTES", "Line", "ProgressChannel", "Terminal", "classify"]

@@ -15,13 +15,14 @@ import pytest
 
 from pytest_dflash import __version__, interrupts
 from pytest_dflash.config import options
+from pytest_dflash.config.targets import NAMED_HOSTS_KEY
 from pytest_dflash.evidence.attach import first_line, skip_message
-from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
-from pytest_dflash.evidence.redact import redact
 from pytest_dflash.report import step_summary
-from pytest_dflash.report.verdict import HostStatus, RunStatus, VerdictBuilder, summary_lines
+from pytest_dflash.report.verdict import BUILDER_KEY, HostStatus, RunStatus, VerdictBuilder, summary_lines
 from pytest_dflash.run.collection import item_info
-from pytest_dflash.run.stash import BUILDER_KEY, GATE_KEY, NAMED_HOSTS_KEY, REPORTED_KEY, RUN_KEY, SELECTION_KEY
+from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
+from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
+from pytest_dflash.scrub.redact import redact
 
 FOREIGN_SHOWN = 20  # problems outside the dflash tests listed by name (the count is always exact)
 
@@ -48,6 +49,9 @@ class Selection:
         for host, ids in (output.get("deselected") or {}).items():
             known = self.deselected.setdefault(str(host), [])
             known += [str(i) for i in ids if str(i) not in known]
+
+
+SELECTION_KEY = pytest.StashKey[Selection]()
 
 
 class SelectionRecorder:

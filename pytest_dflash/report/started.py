@@ -10,11 +10,10 @@ import uuid
 import pytest
 
 from pytest_dflash.config import options
-from pytest_dflash.config.targets import load_targets, named_despite_errors
+from pytest_dflash.config.targets import TARGETS_KEY, load_targets, named_despite_errors
 from pytest_dflash.report import session as report_session
-from pytest_dflash.report.verdict import VerdictBuilder
+from pytest_dflash.report.verdict import BUILDER_KEY, VerdictBuilder
 from pytest_dflash.run import cleanup
-from pytest_dflash.run.stash import BUILDER_KEY, TARGETS_KEY
 
 
 @pytest.hookimpl(tryfirst=True)

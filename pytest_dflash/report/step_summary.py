@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.evidence.bounds import KB, nbytes
-from pytest_dflash.evidence.redact import redact
+from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.report.verdict import HostVerdict, VerdictBuilder
-from pytest_dflash.run.layers import LAYERS
+from pytest_dflash.scrub.bounds import KB, nbytes
+from pytest_dflash.scrub.redact import redact
 
 ENV = "GITHUB_STEP_SUMMARY"
 SUMMARY_BYTES = 128 * KB  # of one run's table

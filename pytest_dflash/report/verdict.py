@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.report.files import atomic_write
-from pytest_dflash.run.layers import LAYERS
 
 SCHEMA = "pytest-dflash/verdict/1"
 OUTCOMES = ("passed", "failed", "blocked", "skipped", "not-run")
@@ -291,6 +293,9 @@ class VerdictBuilder:
             payload = HostVerdict(name).as_dict(run_id=self.run_id, started=self.started, finished=self.started,
                                                 exit_code=None, gate=None, status=status)
             atomic_write(directory / f"{_safe(name)}.verdict.json", json.dumps(payload, indent=2) + "\n")
+
+
+BUILDER_KEY = pytest.StashKey[VerdictBuilder]()
 
 
 def _safe(name: str) -> str:

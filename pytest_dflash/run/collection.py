@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from pytest_dflash.config.layers import LAYERS, rank
 from pytest_dflash.config.profiles import AUTO, ServiceSpec
-from pytest_dflash.run.layers import LAYERS, rank
-from pytest_dflash.run.stash import EMPTY_SHARD_KEY, INFO_KEY
+from pytest_dflash.config.targets import EMPTY_SHARD_KEY
 from pytest_dflash.run.state import DflashRun
 
 DFLASH_FIXTURES = ("dflash_host", "dflash_service", "dflash_service_raw", "dflash_pair")
@@ -32,6 +32,9 @@ class ItemInfo:
     param: str
     blocked: bool = False
     diagnosis: list[dict[str, str]] = field(default_factory=list)
+
+
+INFO_KEY = pytest.StashKey[ItemInfo]()
 
 
 def selected(spec: ServiceSpec, marker: pytest.Mark | None) -> bool:

@@ -29,7 +29,7 @@ import httpx
 from pytest_dflash.client import InferenceClient
 from pytest_dflash.config.profiles import AUTO, HostProfile, ServiceSpec
 from pytest_dflash.errors import ApiError
-from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
+from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
 
 DISCOVERY_TIMEOUT_S = 5.0
 WAIT_UP_S = 180.0  # how long a server that refuses connections may take to open its port

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from pytest_dflash.errors import DflashError
-from pytest_dflash.evidence.attach import failure_text
-from pytest_dflash.run.layers import blocked_message
+from pytest_dflash.run.blocking import blocked_message
 from pytest_dflash.run.stash import HANDLES_KEY, RUN_KEY
 from pytest_dflash.run.state import DflashRun, HostContext, ServiceHandle, readiness_error_summary
+from pytest_dflash.scrub.bounds import failure_text
 
 
 def current_run(config: pytest.Config) -> DflashRun:

@@ -22,6 +22,7 @@ import httpx
 
 from pytest_dflash import interrupts
 from pytest_dflash.client import DeadlineExceeded, InferenceClient
+from pytest_dflash.config.paths import state_root
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.errors import (
     ApiError,
@@ -34,15 +35,14 @@ from pytest_dflash.errors import (
     ServiceRestarted,
     TransportError,
 )
-from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
 from pytest_dflash.hostaccess.hostlock import HostLock
 from pytest_dflash.hostaccess.transport import Transport
-from pytest_dflash.layers.service.speculation import served_speculation
-from pytest_dflash.run.layers import Failure, LayerBook
+from pytest_dflash.run.blocking import Failure, LayerBook
+from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
 from pytest_dflash.services.base import LogMark, ServiceManager
 from pytest_dflash.services.container import ContainerService, reap_stale_containers
 from pytest_dflash.services.external import ExternalService
-from pytest_dflash.services.process import ProcessService, reap_stale, state_root
+from pytest_dflash.services.process import ProcessService, reap_stale
 from pytest_dflash.services.readiness import (
     LIVENESS_TIMEOUT_S,
     HttpLiveness,
@@ -51,6 +51,7 @@ from pytest_dflash.services.readiness import (
     ServiceStuck,
     engine_progress,
 )
+from pytest_dflash.services.speculation import served_speculation
 from pytest_dflash.services.systemd import SystemdService, reap_stale_units
 
 # Where progress lines go (report/progress.py shows them). A line is a str; its kind rides on its class: a

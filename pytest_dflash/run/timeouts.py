@@ -14,7 +14,7 @@ import re
 import pytest
 
 from pytest_dflash.errors import ServiceNotReady
-from pytest_dflash.run.layers import Failure
+from pytest_dflash.run.blocking import Failure
 from pytest_dflash.run.stash import HANDLES_KEY
 from pytest_dflash.run.state import DflashRun
 

@@ -1,6 +1,6 @@
-"""The plain (non-speculative) server of a host, for parity's tie triage: the profile's [parity] plain, a NONE
-service, or one derived from the reference under --provision (its model and flags minus --speculative-*:
-a process command line or a systemd unit template, on a free port and a free GPU).
+"""A plain (non-speculative) server derived from a speculative one, for parity's tie triage (layers/parity/plain.py
+picks or starts it): the reference's model and flags minus --speculative-*, as a process command line or a systemd
+unit template, on a free port and a free GPU.
 """
 
 from __future__ import annotations
@@ -9,14 +9,9 @@ import re
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from pytest_dflash.client import InferenceClient
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.errors import DflashError
-
-if TYPE_CHECKING:
-    from pytest_dflash.run.state import ServiceHandle
 
 
 class PlainUnavailable(DflashError):
@@ -106,48 +101,3 @@ def derive_plain_spec(reference: ServiceSpec, profile: HostProfile, *, directory
                            ready_timeout_s=reference.ready_timeout_s, sampled_timeout_s=reference.sampled_timeout_s,
                            api_key_env=reference.api_key_env, model=reference.model)
     raise PlainUnavailable(f"services.{reference.name} is an external service: nothing to derive a plain server from")
-
-
-def plain_service(reference: ServiceHandle, *, port: int | None = None) -> ServiceHandle:
-    """The host's non-speculative service for triage: [parity] plain, a NONE service, or one derived (--provision).
-
-    Raises PlainUnavailable with what the user can do about it.
-    """
-    from pytest_dflash.services.process import state_root
-
-    host = reference.host
-    spec = host.profile.parity
-    if spec is not None and spec.plain:
-        return host.service(spec.plain)
-    if not reference.spec.speculative and reference.spec.kind != "external":
-        return reference
-    for name, service in host.profile.services.items():
-        if not service.speculative and service.kind != "external":
-            return host.service(name)
-    derived = f"{reference.name}-plain"
-    if derived in host.services:
-        return host.services[derived]
-    if not host.provisioning:
-        raise PlainUnavailable(
-            "no plain (non-speculative) service on this host to read top logprobs from: set [parity] plain = "
-            "\"NAME\" in the profile, or run with --provision to let the parity layer start one (the reference's "
-            "model and flags minus speculation)")
-    taken = [g for h in host.services.values() for g in h.spec.gpus]
-    derived_spec = derive_plain_spec(reference.spec, host.profile, directory=state_root() / "derived",
-                                     run_id=host.run.run_id, port=port, taken_gpus=taken)
-    handle = host.add_service(derived_spec)
-    host.notes.append(f"parity: started {derived_spec.name}, a plain server derived from {reference.name} "
-                      "(speculative flags removed) for tie triage")
-    return handle
-
-
-def ready_plain(reference: ServiceHandle, *, port: int | None = None) -> tuple[InferenceClient | None, str]:
-    """A ready plain server's client (started on first use), or None and the reason."""
-    try:
-        handle = plain_service(reference, port=port)
-        handle.ensure_ready()
-    except PlainUnavailable as exc:
-        return None, str(exc)
-    except DflashError as exc:
-        return None, f"the plain server is not usable: {str(exc).splitlines()[0]}"
-    return handle.client, handle.name

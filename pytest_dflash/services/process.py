@@ -20,20 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.config.paths import state_root
 from pytest_dflash.config.placeholders import render
 from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import ServiceError
 from pytest_dflash.services.base import LogMark, ServiceState, death_from_returncode
-
-
-def state_root() -> Path:
-    """Per-user directory for markers, locks and logs of this machine's runs."""
-    base = os.environ.get("DFLASH_STATE_DIR") or os.path.join(
-        os.environ.get("XDG_RUNTIME_DIR") or "/tmp", f"pytest-dflash-{os.getuid()}"
-    )
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
 
 
 def free_port() -> int:

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from pytest_dflash.config.durations import MAX_SECONDS, DurationError, parse_seconds
+from pytest_dflash.config.inventory import ANSIBLE_ENV, load_fleet
 from pytest_dflash.config.loader import attach_profile, error_line, load_profile
 from pytest_dflash.errors import InventoryError
-from pytest_dflash.evidence.redact import MASK
-from pytest_dflash.fleet.inventory import ANSIBLE_ENV, load_fleet
+from pytest_dflash.scrub.redact import MASK
 
 EXTERNAL = """
 [host]

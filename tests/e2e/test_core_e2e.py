@@ -15,8 +15,9 @@ import pytest
 from e2e_helpers import SUITES, write_profile
 from support.pytest_runs import assert_no_crash, verdict
 
+from pytest_dflash.config.paths import state_root
 from pytest_dflash.refserver.launch import RefServerProcess
-from pytest_dflash.services.process import pid_alive, state_root
+from pytest_dflash.services.process import pid_alive
 
 
 def pytest_cmd(*args: str) -> list[str]:

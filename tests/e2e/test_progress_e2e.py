@@ -14,7 +14,7 @@ import pytest
 from e2e_helpers import write_profile
 from support.pytest_runs import assert_no_crash
 
-from pytest_dflash.services.process import state_root
+from pytest_dflash.config.paths import state_root
 
 COLD = ["--gpu-step-ms", "8", "--inject", "cold-jit=6"]
 

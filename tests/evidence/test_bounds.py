@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from pytest_dflash.errors import ServiceNotReady
-from pytest_dflash.evidence.attach import bounded_info, failure_text, first_line
-from pytest_dflash.evidence.bounds import (
+from pytest_dflash.evidence.attach import bounded_info, first_line
+from pytest_dflash.report.session import _message
+from pytest_dflash.report.verdict import VerdictBuilder
+from pytest_dflash.run.blocking import Failure, blocked_message, blocked_reason, is_blocked
+from pytest_dflash.scrub.bounds import (
     ITEM_BYTES,
     LINE_BYTES,
     LONGREPR_BYTES,
@@ -20,14 +23,12 @@ from pytest_dflash.evidence.bounds import (
     PROPERTY_BYTES,
     bound_obj,
     cap,
+    failure_text,
     human,
     nbytes,
     scrub,
 )
-from pytest_dflash.evidence.redact import MASK
-from pytest_dflash.report.session import _message
-from pytest_dflash.report.verdict import VerdictBuilder
-from pytest_dflash.run.layers import Failure, blocked_message, blocked_reason, is_blocked
+from pytest_dflash.scrub.redact import MASK
 
 MARKER = re.compile(r"\[… ([\d,]+) bytes cut: cap ([\d.]+ [KM]?B) per ([a-z ]+)\]")
 RECORDED_LOG = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200" / "logs" / "server_dflash_graph.log"

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from support.pytest_runs import assert_no_crash, verdict
 
-from pytest_dflash.services.process import pid_alive, state_root
+from pytest_dflash.config.paths import state_root
+from pytest_dflash.services.process import pid_alive
 
 # Names no other self-test provisions: host locks live in the shared state dir, and a CI worker running another
 # test on a host of the same name holds its lock (this test then waits, host after host).

@@ -365,7 +365,7 @@ def _shard_missing(w: Path, rng: random.Random) -> Run:
     for host in HOSTS:
         (fleet / f"{host}.toml").write_text((w / f"{host}.toml").read_text())
         (w / "reports" / f"{host}.verdict.json").unlink()
-    from pytest_dflash.fleet.inventory import shard_of
+    from pytest_dflash.config.inventory import shard_of
 
     index = shard_of("alpha", 2)
     run = run_pytest(w, ["--fleet", str(fleet), "--shard", f"{index}/2"])
@@ -374,7 +374,7 @@ def _shard_missing(w: Path, rng: random.Random) -> Run:
 
 
 def _check_shard_missing(run: Run) -> None:
-    from pytest_dflash.fleet.inventory import shard_of
+    from pytest_dflash.config.inventory import shard_of
 
     ran = [h for h in HOSTS if run.verdict(h) is not None]
     assert ran and all(shard_of(h, 2) == shard_of("alpha", 2) for h in ran), ran

@@ -8,7 +8,7 @@ import urllib.parse
 
 from pytest_dflash.config.profiles import DEFAULT_CONNECT_TIMEOUT_S
 from pytest_dflash.config.tables.reader import Table, parse_url
-from pytest_dflash.evidence.redact import redact_url
+from pytest_dflash.scrub.redact import redact_url
 
 PROVISION_MODES = ("never", "allowed", "always")
 # [host] become_user: a POSIX-ish user name (what `sudo -u` takes), never an option or a shell word

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from pytest_dflash.config.durations import MAX_TEXT, DurationError, parse_seconds
 from pytest_dflash.errors import InventoryError
-from pytest_dflash.evidence.redact import redact_url
+from pytest_dflash.scrub.redact import redact_url
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pytest_dflash.config.profiles import ALGORITHMS, AUTO, ContainerSpec, HostProfile, ServiceSpec
 from pytest_dflash.config.tables.reader import Table, describe, parse_url
-from pytest_dflash.evidence.redact import redact_url
+from pytest_dflash.scrub.redact import redact_url
 
 SERVICE_KINDS = ("systemd", "process", "external", "container")
 CONTAINER_ENGINES = ("docker", "podman")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pytest_dflash.evidence.diagnosis import default_catalog, diagnose
-from pytest_dflash.evidence.redact import redact
+from pytest_dflash.scrub.redact import redact
 
 EVIDENCE_LIMIT = 12_000  # characters of evidence in one assertion message
 

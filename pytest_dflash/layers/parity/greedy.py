@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_dflash.client import Generation, InferenceClient, Sampling
 from pytest_dflash.errors import ApiError
+from pytest_dflash.layers.parity.plain import ready_plain
 from pytest_dflash.layers.parity.prompts import Prompt
-from pytest_dflash.services.plain import ready_plain
 
 if TYPE_CHECKING:
     from pytest_dflash.layers.parity.hooks import LayerOptions

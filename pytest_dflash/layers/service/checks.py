@@ -10,7 +10,7 @@ import pytest
 
 from pytest_dflash.errors import DflashError
 from pytest_dflash.layers.generation import checks as generation
-from pytest_dflash.layers.service import speculation
+from pytest_dflash.services import speculation
 from pytest_dflash.services.readiness import ReadyReport
 
 if TYPE_CHECKING:

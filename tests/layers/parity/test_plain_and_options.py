@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from pytest_dflash.config.loader import load_profile
+from pytest_dflash.layers.parity.plain import plain_service
 from pytest_dflash.layers.parity.prompts import BUILTIN_PROMPTS, load_prompts
 from pytest_dflash.run.state import DflashRun, HostContext, RunOptions
 from pytest_dflash.services.plain import (
     PlainUnavailable,
     derive_plain_spec,
-    plain_service,
     strip_speculative_args,
     strip_speculative_text,
 )

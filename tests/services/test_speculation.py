@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pytest_dflash.layers.service.speculation import (
+from pytest_dflash.services.speculation import (
     LOG_RULES,
     compare,
     log_findings,
@@ -17,10 +17,10 @@ from pytest_dflash.layers.service.speculation import (
     server_args_from_log,
 )
 
-DATA = Path(__file__).parents[2] / "data"
+DATA = Path(__file__).parents[1] / "data"
 RUN = DATA / "sglang-0.5.17-h200-2026-12-02"
 WARNINGS = (DATA / "sglang-0.5.17-source" / "speculative_warnings.log").read_text()
-TOOLS = Path(__file__).parents[3] / "tools" / "device"
+TOOLS = Path(__file__).parents[2] / "tools" / "device"
 
 
 def _command(profile: Path, service: str) -> list[str]:

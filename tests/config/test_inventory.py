@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.errors import InventoryError
-from pytest_dflash.fleet.inventory import (
+from pytest_dflash.config.inventory import (
     ANSIBLE_ENV,
     ansible_inventory,
     load_fleet,
@@ -18,6 +17,7 @@ from pytest_dflash.fleet.inventory import (
     select_shard,
     shard_of,
 )
+from pytest_dflash.errors import InventoryError
 
 BESIDE_PYTHON = Path(sys.executable).parent / "ansible-inventory"
 ANSIBLE = shutil.which("ansible-inventory") or (str(BESIDE_PYTHON) if BESIDE_PYTHON.exists() else None)

@@ -13,6 +13,7 @@ include that marker; what is kept is the head, the tail or both, whichever tells
     TEST_BYTES    128 KB  everything one test report carries: failure text + sections + property
 
 Redact before cutting (`scrub`): a cut can separate a secret from the name that marks it as one.
+`failure_text` is a service failure as a test fails with it: its message and its log's last lines, scrubbed.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pytest_dflash.evidence.redact import redact, redact_mapping_value
+from pytest_dflash.scrub.redact import redact, redact_mapping_value
 
-__all__ = ["ITEM_BYTES", "LINE_BYTES", "LOG_BYTES", "LONGREPR_BYTES", "MAX_ENTRIES", "PROPERTY_BYTES",
-           "TEST_BYTES", "Keep", "bound_obj", "cap", "human", "nbytes", "scrub"]
+__all__ = ["ITEM_BYTES", "LINE_BYTES", "LOG_BYTES", "LOG_TAIL_LINES", "LONGREPR_BYTES", "MAX_ENTRIES",
+           "PROPERTY_BYTES", "TEST_BYTES", "Keep", "bound_obj", "cap", "failure_text", "human", "nbytes", "scrub"]
 
 KB = 1024
 ITEM_BYTES = 8 * KB
@@ -33,6 +34,7 @@ LINE_BYTES = 1 * KB
 PROPERTY_BYTES = 32 * KB
 TEST_BYTES = 128 * KB
 MAX_ENTRIES = 100  # of one list in a property (notes, diagnoses): the rest is counted, not kept
+LOG_TAIL_LINES = 40  # of the service log in a failure message (the full window is its own report section)
 
 Keep = Literal["head", "tail", "both"]
 _MIN_LIMIT = 96  # room for the marker and a little text
@@ -118,3 +120,14 @@ def bound_obj(value: Any, *, item: int, what: str, extra: tuple[str, ...] = ()) 
             entries.append(f"[… {len(value) - MAX_ENTRIES:,} more entries cut: cap {MAX_ENTRIES} per list]")
         return entries
     return value
+
+
+def failure_text(exc: BaseException) -> str:
+    """The message of a service failure plus the end of its log, redacted and capped to fit a failure text."""
+    text = scrub(str(exc), ITEM_BYTES // 2, "error message")
+    tail = getattr(exc, "log_tail", "")
+    if tail:
+        lines = "\n".join(tail.strip().splitlines()[-LOG_TAIL_LINES:])
+        room = LONGREPR_BYTES - nbytes(text) - 1024  # the rest of the failure text: where, type, "Failed: "
+        text += "\n--- last lines of the service log ---\n" + scrub(lines, room, "log tail", keep="tail")
+    return text

@@ -1,9 +1,9 @@
-"""Layers, cheapest and most decisive first (like `dcgmi diag -r 1..4`), and who blocks whom.
+"""Who blocks whom: the failures recorded so far, and the skip message of a test they block.
 
-A failure in a lower layer turns that host's higher-layer tests into skips that name the root
-failure, instead of dozens of red tests that all say "connection refused". Host-wide layers
-(host, env, kernels) block everything on the host; service layers block the higher layers of
-the same service only (a dead DFLASH service does not hide a DDTREE result).
+A failure in a lower layer (the order is config/layers.py) turns that host's higher-layer tests into skips
+that name the root failure, instead of dozens of red tests that all say "connection refused". Host-wide
+layers (host, env, kernels) block everything on the host; service layers block the higher layers of the
+same service only (a dead DFLASH service does not hide a DDTREE result).
 """
 
 from __future__ import annotations
@@ -11,24 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pytest_dflash.evidence.bounds import LINE_BYTES, scrub
+from pytest_dflash.config.layers import HOST_WIDE, rank
+from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
 
-LAYERS = ("host", "env", "kernels", "service", "generation", "parity", "perf")
-HOST_WIDE = frozenset({"host", "env", "kernels"})
-LAYER_HELP = {
-    "host": "host reachable; GPUs visible; arch, driver, memory, kernel log (Xid/OOM)",
-    "env": "the server's venv imports its serving chain; torch/sglang-kernel/flashinfer/xgrammar consistent",
-    "kernels": "FlashInfer sampling + attention and a Triton kernel build on a cold JIT cache and run correctly",
-    "service": "the unit/process starts, stays up, and is ready by a real greedy + sampled generation",
-    "generation": "the full sampling path: greedy, sampled, stream, stop, n, long prompts, concurrency, errors",
-    "parity": "speculative decoding is lossless: DDTREE == DFLASH == target at temperature 0; same distribution",
-    "perf": "throughput, TTFT/ITL and accept length above the host's floors and its baseline",
-}
 BLOCKED_PREFIX = "blocked: "
-
-
-def rank(layer: str) -> int:
-    return LAYERS.index(layer) if layer in LAYERS else len(LAYERS)
 
 
 @dataclass(frozen=True)

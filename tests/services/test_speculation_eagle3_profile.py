@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_dflash.config.loader import load_profile
-from pytest_dflash.layers.service.speculation import compare, requested_speculation
+from pytest_dflash.services.speculation import compare, requested_speculation
 
-PROFILE = Path(__file__).parents[3] / "tools" / "device" / "h200-eagle3.toml"
-WARNINGS = (Path(__file__).parents[2] / "data" / "sglang-0.5.17-source" / "speculative_warnings.log").read_text()
+PROFILE = Path(__file__).parents[2] / "tools" / "device" / "h200-eagle3.toml"
+WARNINGS = (Path(__file__).parents[1] / "data" / "sglang-0.5.17-source" / "speculative_warnings.log").read_text()
 RESET = next(line for line in WARNINGS.splitlines() if "Max running requests is reset to 48" in line)
 ADJUSTED = next(line for line in WARNINGS.splitlines() if "is adjusted to" in line)
 

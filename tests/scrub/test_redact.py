@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.evidence.redact import MASK, is_secret, redact, redact_mapping_value, remember
+from pytest_dflash.scrub.redact import MASK, is_secret, redact, redact_mapping_value, remember
 
 ROOT = Path(__file__).parents[2]
 RECORDED_LOGS = [
@@ -216,12 +216,12 @@ def test_a_url_password_holding_at_signs_is_masked_whole(text: str, password: st
     ("http://u:pw@[::1", f"http://u:{MASK}@[::1"),  # malformed: the text rules still mask it
 ])
 def test_redact_url_masks_the_password_as_urllib_reads_it(url: str, shown: str) -> None:
-    from pytest_dflash.evidence.redact import redact_url
+    from pytest_dflash.scrub.redact import redact_url
 
     assert redact_url(url) == shown
 
 
 def test_one_line_escapes_control_characters() -> None:
-    from pytest_dflash.evidence.redact import one_line
+    from pytest_dflash.scrub.redact import one_line
 
     assert one_line("a\nb\tc\x1b[2J\u2028d é") == "a\\nb\\tc\\x1b[2J\\u2028d é"
