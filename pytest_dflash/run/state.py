@@ -9,7 +9,6 @@ stop it even when readiness failed half way.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import os
 import threading
 import time
@@ -40,35 +39,13 @@ from pytest_dflash.hostaccess.transport import Transport
 from pytest_dflash.layers.service.speculation import served_speculation
 from pytest_dflash.run.layers import Failure, LayerBook
 from pytest_dflash.services.base import LogMark, ServiceManager
-from pytest_dflash.services.container import ContainerService, reap_stale_containers
-from pytest_dflash.services.external import ExternalService
-from pytest_dflash.services.process import ProcessService, reap_stale, state_root
-from pytest_dflash.services.readiness import (
-    LIVENESS_TIMEOUT_S,
-    HttpLiveness,
-    ReadinessWatcher,
-    ReadyReport,
-    ServiceStuck,
-    engine_progress,
-)
-from pytest_dflash.services.systemd import SystemdService, reap_stale_units
-
-# Where progress lines go (report/progress.py shows them). A line is a str; its kind rides on its class: a
-# readiness.Heartbeat repeats a state, a ServiceEvent moves the fleet counts, any other str is an event.
-Progress = Callable[[str], None]
-
-
-class ServiceEvent(str):
-    """A progress line saying a service was started, became ready or failed (``state``)."""
-
-    host: str
-    service: str
-    state: str
-
-    def __new__(cls, text: str, *, host: str, service: str, state: str) -> ServiceEvent:
-        line = super().__new__(cls, text)
-        line.host, line.service, line.state = host, service, state
-        return line
+from pytest_dflash.services.events import Progress, ServiceEvent
+from pytest_dflash.services.liveness import LIVENESS_TIMEOUT_S, HttpLiveness
+from pytest_dflash.services.process import state_root
+from pytest_dflash.services.readiness import ReadinessWatcher
+from pytest_dflash.services.registry import make_manager, reap_leftovers
+from pytest_dflash.services.startup import ReadyReport
+from pytest_dflash.services.stuck import ServiceStuck, engine_progress
 
 
 def _silent(message: str) -> None:
@@ -126,7 +103,7 @@ class ServiceHandle:
 
     @property
     def url(self) -> str:
-        return str(getattr(self.manager, "url", self.spec.url))
+        return self.manager.url
 
     @property
     def client(self) -> InferenceClient:
@@ -305,15 +282,13 @@ class ServiceHandle:
         return self.ready
 
     def _wait(self, progress: Callable[[str], None]) -> ReadyReport:
-        if isinstance(self.manager, SystemdService | ContainerService) and not self.manager.provisioned:
-            if isinstance(self.manager, SystemdService):
-                self.manager.attach()
+        what = None if self.manager.provisioned else self.manager.attach()
+        if what is not None:
             try:
                 state = self.manager.state()
             except ServiceError as exc:
                 raise ServiceCrashed(self.label, Death(detail=str(exc)), "", "attach") from None
             if state.death is not None:
-                what = "unit" if isinstance(self.manager, SystemdService) else "container"
                 raise ServiceCrashed(self.label, state.death,
                                      self.manager.logs_since(None, self.host.run.options.journal_lines),
                                      f"attach (the {what} is not running; attach mode never starts it)")
@@ -330,9 +305,7 @@ class ServiceHandle:
 
     def _detect_native(self) -> bool | None:
         """True for SGLang's native API; None: an external server, asked (/server_info) once it answers HTTP."""
-        if self.spec.kind != "external":
-            return True  # SGLang (or the refserver) by construction
-        return None  # asking now would call a server that is not up yet "not SGLang"
+        return self.manager.native_api
 
     def check_alive(self) -> ServiceCrashed | ServiceRestarted | None:
         """After a test: did the service die or restart? (one cheap state read)"""
@@ -416,38 +389,29 @@ class HostContext:
     def service(self, name: str) -> ServiceHandle:
         if name not in self.services:
             spec = self.profile.services[name]
-            self.services[name] = ServiceHandle(spec, self, self._manager(spec))
+            self.services[name] = ServiceHandle(spec, self, make_manager(spec, self))
         return self.services[name]
 
     def add_service(self, spec: ServiceSpec) -> ServiceHandle:
         """A service the run derives itself (e.g. a plain server for tie triage); provisioned like the others."""
         if spec.name in self.profile.services or spec.name in self.services:
             raise ServiceError(f"{self.name}: a service named {spec.name!r} already exists")
-        handle = ServiceHandle(spec, self, self._manager(spec))
+        handle = ServiceHandle(spec, self, make_manager(spec, self))
         self.services[spec.name] = handle
         self.needed.add(spec.name)
         return handle
 
-    def _manager(self, spec: ServiceSpec) -> ServiceManager:
-        if spec.kind == "external":
-            if not (spec.log_command or spec.log_file):
-                return ExternalService(spec)
-            if self.has_host_access:
-                return ExternalService(spec, self.transport)
-            # --attach-log-command: no host access, the log command runs on this machine (read-only).
-            local = dataclasses.replace(self.profile, connection="local://")
-            return ExternalService(spec, Transport(local, read_only=True))
-        if spec.kind == "container":
-            return ContainerService(spec, self.transport, host=self.name, run_id=self.run.run_id)
-        if spec.kind == "process":
-            return ProcessService(spec, host=self.name, run_id=self.run.run_id, python=self.profile.python,
-                                  log_dir=self.run.log_dir)
-        return SystemdService(spec, self.transport, host=self.name, run_id=self.run.run_id,
-                              python=self.profile.python)
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run.log_dir
 
     def prestart(self, first: ServiceHandle) -> None:
         """Provisioning: take the host lock, clean up stale leftovers, start `first` (and its peers)."""
-        if not self.provisioning or first.manager.provisioned or first.spec.kind == "external":
+        if not self.provisioning or first.manager.provisioned or not first.manager.provisionable:
             return
         if self._lock_failure is not None:
             raise self._lock_failure  # no lock, nothing started: not by the next service either
@@ -461,7 +425,7 @@ class HostContext:
             except DflashError as exc:
                 self._lock_failure = exc
                 raise
-            self.notes.extend(self._reap())
+            self.notes.extend(reap_leftovers(self, self.profile.services.values()))
         # Services on different GPUs start together. A service sharing a GPU with one still starting starts once
         # that one's GPU memory is settled (its KV pools allocated: ReadinessWatcher's StartupWatch), in the
         # background: two SGLang servers sizing their KV pools at once on one GPU charge each other's memory
@@ -524,18 +488,6 @@ class HostContext:
                 interrupts.raise_if_lost()
                 if self.run.cleaning:
                     raise ServiceError(f"{handle.label}: not started: the run is ending")
-
-    def _reap(self) -> list[str]:
-        if self.profile.is_local and all(s.kind == "process" for s in self.profile.services.values()):
-            return reap_stale(self.name)
-        notes = reap_stale(self.name) if self.profile.is_local else []
-        if any(s.kind == "systemd" for s in self.profile.services.values()):
-            notes += reap_stale_units(self.transport, self.run.run_id)
-        engines = {(s.container.engine, s.container.runtime): s.container for s in self.profile.services.values()
-                   if s.kind == "container" and s.container is not None}
-        for container in engines.values():
-            notes += reap_stale_containers(self.transport, container, host=self.name, run_id=self.run.run_id)
-        return notes
 
     def teardown(self) -> list[str]:
         """Stop what this run started (unless --keep) and release the lock; returns problems."""

@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_dflash.config.profiles import ServiceSpec, render
 from pytest_dflash.errors import ServiceError
-from pytest_dflash.services.base import LogMark, ServiceState, death_from_returncode
+from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState, death_from_returncode
 
 
 def state_root() -> Path:
@@ -141,6 +141,18 @@ class ProcessService:
         return self.spec.url_on(self.port)
 
     @property
+    def provisionable(self) -> bool:
+        return True
+
+    @property
+    def native_api(self) -> bool | None:
+        return True  # SGLang (or the refserver) by construction
+
+    def attach(self) -> None:
+        """Nothing to read first: a process this run did not start has no state to check."""
+        return None
+
+    @property
     def port(self) -> int:
         if self._port is None:
             self._port = self.spec.port or free_port()
@@ -251,3 +263,15 @@ def reap_stale(host: str) -> list[str]:
                         f"(owner pid {info.get('owner_pid')} is gone)")
         marker.unlink(missing_ok=True)
     return done
+
+
+def _make(spec: ServiceSpec, host: ServiceHost) -> ProcessService:
+    return ProcessService(spec, host=host.name, run_id=host.run_id, python=host.profile.python, log_dir=host.log_dir)
+
+
+def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
+    """On this machine, whatever the profile's kinds: a dead run's markers are per host, not per service."""
+    return reap_stale(host.name) if host.profile.is_local else []
+
+
+KIND = Kind("process", make=_make, reap=_reap)

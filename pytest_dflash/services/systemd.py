@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pytest_dflash.config.profiles import ServiceSpec, render
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import Transport, journal_since
-from pytest_dflash.services.base import LogMark, ServiceState
+from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
 
 UNIT_DIR = "/etc/systemd/system"
 MARKER_KEY = "X-PytestDflash-Run"
@@ -119,6 +119,14 @@ class SystemdService:
     def url(self) -> str:
         return self.spec.url_on(self.spec.port)
 
+    @property
+    def provisionable(self) -> bool:
+        return True
+
+    @property
+    def native_api(self) -> bool | None:
+        return True  # SGLang (or the refserver) by construction
+
     def values(self) -> dict[str, str]:
         gpus = ",".join(str(g) for g in self.spec.gpus)
         return {"python": self.python, "port": str(self.spec.port or ""), "service": self.name,
@@ -162,9 +170,10 @@ class SystemdService:
         self.transport.check("systemctl start --no-block %s", self.unit, mutating=True, timeout_s=60)
         self._expect_running = True
 
-    def attach(self) -> None:
+    def attach(self) -> str:
         """Attach mode: expect the unit to be running already; change nothing."""
         self._expect_running = True
+        return "unit"
 
     def stop(self) -> None:
         if not self._provisioned:
@@ -223,3 +232,14 @@ def reap_stale_units(transport: Transport, run_id: str) -> list[str]:
     if done:
         transport.run("systemctl daemon-reload", mutating=True, timeout_s=60)
     return done
+
+
+def _make(spec: ServiceSpec, host: ServiceHost) -> SystemdService:
+    return SystemdService(spec, host.transport, host=host.name, run_id=host.run_id, python=host.profile.python)
+
+
+def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
+    return reap_stale_units(host.transport, host.run_id) if specs else []
+
+
+KIND = Kind("systemd", make=_make, reap=_reap)

@@ -53,7 +53,7 @@ from pytest_dflash.layers.perf.token_latency import (
 from pytest_dflash.load.run import run_load
 from pytest_dflash.load.workload import BUILTIN_NAME, DatasetError, dataset_path, load_dataset
 from pytest_dflash.run.state import HostContext, ServiceHandle
-from pytest_dflash.services.readiness import Heartbeat
+from pytest_dflash.services.events import Heartbeat
 
 INCONCLUSIVE_HINT = ("INCONCLUSIVE is not a pass: the test fails and a --gate with perf does not pass. Measure longer: "
                      "--perf-requests {requests} (or [perf] requests in the profile).")
