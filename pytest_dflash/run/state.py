@@ -4,6 +4,12 @@
 one `ServiceHandle` per service. Whatever a run provisions is recorded here the moment it is
 started, so `DflashRun.cleanup()` (called at session end, on Ctrl-C, on SIGTERM and at exit) can
 stop it even when readiness failed half way.
+
+Why one file of ~550 lines: `DflashRun`, `HostContext` and `ServiceHandle` refer to each other (a handle reads
+its host's run options and is started by its host; a host is made and cleaned up by its run), so splitting them
+would need an import cycle. What is not that object graph lives elsewhere: the service kinds in
+services/registry.py, the judgements after readiness in services/liveness.py and services/stuck.py, the progress
+lines in services/events.py.
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +25,8 @@ from typing import Any
 import httpx
 
 from pytest_dflash import interrupts
-from pytest_dflash.client import DeadlineExceeded, InferenceClient
+from pytest_dflash.client.deadline import DeadlineExceeded
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.errors import (
     ApiError,
@@ -28,7 +34,6 @@ from pytest_dflash.errors import (
     DflashError,
     ServiceCrashed,
     ServiceError,
-    ServiceGone,
     ServiceNotReady,
     ServiceRestarted,
     TransportError,
@@ -40,12 +45,12 @@ from pytest_dflash.layers.service.speculation import served_speculation
 from pytest_dflash.run.layers import Failure, LayerBook
 from pytest_dflash.services.base import LogMark, ServiceManager
 from pytest_dflash.services.events import Progress, ServiceEvent
-from pytest_dflash.services.liveness import LIVENESS_TIMEOUT_S, HttpLiveness
+from pytest_dflash.services.liveness import death_after_readiness
 from pytest_dflash.services.process import state_root
 from pytest_dflash.services.readiness import ReadinessWatcher
 from pytest_dflash.services.registry import make_manager, reap_leftovers
 from pytest_dflash.services.startup import ReadyReport
-from pytest_dflash.services.stuck import ServiceStuck, engine_progress
+from pytest_dflash.services.stuck import judge_lost_request
 
 
 def _silent(message: str) -> None:
@@ -129,17 +134,10 @@ class ServiceHandle:
         try:
             if self.failure is not None:
                 return ""
-            progress = engine_progress(self.client, native=self.native, request_timeout_s=request_timeout,
-                                       measure_pace=error.per_token_s is None)
-            if progress.fast:
-                # Fresh requests are served at speed: this request alone was lost (its test fails with it), the
-                # service is neither stuck nor too slow, and its other tests are not held up by it.
-                return (f"{progress.describe()}: this request alone was lost; the service is not blocked (a fresh "
-                        "request is answered at speed)")
-            method = error.method or "POST"
-            stuck = ServiceStuck(self.label, error.limit_s, f"{method} {error.endpoint} timed out",
-                                 request=f"{method} {error.endpoint}", got=error.got, progress=progress.describe(),
-                                 moving=progress.moving, per_token_s=error.per_token_s or progress.per_token_s)
+            stuck, said = judge_lost_request(self.client, error, label=self.label, native=self.native,
+                                             request_timeout_s=request_timeout)
+            if stuck is None:
+                return said
             self.failure = stuck
             test = self.current_test or "?"
             self.failure_reported_by = test
@@ -147,7 +145,7 @@ class ServiceHandle:
             self.host.run.book.record_death(Failure(self.host.name, "service", self.name, test, summary))
             self.client.unusable = str(stuck)
             self.host.run.progress(self.event("failed", readiness_error_summary(stuck)))
-            return f"the service is {stuck.what}: {progress.describe()}; every later test of this service is blocked"
+            return f"the service is {stuck.what}: {said}; every later test of this service is blocked"
         finally:
             self._stuck_lock.release()
 
@@ -292,7 +290,7 @@ class ServiceHandle:
                 raise ServiceCrashed(self.label, state.death,
                                      self.manager.logs_since(None, self.host.run.options.journal_lines),
                                      f"attach (the {what} is not running; attach mode never starts it)")
-        native = self._detect_native()
+        native = self.manager.native_api  # None: an external server, asked (/server_info) once it answers HTTP
         budget = self.host.run.options.ready_timeout_s or self.spec.ready_timeout_s
         watcher = ReadinessWatcher(
             self.manager, self.client, native=native, budget_s=budget,
@@ -303,36 +301,12 @@ class ServiceHandle:
         )
         return watcher.wait()
 
-    def _detect_native(self) -> bool | None:
-        """True for SGLang's native API; None: an external server, asked (/server_info) once it answers HTTP."""
-        return self.manager.native_api
-
     def check_alive(self) -> ServiceCrashed | ServiceRestarted | None:
         """After a test: did the service die or restart? (one cheap state read)"""
         if self.ready is None:
             return None
-        try:
-            state = self.manager.state()
-        except TransportError:
-            return None
-        if state.running is None:  # attached by URL: a refusal after readiness is conclusive
-            refused = self.client.refuses_connections(LIVENESS_TIMEOUT_S)
-            how = "a TCP connect to its address was refused"
-            if refused is None:  # behind a proxy from the environment: ask over HTTP
-                refused = HttpLiveness(self.client).probe() == "refused"
-                how = "seen over HTTP: connection refused"
-            if not refused:
-                return None
-            return ServiceGone(self.label, Death(detail=how), seen="connections refused after it had passed readiness")
-        if state.death is not None:
-            time.sleep(0.2)
-            lines = self.host.run.options.journal_lines
-            return ServiceCrashed(self.label, state.death, self.manager.logs_since(self.started_mark, lines))
-        if state.restarts > self.base_restarts:
-            lines = self.host.run.options.journal_lines
-            return ServiceRestarted(self.label, self.base_restarts, state.restarts,
-                                    self.manager.logs_since(self.started_mark, lines))
-        return None
+        return death_after_readiness(self.manager, self.client, label=self.label, since=self.started_mark,
+                                     base_restarts=self.base_restarts, log_lines=self.host.run.options.journal_lines)
 
 
 @dataclass

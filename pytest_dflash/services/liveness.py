@@ -1,5 +1,6 @@
-"""The readiness probes: a request in flight in a thread while the state is polled (`InFlight`), and the liveness
-of a server reached only by URL, judged over HTTP (`HttpLiveness`)."""
+"""The liveness probes: a request in flight in a thread while the state is polled (`InFlight`), the liveness of a
+server reached only by URL, judged over HTTP (`HttpLiveness`), and whether a ready service died or restarted since
+(`death_after_readiness`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pytest_dflash.client import InferenceClient, Sampling
-from pytest_dflash.errors import ApiError
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Sampling
+from pytest_dflash.errors import (
+    ApiError,
+    Death,
+    ServiceCrashed,
+    ServiceGone,
+    ServiceRestarted,
+    TransportError,
+)
+from pytest_dflash.services.base import LogMark, ServiceManager
 
 # Over HTTP (no process state): SGLang's HTTP process serves /v1/models itself, so it answers while
 # the scheduler is busy compiling; /health runs a generation through the scheduler (20 s, then 503).
@@ -89,3 +99,28 @@ class HttpLiveness:
     def silent_for(self) -> float:
         return 0.0 if self.silent_since is None else time.monotonic() - self.silent_since
 
+
+
+def death_after_readiness(manager: ServiceManager, client: InferenceClient, *, label: str, since: LogMark | None,
+                          base_restarts: int, log_lines: int) -> ServiceCrashed | ServiceRestarted | None:
+    """After a test: did the ready service die or restart (more than `base_restarts`)? One cheap state read; one
+    connect for a service attached by URL (a refusal after readiness is conclusive). Its log since `since`."""
+    try:
+        state = manager.state()
+    except TransportError:
+        return None
+    if state.running is None:  # attached by URL: a refusal after readiness is conclusive
+        refused = client.refuses_connections(LIVENESS_TIMEOUT_S)
+        how = "a TCP connect to its address was refused"
+        if refused is None:  # behind a proxy from the environment: ask over HTTP
+            refused = HttpLiveness(client).probe() == "refused"
+            how = "seen over HTTP: connection refused"
+        if not refused:
+            return None
+        return ServiceGone(label, Death(detail=how), seen="connections refused after it had passed readiness")
+    if state.death is not None:
+        time.sleep(0.2)
+        return ServiceCrashed(label, state.death, manager.logs_since(since, log_lines))
+    if state.restarts > base_restarts:
+        return ServiceRestarted(label, base_restarts, state.restarts, manager.logs_since(since, log_lines))
+    return None

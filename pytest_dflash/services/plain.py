@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.errors import DflashError
 

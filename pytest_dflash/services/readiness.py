@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pytest_dflash import interrupts
-from pytest_dflash.client import GREEDY, SAMPLED, InferenceClient, Sampling
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import GREEDY, SAMPLED, Sampling
 from pytest_dflash.config.durations import format_seconds
 from pytest_dflash.errors import (
     ApiError,

@@ -1,13 +1,15 @@
 """After readiness, a request that ran out of its total time (--request-timeout): does the engine still make
 progress (`engine_progress`, from /health_generate, /metrics and a short streamed probe), and the failure that
-makes the service unusable for the rest of the run (`ServiceStuck`)."""
+makes the service unusable for the rest of the run (`ServiceStuck`, judged by `judge_lost_request`)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from pytest_dflash.client import DeadlineExceeded, InferenceClient, Sampling
+from pytest_dflash.client.deadline import DeadlineExceeded
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.config.durations import format_seconds
 from pytest_dflash.errors import ApiError, ServiceNotReady
 from pytest_dflash.services.liveness import HEALTH_PATH
@@ -159,3 +161,22 @@ class ServiceStuck(ServiceNotReady):
     def __str__(self) -> str:
         return (f"service {self.service} is {self.what}: {self.request} not answered within "
                 f"{format_seconds(self.waited_s)} (--request-timeout, total time): got {self.got}; {self.progress}")
+
+
+def judge_lost_request(client: InferenceClient, error: DeadlineExceeded, *, label: str, native: bool,
+                       request_timeout_s: float) -> tuple[ServiceStuck | None, str]:
+    """A ready service's request ran out of its total time: ask its engine whether it still makes progress. Returns
+    the service's failure (None: fresh requests are served at speed, this request alone was lost) and what was
+    found, in words."""
+    progress = engine_progress(client, native=native, request_timeout_s=request_timeout_s,
+                               measure_pace=error.per_token_s is None)
+    if progress.fast:
+        # Fresh requests are served at speed: this request alone was lost (its test fails with it), the service is
+        # neither stuck nor too slow, and its other tests are not held up by it.
+        return None, (f"{progress.describe()}: this request alone was lost; the service is not blocked (a fresh "
+                      "request is answered at speed)")
+    method = error.method or "POST"
+    stuck = ServiceStuck(label, error.limit_s, f"{method} {error.endpoint} timed out",
+                         request=f"{method} {error.endpoint}", got=error.got, progress=progress.describe(),
+                         moving=progress.moving, per_token_s=error.per_token_s or progress.per_token_s)
+    return stuck, progress.describe()

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from http_doubles import FaultProxy, Reply, SilentServer, sampled_500
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import ServiceGone, ServiceNotReady
 from pytest_dflash.refserver.launch import RefServerProcess

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import pytest
 
-from pytest_dflash.client import GREEDY, SAMPLED, Generation, InferenceClient, Sampling, Stream
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import GREEDY, SAMPLED, Generation, Sampling, Stream
 from pytest_dflash.config.profiles import AUTO
 from pytest_dflash.errors import ApiError, DflashError
 

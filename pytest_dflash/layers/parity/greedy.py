@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pytest_dflash.client import Generation, InferenceClient, Sampling
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Generation, Sampling
 from pytest_dflash.errors import ApiError
 from pytest_dflash.services.plain import ready_plain
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.client import Sampling
+from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.config import options
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.generation.checks import PROMPT, Api, request_stream
