@@ -27,6 +27,8 @@ LOG_COMMAND_TIMEOUT_S = 30.0
 
 @dataclass
 class ExternalService:
+    """A server this tool only attaches to by URL; its log, if any, from the profile's log_command or log_file."""
+
     spec: ServiceSpec
     transport: Transport | None = None  # where log_command runs / log_file is read (None: no logs)
 
