@@ -16,6 +16,7 @@ from typing import Protocol
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.errors import Death
 from pytest_dflash.hostaccess.transport import Transport
+from pytest_dflash.services.derive import PlainTarget
 
 
 @dataclass(frozen=True)
@@ -129,13 +130,16 @@ class ServiceHost(Protocol):
 
 @dataclass(frozen=True)
 class Kind:
-    """One kind of service (a profile's `kind = "..."`): how its manager is made for a spec on a host, and how the
+    """One kind of service (a profile's `kind = "..."`): how its manager is made for a spec on a host; how the
     leftovers of a dead run of that kind are cleared before provisioning (`reap`: the host and its profile's
-    services of this kind, possibly none; returns what was done). One file per kind defines its `KIND`."""
+    services of this kind, possibly none; returns what was done); and how a non-speculative twin of one of its
+    services is derived for parity's tie triage (`derive_plain`; raises services.derive.PlainUnavailable; None:
+    it cannot be). One file per kind defines its `KIND`."""
 
     name: str
     make: Callable[[ServiceSpec, ServiceHost], ServiceManager]
     reap: Callable[[ServiceHost, list[ServiceSpec]], list[str]] | None = None
+    derive_plain: Callable[[ServiceSpec, PlainTarget], ServiceSpec] | None = None
 
 
 def death_from_returncode(returncode: int) -> Death:

@@ -23,6 +23,7 @@ from typing import Any
 from pytest_dflash.config.profiles import ServiceSpec, render
 from pytest_dflash.errors import ServiceError
 from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState, death_from_returncode
+from pytest_dflash.services.derive import PlainTarget, PlainUnavailable, strip_speculative_args, with_port
 
 
 def state_root() -> Path:
@@ -274,4 +275,18 @@ def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
     return reap_stale(host.name) if host.profile.is_local else []
 
 
-KIND = Kind("process", make=_make, reap=_reap)
+def _derive_plain(reference: ServiceSpec, target: PlainTarget) -> ServiceSpec:
+    """The reference's command line without --speculative-*, on a free port (its {port} placeholder)."""
+    command = strip_speculative_args(reference.command)
+    if reference.port is not None:
+        command = tuple("{port}" if part == str(reference.port) else part for part in command)
+    if not any("{port}" in part for part in command):
+        raise PlainUnavailable(f"services.{reference.name}.command has no {{port}} placeholder to move the "
+                               "plain server to a free port")
+    return ServiceSpec(name=target.name, kind="process", url=with_port(reference.url, "{port}"), algorithm="NONE",
+                       command=command, env=reference.env, vars=reference.vars, gpus=target.gpus, port=target.port,
+                       ready_timeout_s=reference.ready_timeout_s, sampled_timeout_s=reference.sampled_timeout_s,
+                       api_key_env=reference.api_key_env, model=reference.model)
+
+
+KIND = Kind("process", make=_make, reap=_reap, derive_plain=_derive_plain)

@@ -21,6 +21,7 @@ from pytest_dflash.config.profiles import ServiceSpec, render
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import Transport, journal_since
 from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
+from pytest_dflash.services.derive import PlainTarget, PlainUnavailable, strip_speculative_text, with_port
 
 UNIT_DIR = "/etc/systemd/system"
 MARKER_KEY = "X-PytestDflash-Run"
@@ -242,4 +243,23 @@ def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
     return reap_stale_units(host.transport, host.run_id) if specs else []
 
 
-KIND = Kind("systemd", make=_make, reap=_reap)
+def _derive_plain(reference: ServiceSpec, target: PlainTarget) -> ServiceSpec:
+    """The reference's unit template without --speculative-*, written to `target.directory`; port + 100 unless given."""
+    if reference.template is None or reference.unit is None or reference.port is None:
+        raise PlainUnavailable(f"services.{reference.name} has no unit template to derive a plain server from")
+    try:
+        text = reference.template.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlainUnavailable(f"cannot read {reference.template}: {exc}") from None
+    target.directory.mkdir(parents=True, exist_ok=True)
+    template = target.directory / f"{target.host}.{target.name}.{target.run_id}.service"
+    template.write_text(strip_speculative_text(text), encoding="utf-8")
+    new_port = target.port if target.port is not None else reference.port + 100
+    return ServiceSpec(name=target.name, kind="systemd", url=with_port(reference.url, new_port), algorithm="NONE",
+                       unit=reference.unit.removesuffix(".service") + "-plain.service", template=template,
+                       env=reference.env, vars=reference.vars, gpus=target.gpus, port=new_port,
+                       ready_timeout_s=reference.ready_timeout_s, sampled_timeout_s=reference.sampled_timeout_s,
+                       api_key_env=reference.api_key_env, model=reference.model)
+
+
+KIND = Kind("systemd", make=_make, reap=_reap, derive_plain=_derive_plain)

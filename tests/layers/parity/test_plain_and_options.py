@@ -11,13 +11,8 @@ import pytest
 from pytest_dflash.config.profiles import load_profile
 from pytest_dflash.layers.parity.greedy import BUILTIN_PROMPTS, load_prompts
 from pytest_dflash.run.state import DflashRun, HostContext, RunOptions
-from pytest_dflash.services.plain import (
-    PlainUnavailable,
-    derive_plain_spec,
-    plain_service,
-    strip_speculative_args,
-    strip_speculative_text,
-)
+from pytest_dflash.services.derive import PlainUnavailable, strip_speculative_args, strip_speculative_text
+from pytest_dflash.services.plain import derive_plain_spec, plain_service
 
 ROOT = Path(__file__).parents[3]
 
