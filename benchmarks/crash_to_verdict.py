@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import ServiceCrashed
 from pytest_dflash.services.process import ProcessService

@@ -1,8 +1,8 @@
 """Progress lines (``[dflash] …``) on the terminal a person watches: with ``-n N``, without it, and with ``-q``.
 
 What is said: every progress callable of the run (``DflashRun.progress``) takes a ``str``. Two ``str``
-subclasses carry the kind: a :class:`~pytest_dflash.services.readiness.Heartbeat` repeats a state ("waiting 40s
-in sampled phase: …", a perf run's "so far" line); a :class:`~pytest_dflash.run.state.ServiceEvent` says a
+subclasses carry the kind: a :class:`~pytest_dflash.services.events.Heartbeat` repeats a state ("waiting 40s
+in sampled phase: …", a perf run's "so far" line); a :class:`~pytest_dflash.services.events.ServiceEvent` says a
 service was started / became ready / failed and moves the fleet counts (hosts ready / failed / pending). Every
 other line is an event. Being ``str``, they pass through every ``Callable[[str], None]`` unchanged.
 
@@ -44,9 +44,8 @@ from typing import Any
 import pytest
 
 from pytest_dflash.config.paths import state_root
-from pytest_dflash.run.state import ServiceEvent
 from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
-from pytest_dflash.services.readiness import Heartbeat
+from pytest_dflash.services.events import Heartbeat, ServiceEvent
 
 __all__ = ["HEARTBEAT_EVERY_S", "MAX_FILE_BYTES", "Line", "ProgressChannel", "Terminal", "classify"]
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.profiles import AUTO, HostProfile, ServiceSpec
 from pytest_dflash.errors import ApiError
 from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
@@ -47,7 +47,7 @@ def pending(profiles: Mapping[str, HostProfile]) -> list[tuple[str, ServiceSpec]
 def ask(spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S) -> dict[str, str]:
     """{"algorithm": "DFLASH" | "NONE" | ...} from the server's /server_info, or {"error": why, "cause": ...}.
 
-    Each GET is bounded by `timeout_s` of TOTAL time (client.py's deadline), so a server that drips its answer a
+    Each GET is bounded by `timeout_s` of TOTAL time (client/deadline.py), so a server that drips its answer a
     byte at a time cannot hold the run in pytest_configure."""
     url = spec.url.rstrip("/")
     key = os.environ.get(spec.api_key_env) if spec.api_key_env else None

@@ -4,15 +4,19 @@
 one `ServiceHandle` per service. Whatever a run provisions is recorded here the moment it is
 started, so `DflashRun.cleanup()` (called at session end, on Ctrl-C, on SIGTERM and at exit) can
 stop it even when readiness failed half way.
+
+Why one file of ~550 lines: `DflashRun`, `HostContext` and `ServiceHandle` refer to each other (a handle reads
+its host's run options and is started by its host; a host is made and cleaned up by its run), so splitting them
+would need an import cycle. What is not that object graph lives elsewhere: the service kinds in
+services/registry.py, the judgements after readiness in services/liveness.py and services/stuck.py, the progress
+lines in services/events.py.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +25,8 @@ from typing import Any
 import httpx
 
 from pytest_dflash import interrupts
-from pytest_dflash.client import DeadlineExceeded, InferenceClient
+from pytest_dflash.client.deadline import DeadlineExceeded
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.paths import state_root
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.errors import (
@@ -30,7 +35,6 @@ from pytest_dflash.errors import (
     DflashError,
     ServiceCrashed,
     ServiceError,
-    ServiceGone,
     ServiceNotReady,
     ServiceRestarted,
     TransportError,
@@ -40,36 +44,13 @@ from pytest_dflash.hostaccess.transport import Transport
 from pytest_dflash.run.blocking import Failure, LayerBook
 from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
 from pytest_dflash.services.base import LogMark, ServiceManager
-from pytest_dflash.services.container import ContainerService, reap_stale_containers
-from pytest_dflash.services.external import ExternalService
-from pytest_dflash.services.process import ProcessService, reap_stale
-from pytest_dflash.services.readiness import (
-    LIVENESS_TIMEOUT_S,
-    HttpLiveness,
-    ReadinessWatcher,
-    ReadyReport,
-    ServiceStuck,
-    engine_progress,
-)
+from pytest_dflash.services.events import Progress, ServiceEvent
+from pytest_dflash.services.liveness import death_after_readiness
+from pytest_dflash.services.readiness import ReadinessWatcher
+from pytest_dflash.services.registry import make_manager, reap_leftovers
 from pytest_dflash.services.speculation import served_speculation
-from pytest_dflash.services.systemd import SystemdService, reap_stale_units
-
-# Where progress lines go (report/progress.py shows them). A line is a str; its kind rides on its class: a
-# readiness.Heartbeat repeats a state, a ServiceEvent moves the fleet counts, any other str is an event.
-Progress = Callable[[str], None]
-
-
-class ServiceEvent(str):
-    """A progress line saying a service was started, became ready or failed (``state``)."""
-
-    host: str
-    service: str
-    state: str
-
-    def __new__(cls, text: str, *, host: str, service: str, state: str) -> ServiceEvent:
-        line = super().__new__(cls, text)
-        line.host, line.service, line.state = host, service, state
-        return line
+from pytest_dflash.services.startup import ReadyReport
+from pytest_dflash.services.stuck import judge_lost_request
 
 
 def _silent(message: str) -> None:
@@ -127,7 +108,7 @@ class ServiceHandle:
 
     @property
     def url(self) -> str:
-        return str(getattr(self.manager, "url", self.spec.url))
+        return self.manager.url
 
     @property
     def client(self) -> InferenceClient:
@@ -153,17 +134,10 @@ class ServiceHandle:
         try:
             if self.failure is not None:
                 return ""
-            progress = engine_progress(self.client, native=self.native, request_timeout_s=request_timeout,
-                                       measure_pace=error.per_token_s is None)
-            if progress.fast:
-                # Fresh requests are served at speed: this request alone was lost (its test fails with it), the
-                # service is neither stuck nor too slow, and its other tests are not held up by it.
-                return (f"{progress.describe()}: this request alone was lost; the service is not blocked (a fresh "
-                        "request is answered at speed)")
-            method = error.method or "POST"
-            stuck = ServiceStuck(self.label, error.limit_s, f"{method} {error.endpoint} timed out",
-                                 request=f"{method} {error.endpoint}", got=error.got, progress=progress.describe(),
-                                 moving=progress.moving, per_token_s=error.per_token_s or progress.per_token_s)
+            stuck, said = judge_lost_request(self.client, error, label=self.label, native=self.native,
+                                             request_timeout_s=request_timeout)
+            if stuck is None:
+                return said
             self.failure = stuck
             test = self.current_test or "?"
             self.failure_reported_by = test
@@ -171,7 +145,7 @@ class ServiceHandle:
             self.host.run.book.record_death(Failure(self.host.name, "service", self.name, test, summary))
             self.client.unusable = str(stuck)
             self.host.run.progress(self.event("failed", readiness_error_summary(stuck)))
-            return f"the service is {stuck.what}: {progress.describe()}; every later test of this service is blocked"
+            return f"the service is {stuck.what}: {said}; every later test of this service is blocked"
         finally:
             self._stuck_lock.release()
 
@@ -306,19 +280,17 @@ class ServiceHandle:
         return self.ready
 
     def _wait(self, progress: Callable[[str], None]) -> ReadyReport:
-        if isinstance(self.manager, SystemdService | ContainerService) and not self.manager.provisioned:
-            if isinstance(self.manager, SystemdService):
-                self.manager.attach()
+        what = None if self.manager.provisioned else self.manager.attach()
+        if what is not None:
             try:
                 state = self.manager.state()
             except ServiceError as exc:
                 raise ServiceCrashed(self.label, Death(detail=str(exc)), "", "attach") from None
             if state.death is not None:
-                what = "unit" if isinstance(self.manager, SystemdService) else "container"
                 raise ServiceCrashed(self.label, state.death,
                                      self.manager.logs_since(None, self.host.run.options.journal_lines),
                                      f"attach (the {what} is not running; attach mode never starts it)")
-        native = self._detect_native()
+        native = self.manager.native_api  # None: an external server, asked (/server_info) once it answers HTTP
         budget = self.host.run.options.ready_timeout_s or self.spec.ready_timeout_s
         watcher = ReadinessWatcher(
             self.manager, self.client, native=native, budget_s=budget,
@@ -329,38 +301,12 @@ class ServiceHandle:
         )
         return watcher.wait()
 
-    def _detect_native(self) -> bool | None:
-        """True for SGLang's native API; None: an external server, asked (/server_info) once it answers HTTP."""
-        if self.spec.kind != "external":
-            return True  # SGLang (or the refserver) by construction
-        return None  # asking now would call a server that is not up yet "not SGLang"
-
     def check_alive(self) -> ServiceCrashed | ServiceRestarted | None:
         """After a test: did the service die or restart? (one cheap state read)"""
         if self.ready is None:
             return None
-        try:
-            state = self.manager.state()
-        except TransportError:
-            return None
-        if state.running is None:  # attached by URL: a refusal after readiness is conclusive
-            refused = self.client.refuses_connections(LIVENESS_TIMEOUT_S)
-            how = "a TCP connect to its address was refused"
-            if refused is None:  # behind a proxy from the environment: ask over HTTP
-                refused = HttpLiveness(self.client).probe() == "refused"
-                how = "seen over HTTP: connection refused"
-            if not refused:
-                return None
-            return ServiceGone(self.label, Death(detail=how), seen="connections refused after it had passed readiness")
-        if state.death is not None:
-            time.sleep(0.2)
-            lines = self.host.run.options.journal_lines
-            return ServiceCrashed(self.label, state.death, self.manager.logs_since(self.started_mark, lines))
-        if state.restarts > self.base_restarts:
-            lines = self.host.run.options.journal_lines
-            return ServiceRestarted(self.label, self.base_restarts, state.restarts,
-                                    self.manager.logs_since(self.started_mark, lines))
-        return None
+        return death_after_readiness(self.manager, self.client, label=self.label, since=self.started_mark,
+                                     base_restarts=self.base_restarts, log_lines=self.host.run.options.journal_lines)
 
 
 @dataclass
@@ -417,38 +363,29 @@ class HostContext:
     def service(self, name: str) -> ServiceHandle:
         if name not in self.services:
             spec = self.profile.services[name]
-            self.services[name] = ServiceHandle(spec, self, self._manager(spec))
+            self.services[name] = ServiceHandle(spec, self, make_manager(spec, self))
         return self.services[name]
 
     def add_service(self, spec: ServiceSpec) -> ServiceHandle:
         """A service the run derives itself (e.g. a plain server for tie triage); provisioned like the others."""
         if spec.name in self.profile.services or spec.name in self.services:
             raise ServiceError(f"{self.name}: a service named {spec.name!r} already exists")
-        handle = ServiceHandle(spec, self, self._manager(spec))
+        handle = ServiceHandle(spec, self, make_manager(spec, self))
         self.services[spec.name] = handle
         self.needed.add(spec.name)
         return handle
 
-    def _manager(self, spec: ServiceSpec) -> ServiceManager:
-        if spec.kind == "external":
-            if not (spec.log_command or spec.log_file):
-                return ExternalService(spec)
-            if self.has_host_access:
-                return ExternalService(spec, self.transport)
-            # --attach-log-command: no host access, the log command runs on this machine (read-only).
-            local = dataclasses.replace(self.profile, connection="local://")
-            return ExternalService(spec, Transport(local, read_only=True))
-        if spec.kind == "container":
-            return ContainerService(spec, self.transport, host=self.name, run_id=self.run.run_id)
-        if spec.kind == "process":
-            return ProcessService(spec, host=self.name, run_id=self.run.run_id, python=self.profile.python,
-                                  log_dir=self.run.log_dir)
-        return SystemdService(spec, self.transport, host=self.name, run_id=self.run.run_id,
-                              python=self.profile.python)
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run.log_dir
 
     def prestart(self, first: ServiceHandle) -> None:
         """Provisioning: take the host lock, clean up stale leftovers, start `first` (and its peers)."""
-        if not self.provisioning or first.manager.provisioned or first.spec.kind == "external":
+        if not self.provisioning or first.manager.provisioned or not first.manager.provisionable:
             return
         if self._lock_failure is not None:
             raise self._lock_failure  # no lock, nothing started: not by the next service either
@@ -462,7 +399,7 @@ class HostContext:
             except DflashError as exc:
                 self._lock_failure = exc
                 raise
-            self.notes.extend(self._reap())
+            self.notes.extend(reap_leftovers(self, self.profile.services.values()))
         # Services on different GPUs start together. A service sharing a GPU with one still starting starts once
         # that one's GPU memory is settled (its KV pools allocated: ReadinessWatcher's StartupWatch), in the
         # background: two SGLang servers sizing their KV pools at once on one GPU charge each other's memory
@@ -525,18 +462,6 @@ class HostContext:
                 interrupts.raise_if_lost()
                 if self.run.cleaning:
                     raise ServiceError(f"{handle.label}: not started: the run is ending")
-
-    def _reap(self) -> list[str]:
-        if self.profile.is_local and all(s.kind == "process" for s in self.profile.services.values()):
-            return reap_stale(self.name)
-        notes = reap_stale(self.name) if self.profile.is_local else []
-        if any(s.kind == "systemd" for s in self.profile.services.values()):
-            notes += reap_stale_units(self.transport, self.run.run_id)
-        engines = {(s.container.engine, s.container.runtime): s.container for s in self.profile.services.values()
-                   if s.kind == "container" and s.container is not None}
-        for container in engines.values():
-            notes += reap_stale_containers(self.transport, container, host=self.name, run_id=self.run.run_id)
-        return notes
 
     def teardown(self) -> list[str]:
         """Stop what this run started (unless --keep) and release the lock; returns problems."""

@@ -1,13 +1,22 @@
-"""What every service manager offers: start, stop, one-round-trip state, and logs since a mark."""
+"""What every service manager offers (start, stop, one-round-trip state, logs since a mark), what a host
+offers a manager (`ServiceHost`), and what a service kind is (`Kind`: services/registry.py lists them).
+
+The run (run/state.py) knows managers through `ServiceManager` only: what differs between kinds is a member
+of it (`attach`, `provisionable`, `native_api`) or of the kind (`Kind.reap`), never an `isinstance`.
+"""
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
-from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.errors import Death
+from pytest_dflash.hostaccess.transport import Transport
+from pytest_dflash.services.derive import PlainTarget
 
 
 @dataclass(frozen=True)
@@ -52,8 +61,30 @@ class ServiceManager(Protocol):
     def name(self) -> str: ...
 
     @property
+    def url(self) -> str:
+        """The service's base URL (its port filled in once known)."""
+        ...
+
+    @property
     def provisioned(self) -> bool:
         """True when this run started the service (and so must stop it)."""
+        ...
+
+    @property
+    def provisionable(self) -> bool:
+        """False for a service this tool only attaches to: --provision starts nothing and takes no host lock for it."""
+        ...
+
+    @property
+    def native_api(self) -> bool | None:
+        """True when the server speaks SGLang's native API by construction; None: ask it (/server_info) once it
+        answers HTTP (asking earlier would call a server that is not up yet "not SGLang")."""
+        ...
+
+    def attach(self) -> str | None:
+        """Attach mode (this run did not start it): expect it to run already and change nothing. Returns what must
+        already be running ("unit", "container"), whose state is read before readiness (dead: it fails at once),
+        or None when there is nothing to read first."""
         ...
 
     def start(self) -> None: ...
@@ -69,6 +100,46 @@ class ServiceManager(Protocol):
     def describe(self) -> dict[str, str]:
         """Unit / process properties worth attaching as evidence."""
         ...
+
+
+class ServiceHost(Protocol):
+    """What a host under test offers the managers of its services (run/state.py's HostContext is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def profile(self) -> HostProfile: ...
+
+    @property
+    def has_host_access(self) -> bool: ...
+
+    @property
+    def transport(self) -> Transport:
+        """The host's transport, opened on first use (read-only unless provisioning)."""
+        ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def log_dir(self) -> Path:
+        """Where services run on this machine write their logs."""
+        ...
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of service (a profile's `kind = "..."`): how its manager is made for a spec on a host; how the
+    leftovers of a dead run of that kind are cleared before provisioning (`reap`: the host and its profile's
+    services of this kind, possibly none; returns what was done); and how a non-speculative twin of one of its
+    services is derived for parity's tie triage (`derive_plain`; raises services.derive.PlainUnavailable; None:
+    it cannot be). One file per kind defines its `KIND`."""
+
+    name: str
+    make: Callable[[ServiceSpec, ServiceHost], ServiceManager]
+    reap: Callable[[ServiceHost, list[ServiceSpec]], list[str]] | None = None
+    derive_plain: Callable[[ServiceSpec, PlainTarget], ServiceSpec] | None = None
 
 
 def death_from_returncode(returncode: int) -> Death:

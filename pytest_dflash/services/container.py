@@ -28,7 +28,7 @@ from pytest_dflash.config.placeholders import render
 from pytest_dflash.config.profiles import ContainerSpec, ServiceSpec
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, CommandResult, Transport, parse_probe_output
-from pytest_dflash.services.base import LogMark, ServiceState
+from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
 from pytest_dflash.services.process import pid_alive
 
 RUN_LABEL = "pytest-dflash.run"
@@ -131,6 +131,18 @@ class ContainerService:
     @property
     def url(self) -> str:
         return self.spec.url_on(self.spec.port)
+
+    @property
+    def provisionable(self) -> bool:
+        return True
+
+    @property
+    def native_api(self) -> bool | None:
+        return True  # SGLang (or the refserver) by construction
+
+    def attach(self) -> str:
+        """Attach mode: the container must be running already (its state is read first); nothing changes."""
+        return "container"
 
     @property
     def engine(self) -> str:
@@ -410,3 +422,19 @@ def reap_stale_containers(transport: Transport, container: ContainerSpec, *, hos
         transport.run(f"{engine} rm -f {shlex.quote(name)}", mutating=True, timeout_s=container.stop_timeout_s + 60)
         done.append(f"removed stale container {name} left by run {owner_run}")
     return done
+
+
+def _make(spec: ServiceSpec, host: ServiceHost) -> ContainerService:
+    return ContainerService(spec, host.transport, host=host.name, run_id=host.run_id)
+
+
+def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
+    """Once per engine (and runtime) the profile's containers use."""
+    engines = {(s.container.engine, s.container.runtime): s.container for s in specs if s.container is not None}
+    notes: list[str] = []
+    for container in engines.values():
+        notes += reap_stale_containers(host.transport, container, host=host.name, run_id=host.run_id)
+    return notes
+
+
+KIND = Kind("container", make=_make, reap=_reap)

@@ -1,7 +1,7 @@
 """A service reached only by URL (--attach, or kind = "external"): its state is read over HTTP.
 
 Its state is unknown (`running=None`), which tells readiness and `check_alive` to read death and silence
-over HTTP instead (services/readiness.py: `HttpLiveness`).
+over HTTP instead (services/liveness.py: `HttpLiveness`).
 
 Its log comes from where the profile says, through the host's (read-only in attach mode) transport with a
 deadline, and is used for evidence, diagnosis and redaction like a journal:
@@ -12,6 +12,7 @@ seconds, {lines}: the tail length; only the last `lines` lines are kept), or `lo
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 from dataclasses import dataclass
@@ -20,13 +21,15 @@ from pytest_dflash.config.placeholders import render
 from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import DflashError
 from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, Transport
-from pytest_dflash.services.base import LogMark, ServiceState
+from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
 
 LOG_COMMAND_TIMEOUT_S = 30.0
 
 
 @dataclass
 class ExternalService:
+    """A server this tool only attaches to by URL; its log, if any, from the profile's log_command or log_file."""
+
     spec: ServiceSpec
     transport: Transport | None = None  # where log_command runs / log_file is read (None: no logs)
 
@@ -39,8 +42,20 @@ class ExternalService:
         return False
 
     @property
+    def provisionable(self) -> bool:
+        return False  # only ever attached to
+
+    @property
+    def native_api(self) -> bool | None:
+        return None  # asking before it answers would call a server that is not up yet "not SGLang"
+
+    @property
     def url(self) -> str:
         return self.spec.url
+
+    def attach(self) -> None:
+        """Nothing to read first: its state is unknown (read over HTTP by readiness)."""
+        return None
 
     def start(self) -> None:
         """Nothing to start: an external service is only attached to."""
@@ -104,3 +119,16 @@ class ExternalService:
             logs = f"log_file: {self.spec.log_file}"
         return {"kind": "external", "url": self.url, "logs": logs,
                 "liveness": "over HTTP (GET /v1/models; refused after it had answered = gone)"}
+
+
+def _make(spec: ServiceSpec, host: ServiceHost) -> ExternalService:
+    if not (spec.log_command or spec.log_file):
+        return ExternalService(spec)
+    if host.has_host_access:
+        return ExternalService(spec, host.transport)
+    # --attach-log-command: no host access, the log command runs on this machine (read-only).
+    local = dataclasses.replace(host.profile, connection="local://")
+    return ExternalService(spec, Transport(local, read_only=True))
+
+
+KIND = Kind("external", make=_make)

@@ -5,56 +5,12 @@ unit template, on a free port and a free GPU.
 
 from __future__ import annotations
 
-import re
-import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
-from pytest_dflash.errors import DflashError
-
-
-class PlainUnavailable(DflashError):
-    """No non-speculative service can be had for tie triage (the message says why)."""
-
-
-_SPEC_FLAG = re.compile(r"--speculative-[A-Za-z0-9-]+")
-
-
-def strip_speculative_args(args: Sequence[str]) -> tuple[str, ...]:
-    """A server command line without its --speculative-* flags (and their values)."""
-    out: list[str] = []
-    skip_value = False
-    for arg in args:
-        if skip_value:
-            skip_value = False
-            if not arg.startswith("-"):
-                continue
-        if _SPEC_FLAG.fullmatch(arg):
-            skip_value = True
-            continue
-        if arg.startswith("--speculative-") and "=" in arg:
-            continue
-        out.append(arg)
-    return tuple(out)
-
-
-_TEMPLATE_FLAG = re.compile(
-    r"[ \t]+--speculative-[A-Za-z0-9-]+(?:=\S+|(?:[ \t]*\\\n)?[ \t]+(?![-\\])\S+)?")
-
-
-def strip_speculative_text(text: str) -> str:
-    """A unit template without --speculative-* flags; continuation lines left empty are dropped."""
-    stripped = _TEMPLATE_FLAG.sub("", text)
-    lines = stripped.split("\n")
-    kept = [line for line in lines if line.strip() != "\\"]
-    return "\n".join(kept)
-
-
-def _with_port(url: str, port: int | str) -> str:
-    parsed = urllib.parse.urlsplit(url.replace("{port}", "0"))
-    host = parsed.hostname or "127.0.0.1"
-    return urllib.parse.urlunsplit((parsed.scheme, f"{host}:{port}", parsed.path, "", "")).rstrip("/")
+from pytest_dflash.services.derive import PlainTarget, PlainUnavailable
+from pytest_dflash.services.registry import KINDS
 
 
 def derive_plain_spec(reference: ServiceSpec, profile: HostProfile, *, directory: Path, run_id: str,
@@ -73,31 +29,9 @@ def derive_plain_spec(reference: ServiceSpec, profile: HostProfile, *, directory
                 f"no free GPU for a plain server beside {reference.name}: host.gpus = {list(profile.gpus)}, in use "
                 f"{sorted(used)}; list a spare GPU in host.gpus or add a plain service to the profile")
         gpus = tuple(free[: len(reference.gpus)])
-    if reference.kind == "process":
-        command = strip_speculative_args(reference.command)
-        if reference.port is not None:
-            command = tuple("{port}" if part == str(reference.port) else part for part in command)
-        if not any("{port}" in part for part in command):
-            raise PlainUnavailable(f"services.{reference.name}.command has no {{port}} placeholder to move the "
-                                   "plain server to a free port")
-        return ServiceSpec(name=name, kind="process", url=_with_port(reference.url, "{port}"), algorithm="NONE",
-                           command=command, env=reference.env, vars=reference.vars, gpus=gpus, port=port,
-                           ready_timeout_s=reference.ready_timeout_s, sampled_timeout_s=reference.sampled_timeout_s,
-                           api_key_env=reference.api_key_env, model=reference.model)
-    if reference.kind == "systemd":
-        if reference.template is None or reference.unit is None or reference.port is None:
-            raise PlainUnavailable(f"services.{reference.name} has no unit template to derive a plain server from")
-        try:
-            text = reference.template.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise PlainUnavailable(f"cannot read {reference.template}: {exc}") from None
-        directory.mkdir(parents=True, exist_ok=True)
-        template = directory / f"{profile.name}.{name}.{run_id}.service"
-        template.write_text(strip_speculative_text(text), encoding="utf-8")
-        new_port = port if port is not None else reference.port + 100
-        return ServiceSpec(name=name, kind="systemd", url=_with_port(reference.url, new_port), algorithm="NONE",
-                           unit=reference.unit.removesuffix(".service") + "-plain.service", template=template,
-                           env=reference.env, vars=reference.vars, gpus=gpus, port=new_port,
-                           ready_timeout_s=reference.ready_timeout_s, sampled_timeout_s=reference.sampled_timeout_s,
-                           api_key_env=reference.api_key_env, model=reference.model)
-    raise PlainUnavailable(f"services.{reference.name} is an external service: nothing to derive a plain server from")
+    kind = KINDS.get(reference.kind)
+    if kind is None or kind.derive_plain is None:
+        raise PlainUnavailable(f"services.{reference.name} is an external service: nothing to derive a plain server "
+                               "from")
+    target = PlainTarget(name=name, gpus=gpus, port=port, directory=directory, host=profile.name, run_id=run_id)
+    return kind.derive_plain(reference, target)

@@ -24,7 +24,8 @@ from pytest_dflash.config.paths import state_root
 from pytest_dflash.config.placeholders import render
 from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import ServiceError
-from pytest_dflash.services.base import LogMark, ServiceState, death_from_returncode
+from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState, death_from_returncode
+from pytest_dflash.services.derive import PlainTarget, PlainUnavailable, strip_speculative_args, with_port
 
 
 def free_port() -> int:
@@ -131,6 +132,18 @@ class ProcessService:
     @property
     def url(self) -> str:
         return self.spec.url_on(self.port)
+
+    @property
+    def provisionable(self) -> bool:
+        return True
+
+    @property
+    def native_api(self) -> bool | None:
+        return True  # SGLang (or the refserver) by construction
+
+    def attach(self) -> None:
+        """Nothing to read first: a process this run did not start has no state to check."""
+        return None
 
     @property
     def port(self) -> int:
@@ -243,3 +256,29 @@ def reap_stale(host: str) -> list[str]:
                         f"(owner pid {info.get('owner_pid')} is gone)")
         marker.unlink(missing_ok=True)
     return done
+
+
+def _make(spec: ServiceSpec, host: ServiceHost) -> ProcessService:
+    return ProcessService(spec, host=host.name, run_id=host.run_id, python=host.profile.python, log_dir=host.log_dir)
+
+
+def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
+    """On this machine, whatever the profile's kinds: a dead run's markers are per host, not per service."""
+    return reap_stale(host.name) if host.profile.is_local else []
+
+
+def _derive_plain(reference: ServiceSpec, target: PlainTarget) -> ServiceSpec:
+    """The reference's command line without --speculative-*, on a free port (its {port} placeholder)."""
+    command = strip_speculative_args(reference.command)
+    if reference.port is not None:
+        command = tuple("{port}" if part == str(reference.port) else part for part in command)
+    if not any("{port}" in part for part in command):
+        raise PlainUnavailable(f"services.{reference.name}.command has no {{port}} placeholder to move the "
+                               "plain server to a free port")
+    return ServiceSpec(name=target.name, kind="process", url=with_port(reference.url, "{port}"), algorithm="NONE",
+                       command=command, env=reference.env, vars=reference.vars, gpus=target.gpus, port=target.port,
+                       ready_timeout_s=reference.ready_timeout_s, sampled_timeout_s=reference.sampled_timeout_s,
+                       api_key_env=reference.api_key_env, model=reference.model)
+
+
+KIND = Kind("process", make=_make, reap=_reap, derive_plain=_derive_plain)

@@ -13,47 +13,47 @@ refused after it had answered — conclusive at once (`ServiceGone`, naming the 
 accepted and not answered is bounded by the request timeout; only the first sampled request gets
 the longer cold-JIT budget, and only while the server keeps answering HTTP and its scheduler is busy
 (`/health_generate` not 200: a JIT blocks the scheduler; a stuck request does not).
+
+This module holds the wait loop (`ReadinessWatcher`); its probes are in services/liveness.py, what it
+reports and the start-up log it reads meanwhile in services/startup.py.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pytest_dflash import interrupts
-from pytest_dflash.client import GREEDY, SAMPLED, DeadlineExceeded, InferenceClient, Sampling
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import GREEDY, SAMPLED, Sampling
 from pytest_dflash.config.durations import format_seconds
 from pytest_dflash.errors import (
     ApiError,
     Death,
-    DflashError,
     ServiceCrashed,
     ServiceGone,
     ServiceNotReady,
     ServiceRestarted,
 )
 from pytest_dflash.services.base import LogMark, ServiceManager, ServiceState
-from pytest_dflash.services.phases import (
-    StartupLog,
-    describe_in_progress,
-    parse_startup,
-    phase_offsets,
-    utc_offset_for,
+from pytest_dflash.services.events import Heartbeat, Progress
+from pytest_dflash.services.liveness import (
+    HEALTH_PATH,
+    LIVENESS_EVERY_S,
+    LIVENESS_PATH,
+    LIVENESS_TIMEOUT_S,
+    HttpLiveness,
+    InFlight,
 )
+from pytest_dflash.services.startup import ReadyReport, StartupWatch, finish_phases
 
 POLL_S = 0.25
 # After a dropped connection, how long to watch for the death that usually follows
 # (real SGLang: 5.2 s from RemoteDisconnected to exit 137).
 DEATH_GRACE_S = 15.0
 PROGRESS_EVERY_S = 10.0
-# Over HTTP (no process state): SGLang's HTTP process serves /v1/models itself, so it answers while
-# the scheduler is busy compiling; /health runs a generation through the scheduler (20 s, then 503).
-LIVENESS_PATH = "/v1/models"
-LIVENESS_EVERY_S = 1.0
-LIVENESS_TIMEOUT_S = 2.0
-HEALTH_PATH = "/health_generate"
+# /health_generate runs a generation through the scheduler (20 s, then 503).
 HEALTH_TIMEOUT_S = 30.0  # SGLang answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) without output
 SCHEDULER_CHECK_EVERY_S = 5.0
 # /health_generate is 200 on *any* output, our own request's included: the answer to a sampled request that
@@ -70,158 +70,6 @@ PHASES = {
     "sampled": "readiness: first sampled generation (temperature 0.8, top_k 20, top_p 0.9)",
 }
 
-Progress = Callable[[str], None]
-
-
-class Heartbeat(str):
-    """A progress line that repeats a state ("waiting 40s in sampled phase: …"): shown at most once per service
-    per ~10 s, not at all with -q (report/progress.py). A ``str``, so every Progress callable takes it."""
-
-    __slots__ = ()
-
-
-@dataclass
-class ReadyReport:
-    """How the service became ready (all times from the start of the wait)."""
-
-    http_s: float | None = None
-    greedy_s: float | None = None
-    sampled_s: float | None = None
-    total_s: float = 0.0
-    greedy_request_s: float | None = None
-    sampled_request_s: float | None = None
-    server_info: dict[str, object] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    waited_from: float = field(default_factory=time.time)  # wall clock: when the wait began (unix seconds)
-    # the cold start by phase (services/phases.py): phase -> seconds from the start of the wait at which it ENDED,
-    # in order: process_started, weights_loaded, kv_cache_allocated, cuda_graphs_captured, port_open (from the
-    # service's log; port_open from HTTP where there is no log), first_greedy, first_sampled; missing ones omitted
-    phases: dict[str, float] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, object]:
-        return {"http_s": self.http_s, "greedy_s": self.greedy_s, "sampled_s": self.sampled_s,
-                "total_s": self.total_s, "greedy_request_s": self.greedy_request_s,
-                "sampled_request_s": self.sampled_request_s, "notes": self.notes,
-                "waited_from": round(self.waited_from, 3), "ready_at": round(self.waited_from + self.total_s, 3),
-                "phases": dict(self.phases)}
-
-
-# How often the start-up log is read while the port is not open (a local file, or one journalctl over ssh), and
-# how many of its lines: SGLang prints ~50 before its port opens (its server_args line alone is ~8 KB).
-STARTUP_LOG_EVERY_S = 1.0
-STARTUP_LOG_LINES = 5000
-
-
-@dataclass
-class StartupWatch:
-    """The service's start-up by phase, as its log shows it while readiness waits (services/phases.py).
-
-    `on_settled(why)` is called once, when the service's GPU memory is settled: its KV pools are allocated (the
-    log's pool lines are over) or, where the log says nothing of them, its port opened (SGLang opens it after all
-    of its scheduler's allocations). A neighbour on the same GPU may start from then on (run/state.py).
-    """
-
-    service: ServiceManager
-    log_mark: LogMark | None
-    waited_from: float  # unix time the wait began
-    on_settled: Callable[[str], None] | None = None
-    log: StartupLog = field(default_factory=StartupLog)
-    utc_offset_s: float | None = None
-    settled_by: str | None = None
-    _next_read: float = 0.0
-
-    def poll(self, now: float, *, force: bool = False) -> None:
-        """Read the log again if it is time to (monotonic `now`) and the port is not open yet."""
-        if (now < self._next_read and not force) or "port_open" in self.log.ends or self.log_mark is None:
-            return  # no mark: not started by this run (attached), its log holds an older start-up, if any
-        self._next_read = now + STARTUP_LOG_EVERY_S
-        try:
-            text = self.service.logs_since(self.log_mark, STARTUP_LOG_LINES)
-        except DflashError:
-            return  # no log this time: the port opening still settles it
-        log = parse_startup(text)
-        if log.last_line is not None and self.utc_offset_s is None:
-            self.utc_offset_s = utc_offset_for(log.last_line, time.time())
-        self.log = log
-        if "kv_cache_allocated" in log.ends:
-            self.settle("its KV cache was allocated (its log's pool lines)")
-
-    def port_opened(self) -> None:
-        self.poll(time.monotonic(), force=True)  # the lines up to the port, for the phases
-        self.settle("its port opened (after its KV pools and CUDA graphs)")
-
-    def settle(self, why: str) -> None:
-        if self.settled_by is None:
-            self.settled_by = why
-            if self.on_settled is not None:
-                self.on_settled(why)
-
-    def doing(self) -> str:
-        """What the start-up is doing now, for a heartbeat ('' when the log says nothing)."""
-        if self.utc_offset_s is None:
-            return ""
-        return describe_in_progress(self.log, now=time.time(), waited_from=self.waited_from,
-                                    utc_offset_s=self.utc_offset_s)
-
-    def phases(self, report: ReadyReport) -> dict[str, float]:
-        """The report's phases: the log's (clamped to the port's opening as HTTP saw it), then the generations."""
-        out: dict[str, float] = {}
-        if self.utc_offset_s is not None:
-            out = phase_offsets(self.log, waited_from=self.waited_from, utc_offset_s=self.utc_offset_s,
-                                not_after=report.http_s)
-        return finish_phases(out, report)
-
-
-def finish_phases(from_log: dict[str, float], report: ReadyReport) -> dict[str, float]:
-    """`from_log` completed by what HTTP measured: the port (where the log has no line), first greedy, sampled."""
-    out = dict(from_log)
-    if "port_open" not in out and report.http_s is not None:
-        out["port_open"] = round(report.http_s, 3)
-    if report.greedy_s is not None:
-        out["first_greedy"] = round(report.greedy_s, 3)
-    if report.sampled_s is not None:
-        out["first_sampled"] = round(report.sampled_s, 3)
-    return out
-
-
-class _InFlight:
-    """One request running in a background thread, so the state can be polled meanwhile."""
-
-    def __init__(self, call: Callable[[], object]) -> None:
-        self.started = time.monotonic()
-        self.result: object | None = None
-        self.error: ApiError | None = None
-        self._thread = threading.Thread(target=self._run, args=(call,), name="dflash-ready-request", daemon=True)
-        self._thread.start()
-
-    @classmethod
-    def generation(cls, client: InferenceClient, sampling: Sampling, native: bool, timeout_s: float) -> _InFlight:
-        return cls(lambda: client.probe_generation(sampling, native=native, timeout_s=timeout_s))
-
-    @classmethod
-    def status(cls, client: InferenceClient, path: str, timeout_s: float) -> _InFlight:
-        """GET `path`; the result is its HTTP status."""
-        return cls(lambda: client.request("GET", path, timeout_s=timeout_s).status_code)
-
-    def _run(self, call: Callable[[], object]) -> None:
-        try:
-            self.result = call()
-        except ApiError as exc:
-            self.error = exc
-
-    @property
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self, timeout_s: float) -> None:
-        """Return when the request finished, or after `timeout_s` (the state must be polled meanwhile)."""
-        self._thread.join(timeout_s)
-
-    @property
-    def age(self) -> float:
-        return time.monotonic() - self.started
-
-
 SAMPLED_PENDING = "sampled generation (top_k=20, top_p=0.9) not answered yet"
 
 
@@ -235,6 +83,7 @@ def _generation_answered(report: ReadyReport, phase: str, request_s: float, elap
     if request_s > 30:
         report.notes.append(f"first sampled request took {format_seconds(request_s)} (a cold kernel JIT?)")
     return True
+
 
 
 @dataclass
@@ -300,7 +149,7 @@ class ReadinessWatcher:
         deadline = started + self.budget_s
         phase = "http"
         problem = "no HTTP answer yet"
-        in_flight: _InFlight | None = None
+        in_flight: InFlight | None = None
         dropped_at: float | None = None
         next_progress = started + self.progress_every_s
         next_attempt = started
@@ -342,7 +191,7 @@ class ReadinessWatcher:
                     sampling = GREEDY if phase == "greedy" else SAMPLED
                     remaining = max(1.0, deadline - now)
                     limit = remaining if phase == "greedy" else min(remaining, self.sampled_budget_s)
-                    in_flight = _InFlight.generation(self.client, sampling, self.native is not False, limit)
+                    in_flight = InFlight.generation(self.client, sampling, self.native is not False, limit)
                 elif in_flight is not None and in_flight.done:
                     finished, in_flight = in_flight, None
                     if finished.result is not None:
@@ -380,8 +229,8 @@ class ReadinessWatcher:
         deadline = started + self.budget_s
         live = HttpLiveness(self.client)
         phase, problem = "http", "no HTTP answer yet (connection refused: not up yet)"
-        in_flight: _InFlight | None = None
-        scheduler: _InFlight | None = None  # /health_generate while a sampled request is overdue
+        in_flight: InFlight | None = None
+        scheduler: InFlight | None = None  # /health_generate while a sampled request is overdue
         request = ""  # the request in flight (or the last one sent), as a person would write it
         dropped_at: float | None = None
         drops = 0
@@ -456,7 +305,7 @@ class ReadinessWatcher:
                         if free_at is None:
                             scheduler = None
                     if scheduler is None and now >= next_scheduler_check and self.native:
-                        scheduler = _InFlight.status(self.client, HEALTH_PATH, LIVENESS_TIMEOUT_S + 1)
+                        scheduler = InFlight.status(self.client, HEALTH_PATH, LIVENESS_TIMEOUT_S + 1)
                         next_scheduler_check = now + SCHEDULER_CHECK_EVERY_S
                 in_flight.wait(self.poll_s)
                 continue
@@ -537,15 +386,15 @@ class ReadinessWatcher:
             return "warmup", f"{HEALTH_PATH} not answered yet"
         return "greedy", "greedy generation not answered yet"
 
-    def _send(self, phase: str, remaining_s: float) -> tuple[_InFlight, str]:
+    def _send(self, phase: str, remaining_s: float) -> tuple[InFlight, str]:
         """Start the phase's request in a thread; returns it and its description."""
         if phase == "warmup":
-            return _InFlight.status(self.client, HEALTH_PATH, HEALTH_TIMEOUT_S), f"GET {HEALTH_PATH}"
+            return InFlight.status(self.client, HEALTH_PATH, HEALTH_TIMEOUT_S), f"GET {HEALTH_PATH}"
         sampling = GREEDY if phase == "greedy" else SAMPLED
         limit = max(1.0, min(remaining_s, self._limit(phase) + 1.0))  # the loop decides; the thread must end
         native = bool(self.native)
         request = describe_request(sampling, native=native)
-        return _InFlight.generation(self.client, sampling, native, limit), request
+        return InFlight.generation(self.client, sampling, native, limit), request
 
     def _limit(self, phase: str) -> float:
         """How long the phase's request may go unanswered while the server answers HTTP."""
@@ -577,6 +426,7 @@ class ReadinessWatcher:
                            PHASES.get(phase, phase), request=request, seen=seen, answered_s_before=last)
 
 
+
 def describe_request(sampling: Sampling, *, native: bool) -> str:
     """'POST /generate (max_new_tokens 8, temperature 0.8, top_k 20, top_p 0.9)': the request a readiness
     probe sends, to name the one that killed a server."""
@@ -586,185 +436,3 @@ def describe_request(sampling: Sampling, *, native: bool) -> str:
     params = sampling.as_openai()
     return "POST /v1/completions (" + ", ".join(f"{k} {v}" for k, v in params.items()) + ")"
 
-
-@dataclass
-class HttpLiveness:
-    """Is a server reached only by URL still there? Judged by a cheap GET its HTTP process answers itself.
-
-    "answered" (any HTTP status), "refused" (nothing listens: conclusive once it had answered),
-    "dropped" (closed without answering), "timeout" (accepted or not, no answer in time).
-    """
-
-    client: InferenceClient
-    answered_at: float | None = None
-    silent_since: float | None = None
-    next_probe: float = 0.0
-
-    def answered(self, now: float) -> None:
-        self.answered_at, self.silent_since = now, None
-
-    def probe(self, *, every_s: float = LIVENESS_EVERY_S) -> str:
-        started = time.monotonic()
-        self.next_probe = started + every_s
-        try:
-            self.client.request("GET", LIVENESS_PATH, timeout_s=LIVENESS_TIMEOUT_S)
-        except ApiError as exc:
-            if exc.cause != "refused":
-                self.silent_since = self.silent_since or started
-            return exc.cause or "error"
-        self.answered(time.monotonic())
-        return "answered"
-
-    def silent_for(self) -> float:
-        return 0.0 if self.silent_since is None else time.monotonic() - self.silent_since
-
-
-# ---- after readiness: a request that ran out of its total time ----------------------------------------------
-
-# How long the progress check's /health_generate may take. SGLang answers it 200 as soon as ANY output leaves
-# the scheduler after it was sent (a 1-token generation joins the running batch), so an engine that makes
-# progress, however slowly, answers within one decode step; a wedged one only after SGLANG_HEALTH_CHECK_TIMEOUT
-# (20 s), with 503. Capped by --request-timeout so the whole verdict stays about one request timeout.
-PROGRESS_HEALTH_S = 5.0
-# /metrics counters that only move when the engine produces output (SGLang 0.5.17 names; summed over labels).
-PROGRESS_COUNTERS = ("sglang:generation_tokens_total", "sglang:num_requests_total")
-PROGRESS_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput")
-
-
-def metric_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
-    """Prometheus text -> {name: value summed over its label sets} for `names` (absent names left out)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in names:
-            try:
-                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-    return out
-
-
-@dataclass
-class EngineProgress:
-    """Whether a server's engine still produced output when one of its requests ran out of time."""
-
-    moving: bool | None  # True: output still gets through; False: none at all (stuck); None: cannot tell
-    evidence: list[str] = field(default_factory=list)
-    per_token_s: float | None = None  # the pace a short streamed probe decoded at (None: not measured, or fast)
-    fast: bool = False  # the streamed probe finished within its bound: fresh requests are served at speed
-
-    def describe(self) -> str:
-        verdict = {True: "the engine still makes progress",
-                   False: "the engine makes no progress at all",
-                   None: "whether the engine still makes progress is unknown"}[self.moving]
-        return verdict + (f" ({'; '.join(self.evidence)})" if self.evidence else "")
-
-
-def _metrics(client: InferenceClient, timeout_s: float) -> dict[str, float] | None:
-    try:
-        return metric_values(client.metrics(timeout_s=timeout_s), PROGRESS_COUNTERS + PROGRESS_GAUGES)
-    except ApiError:
-        return None  # no --enable-metrics (404), or no answer: no evidence either way
-
-
-def _pace(client: InferenceClient, *, native: bool, seconds: float) -> tuple[float | None, str, bool]:
-    """Seconds per token of a short greedy stream read for at most `seconds` (None: not measured, or the stream
-    finished in time: fast); what it showed; and whether it finished in time."""
-    sampling = Sampling(max_tokens=32, temperature=0.0, ignore_eos=True)
-    try:
-        stream = (client.generate_stream("Hello", sampling, timeout_s=seconds) if native
-                  else client.completion_stream("Hello", sampling, timeout_s=seconds))
-    except DeadlineExceeded as exc:
-        if exc.per_token_s is None:
-            return None, f"a {seconds:g}s streamed probe got {exc.got}", False
-        return exc.per_token_s, (f"a streamed probe: {exc.tokens} tokens in {seconds:g}s, "
-                                 f"{exc.per_token_s:.2f} s per token"), False
-    except ApiError as exc:
-        return None, f"a streamed probe failed: {exc.message}", False
-    return None, f"a streamed probe of 32 tokens finished in {stream.elapsed_s:.1f}s", True
-
-
-def engine_progress(client: InferenceClient, *, native: bool, request_timeout_s: float,
-                    measure_pace: bool = False) -> EngineProgress:
-    """Ask a server whose request ran out of time whether its engine still makes progress.
-
-    /health_generate (native SGLang): 200 = a 1-token generation got through the scheduler (progress); 503 or
-    no answer within PROGRESS_HEALTH_S = it did not. /metrics (when the server exposes it), read before and after:
-    generation / request counters that moved = progress; nothing moved while requests are running = none.
-    `measure_pace`: when output still gets through, a short streamed greedy probe measures how fast (for a
-    request that was not streamed, so its own pace is unknown). Bounded: at most 2 x PROGRESS_HEALTH_S (each
-    capped at the request timeout) + 2 x 2 s.
-    """
-    probe_s = min(PROGRESS_HEALTH_S, max(1.0, request_timeout_s))
-    started = time.monotonic()
-    before = _metrics(client, 2.0)
-    evidence: list[str] = []
-    health: bool | None = None
-    if native:
-        try:
-            status = client.health_generate(timeout_s=probe_s)
-        except ApiError as exc:
-            if exc.cause == "timeout":
-                health = False
-                evidence.append(f"{HEALTH_PATH}: no answer within {probe_s:g}s (a 1-token generation did not get "
-                                "through the scheduler)")
-            else:
-                evidence.append(f"{HEALTH_PATH}: {exc.message}")
-        else:
-            health = status == 200
-            evidence.append(f"{HEALTH_PATH} answered {status}" + (" (a 1-token generation got through)" if health
-                                                                   else " (no output from the scheduler)"))
-    metrics: bool | None = None
-    if before is not None:
-        if time.monotonic() - started < 1.0:
-            time.sleep(1.0)  # counters need a moment to move
-        after = _metrics(client, 2.0) or {}
-        span = time.monotonic() - started
-        moved = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in PROGRESS_COUNTERS if name in after}
-        running = after.get("sglang:num_running_reqs", 0.0) + after.get("sglang:num_queue_reqs", 0.0)
-        said = ", ".join(f"{name.removeprefix('sglang:')} +{delta:g}" for name, delta in moved.items())
-        evidence.append(f"/metrics over {span:.1f}s: {said or 'no progress counters'}; "
-                        f"{running:g} requests running or queued")
-        if any(delta > 0 for delta in moved.values()):
-            metrics = True
-        elif moved and running > 0:
-            metrics = False
-    moving = True if (health or metrics) else (False if (health is False or metrics is False) else None)
-    per_token: float | None = None
-    fast = False
-    if measure_pace and moving is not False:
-        per_token, said, fast = _pace(client, native=native, seconds=probe_s)
-        evidence.append(said)
-    return EngineProgress(moving, evidence, per_token, fast)
-
-
-@dataclass(eq=False)
-class ServiceStuck(ServiceNotReady):
-    """After readiness, a request ran out of --request-timeout: the service is unusable for the rest of the run
-    (stuck, or far too slow), like a death; its remaining tests are blocked naming this."""
-
-    request: str = ""
-    got: str = ""
-    progress: str = ""
-    moving: bool | None = None  # EngineProgress.moving
-    per_token_s: float | None = None  # the pace seen (the request's own stream, else the probe's)
-
-    @property
-    def kind(self) -> str:
-        """"stuck" (no output gets through), "far too slow" (a pace was measured), else "not answering in time"."""
-        if self.moving is False:
-            return "stuck"
-        if self.per_token_s is not None and self.per_token_s > 0:
-            return "far too slow"
-        return "not answering in time"
-
-    @property
-    def what(self) -> str:
-        """"stuck", "far too slow (0.50 s per token)", "not answering in time"."""
-        return f"{self.kind} ({self.per_token_s:.2f} s per token)" if self.kind == "far too slow" else self.kind
-
-    def __str__(self) -> str:
-        return (f"service {self.service} is {self.what}: {self.request} not answered within "
-                f"{format_seconds(self.waited_s)} (--request-timeout, total time): got {self.got}; {self.progress}")

@@ -21,7 +21,8 @@ from pytest_dflash.config.placeholders import render
 from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import Transport, journal_since
-from pytest_dflash.services.base import LogMark, ServiceState
+from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
+from pytest_dflash.services.derive import PlainTarget, PlainUnavailable, strip_speculative_text, with_port
 
 UNIT_DIR = "/etc/systemd/system"
 MARKER_KEY = "X-PytestDflash-Run"
@@ -120,6 +121,14 @@ class SystemdService:
     def url(self) -> str:
         return self.spec.url_on(self.spec.port)
 
+    @property
+    def provisionable(self) -> bool:
+        return True
+
+    @property
+    def native_api(self) -> bool | None:
+        return True  # SGLang (or the refserver) by construction
+
     def values(self) -> dict[str, str]:
         gpus = ",".join(str(g) for g in self.spec.gpus)
         return {"python": self.python, "port": str(self.spec.port or ""), "service": self.name,
@@ -163,9 +172,10 @@ class SystemdService:
         self.transport.check("systemctl start --no-block %s", self.unit, mutating=True, timeout_s=60)
         self._expect_running = True
 
-    def attach(self) -> None:
+    def attach(self) -> str:
         """Attach mode: expect the unit to be running already; change nothing."""
         self._expect_running = True
+        return "unit"
 
     def stop(self) -> None:
         if not self._provisioned:
@@ -224,3 +234,33 @@ def reap_stale_units(transport: Transport, run_id: str) -> list[str]:
     if done:
         transport.run("systemctl daemon-reload", mutating=True, timeout_s=60)
     return done
+
+
+def _make(spec: ServiceSpec, host: ServiceHost) -> SystemdService:
+    return SystemdService(spec, host.transport, host=host.name, run_id=host.run_id, python=host.profile.python)
+
+
+def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
+    return reap_stale_units(host.transport, host.run_id) if specs else []
+
+
+def _derive_plain(reference: ServiceSpec, target: PlainTarget) -> ServiceSpec:
+    """The reference's unit template without --speculative-*, written to `target.directory`; port + 100 unless given."""
+    if reference.template is None or reference.unit is None or reference.port is None:
+        raise PlainUnavailable(f"services.{reference.name} has no unit template to derive a plain server from")
+    try:
+        text = reference.template.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlainUnavailable(f"cannot read {reference.template}: {exc}") from None
+    target.directory.mkdir(parents=True, exist_ok=True)
+    template = target.directory / f"{target.host}.{target.name}.{target.run_id}.service"
+    template.write_text(strip_speculative_text(text), encoding="utf-8")
+    new_port = target.port if target.port is not None else reference.port + 100
+    return ServiceSpec(name=target.name, kind="systemd", url=with_port(reference.url, new_port), algorithm="NONE",
+                       unit=reference.unit.removesuffix(".service") + "-plain.service", template=template,
+                       env=reference.env, vars=reference.vars, gpus=target.gpus, port=new_port,
+                       ready_timeout_s=reference.ready_timeout_s, sampled_timeout_s=reference.sampled_timeout_s,
+                       api_key_env=reference.api_key_env, model=reference.model)
+
+
+KIND = Kind("systemd", make=_make, reap=_reap, derive_plain=_derive_plain)

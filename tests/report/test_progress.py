@@ -15,8 +15,7 @@ TEST = '''
 import threading
 
 from pytest_dflash.report.progress import ProgressChannel
-from pytest_dflash.run.state import ServiceEvent
-from pytest_dflash.services.readiness import Heartbeat
+from pytest_dflash.services.events import Heartbeat, ServiceEvent
 
 
 def test_progress(pytestconfig):

@@ -11,14 +11,9 @@ import re
 import pytest
 from http_doubles import FaultProxy, Reply, huge_generation
 
-from pytest_dflash.client import (
-    DEFAULT_MAX_BODY,
-    GREEDY,
-    METRICS_MAX_BODY,
-    InferenceClient,
-    Sampling,
-    response_cap,
-)
+from pytest_dflash.client.bodies import DEFAULT_MAX_BODY, METRICS_MAX_BODY, response_cap
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import GREEDY, Sampling
 from pytest_dflash.errors import ApiError
 from pytest_dflash.refserver.launch import RefServerProcess
 

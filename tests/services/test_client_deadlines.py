@@ -11,7 +11,9 @@ import httpx
 import pytest
 from http_doubles import DripServer
 
-from pytest_dflash.client import DeadlineExceeded, InferenceClient, Sampling
+from pytest_dflash.client.deadline import DeadlineExceeded
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.errors import ApiError
 
 LIMIT_S = 1.0

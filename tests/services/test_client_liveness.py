@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 
 
 def test_a_listening_server_is_not_refused_and_a_closed_one_is() -> None:

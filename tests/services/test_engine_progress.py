@@ -11,9 +11,11 @@ import time
 import httpx
 import pytest
 
-from pytest_dflash.client import DeadlineExceeded, InferenceClient, Sampling
+from pytest_dflash.client.deadline import DeadlineExceeded
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.refserver.launch import RefServerProcess
-from pytest_dflash.services.readiness import PROGRESS_HEALTH_S, engine_progress, metric_values
+from pytest_dflash.services.stuck import PROGRESS_HEALTH_S, engine_progress, metric_values
 
 TIMEOUT_S = 2.0
 

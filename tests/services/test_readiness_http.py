@@ -17,12 +17,13 @@ import httpx
 import pytest
 from http_doubles import FaultProxy, Reply, SilentServer, sampled_500
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import ServiceGone, ServiceNotReady
 from pytest_dflash.refserver.launch import RefServerProcess
 from pytest_dflash.services.external import ExternalService
-from pytest_dflash.services.readiness import HttpLiveness, ReadinessWatcher
+from pytest_dflash.services.liveness import HttpLiveness
+from pytest_dflash.services.readiness import ReadinessWatcher
 
 SAMPLED_REQUEST = "POST /generate (max_new_tokens 8, temperature 0.8, top_p 0.9, top_k 20)"
 GREEDY_REQUEST = "POST /generate (max_new_tokens 8, temperature 0.0)"

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import ServiceCrashed, ServiceGone, ServiceNotReady
 from pytest_dflash.services.base import ServiceManager

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import ServiceNotReady
 from pytest_dflash.services.phases import PHASE_NAMES

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 
 DATA = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200" / "parity"
 Handler = Callable[[dict[str, Any]], tuple[int, Any]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.layers.generation.requests import APIS, PATHS, PROMPT, Api, messages
 from pytest_dflash.layers.generation.shapes import fail
 

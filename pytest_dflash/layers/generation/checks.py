@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_dflash.client import SAMPLED, Generation, InferenceClient, Sampling
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import SAMPLED, Generation, Sampling
 from pytest_dflash.config.profiles import AUTO
 from pytest_dflash.errors import ApiError, DflashError
 from pytest_dflash.layers.generation.bad_requests import BAD_REQUESTS, bad_request

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_dflash.client import Generation, InferenceClient, Sampling
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Generation, Sampling
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.generation.requests import PATHS, Api, request
 from pytest_dflash.layers.generation.shapes import check_full_length, fail

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pytest_dflash.client import Generation, InferenceClient, Sampling, Stream
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Generation, Sampling, Stream
 from pytest_dflash.errors import ApiError
 
 Api = Literal["generate", "completions", "chat"]

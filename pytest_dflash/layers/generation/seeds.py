@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from pytest_dflash.client import InferenceClient, Sampling
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.errors import DflashError
 from pytest_dflash.layers.generation.requests import PATHS, Api, generate_batch, request
 from pytest_dflash.layers.generation.shapes import fail

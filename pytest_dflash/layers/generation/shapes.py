@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from pytest_dflash.client import Generation, Sampling, Stream
+from pytest_dflash.client.sampling import Generation, Sampling, Stream
 
 
 def fail(message: str) -> NoReturn:

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pytest_dflash.client import InferenceClient, Sampling
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Sampling
 
 Source = Literal["meta_info", "server_info"]
 DEFAULT_MIN_ACCEPT_LENGTH = 1.1  # without [floors.SERVICE] accept_length: drafts accepted, not speculation in name

@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from pytest_dflash.client import InferenceClient, Sampling
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.layers.generation.requests import generate_batch
 
 Sample = tuple[int, ...]

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from pytest_dflash.client import Generation, InferenceClient, Sampling
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Generation, Sampling
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.parity.plain import ready_plain
 from pytest_dflash.layers.parity.prompts import Prompt

@@ -4,11 +4,12 @@ service, or one derived from the reference under --provision (services/plain.py 
 
 from __future__ import annotations
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.paths import state_root
 from pytest_dflash.errors import DflashError
 from pytest_dflash.run.state import ServiceHandle
-from pytest_dflash.services.plain import PlainUnavailable, derive_plain_spec
+from pytest_dflash.services.derive import PlainUnavailable
+from pytest_dflash.services.plain import derive_plain_spec
 
 
 def plain_service(reference: ServiceHandle, *, port: int | None = None) -> ServiceHandle:

@@ -23,7 +23,7 @@ from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.layers.perf.stats import bootstrap_bound, metric_sample
 from pytest_dflash.load.run import run_load
 from pytest_dflash.run.state import HostContext, ServiceHandle
-from pytest_dflash.services.readiness import Heartbeat
+from pytest_dflash.services.events import Heartbeat
 
 __all__ = ["PerfBook", "PerfItem", "host_of", "throughput_interval"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.client import Sampling
+from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.layers.generation.requests import PROMPT, Api, request_stream
 from pytest_dflash.layers.parity.acceptance import check_accepts_drafts
 from pytest_dflash.layers.parity.checks import measure_acceptance, required_floor

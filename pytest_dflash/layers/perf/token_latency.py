@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_dflash.client import Stream
+from pytest_dflash.client.sampling import Stream
 from pytest_dflash.layers.perf.judgement import Judgement
 
 # Sanity ceiling on the time per output token of one streamed request: a server slower than 4 tokens a second

@@ -11,7 +11,7 @@ import pytest
 from pytest_dflash.errors import DflashError
 from pytest_dflash.layers.generation import checks as generation
 from pytest_dflash.services import speculation
-from pytest_dflash.services.readiness import ReadyReport
+from pytest_dflash.services.startup import ReadyReport
 
 if TYPE_CHECKING:
     from pytest_dflash.run.state import ServiceHandle

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.client import InferenceClient, Sampling, Stream
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Sampling, Stream
 from pytest_dflash.layers.generation.bad_requests import bad_request, bad_request_body
 from pytest_dflash.layers.generation.checks import pick_stop_string
 from pytest_dflash.layers.generation.requests import Api
@@ -160,7 +161,7 @@ def test_a_5xx_for_a_bad_request_fails(replay: Callable[..., InferenceClient]) -
 
 
 def test_full_length_check_counts_openai_choices() -> None:
-    from pytest_dflash.client import Generation
+    from pytest_dflash.client.sampling import Generation
 
     sampling = Sampling(max_tokens=4, n=2, ignore_eos=True)
     gens = [Generation("a", "length", completion_tokens=8, meta={"index": i}) for i in range(2)]

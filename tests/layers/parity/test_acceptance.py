@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.loader import profile_from_dict
 from pytest_dflash.errors import InventoryError
 from pytest_dflash.evidence.diagnosis import diagnose

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.loader import attach_profile
 from pytest_dflash.layers.parity.acceptance import Acceptance, FlushRefused, check_floor, measure
 from pytest_dflash.layers.parity.hooks import OPTIONS_KEY, state_change_refusal

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.client import InferenceClient
+from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.layers.parity.greedy import (
     Candidate,
     Divergence,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from perf_fakes import fake_result
 
-from pytest_dflash.client import Stream
+from pytest_dflash.client.sampling import Stream
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.layers.perf.judging import judge_accept_length
 from pytest_dflash.layers.perf.service_run import ServiceRun

@@ -1,0 +1,446 @@
+"""`InferenceClient`: one server's calls (models, server info, health, metrics, generations and streams), with
+explicit timeouts, no retries, every failure mapped to `ApiError`, bodies read under their cap (client/bodies.py)
+and every call bounded by its total time (client/deadline.py)."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import json
+import socket
+import ssl
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from pytest_dflash.client.bodies import (
+    DEFAULT_MAX_BODY,
+    METRICS_MAX_BODY,
+    NEWLINES,
+    STREAM_MAX_TOTAL,
+    error_message,
+    native_generation,
+    openai_generations,
+    requested_tokens,
+    response_cap,
+    stream_tokens,
+)
+from pytest_dflash.client.deadline import CallProgress, DeadlineExceeded, bound_total_time, deadline
+from pytest_dflash.client.sampling import GREEDY, Generation, Sampling, Stream
+from pytest_dflash.errors import ApiError
+
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+DROPPED = "connection dropped"
+
+
+_SSL_LOCK = threading.Lock()
+_SSL: ssl.SSLContext | None = None
+
+
+def _ssl_context() -> ssl.SSLContext:
+    """httpx's own default context (its CA bundle, SSL_CERT_FILE / SSL_CERT_DIR), built once per process."""
+    global _SSL
+    with _SSL_LOCK:
+        if _SSL is None:
+            _SSL = httpx.create_ssl_context()
+        return _SSL
+
+
+def _proxied(host: str) -> bool:
+    """Would httpx (trust_env) send a request for `host` through a proxy named in the environment?"""
+    proxies = urllib.request.getproxies()
+    return any(proxies.get(k) for k in ("http", "https", "all")) and not urllib.request.proxy_bypass(host)
+
+
+
+class InferenceClient:
+    """One server, two dialects: OpenAI (/v1/*) and SGLang native (/generate, /server_info)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        service: str = "server",
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        api_key: str | None = None,
+        model: str | None = None,
+        limit_name: str = "the client's default timeout",
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # httpx does not retry; keep-alive is fine (SGLang is uvicorn). One SSL context for every client: httpx
+        # would load the CA bundle again for each (≈ 15 ms of CPU; 64 services of a fleet worker paid a second).
+        self._http = bound_total_time(httpx.Client(base_url=base_url, timeout=timeout, headers=headers,
+                                                   verify=_ssl_context()))
+        # A call's total deadline when it names none: the per-read timeout, now meant as total time.
+        self.default_limit_s = timeout.read if timeout.read is not None else 60.0
+        self.limit_name = limit_name  # how the default limit is documented ("--request-timeout")
+        # told of every DeadlineExceeded before it is raised; returns more to say about it, or ""
+        self.on_deadline: Callable[[DeadlineExceeded], str] | None = None
+        # set once the service was failed (stuck, far too slow): later calls fail at once, naming why
+        self.unusable: str | None = None
+        self.base_url = base_url.rstrip("/")
+        self.service = service
+        self._model = model
+        self.api_key = api_key
+        self._addresses: list[Any] | None = None  # getaddrinfo of the server, resolved once (refuses_connections)
+        # httpx reads the proxy variables when the client is built; so does this (reading them costs 0.3 ms)
+        self._proxied = _proxied(self._http.base_url.host)
+
+    def refuses_connections(self, timeout_s: float) -> bool | None:
+        """Does nothing listen at the server's address any more? One TCP connect and close, no HTTP: after
+        readiness a refusal is all a liveness check needs (conclusive), and an HTTP request costs the client
+        ~30 times the CPU. None when a TCP connect would not tell: a proxy from the environment stands
+        between (httpx sends through it, so its port says nothing of the server's) — ask over HTTP then."""
+        url = self._http.base_url
+        host = url.host
+        if self._proxied:
+            return None
+        port = url.port or (443 if url.scheme == "https" else 80)
+        if self._addresses is None:
+            try:
+                self._addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError:
+                return None  # a name that stopped resolving is not a server that died
+        refused = False
+        for family, kind, proto, _, address in self._addresses:
+            try:
+                with socket.socket(family, kind, proto) as probe:
+                    probe.settimeout(timeout_s)
+                    probe.connect(address)
+                return False
+            except ConnectionRefusedError:
+                refused = True
+            except OSError:
+                pass  # unreachable, timed out: not conclusive
+        return refused if refused else None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> InferenceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- plumbing ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _mapped(self, endpoint: str, progress: CallProgress | None = None) -> Iterator[None]:
+        """Translate httpx's exceptions into ApiError (raised `from` the original); a timeout at or past the
+        call's total deadline is a DeadlineExceeded saying how far the call got."""
+        try:
+            yield
+        except DeadlineExceeded:
+            raise
+        except httpx.TimeoutException as exc:
+            if progress is not None and progress.overdue and "ConnectTimeout" not in type(exc).__name__:
+                raise self._deadline_error(endpoint, progress) from exc
+            raise ApiError(self.service, endpoint, None, f"timed out ({type(exc).__name__})", cause="timeout") from exc
+        except httpx.RemoteProtocolError as exc:
+            raise ApiError(self.service, endpoint, None, DROPPED, str(exc), cause="dropped") from exc
+        except (httpx.ReadError, httpx.WriteError) as exc:
+            raise ApiError(self.service, endpoint, None, f"{DROPPED} ({type(exc).__name__}: {exc})",
+                           cause="dropped") from exc
+        except httpx.ConnectError as exc:
+            raise ApiError(self.service, endpoint, None, f"cannot connect: {exc}", cause="refused") from exc
+        except httpx.HTTPError as exc:
+            raise ApiError(self.service, endpoint, None, f"{type(exc).__name__}: {exc}") from exc
+
+    def _timeout(self, seconds: float | None) -> httpx.Timeout | None:
+        return None if seconds is None else httpx.Timeout(seconds, connect=min(5.0, seconds))
+
+    def _progress(self, method: str, timeout_s: float | None, *, stream: bool = False) -> CallProgress:
+        if self.unusable is not None:
+            raise ApiError(self.service, "", None, f"not sent: the service was failed: {self.unusable}",
+                           cause="unusable")
+        limit = timeout_s if timeout_s is not None else self.default_limit_s
+        started = time.monotonic()
+        return CallProgress(started, started + limit, limit, stream=stream, method=method.upper())
+
+    def _deadline_error(self, endpoint: str, progress: CallProgress) -> DeadlineExceeded:
+        got, per_token = progress.describe()
+        elapsed = time.monotonic() - progress.started
+        where = self.limit_name if progress.limit_s == self.default_limit_s else "this call's timeout"
+        error = DeadlineExceeded(
+            self.service, endpoint, progress.status,
+            f"timed out: no complete answer within {progress.limit_s:g}s ({where}, total time): got {got} after "
+            f"{elapsed:.1f}s", cause="timeout", limit_s=progress.limit_s, elapsed_s=elapsed, got=got,
+            tokens=progress.tokens if progress.stream else None, per_token_s=per_token, limit_name=where,
+            method=progress.method)
+        if self.on_deadline is not None:
+            more = self.on_deadline(error)
+            if more:
+                error.message += f"; {more}"
+        return error
+
+    def _check_deadline(self, endpoint: str, progress: CallProgress) -> None:
+        if progress.overdue:
+            raise self._deadline_error(endpoint, progress)
+
+    def request(
+        self, method: str, path: str, *, json_body: Any = None, timeout_s: float | None = None,
+        max_bytes: int | None = None,
+    ) -> httpx.Response:
+        """A raw request, its body read whole up to `max_bytes` (default: `response_cap(path, json_body)`).
+
+        Raises ApiError when no HTTP response arrived, or when the body is over its cap (the body is
+        then not read further; the error names the size seen and the cap).
+        """
+        cap = max_bytes if max_bytes is not None else response_cap(path, json_body)
+        progress = self._progress(method, timeout_s)
+        with self._mapped(path, progress), deadline(progress.limit_s), self._http.stream(
+                method, path, json=json_body, timeout=self._timeout(timeout_s) or self._http.timeout) as response:
+            progress.status = response.status_code
+            return self._read_capped(response, path, cap, progress)
+
+    def _read_capped(self, response: httpx.Response, path: str, cap: int,
+                     progress: CallProgress | None = None) -> httpx.Response:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise self._too_large(path, response.status_code, cap, f"Content-Length {int(declared)} bytes", b"")
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if progress is not None:
+                progress.bytes = size
+                self._check_deadline(path, progress)
+            if size > cap:
+                raise self._too_large(path, response.status_code, cap, f"{size}+ bytes read", b"".join(chunks))
+            chunks.append(chunk)
+        # A fresh, fully read response: the body is already decoded, so drop the framing headers.
+        headers = [(k, v) for k, v in response.headers.multi_items()
+                   if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+        return httpx.Response(response.status_code, headers=headers, content=b"".join(chunks),
+                              request=response.request, extensions=response.extensions)
+
+    def _too_large(self, path: str, status: int | None, cap: int, seen: str, head: bytes) -> ApiError:
+        excerpt = head[:200].decode("utf-8", "replace")
+        return ApiError(self.service, path, status, f"response body too large: {seen}, over the {cap}-byte cap "
+                        "for this request (the rest was not read)", excerpt, cause="too-large")
+
+    def _json(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
+        response = self.request(method, path, json_body=body, timeout_s=timeout_s)
+        if response.status_code >= 400:
+            raise ApiError(self.service, path, response.status_code, error_message(response), response.text[:500])
+        try:
+            return response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(self.service, path, response.status_code, f"malformed JSON body: {exc}",
+                           response.text[:500]) from exc
+
+    # ---- informational endpoints ------------------------------------------------------------------
+
+    def models(self, timeout_s: float | None = 10) -> list[str]:
+        body = self._json("GET", "/v1/models", timeout_s=timeout_s)
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list):
+            raise ApiError(self.service, "/v1/models", 200, "response has no 'data' list", json.dumps(body)[:300])
+        return [str(item.get("id")) for item in data if isinstance(item, dict)]
+
+    def model(self) -> str:
+        if self._model is None:
+            ids = self.models()
+            self._model = ids[0] if ids else "default"
+        return self._model
+
+    def server_info(self, timeout_s: float | None = 10) -> dict[str, Any] | None:
+        """SGLang's /server_info (or the older /get_server_info); None for a non-SGLang server."""
+        return self._native_info(("/server_info", "/get_server_info"), timeout_s)
+
+    def model_info(self, timeout_s: float | None = 10) -> dict[str, Any] | None:
+        """SGLang's /model_info (or the older /get_model_info): model_path, tokenizer_path, ...; None if absent."""
+        return self._native_info(("/model_info", "/get_model_info"), timeout_s)
+
+    def _native_info(self, paths: tuple[str, ...], timeout_s: float | None) -> dict[str, Any] | None:
+        for path in paths:
+            response = self.request("GET", path, timeout_s=timeout_s)
+            if response.status_code == 200:
+                try:
+                    body = response.json()
+                except json.JSONDecodeError as exc:
+                    raise ApiError(self.service, path, 200, f"malformed JSON body: {exc}", response.text[:300]) from exc
+                return body if isinstance(body, dict) else None
+        return None
+
+    def health_generate(self, timeout_s: float = 30) -> int:
+        return self.request("GET", "/health_generate", timeout_s=timeout_s).status_code
+
+    def flush_cache(self, timeout_s: float = 30) -> int:
+        return self.request("POST", "/flush_cache", timeout_s=timeout_s).status_code
+
+    def metrics(self, timeout_s: float = 10) -> str:
+        response = self.request("GET", "/metrics", timeout_s=timeout_s, max_bytes=METRICS_MAX_BODY)
+        if response.status_code != 200:
+            raise ApiError(self.service, "/metrics", response.status_code, error_message(response))
+        return response.text
+
+    # ---- generation ------------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        sampling: Sampling = GREEDY,
+        *,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        timeout_s: float | None = None,
+    ) -> Generation:
+        """SGLang native POST /generate with one prompt (text or token ids)."""
+        body = self._generate_body(prompt, sampling, return_logprob, top_logprobs_num)
+        started = time.monotonic()
+        data = self._json("POST", "/generate", body, timeout_s)
+        if isinstance(data, list):
+            data = data[0] if data else {}
+        return native_generation(data, time.monotonic() - started, self.service)
+
+    def generate_many(self, prompt: str | Sequence[int], sampling: Sampling, *,
+                      timeout_s: float | None = None) -> list[Generation]:
+        """/generate with n > 1: SGLang answers a list, one entry per sample."""
+        body = self._generate_body(prompt, sampling, False, 0)
+        started = time.monotonic()
+        data = self._json("POST", "/generate", body, timeout_s)
+        items = data if isinstance(data, list) else [data]
+        return [native_generation(item, time.monotonic() - started, self.service) for item in items]
+
+    def _generate_body(self, prompt: str | Sequence[int], sampling: Sampling, return_logprob: bool,
+                       top_logprobs_num: int) -> dict[str, Any]:
+        body: dict[str, Any] = {"sampling_params": sampling.as_sglang()}
+        if isinstance(prompt, str):
+            body["text"] = prompt
+        else:
+            body["input_ids"] = list(prompt)
+        if return_logprob:
+            body["return_logprob"] = True
+            body["top_logprobs_num"] = top_logprobs_num
+        return body
+
+    def completion(self, prompt: str, sampling: Sampling = GREEDY, *,
+                   timeout_s: float | None = None) -> list[Generation]:
+        """OpenAI POST /v1/completions; one Generation per choice."""
+        body = {"model": self.model(), "prompt": prompt, **sampling.as_openai()}
+        started = time.monotonic()
+        data = self._json("POST", "/v1/completions", body, timeout_s)
+        return openai_generations(data, time.monotonic() - started, self.service, "/v1/completions", chat=False)
+
+    def chat(self, messages: Sequence[Mapping[str, str]], sampling: Sampling = GREEDY, *,
+             timeout_s: float | None = None) -> list[Generation]:
+        """OpenAI POST /v1/chat/completions; one Generation per choice."""
+        body = {"model": self.model(), "messages": list(messages), **sampling.as_openai()}
+        started = time.monotonic()
+        data = self._json("POST", "/v1/chat/completions", body, timeout_s)
+        return openai_generations(data, time.monotonic() - started, self.service, "/v1/chat/completions", chat=True)
+
+    def stream(self, path: str, body: Mapping[str, Any], *, timeout_s: float | None = None) -> Stream:
+        """POST with stream=true and read the SSE stream to its end, checking it is well formed.
+
+        Raises ApiError for a non-2xx status, a line that is not `data: …`, an event that is not
+        JSON, an event or a stream over its byte cap, or a dropped connection; `Stream.done` is False
+        when the stream ended without [DONE].
+        """
+        started = time.monotonic()
+        events: list[dict[str, Any]] = []
+        arrival: list[float] = []
+        raw: list[str] = []
+        done = False
+        payload_body = {**body, "stream": True}
+        line_cap = response_cap(path, payload_body)
+        # Every event carries at most the whole output; there are at most about as many events as tokens.
+        total_cap = min(STREAM_MAX_TOTAL, line_cap * (requested_tokens(path, payload_body) + 16))
+        progress = self._progress("POST", timeout_s, stream=True)
+        with self._mapped(path, progress), deadline(progress.limit_s), self._http.stream(
+                "POST", path, json=payload_body, timeout=self._timeout(timeout_s) or self._http.timeout) as response:
+            progress.status = response.status_code
+            if response.status_code >= 400:
+                response = self._read_capped(response, path, DEFAULT_MAX_BODY, progress)
+                raise ApiError(self.service, path, response.status_code, error_message(response), response.text[:500])
+            content_type = response.headers.get("content-type", "")
+            for line in self._capped_lines(response, path, line_cap, total_cap, progress):
+                raw.append(line)
+                if not line.strip() or line.startswith(":"):
+                    continue  # blank lines end events; ':' lines are SSE comments (a proxy's keep-alive pings)
+                if done:
+                    raise ApiError(self.service, path, response.status_code, f"data after [DONE]: {line[:200]!r}")
+                if not line.startswith("data:"):
+                    raise ApiError(self.service, path, response.status_code, f"malformed SSE line: {line[:200]!r}")
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    done = True
+                    continue
+                try:
+                    event = json.loads(payload)
+                except json.JSONDecodeError as exc:
+                    raise ApiError(self.service, path, response.status_code,
+                                   f"SSE event is not JSON ({exc}): {payload[:200]!r}") from exc
+                if not isinstance(event, dict):
+                    raise ApiError(self.service, path, response.status_code,
+                                   f"SSE event is not an object: {payload[:200]!r}")
+                if "error" in event and not event.get("choices") and "text" not in event:
+                    raise ApiError(self.service, path, response.status_code, f"error event in stream: {payload[:300]}")
+                events.append(event)
+                arrival.append(time.monotonic() - started)
+                progress.events = len(events)
+                progress.tokens_seen(stream_tokens(events, progress.tokens))
+        return Stream(events, arrival, done, raw, time.monotonic() - started, response.status_code, content_type)
+
+    def _capped_lines(self, response: httpx.Response, path: str, line_cap: int, total_cap: int,
+                      progress: CallProgress) -> Iterator[str]:
+        """`response.iter_lines()` (str.splitlines semantics, as httpx), failing on a line or a total over its cap,
+        or when the call's total deadline passes (blank lines and SSE comments do not buy time)."""
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        pending = ""
+        total = 0
+        for chunk in response.iter_bytes():
+            total += len(chunk)
+            progress.bytes = total
+            self._check_deadline(path, progress)
+            if total > total_cap:
+                raise self._too_large(path, response.status_code, total_cap, f"stream of {total}+ bytes", b"")
+            text = pending + decoder.decode(chunk)
+            hold_cr = text.endswith("\r")  # "\r\n" may be split across chunks: decide with the next one
+            if hold_cr:
+                text = text[:-1]
+            lines = text.splitlines()
+            pending = lines.pop() if lines and text[-1:] not in NEWLINES else ""
+            if hold_cr:
+                pending += "\r"
+            if len(pending) > line_cap:
+                raise self._too_large(path, response.status_code, line_cap, f"an SSE line of {len(pending)}+ bytes",
+                                      pending[:200].encode())
+            for line in lines:
+                if len(line) > line_cap:
+                    raise self._too_large(path, response.status_code, line_cap, f"an SSE line of {len(line)} bytes",
+                                          line[:200].encode())
+                yield line
+        rest = (pending + decoder.decode(b"", final=True)).splitlines()
+        yield from rest
+
+    def generate_stream(self, prompt: str, sampling: Sampling = GREEDY, *, timeout_s: float | None = None) -> Stream:
+        return self.stream("/generate", self._generate_body(prompt, sampling, False, 0), timeout_s=timeout_s)
+
+    def completion_stream(self, prompt: str, sampling: Sampling = GREEDY, *, include_usage: bool = True,
+                          timeout_s: float | None = None) -> Stream:
+        body = {"model": self.model(), "prompt": prompt, **sampling.as_openai()}
+        if include_usage:
+            body["stream_options"] = {"include_usage": True}
+        return self.stream("/v1/completions", body, timeout_s=timeout_s)
+
+    def chat_stream(self, messages: Sequence[Mapping[str, str]], sampling: Sampling = GREEDY, *,
+                    include_usage: bool = True, timeout_s: float | None = None) -> Stream:
+        body = {"model": self.model(), "messages": list(messages), **sampling.as_openai()}
+        if include_usage:
+            body["stream_options"] = {"include_usage": True}
+        return self.stream("/v1/chat/completions", body, timeout_s=timeout_s)
+
+    def probe_generation(self, sampling: Sampling, *, native: bool, timeout_s: float) -> Generation:
+        """A minimal generation for readiness: native /generate, else /v1/completions."""
+        if native:
+            return self.generate("Hello", sampling, timeout_s=timeout_s)
+        return self.completion("Hello", sampling, timeout_s=timeout_s)[0]
+
+

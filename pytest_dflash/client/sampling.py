@@ -1,0 +1,110 @@
+"""What a call sends (`Sampling`, rendered for either dialect; `GREEDY`, `SAMPLED`) and what it gets back
+(`Generation`, normalised across dialects; `Stream`, a completed SSE stream)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters, rendered for either dialect."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    n: int = 1
+    ignore_eos: bool = False
+
+    @property
+    def uses_sampling_kernel(self) -> bool:
+        """True when SGLang routes this through FlashInfer's top-k/top-p sampling kernel (not torch)."""
+        if self.temperature <= 0:
+            return False
+        return (self.top_k is not None and self.top_k > 1) or (self.top_p is not None and self.top_p < 1) or (
+            self.min_p is not None and self.min_p > 0
+        )
+
+    def as_sglang(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"max_new_tokens": self.max_tokens, "temperature": self.temperature}
+        for key, value in (("top_p", self.top_p), ("top_k", self.top_k), ("min_p", self.min_p),
+                           ("sampling_seed", self.seed)):
+            if value is not None:
+                params[key] = value
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.stop_token_ids:
+            params["stop_token_ids"] = list(self.stop_token_ids)
+        if self.n != 1:
+            params["n"] = self.n
+        if self.ignore_eos:
+            params["ignore_eos"] = True
+        return params
+
+    def as_openai(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature}
+        # top_k, min_p, stop_token_ids and ignore_eos are SGLang extensions of the OpenAI schema.
+        for key, value in (("top_p", self.top_p), ("top_k", self.top_k), ("min_p", self.min_p), ("seed", self.seed)):
+            if value is not None:
+                body[key] = value
+        if self.stop:
+            body["stop"] = list(self.stop)
+        if self.stop_token_ids:
+            body["stop_token_ids"] = list(self.stop_token_ids)
+        if self.n != 1:
+            body["n"] = self.n
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        return body
+
+
+GREEDY = Sampling(max_tokens=8, temperature=0.0)
+# top_k > 1 and top_p < 1: the request SGLang sends through FlashInfer's JIT-compiled sampling kernel.
+SAMPLED = Sampling(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9)
+
+
+@dataclass
+class Generation:
+    """One completed generation, normalised across dialects."""
+
+    text: str
+    finish_reason: str | None
+    output_ids: list[int] | None = None
+    matched_stop: int | str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    logprobs: list[tuple[float, int]] | None = None
+    top_logprobs: list[list[tuple[float, int]]] | None = None
+
+    @property
+    def accept_length(self) -> float | None:
+        value = self.meta.get("spec_accept_length")
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def verify_ct(self) -> int | None:
+        value = self.meta.get("spec_verify_ct")
+        return int(value) if isinstance(value, int | float) else None
+
+
+@dataclass
+class Stream:
+    """A completed SSE stream: the decoded events, when each arrived, and whether [DONE] came."""
+
+    events: list[dict[str, Any]]
+    arrival_s: list[float]
+    done: bool
+    raw_lines: list[str]
+    elapsed_s: float
+    status: int = 200
+    content_type: str = ""
+
+
