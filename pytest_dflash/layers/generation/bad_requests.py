@@ -24,7 +24,8 @@ BAD_REQUESTS: dict[str, tuple[tuple[Api, ...], dict[str, Any]]] = {
 }
 
 
-def bad_request_body(client: InferenceClient, api: Api, case: str, *, context_tokens: int | None) -> dict[str, Any]:
+def bad_request_body(client: InferenceClient, api: Api, case: str, *,
+                     context_tokens: int | None) -> dict[str, Any]:
     """The request body of BAD_REQUESTS[case] in flavour `api`."""
     _, change = BAD_REQUESTS[case]
     params: dict[str, Any] = {"temperature": 0.0, "max_tokens": 4}
@@ -57,12 +58,14 @@ def bad_request(client: InferenceClient, api: Api, case: str, *, context_tokens:
     body = bad_request_body(client, api, case, context_tokens=context_tokens)
     path = PATHS[api]
     response = client.request("POST", path, json_body=body, timeout_s=timeout_s)  # no answer: ApiError
-    shown = {k: (v if not isinstance(v, str) or len(v) < 60 else f"<{len(v)} characters>") for k, v in body.items()}
+    shown = {k: (v if not isinstance(v, str) or len(v) < 60 else f"<{len(v)} characters>")
+             for k, v in body.items()}
     if not 400 <= response.status_code < 500:
         fail(f"bad request [{case}] to {path} answered HTTP {response.status_code}, expected 4xx: "
               f"{response.text[:300]!r} (request {shown})")
     if not response.text.strip():
-        fail(f"bad request [{case}] to {path}: HTTP {response.status_code} with an empty body (no error message)")
+        fail(f"bad request [{case}] to {path}: HTTP {response.status_code} with an empty body (no "
+             "error message)")
     return response.status_code
 
 

@@ -2,9 +2,9 @@
 evidence.
 
 One function per line of the suite's checklist, each short; the requests, the shape of an answer, invalid
-requests, the context limit and greedy-fallback detection they build on are modules of their own beside this one
-(requests.py, shapes.py, bad_requests.py, context.py, seeds.py). Every check speaks one API flavour: SGLang's
-native ``/generate`` or the OpenAI endpoints (requests.py).
+requests, the context limit and greedy-fallback detection they build on are modules of their own beside this
+one (requests.py, shapes.py, bad_requests.py, context.py, seeds.py). Every check speaks one API flavour:
+SGLang's native ``/generate`` or the OpenAI endpoints (requests.py).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ SAMPLING_CASES: dict[str, Sampling] = {
     "top_k": Sampling(max_tokens=16, temperature=0.8, top_k=20, ignore_eos=True),
     "top_p": Sampling(max_tokens=16, temperature=0.8, top_p=0.9, ignore_eos=True),
     "min_p": Sampling(max_tokens=16, temperature=0.8, min_p=0.05, ignore_eos=True),
-    "all+seed": Sampling(max_tokens=16, temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=7, ignore_eos=True),
+    "all+seed": Sampling(max_tokens=16, temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=7,
+                         ignore_eos=True),
 }
 
 
@@ -77,7 +78,8 @@ def default_api(service: ServiceHandle) -> Api:
     return "generate" if service.native else "completions"
 
 
-def greedy(client: InferenceClient, *, native: bool, max_tokens: int = 16, api: Api | None = None) -> Generation:
+def greedy(client: InferenceClient, *, native: bool, max_tokens: int = 16,
+           api: Api | None = None) -> Generation:
     """One greedy generation, checked; returns it."""
     __tracebackhide__ = True
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -140,7 +142,8 @@ def max_tokens_boundary(client: InferenceClient, api: Api, *, limits: Sequence[i
         check_full_length(gens, sampling, what=f"max_tokens={limit} ({PATHS[api]})")
 
 
-def streamed(client: InferenceClient, *, native: bool, max_tokens: int = 16, api: Api | None = None) -> StreamCheck:
+def streamed(client: InferenceClient, *, native: bool, max_tokens: int = 16,
+             api: Api | None = None) -> StreamCheck:
     """A greedy streamed generation, checked: well-formed SSE to [DONE], max_tokens tokens ('length')."""
     __tracebackhide__ = True
     flavour: Api = api or ("generate" if native else "completions")
@@ -155,14 +158,15 @@ def streamed(client: InferenceClient, *, native: bool, max_tokens: int = 16, api
 
 
 def stop_string(client: InferenceClient, api: Api, *, max_tokens: int = 24) -> Generation:
-    """A stop string taken from the greedy output ends generation there: finish 'stop', string not in the text."""
+    """A stop string taken from the greedy output ends generation there: finish 'stop', string not in
+    the text."""
     __tracebackhide__ = True
     free = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     full = request(client, api, PROMPT, free)[0].text
     stop = pick_stop_string(full)
     if stop is None:
-        fail(f"stop string ({PATHS[api]}): the greedy output {full!r} has no 2-character substring that could "
-              "serve as a stop string")
+        fail(f"stop string ({PATHS[api]}): the greedy output {full!r} has no 2-character substring that "
+              "could serve as a stop string")
     stopped = request(client, api, PROMPT, replace(free, stop=(stop,)))[0]
     where = f"stop string {stop!r} ({PATHS[api]})"
     if stopped.finish_reason != "stop":
@@ -179,17 +183,19 @@ def stop_string(client: InferenceClient, api: Api, *, max_tokens: int = 24) -> G
 
 
 def pick_stop_string(text: str) -> str | None:
-    """A short substring of `text` whose first occurrence is well inside it (printable, no replacement char)."""
+    """A short substring of `text` whose first occurrence is well inside it (printable, no
+    replacement char)."""
     for start in range(4, max(4, len(text) - 2)):
         candidate = text[start : start + 2]
-        if len(candidate) == 2 and candidate.isprintable() and "\ufffd" not in candidate and candidate.strip() \
-                and text.index(candidate) == start:
+        if (len(candidate) == 2 and candidate.isprintable() and "\ufffd" not in candidate
+                and candidate.strip() and text.index(candidate) == start):
             return candidate
     return None
 
 
 def stop_token_id(client: InferenceClient, api: Api, *, max_tokens: int = 24) -> Generation:
-    """stop_token_ids: generation ends at the first occurrence of the token (finish 'stop', matched = the id)."""
+    """stop_token_ids: generation ends at the first occurrence of the token (finish 'stop', matched =
+    the id)."""
     __tracebackhide__ = True
     # No ignore_eos: SGLang checks stop_token_ids in the same branch as EOS, so ignore_eos disables them
     # (seen on the H200: with ignore_eos the stop id was generated and not honoured).
@@ -202,15 +208,16 @@ def stop_token_id(client: InferenceClient, api: Api, *, max_tokens: int = 24) ->
     stopped = request(client, api, PROMPT, replace(free, stop_token_ids=(token,)))[0]
     where = f"stop_token_ids=[{token}] ({PATHS[api]})"
     if stopped.finish_reason != "stop":
-        fail(f"{where}: finish_reason {stopped.finish_reason!r} after {stopped.completion_tokens} tokens, expected "
-              f"'stop' at token {position} of the greedy ids {ids}")
+        fail(f"{where}: finish_reason {stopped.finish_reason!r} after {stopped.completion_tokens} tokens, "
+              f"expected 'stop' at token {position} of the greedy ids {ids}")
     if stopped.matched_stop is not None and stopped.matched_stop != token:
         fail(f"{where}: matched_stop {stopped.matched_stop!r}, expected {token}")
     if stopped.output_ids is not None and stopped.output_ids not in (ids[:position], ids[: position + 1]):
         fail(f"{where}: output_ids {stopped.output_ids}, expected the greedy ids up to the stop token: "
               f"{ids[: position + 1]}")
     if stopped.completion_tokens not in (position, position + 1):
-        fail(f"{where}: {stopped.completion_tokens} tokens, expected {position + 1} (the stop token at {position})")
+        fail(f"{where}: {stopped.completion_tokens} tokens, expected {position + 1} (the stop token "
+             f"at {position})")
     return stopped
 
 
@@ -221,11 +228,13 @@ def concurrent_sampled(client: InferenceClient, api: Api, *, count: int = 16, ma
     base = Sampling(max_tokens=max_tokens, temperature=0.8, top_k=20, top_p=0.9, ignore_eos=True)
 
     def one(index: int) -> Generation:
-        return request(client, api, f"{PROMPT} {index}", replace(base, seed=1000 + index), timeout_s=timeout_s)[0]
+        return request(client, api, f"{PROMPT} {index}", replace(base, seed=1000 + index),
+                       timeout_s=timeout_s)[0]
 
     results: dict[int, Generation] = {}
     errors: dict[int, DflashError] = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=count, thread_name_prefix="dflash-concurrent") as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=count,
+                                               thread_name_prefix="dflash-concurrent") as pool:
         futures = {pool.submit(one, index): index for index in range(count)}
         for future in concurrent.futures.as_completed(futures):
             index = futures[future]
@@ -244,8 +253,8 @@ def concurrent_sampled(client: InferenceClient, api: Api, *, count: int = 16, ma
 
 
 def bad_parameters(service: ServiceHandle, api: Api) -> None:
-    """Every BAD_REQUESTS case of `api` gets a 4xx (all of them tried, every problem reported), then the server
-    still serves a greedy request."""
+    """Every BAD_REQUESTS case of `api` gets a 4xx (all of them tried, every problem reported), then the
+    server still serves a greedy request."""
     __tracebackhide__ = True
     use_api(service, api)
     limit = context_limit(service.client, service.server_info)
@@ -268,7 +277,8 @@ def long_prompt_near_context(service: ServiceHandle, api: Api, *, cap_tokens: in
     use_api(service, api)
     limit = context_limit(service.client, service.server_info)
     if limit is None:
-        pytest.skip("the server reports no context length (/v1/models max_model_len, /server_info context_length)")
+        pytest.skip("the server reports no context length (/v1/models max_model_len, /server_info "
+                    "context_length)")
     long_prompt(service.client, api, limit, cap_tokens=cap_tokens)
 
 
@@ -290,7 +300,8 @@ def served_algorithm_unknown(service: ServiceHandle) -> str | None:
     if not service.native:
         return "needs SGLang's /server_info (not an SGLang server)"
     if service.spec.algorithm == AUTO:
-        return "the attached server's algorithm was not read before the tests were selected (no profile algorithm)"
+        return ("the attached server's algorithm was not read before the tests were selected (no profile "
+                "algorithm)")
     return None
 
 
@@ -310,15 +321,17 @@ def check_served_algorithm(service: ServiceHandle) -> None:
 
 
 def sampling_varies_with_seed(service: ServiceHandle, api: Api | None = None) -> SeedVariation:
-    """Greedy-fallback detection on `service`: SEED_PROMPT sampled with different seeds must vary beyond token 1.
+    """Greedy-fallback detection on `service`: SEED_PROMPT sampled with different seeds must vary beyond
+    token 1.
 
-    One batched native request of 32 samples (else 16 concurrent completions): cheap enough for the smoke suite.
-    On a failure, SGLang's greedy-fallback warning is quoted from the service log when it is there.
+    One batched native request of 32 samples (else 16 concurrent completions): cheap enough for the smoke
+    suite. On a failure, SGLang's greedy-fallback warning is quoted from the service log when it is there.
     """
     __tracebackhide__ = True
     flavour: Api = api or ("generate" if service.native else "completions")
     variation = sample_seeds(service.client, flavour)
-    check_seed_variation(variation, api=flavour, log_line=lambda: service_log_line(service, GREEDY_FALLBACK_LINE))
+    check_seed_variation(variation, api=flavour,
+                         log_line=lambda: service_log_line(service, GREEDY_FALLBACK_LINE))
     return variation
 
 

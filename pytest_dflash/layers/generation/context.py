@@ -39,16 +39,18 @@ FILLER = "The quick brown fox jumps over the lazy dog while the cat sleeps by th
 
 
 def long_prompt(client: InferenceClient, api: Api, limit: ContextLimit, *, max_tokens: int = 8,
-                fill: float = 0.9, cap_tokens: int | None = None, timeout_s: float | None = None) -> Generation:
-    """A prompt of about `fill` x (context - max_tokens) tokens is answered in full ('length', prompt counted)."""
+                fill: float = 0.9, cap_tokens: int | None = None,
+                timeout_s: float | None = None) -> Generation:
+    """A prompt of about `fill` x (context - max_tokens) tokens is answered in full ('length', prompt
+    counted)."""
     __tracebackhide__ = True
     probe_sampling = Sampling(max_tokens=1, temperature=0.0, ignore_eos=True)
     probe_text = FILLER * 8
     flavour: Api = "completions" if api == "chat" else api  # a chat template would add tokens of its own
     probe = request(client, flavour, probe_text, probe_sampling)[0]
     if not probe.prompt_tokens:
-        fail(f"long prompt ({PATHS[flavour]}): the server reports no prompt_tokens for a {len(probe_text)}-character "
-              "prompt")
+        fail(f"long prompt ({PATHS[flavour]}): the server reports no prompt_tokens for a "
+              f"{len(probe_text)}-character prompt")
     assert probe.prompt_tokens is not None
     chars_per_token = len(probe_text) / probe.prompt_tokens
     target = int((limit.tokens - max_tokens) * fill)
@@ -57,8 +59,8 @@ def long_prompt(client: InferenceClient, api: Api, limit: ContextLimit, *, max_t
     text = (FILLER * (int(target * chars_per_token / len(FILLER)) + 2))[: int(target * chars_per_token)]
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     gen = request(client, flavour, text, sampling, timeout_s=timeout_s)[0]
-    where = (f"long prompt of {len(text)} characters (~{target} tokens, context {limit.tokens} from {limit.source}) "
-             f"({PATHS[flavour]})")
+    where = (f"long prompt of {len(text)} characters (~{target} tokens, context {limit.tokens} from "
+             f"{limit.source}) ({PATHS[flavour]})")
     check_full_length([gen], sampling, what=where)
     if gen.prompt_tokens is None or not 0.8 * target <= gen.prompt_tokens <= limit.tokens - max_tokens:
         fail(f"{where}: prompt_tokens = {gen.prompt_tokens}, expected about {target}")

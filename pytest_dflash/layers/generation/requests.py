@@ -17,7 +17,8 @@ Api = Literal["generate", "completions", "chat"]
 
 APIS: tuple[Api, ...] = ("generate", "completions", "chat")
 
-PATHS: dict[Api, str] = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
+PATHS: dict[Api, str] = {"generate": "/generate", "completions": "/v1/completions",
+                         "chat": "/v1/chat/completions"}
 
 PROMPT = "The quick brown fox"
 
@@ -60,7 +61,8 @@ def generate_batch(client: InferenceClient, prompts: Sequence[str], samplings: S
     body = {"text": list(prompts), "sampling_params": [s.as_sglang() for s in samplings]}
     response = client.request("POST", "/generate", json_body=body, timeout_s=timeout_s)
     if response.status_code >= 400:
-        raise ApiError(client.service, "/generate", response.status_code, "batch request refused", response.text[:500])
+        raise ApiError(client.service, "/generate", response.status_code, "batch request refused",
+                       response.text[:500])
     try:
         data = response.json()
     except ValueError as exc:
@@ -68,20 +70,21 @@ def generate_batch(client: InferenceClient, prompts: Sequence[str], samplings: S
                        response.text[:500]) from exc
     if not isinstance(data, list) or len(data) != len(prompts):
         raise ApiError(client.service, "/generate", response.status_code,
-                       f"a batch of {len(prompts)} got {len(data) if isinstance(data, list) else 'no'} results",
+                       f"a batch of {len(prompts)} got "
+                       f"{len(data) if isinstance(data, list) else 'no'} results",
                        response.text[:300])
     out = []
     for item in data:
         ids = item.get("output_ids") if isinstance(item, dict) else None
         meta = item.get("meta_info") if isinstance(item, dict) else None
         if not isinstance(ids, list) or not isinstance(meta, dict):
-            raise ApiError(client.service, "/generate", response.status_code, "batch result lacks output_ids/meta_info",
-                           str(item)[:300])
+            raise ApiError(client.service, "/generate", response.status_code,
+                           "batch result lacks output_ids/meta_info", str(item)[:300])
         reason = meta.get("finish_reason")
         out.append(Generation(text=str(item.get("text", "")), output_ids=[int(i) for i in ids],
                               finish_reason=reason.get("type") if isinstance(reason, dict) else reason,
-                              completion_tokens=meta.get("completion_tokens"), prompt_tokens=meta.get("prompt_tokens"),
-                              meta=meta))
+                              completion_tokens=meta.get("completion_tokens"),
+                              prompt_tokens=meta.get("prompt_tokens"), meta=meta))
     return out
 
 

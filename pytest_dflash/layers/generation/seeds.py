@@ -1,7 +1,8 @@
 """Greedy-fallback detection: one prompt sampled at temperature 1 with many seeds, and what its outputs say.
 
 A verifier that falls back to greedy argmax samples the first token only; every later token is the greedy
-continuation. SGLang says so once in its log (GREEDY_FALLBACK_LINE), which the failure quotes when it is there.
+continuation. SGLang says so once in its log (GREEDY_FALLBACK_LINE), which the failure quotes when it
+is there.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class SeedVariation:
         return sum(n * (n - 1) // 2 for n in counts.values())
 
     def same_first_token_pairs(self) -> tuple[int, int]:
-        """Native only: (pairs of samples sharing their first token, how many of those are identical throughout)."""
+        """Native only: (pairs of samples sharing their first token, how many of those are identical
+        throughout)."""
         if self.ids is None:
             return 0, 0
         groups: dict[int, list[tuple[int, ...]]] = {}
@@ -91,7 +93,8 @@ def sample_seeds(client: InferenceClient, api: Api, *, count: int | None = None,
 
 
 def service_log_line(handle: ServiceHandle, pattern: re.Pattern[str], *, lines: int = 20000) -> str | None:
-    """The first line of the service's log (since this run started it, or its recent journal) matching pattern."""
+    """The first line of the service's log (since this run started it, or its recent journal) matching
+    pattern."""
     try:
         log = handle.manager.logs_since(handle.started_mark, lines)
     except DflashError:
@@ -116,19 +119,19 @@ def check_seed_variation(variation: SeedVariation, *, api: Api, log_line: Callab
     elif variation.ids is not None:
         pairs, identical = variation.same_first_token_pairs()
         if pairs >= 3 and identical == pairs:
-            problem = (f"{pairs} pairs of samples ({where}) share their first token and every such pair is identical "
-                       f"after it ({variation.distinct} distinct outputs of {count}): only the first token is "
-                       "sampled, every later token is the greedy continuation")
+            problem = (f"{pairs} pairs of samples ({where}) share their first token and every such pair is "
+                       f"identical after it ({variation.distinct} distinct outputs of {count}): only the "
+                       "first token is sampled, every later token is the greedy continuation")
     elif (identical := variation.identical_pairs()) >= 3:
-        problem = (f"{identical} pairs of samples ({where}) are identical throughout ({variation.distinct} distinct "
-                   f"outputs of {count}): later tokens are not sampled")
+        problem = (f"{identical} pairs of samples ({where}) are identical throughout ({variation.distinct} "
+                   f"distinct outputs of {count}): later tokens are not sampled")
     if problem is None:
         return
     line = log_line()
     if line:
         fail(f"greedy fallback: {problem}.\nThe server log says: {line}")
-    fail(f"sampling is not sampling: {problem}. SGLang's greedy-fallback warning is not in the service log (it may "
-          "have left the journal); check the speculative verifier's sampling path")
+    fail(f"sampling is not sampling: {problem}. SGLang's greedy-fallback warning is not in the service log "
+          "(it may have left the journal); check the speculative verifier's sampling path")
 
 
 __all__ = [

@@ -41,15 +41,15 @@ def check_full_length(gens: Sequence[Generation], sampling: Sampling, *, what: s
     for index, gen in enumerate(gens):
         label = f"{what} (sample {index})" if len(gens) > 1 else what
         if gen.finish_reason != "length":
-            fail(f"{label}: finish_reason {gen.finish_reason!r} with ignore_eos and max_tokens={sampling.max_tokens}"
-                  f", expected 'length' (text {gen.text[:80]!r})")
+            fail(f"{label}: finish_reason {gen.finish_reason!r} with ignore_eos and "
+                  f"max_tokens={sampling.max_tokens}, expected 'length' (text {gen.text[:80]!r})")
         if per_choice:
             check_completion_shape(gen, sampling, what=label)
     if not per_choice:  # OpenAI: usage counts all choices together
         tokens = gens[0].completion_tokens
         if tokens != sampling.max_tokens * len(gens):
-            fail(f"{what}: usage.completion_tokens = {tokens} for {len(gens)} choices of {sampling.max_tokens} "
-                  "tokens each")
+            fail(f"{what}: usage.completion_tokens = {tokens} for {len(gens)} choices of "
+                  f"{sampling.max_tokens} tokens each")
         indices = sorted(int(g.meta["index"]) for g in gens if isinstance(g.meta.get("index"), int))
         if indices != list(range(len(gens))):
             fail(f"{what}: choice indices {indices}, expected 0..{len(gens) - 1}")
@@ -62,7 +62,8 @@ class StreamCheck:
     tokens: int | None
 
 
-def check_stream(stream: Stream, *, native: bool, max_tokens: int, what: str, chat: bool = False) -> StreamCheck:
+def check_stream(stream: Stream, *, native: bool, max_tokens: int, what: str,
+                 chat: bool = False) -> StreamCheck:
     """Well-formed SSE: events, monotonic cumulative output (native), final usage / finish, [DONE]."""
     __tracebackhide__ = True
     if not stream.content_type.startswith("text/event-stream"):

@@ -112,8 +112,9 @@ class Coverage:
         cap = f"{self.capability[0]}.{self.capability[1]}"
         if self.ok:
             return f"compute capability {cap} runs {self.covered_by}"
-        return (f"compute capability {cap} has no machine code (SASS of major {self.capability[0]} with minor <= "
-                f"{self.capability[1]}) and no lower-or-equal PTX in [{', '.join(self.targets) or 'nothing'}]")
+        return (f"compute capability {cap} has no machine code (SASS of major {self.capability[0]} with "
+                f"minor <= {self.capability[1]}) and no lower-or-equal PTX in "
+                f"[{', '.join(self.targets) or 'nothing'}]")
 
 
 def coverage(arch_list: Iterable[str], capability: tuple[int, int]) -> Coverage:

@@ -21,7 +21,13 @@ from pytest_dflash.layers.gpu.arch import (
     flashinfer_target,
     sgl_kernel_build,
 )
-from pytest_dflash.layers.gpu.packages import PipIssue, RequirementIssue, check_requirements, normalize, parse_pip_check
+from pytest_dflash.layers.gpu.packages import (
+    PipIssue,
+    RequirementIssue,
+    check_requirements,
+    normalize,
+    parse_pip_check,
+)
 from pytest_dflash.layers.gpu.smi import Gpu
 
 # ---- host ----------------------------------------------------------------------------------------
@@ -29,7 +35,8 @@ from pytest_dflash.layers.gpu.smi import Gpu
 KERNEL_CATEGORIES: dict[str, re.Pattern[str]] = {
     "gpu-fallen-off-bus": re.compile(r"fallen off the bus"),
     "gpu-xid": re.compile(r"NVRM: Xid \("),
-    "oom-killer": re.compile(r"Out of memory: Killed process|oom-kill:|invoked oom-killer|oom_reaper: reaped"),
+    "oom-killer": re.compile(r"Out of memory: Killed process|oom-kill:|invoked oom-killer|"
+                             r"oom_reaper: reaped"),
 }
 KERNEL_PATTERN = r"NVRM: Xid|fallen off the bus|Out of memory|oom-kill|invoked oom-killer|oom_reaper"
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
@@ -50,9 +57,9 @@ _MEMCG_KILL = re.compile(r"Memory cgroup out of memory: Killed process|constrain
 
 
 def split_oom_kills(lines: Iterable[str]) -> tuple[list[str], list[str]]:
-    """OOM-killer lines -> (host-wide ones, memory-cgroup ones). A memory-cgroup kill is a container's or unit's
-    own limit (the kernel says 'Memory cgroup out of memory' / constraint=CONSTRAINT_MEMCG): the workload that
-    hit it, not the host, ran out of memory; a host-wide kill means the whole machine did."""
+    """OOM-killer lines -> (host-wide ones, memory-cgroup ones). A memory-cgroup kill is a container's or
+    unit's own limit (the kernel says 'Memory cgroup out of memory' / constraint=CONSTRAINT_MEMCG): the
+    workload that hit it, not the host, ran out of memory; a host-wide kill means the whole machine did."""
     host_wide: list[str] = []
     memcg: list[str] = []
     for line in lines:
@@ -74,8 +81,8 @@ def gpu_health(gpu: Gpu) -> list[str]:
     """Problems nvidia-smi reports for one GPU (ECC, retired pages, row remapping)."""
     problems = []
     if gpu.ecc_uncorrected_volatile:
-        problems.append(f"{gpu.label}: {gpu.ecc_uncorrected_volatile} uncorrectable ECC errors since the last "
-                        "driver load (volatile)")
+        problems.append(f"{gpu.label}: {gpu.ecc_uncorrected_volatile} uncorrectable ECC errors since the "
+                        "last driver load (volatile)")
     if gpu.retired_pending:
         problems.append(f"{gpu.label}: memory pages are pending retirement (a reset/reboot is needed)")
     if gpu.remap_pending:
@@ -240,7 +247,8 @@ class ToolkitReport:
     other_toolkits: tuple[str, ...]
 
     def summary(self) -> str:
-        arch = ", ".join(f"{t.capability[0]}.{t.capability[1]} -> {t.cache_dir or 'REJECTED'}" for t in self.targets)
+        arch = ", ".join(f"{t.capability[0]}.{t.capability[1]} -> {t.cache_dir or 'REJECTED'}"
+                         for t in self.targets)
         return (f"CUDA home {self.home} (from {self.source}), nvcc {self.nvcc or 'missing'}, release "
                 f"{self.release or '?'} (from {self.release_from}); targets: {arch or 'none'}")
 
@@ -252,7 +260,8 @@ def toolkit_report(toolkit: Mapping[str, Any], *, torch_cuda: str | None, flashi
     release = nvcc.get("release")
     release_from = "nvcc"
     if release is None:
-        release, release_from = (torch_cuda, "torch.version.cuda (nvcc failed)") if torch_cuda else (None, "none")
+        release, release_from = ((torch_cuda, "torch.version.cuda (nvcc failed)") if torch_cuda
+                                 else (None, "none"))
     targets = tuple(flashinfer_target(cap, release, flashinfer_version) for cap in capabilities)
     others = tuple(f"{t['home']} (nvcc {t.get('release')})" for t in toolkit.get("toolkits", [])
                    if t.get("release") and t.get("home") != resolution.get("home"))
@@ -274,8 +283,8 @@ def sgl_kernel_problems(builds: Mapping[str, Any], capabilities: Iterable[tuple[
         build = sgl_kernel_build(cap)
         if not builds.get("builds", {}).get(build) and not builds.get("top_level"):
             have = ", ".join(sorted(k for k, v in builds.get("builds", {}).items() if v)) or "none"
-            problems.append(f"compute capability {cap[0]}.{cap[1]} loads sgl_kernel/{build}/common_ops, which "
-                            f"{builds.get('package_dir')} does not have (builds present: {have})")
+            problems.append(f"compute capability {cap[0]}.{cap[1]} loads sgl_kernel/{build}/common_ops, "
+                            f"which {builds.get('package_dir')} does not have (builds present: {have})")
     return problems
 
 
@@ -289,11 +298,11 @@ TRITON_MAX_ABS_ERR = 1e-5
 def sampling_problems(run: Mapping[str, Any]) -> list[str]:
     problems = []
     if run.get("control_violations", 0) == 0:
-        problems.append("the negative control (unfiltered multinomial samples) never left the top-k/top-p set: "
-                        "the reference set is wrong, so the check proves nothing")
+        problems.append("the negative control (unfiltered multinomial samples) never left the top-k/top-p "
+                        "set: the reference set is wrong, so the check proves nothing")
     if run.get("violations"):
-        problems.append(f"{run['violations']} of {run['rows'] * run['samples_per_row']} samples are outside the "
-                        f"top-k={run['top_k']}/top-p={run['top_p']} set: {run.get('violation_examples')}")
+        problems.append(f"{run['violations']} of {run['rows'] * run['samples_per_row']} samples are outside "
+                        f"the top-k={run['top_k']}/top-p={run['top_p']} set: {run.get('violation_examples')}")
     worst = max(run.get("tvd") or [0.0])
     if worst > SAMPLING_MAX_TVD:
         problems.append(f"sample frequencies differ from the renormalised top-k/top-p distribution: total "
@@ -308,7 +317,8 @@ def decode_problems(run: Mapping[str, Any]) -> list[str]:
         problems.append(f"single_decode_with_kv_cache differs from torch SDPA by {err:.3g} (max abs) > "
                         f"{DECODE_MAX_ABS_ERR}; mean {run.get('mean_abs_err')}")
     if float(run.get("control_max_abs_err", 0.0)) <= DECODE_MAX_ABS_ERR:
-        problems.append("the negative control (SDPA over the wrong heads) also matched: the comparison proves nothing")
+        problems.append("the negative control (SDPA over the wrong heads) also matched: the comparison "
+                        "proves nothing")
     return problems
 
 
@@ -336,7 +346,8 @@ def warm_cache_reliance(cache: Mapping[str, Any], *, flashinfer_version: str | N
     relied, unverified, matching = [], [], []
     toolchain_broken = any(not ok for ok in cold.values())
     for entry in cache.get("modules", []):
-        if not entry.get("library") or entry.get("version") != flashinfer_version or entry.get("arch") not in arches:
+        if (not entry.get("library") or entry.get("version") != flashinfer_version
+                or entry.get("arch") not in arches):
             continue
         name = str(entry["module"])
         label = f"{entry['version']}/{entry['arch']}/{name}"

@@ -59,7 +59,8 @@ class DriverCheck:
             return f"driver {self.driver} is too old for CUDA {self.runtime}: it needs >= {needs}"
         if not self.full:
             return (f"driver {self.driver} runs CUDA {self.runtime} only through minor-version compatibility "
-                    f"(full support needs >= {self.needs_exact}; PTX from this toolkit cannot be JIT-compiled)")
+                    f"(full support needs >= {self.needs_exact}; PTX from this toolkit cannot be "
+                    "JIT-compiled)")
         return f"driver {self.driver} supports CUDA {self.runtime}"
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.layers.gpu.chains import ALL_CHAINS as ALL_CHAINS  # re-exported: suites parametrize over it
+# re-exported: suites parametrize over it
+from pytest_dflash.layers.gpu.chains import ALL_CHAINS as ALL_CHAINS
 from pytest_dflash.layers.gpu.checks import (
     chain_failure,
     chain_result,
@@ -58,7 +59,8 @@ def torch_of(gpu: GpuHost, group: ProbeGroup) -> dict[str, Any]:
     """torch's facts in the group's environment; fails when the probe cannot run or torch does not import."""
     raw = gpu.torch_facts(group)
     if "transport_error" in raw:
-        pytest.fail(explain(f"the torch probe could not run with {gpu.host.profile.python}", raw["transport_error"]),
+        pytest.fail(explain(f"the torch probe could not run with {gpu.host.profile.python}",
+                            raw["transport_error"]),
                     pytrace=False)
     if raw.get("import_error"):
         pytest.fail(explain(f"torch does not import in {gpu.host.profile.python} (services {group.label})",
@@ -83,11 +85,12 @@ def groups_with_flashinfer(gpu: GpuHost) -> list[ProbeGroup]:
     return groups
 
 
-# ---- the checks ---------------------------------------------------------------------------------------------
+# ---- the checks -------------------------------------------------------------------------------------------
 
 
 def service_python_is_the_profiles(gpu: GpuHost) -> None:
-    """The probes run the profile's python; a service that runs another interpreter would not be the one probed."""
+    """The probes run the profile's python; a service that runs another interpreter would not be the one
+    probed."""
     __tracebackhide__ = True
     probe_groups(gpu)
     python = gpu.host.profile.python
@@ -95,7 +98,8 @@ def service_python_is_the_profiles(gpu: GpuHost) -> None:
               if v.argv and os.path.isabs(v.argv[0]) and "python" in os.path.basename(v.argv[0])
               and os.path.normpath(v.argv[0]) != os.path.normpath(python)]
     assert not others, explain(f"services run another interpreter than host.python = {python}: the env layer "
-                               "would check the wrong venv; set host.python to the service's", "\n".join(others))
+                               "would check the wrong venv; set host.python to the service's",
+                               "\n".join(others))
 
 
 def torch_imports(gpu: GpuHost) -> None:
@@ -112,10 +116,12 @@ def torch_initialises_cuda(gpu: GpuHost) -> None:
         if not gpu.has_gpu:
             pytest.skip(gpu.no_gpu_reason() + f" (torch {facts['version']}, CUDA {facts['cuda']})")
         gpu.export("torch", {k: facts.get(k) for k in ("version", "cuda", "arch_list", "devices")})
-        evidence = "\n".join([str(w) for w in facts.get("warnings") or []] + [str(facts.get("cuda_error") or "")])
+        evidence = "\n".join([str(w) for w in facts.get("warnings") or []]
+                             + [str(facts.get("cuda_error") or "")])
         assert facts["cuda"], explain(f"torch {facts['version']} is a CPU build on a GPU host", evidence)
         assert facts["cuda_available"], explain(
-            f"torch {facts['version']} (CUDA {facts['cuda']}) cannot initialise CUDA (services {group.label})",
+            f"torch {facts['version']} (CUDA {facts['cuda']}) cannot initialise CUDA (services "
+            f"{group.label})",
             evidence, values=_values(gpu))
 
 
@@ -128,9 +134,9 @@ def torch_arch_list_covers_gpus(gpu: GpuHost) -> None:
             pytest.skip(gpu.no_gpu_reason())
         arch_list = [str(a) for a in facts.get("arch_list") or []]
         gaps = [c.describe() for c in torch_coverage(arch_list, gpu.inventory.capabilities) if not c.ok]
-        assert not gaps, explain(f"torch {facts['version']} has no kernels for this GPU: any CUDA op fails with "
-                                 "'no kernel image is available for execution on the device'", "\n".join(gaps),
-                                 diagnosis="no-kernel-image")
+        assert not gaps, explain(f"torch {facts['version']} has no kernels for this GPU: any CUDA op fails "
+                                 "with 'no kernel image is available for execution on the device'",
+                                 "\n".join(gaps), diagnosis="no-kernel-image")
 
 
 def driver_supports_torch_cuda(gpu: GpuHost) -> None:
@@ -145,7 +151,8 @@ def driver_supports_torch_cuda(gpu: GpuHost) -> None:
         driver_cuda = inventory.driver_cuda or (driver_api_to_release(int(str(api))) if api else None)
         assert inventory.driver, "nvidia-smi reported no driver version"
         check = check_driver(str(facts["cuda"]), inventory.driver, driver_cuda)
-        assert check.ok, explain(check.describe(), f"driver {inventory.driver} (supports CUDA {driver_cuda}); "
+        assert check.ok, explain(check.describe(),
+                                 f"driver {inventory.driver} (supports CUDA {driver_cuda}); "
                                  f"torch {facts['version']} built for CUDA {facts['cuda']}",
                                  diagnosis="cuda-driver-too-old")
         if not check.full:
@@ -162,7 +169,8 @@ def import_chain(gpu: GpuHost, chain: str) -> None:
         ran = True
         raw = gpu.import_chains(group)
         if "transport_error" in raw:
-            pytest.fail(explain("the import-chain probe could not run", raw["transport_error"]), pytrace=False)
+            pytest.fail(explain("the import-chain probe could not run", raw["transport_error"]),
+                        pytrace=False)
         result = chain_result(raw, chain)
         assert result is not None, f"the probe did not report chain {chain!r}: {raw}"
         failure = chain_failure(result)
@@ -194,7 +202,8 @@ def installed_versions_satisfy_requirements(gpu: GpuHost) -> None:
         packages = packages_of(gpu, group)
         present = [r for r in REQUIRERS if r in packages.get("requires", {})]
         issues = requirement_issues(packages, present)
-        kernel = kernel_torch_issue(installed_versions(packages), packages.get("requires", {}).get("sglang-kernel"))
+        kernel = kernel_torch_issue(installed_versions(packages),
+                                    packages.get("requires", {}).get("sglang-kernel"))
         issues += [kernel] if kernel else []
         serving = [i.describe() for i in issues if i.serving and i.installed is not None]
         serving_missing = [i.describe() for i in issues if i.serving and i.installed is None]
@@ -202,18 +211,20 @@ def installed_versions_satisfy_requirements(gpu: GpuHost) -> None:
         if other:
             warnings.warn(EnvWarning(f"{gpu.host.name}: {len(other)} requirements outside the serving stack "
                                      f"are not met: {'; '.join(other[:20])}"), stacklevel=2)
-        assert not serving, explain(f"installed serving-stack versions violate their dependents' pins ({group.label})",
+        assert not serving, explain("installed serving-stack versions violate their dependents' pins "
+                                    f"({group.label})",
                                     "\n".join(serving + serving_missing), values=_values(gpu))
         if serving_missing:
             warnings.warn(EnvWarning(f"{gpu.host.name}: serving-stack requirements not installed (the "
-                                     f"import chain decides whether they matter): {'; '.join(serving_missing)}"),
+                                     "import chain decides whether they matter): "
+                                     f"{'; '.join(serving_missing)}"),
                           stacklevel=2)
 
 
 def service_flags_exist_in_installed_sglang(gpu: GpuHost) -> None:
     """Every SGLang service's command uses only flags the installed sglang still has: a flag a release removed
-    (renamed) fails here, naming its replacement, before the server starts; one that the installed release still
-    accepts but a later one removed is a warning."""
+    (renamed) fails here, naming its replacement, before the server starts; one that the installed release
+    still accepts but a later one removed is a warning."""
     __tracebackhide__ = True
     judged = []
     for group in probe_groups(gpu):
@@ -225,9 +236,9 @@ def service_flags_exist_in_installed_sglang(gpu: GpuHost) -> None:
             continue  # the import chain names a missing sglang
         judged.append(f"{group.label}: sglang {installed}")
         if newer_than_read(installed):
-            warnings.warn(EnvWarning(f"{gpu.host.name}: sglang {installed} is newer than the releases whose flags "
-                                     f"were read (up to {NEWEST_READ}): flags it removed are not known here "
-                                     "(docs/sglang-versions.md, 'Adding a release')"), stacklevel=2)
+            warnings.warn(EnvWarning(f"{gpu.host.name}: sglang {installed} is newer than the releases whose "
+                                     f"flags were read (up to {NEWEST_READ}): flags it removed are not known "
+                                     "here (docs/sglang-versions.md, 'Adding a release')"), stacklevel=2)
         findings = [f for view in commands for f in flag_findings(view.name, view.argv, installed)]
         later = [f.describe() for f in findings if not f.gone]
         if later:
@@ -238,8 +249,10 @@ def service_flags_exist_in_installed_sglang(gpu: GpuHost) -> None:
             f"'error: unrecognized arguments: {' '.join(dict.fromkeys(f.removed.flag for f in gone))}'",
             "\n".join(f.describe() for f in gone), diagnosis="sglang-flag-removed")
     if not judged:
-        pytest.skip(f"no service of {gpu.host.name} runs sglang with a command to read (or sglang is not installed)")
-    gpu.export("sglang_flags_checked", f"{'; '.join(judged)} (removed flags known up to sglang {NEWEST_READ})")
+        pytest.skip(f"no service of {gpu.host.name} runs sglang with a command to read (or sglang is "
+                    "not installed)")
+    gpu.export("sglang_flags_checked", f"{'; '.join(judged)} (removed flags known up to sglang "
+                                       f"{NEWEST_READ})")
 
 
 def pip_check_clean_for_serving_stack(gpu: GpuHost) -> None:
@@ -262,11 +275,13 @@ def flashinfer_companions_match(gpu: GpuHost) -> None:
     __tracebackhide__ = True
     for group in groups_with_flashinfer(gpu):
         problems = companion_mismatches(installed_versions(packages_of(gpu, group)))
-        assert not problems, explain("FlashInfer refuses to load mismatched companion packages", "\n".join(problems))
+        assert not problems, explain("FlashInfer refuses to load mismatched companion packages",
+                                     "\n".join(problems))
 
 
 def flashinfer_toolkit_supports_gpu_arch(gpu: GpuHost) -> None:
-    """The CUDA toolkit FlashInfer's JIT resolves (CUDA_HOME, `which nvcc`, /usr/local/cuda) can target every GPU.
+    """The CUDA toolkit FlashInfer's JIT resolves (CUDA_HOME, `which nvcc`, /usr/local/cuda) can target
+    every GPU.
 
     FlashInfer <= 0.7.0 needs nvcc >= 12.9 for any SM 12.x GPU and otherwise drops the GPU and fails
     with the misleading "FlashInfer requires GPUs with sm75 or higher" (seed 000/004).
@@ -278,18 +293,23 @@ def flashinfer_toolkit_supports_gpu_arch(gpu: GpuHost) -> None:
         gpu.export("jit_toolkit", report.summary())
         evidence = (f"{report.summary()}\nnvcc --version: {(raw.get('nvcc') or {}).get('text', '')}\n"
                     f"other toolkits: {', '.join(report.other_toolkits) or 'none'}")
-        assert report.home, explain(f"FlashInfer finds no CUDA toolkit: {raw['resolution'].get('error')}", evidence)
-        assert report.nvcc, explain(f"FlashInfer's JIT needs {report.home}/bin/nvcc, which does not run", evidence)
+        assert report.home, explain(f"FlashInfer finds no CUDA toolkit: {raw['resolution'].get('error')}",
+                                    evidence)
+        assert report.nvcc, explain(f"FlashInfer's JIT needs {report.home}/bin/nvcc, which does not run",
+                                    evidence)
         rejected = [t for t in report.targets if t.error]
-        then = "; FlashInfer then raises 'FlashInfer requires GPUs with sm75 or higher'" if not report.eligible else ""
+        then = ("; FlashInfer then raises 'FlashInfer requires GPUs with sm75 or higher'"
+                if not report.eligible else "")
         assert not rejected, explain(
             "; ".join(f"GPU {t.capability[0]}.{t.capability[1]}: {t.error} (nvcc {report.release} from "
                       f"{report.source} {report.home})" for t in rejected) + then,
-            evidence, diagnosis="flashinfer-sm12x-nvcc" if any(t.capability[0] == 12 for t in rejected) else None)
+            evidence,
+            diagnosis="flashinfer-sm12x-nvcc" if any(t.capability[0] == 12 for t in rejected) else None)
         configured = gpu.host.profile.cuda_home
         if configured and os.path.normpath(configured) != os.path.normpath(report.home):
-            pytest.fail(explain(f"the profile says host.cuda_home = {configured}, but the service's FlashInfer "
-                                f"resolves {report.home} (from {report.source})", evidence), pytrace=False)
+            pytest.fail(explain(f"the profile says host.cuda_home = {configured}, but the service's "
+                                f"FlashInfer resolves {report.home} (from {report.source})", evidence),
+                        pytrace=False)
 
 
 def toolkit_has_curand_headers(gpu: GpuHost) -> None:
@@ -311,7 +331,8 @@ def jit_link_finds_cuda_libraries(gpu: GpuHost) -> None:
         report = gpu.toolkit(group)
         missing = [f"lib{lib}.so" for lib in ("cudart", "cuda") if not report.libraries.get(lib)]
         dirs = gpu.cuda_toolkit(group).get("library_dirs", [])
-        assert not missing, explain(f"{', '.join(missing)} not on the JIT's link path for CUDA home {report.home}",
+        assert not missing, explain(f"{', '.join(missing)} not on the JIT's link path for CUDA home "
+                                    f"{report.home}",
                                     "searched: " + "\n  ".join(dirs), diagnosis="cannot-find-libcuda")
 
 
@@ -320,8 +341,8 @@ def ninja_on_service_path(gpu: GpuHost) -> None:
     __tracebackhide__ = True
     for group in groups_with_flashinfer(gpu):
         raw = gpu.cuda_toolkit(group)
-        assert raw.get("ninja"), explain("ninja is not on the service's PATH: every FlashInfer JIT build fails "
-                                         "(install ninja system-wide or add the venv's bin/ to PATH)",
+        assert raw.get("ninja"), explain("ninja is not on the service's PATH: every FlashInfer JIT build "
+                                         "fails (install ninja system-wide or add the venv's bin/ to PATH)",
                                          f"PATH={raw['env'].get('PATH')}")
 
 
@@ -348,7 +369,8 @@ def serving_stack_matches_baseline(gpu: GpuHost, request: pytest.FixtureRequest)
     driver = gpu.inventory.driver if gpu.has_gpu else None
     current = snapshot(packages, driver=driver, torch_cuda=torch.get("cuda"))
     request.node.user_properties.append((SNAPSHOT_PROPERTY, {"host": gpu.host.name, "snapshot": current}))
-    gpu.export("serving_stack", {name: version for name, version in current["packages"].items() if is_serving(name)})
+    gpu.export("serving_stack",
+               {name: version for name, version in current["packages"].items() if is_serving(name)})
     baseline_path = gpu.options.baseline
     if baseline_path is None:
         pytest.skip("no --env-baseline given (this host's snapshot is recorded for --save-env-snapshot)")
@@ -362,4 +384,5 @@ def serving_stack_matches_baseline(gpu: GpuHost, request: pytest.FixtureRequest)
     if other:
         warnings.warn(EnvWarning(f"{gpu.host.name}: {len(other)} other packages differ from {baseline_path}: "
                                  f"{'; '.join(other[:20])}"), stacklevel=2)
-    assert not serving, explain(f"the serving stack differs from the baseline {baseline_path}", "\n".join(serving))
+    assert not serving, explain(f"the serving stack differs from the baseline {baseline_path}",
+                                "\n".join(serving))

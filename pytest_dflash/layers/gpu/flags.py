@@ -1,4 +1,5 @@
-"""SGLang command-line flags that releases removed, with what replaced them, and the check of a service's command.
+"""SGLang command-line flags that releases removed, with what replaced them, and the check of a
+service's command.
 
 Read from the sglang wheels 0.5.17 to 0.5.23 on PyPI (tests/data/sglang-versions/releases.toml, written by
 read_wheels.py there; a self-test keeps this table equal to it). A removed flag makes SGLang's argparse exit 2
@@ -32,13 +33,15 @@ class RemovedFlag:
         return self.source.split(" ", 1)[0]
 
 
-def _r(flag: str, removed_in: str, replacement: str | None, source: str, *, deprecated: bool = True) -> RemovedFlag:
+def _r(flag: str, removed_in: str, replacement: str | None, source: str, *,
+       deprecated: bool = True) -> RemovedFlag:
     return RemovedFlag(flag, removed_in, replacement, deprecated, source)
 
 
 _SA19 = "0.5.19 sglang/srt/server_args.py:"
 _F = "sglang/srt/arg_groups/fields/"
-# Replacements SGLang named only in the removed field's help text ("[Deprecated] Alias for ...", "Deprecated. Use ...").
+# Replacements SGLang named only in the removed field's help text ("[Deprecated] Alias for ...",
+# "Deprecated. Use ...").
 HELP_TEXT_REPLACEMENTS = {"--elastic-ep-rejoin": "0.5.20 " + _F + "exec_.py:782",
                           "--keep-mm-feature-on-device": "0.5.20 " + _F + "mm.py:162"}
 REMOVED_FLAGS: tuple[RemovedFlag, ...] = (
@@ -54,7 +57,8 @@ REMOVED_FLAGS: tuple[RemovedFlag, ...] = (
     _r("--enable-gdn-replayssm-spec", "0.5.20", "--enable-linear-replayssm-spec", _SA19 + "4017"),
     _r("--enable-nsa-prefill-context-parallel", "0.5.20", "--enable-prefill-cp", _SA19 + "4010"),
     _r("--enable-prefill-context-parallel", "0.5.20", "--enable-prefill-cp", _SA19 + "4024"),
-    _r("--enforce-piecewise-cuda-graph", "0.5.20", "--cuda-graph-backend-prefill=tc_piecewise", _SA19 + "3967"),
+    _r("--enforce-piecewise-cuda-graph", "0.5.20", "--cuda-graph-backend-prefill=tc_piecewise",
+       _SA19 + "3967"),
     _r("--mamba-scheduler-strategy", "0.5.20", "--mamba-radix-cache-strategy", _SA19 + "3919"),
     _r("--nsa-decode-backend", "0.5.20", "--dsa-decode-backend", _SA19 + "3891"),
     _r("--nsa-prefill-backend", "0.5.20", "--dsa-prefill-backend", _SA19 + "3871"),
@@ -68,8 +72,8 @@ REMOVED_FLAGS: tuple[RemovedFlag, ...] = (
     _r("--stream-output", "0.5.20", "--incremental-streaming-output", _SA19 + "3854"),
     _r("--elastic-ep-rejoin", "0.5.21", "--elastic-ep-join-mode recover", "0.5.20 " + _F + "exec_.py:780",
        deprecated=False),
-    _r("--keep-mm-feature-on-device", "0.5.21", "--mm-feature-transport=cuda_ipc", "0.5.20 " + _F + "mm.py:160",
-       deprecated=False),
+    _r("--keep-mm-feature-on-device", "0.5.21", "--mm-feature-transport=cuda_ipc",
+       "0.5.20 " + _F + "mm.py:160", deprecated=False),
     _r("--cuda-graph-tc-compiler", "0.5.22", None, "0.5.21 " + _F + "exec_.py:533", deprecated=False),
     _r("--speculative-skip-dp-mlp-sync", "0.5.23", None, "0.5.22 " + _F + "spec.py:229", deprecated=False),
 )
@@ -96,12 +100,14 @@ def runs_sglang(argv: Sequence[str]) -> bool:
 
 def command_flags(argv: Sequence[str]) -> list[str]:
     """The long options of a command, in order, once each ('--x=1' -> '--x')."""
-    return list(dict.fromkeys(token.split("=", 1)[0] for token in argv if token.startswith("--") and len(token) > 2))
+    return list(dict.fromkeys(token.split("=", 1)[0] for token in argv
+                              if token.startswith("--") and len(token) > 2))
 
 
 @dataclass(frozen=True)
 class FlagFinding:
-    """A flag of `service`'s command that the installed sglang (`installed`) no longer has, or soon will not."""
+    """A flag of `service`'s command that the installed sglang (`installed`) no longer has, or soon
+    will not."""
 
     service: str
     installed: str
@@ -124,15 +130,17 @@ class FlagFinding:
         r = self.removed
         if self.gone:
             return (f"service {self.service}: {r.flag} was removed in sglang {r.removed_in} (installed: "
-                    f"{self.installed}; last in {r.last_in}: {r.source.split(' ', 1)[1]}); {self.replacement()}")
-        return (f"service {self.service}: {r.flag} goes away in sglang {r.removed_in} (installed: {self.installed}, "
-                f"which still takes it); {self.replacement()}")
+                    f"{self.installed}; last in {r.last_in}: {r.source.split(' ', 1)[1]}); "
+                    f"{self.replacement()}")
+        return (f"service {self.service}: {r.flag} goes away in sglang {r.removed_in} (installed: "
+                f"{self.installed}, which still takes it); {self.replacement()}")
 
 
 def flag_findings(service: str, argv: Sequence[str], installed: str) -> list[FlagFinding]:
     """The flags of one SGLang command that the installed release removed (`gone`) or a later release removes.
 
-    A version that does not parse is not judged (empty list). Removals stay removed in releases newer than those read.
+    A version that does not parse is not judged (empty list). Removals stay removed in releases newer than
+    those read.
     """
     version = parse_version(installed)
     if version is None or not runs_sglang(argv):

@@ -35,9 +35,11 @@ def options_from_config(config: pytest.Config) -> GpuOptions:
         parse_arch_list(arch_list)
     except ValueError as exc:
         raise pytest.UsageError(f"--jit-arch-list / dflash_jit_arch_list: {exc}") from None
-    objects = tuple(part.strip() for part in options.text(config, "dflash_jit_objects").split(",") if part.strip())
+    objects = tuple(part.strip() for part in options.text(config, "dflash_jit_objects").split(",")
+                    if part.strip())
     return GpuOptions(dump_dir=options.path(config, "dflash_probe_dump"), jit_arch_list=arch_list,
-                      jit_objects=objects, jit_jobs=options.number(config, "dflash_jit_jobs", int, None, low=1),
+                      jit_objects=objects,
+                      jit_jobs=options.number(config, "dflash_jit_jobs", int, None, low=1),
                       kernels_timeout_s=options.duration(config, "dflash_kernels_timeout", "25m") or 1500.0,
                       baseline=options.path(config, "dflash_env_baseline", must_exist=True),
                       allow_gpu_use=options.flag(config, ALLOW_GPU_USE_INI))
@@ -61,12 +63,13 @@ def gpu_host(config: pytest.Config, host: HostContext) -> GpuHost:
 
 
 def inventory_probe(config: pytest.Config) -> Callable[[HostContext], None]:
-    """For the fleet pre-flight (run/preflight.py): the GPU inventory of a host with host access, probed now so
-    the hosts' probes overlap; the host layer's tests read the cached result (or its recorded transport error)."""
+    """For the fleet pre-flight (run/preflight.py): the GPU inventory of a host with host access, probed now
+    so the hosts' probes overlap; the host layer's tests read the cached result (or its recorded transport
+    error)."""
 
     def probe(host: HostContext) -> None:
-        # The raw probe, not GpuHost.inventory: before 3.12 a cached_property computes under one lock shared by
-        # every instance, which would run the hosts' probes one after another. inventory parses this cache.
+        # The raw probe, not GpuHost.inventory: before 3.12 a cached_property computes under one lock shared
+        # by every instance, which would run the hosts' probes one after another. inventory parses this cache.
         if host.has_host_access:
             gpu_host(config, host).probe("gpu_inventory")
 
@@ -117,4 +120,5 @@ class GpuCollector:
                 parts.append(f"first call {format_seconds(entry['run_s'])}")
             terminalreporter.write_line(" ".join(parts))
         if self.snapshot_path and self.snapshots:
-            terminalreporter.write_line(f"env snapshot of {', '.join(sorted(self.snapshots))}: {self.snapshot_path}")
+            terminalreporter.write_line(f"env snapshot of {', '.join(sorted(self.snapshots))}: "
+                                        f"{self.snapshot_path}")

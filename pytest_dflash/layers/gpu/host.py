@@ -59,7 +59,8 @@ def profile_gpus_present(gpu: GpuHost) -> None:
     present = [g.index for g in gpu.inventory.gpus]
     missing = [index for index in gpu.expected_gpus if index not in present]
     assert not missing, explain(f"GPUs {missing} named in {gpu.host.profile.source} are not on the host "
-                                f"(nvidia-smi lists {present})", "\n".join(g.label for g in gpu.inventory.gpus))
+                                f"(nvidia-smi lists {present})",
+                                "\n".join(g.label for g in gpu.inventory.gpus))
 
 
 def gpus_visible(gpu: GpuHost) -> None:
@@ -87,7 +88,8 @@ def gpu_identity_reported(gpu: GpuHost) -> None:
     off = [g.label for g in inventory.gpus if g.persistence is False]
     if off:
         warnings.warn(GpuHostWarning(f"{gpu.host.name}: persistence mode is off on {off}: the first CUDA "
-                                     "call after idle re-initialises the driver (nvidia-smi -pm 1)"), stacklevel=2)
+                                     "call after idle re-initialises the driver (nvidia-smi -pm 1)"),
+                      stacklevel=2)
 
 
 def gpu_memory_healthy(gpu: GpuHost) -> None:
@@ -117,7 +119,8 @@ def kernel_log_lines(gpu: GpuHost) -> list[str]:
     if "transport_error" in log:
         pytest.fail(explain("the kernel-log probe could not run", log["transport_error"]), pytrace=False)
     if not log.get("readable"):
-        tried = "; ".join(f"{' '.join(a['argv'][:2])}: rc {a['rc']} {a['stderr'][:200]}" for a in log["attempts"])
+        tried = "; ".join(f"{' '.join(a['argv'][:2])}: rc {a['rc']} {a['stderr'][:200]}"
+                          for a in log["attempts"])
         pytest.skip(f"the kernel log is not readable on {gpu.host.name} ({tried})")
     lines: list[str] = log.get("matches", [])
     return lines
@@ -129,18 +132,20 @@ def kernel_log_has_no_gpu_faults(gpu: GpuHost) -> None:
     found = classify_kernel_lines(kernel_log_lines(gpu))
     faults = found.get("gpu-fallen-off-bus", []) + found.get("gpu-xid", [])
     codes = sorted({code for _, code in xid_codes(faults)})
-    assert not faults, explain(f"the kernel log reports GPU faults since boot (Xid codes {codes})", "\n".join(faults))
+    assert not faults, explain(f"the kernel log reports GPU faults since boot (Xid codes {codes})",
+                               "\n".join(faults))
 
 
 def kernel_log_has_no_oom_kills(gpu: GpuHost) -> None:
     """The kernel OOM killer has not killed anything host-wide since boot. Kills inside a memory cgroup (a
-    container's or unit's own limit) are noted in the verdict, not failed: the host did not run out of memory."""
+    container's or unit's own limit) are noted in the verdict, not failed: the host did not run out of
+    memory."""
     __tracebackhide__ = True
     lines = classify_kernel_lines(kernel_log_lines(gpu)).get("oom-killer", [])
     host_wide, memcg = split_oom_kills(lines)
     if memcg:
-        gpu.host.notes.append(f"{len(memcg)} memory-cgroup OOM kill line(s) since boot (a container's or unit's own "
-                              f"limit, not the host's memory): {memcg[-1][:300]}")
+        gpu.host.notes.append(f"{len(memcg)} memory-cgroup OOM kill line(s) since boot (a container's or "
+                              f"unit's own limit, not the host's memory): {memcg[-1][:300]}")
     if host_wide or (lines and not memcg):
         kills = host_wide or lines
         raise AssertionError(explain("the kernel OOM killer fired host-wide since boot", "\n".join(kills)))

@@ -80,7 +80,8 @@ class KernelBuild:
         if error is None or error.get("phase") == "run":
             return None
         log = error.get("log") or (inner.get("link") or {}).get("log") or ""
-        return f"{error['phase']} failed: {error['type']}: {error['message']}\n{error.get('traceback', '')}\n{log}"
+        return (f"{error['phase']} failed: {error['type']}: {error['message']}\n"
+                f"{error.get('traceback', '')}\n{log}")
 
     @property
     def run_error(self) -> str | None:
@@ -105,7 +106,8 @@ class KernelBuild:
         build_s = None
         if compile_.get("seconds") is not None:
             build_s = float(compile_["seconds"]) + float(link.get("seconds") or 0.0)
-        outcome = "ok" if self.raw.get("ok") else f"FAILED at {(inner.get('error') or {}).get('phase', 'probe')}"
+        outcome = ("ok" if self.raw.get("ok")
+                   else f"FAILED at {(inner.get('error') or {}).get('phase', 'probe')}")
         if compile_.get("skipped"):
             outcome, build_s = "not built (--jit-objects)", None
         if self.raw.get("mode") == "compile":
@@ -145,7 +147,8 @@ def _record(request: pytest.FixtureRequest, gpu: GpuHost, build: KernelBuild) ->
 
 
 def built(gpu: GpuHost, module: str, request: pytest.FixtureRequest) -> KernelBuild:
-    """Build FlashInfer's `module` once per host (cold, in the service's environment), recorded once per test."""
+    """Build FlashInfer's `module` once per host (cold, in the service's environment), recorded once
+    per test."""
     build = KernelBuild(module, gpu.kernels(module, service_group(gpu)))
     if not any(key == KERNELS_PROPERTY and value.get("module") == module
                for key, value in request.node.user_properties):
@@ -154,7 +157,8 @@ def built(gpu: GpuHost, module: str, request: pytest.FixtureRequest) -> KernelBu
 
 
 def builds_cold(gpu: GpuHost, module: str, request: pytest.FixtureRequest) -> KernelBuild:
-    """FlashInfer's `module` ("sampling", "decode") compiles and links from an empty cache, which is removed."""
+    """FlashInfer's `module` ("sampling", "decode") compiles and links from an empty cache, which is
+    removed."""
     __tracebackhide__ = True
     build = built(gpu, module, request)
     failure = build.failure
@@ -162,12 +166,14 @@ def builds_cold(gpu: GpuHost, module: str, request: pytest.FixtureRequest) -> Ke
         pytest.skip(f"--jit-objects: {build.skipped}")
     fi = build.flashinfer
     where = (f"FlashInfer {fi.get('version')} JIT of {build.inner.get('spec_name') or module} for "
-             f"{fi.get('target_archs')} with CUDA {fi.get('cuda_home')} ({fi.get('cuda_version')}) in an empty "
-             f"workspace (services {service_group(gpu).label})")
+             f"{fi.get('target_archs')} with CUDA {fi.get('cuda_home')} ({fi.get('cuda_version')}) in an "
+             f"empty workspace (services {service_group(gpu).label})")
     if failure is not None:
         request.node.add_report_section("call", f"JIT build log ({module})", failure)  # whole, not truncated
-    assert failure is None, explain(f"cold build failed: {where}", failure, values={"python": gpu.host.profile.python})
-    assert build.raw.get("workspace_removed"), f"the temporary workspace {build.raw.get('workspace')} was not removed"
+    assert failure is None, explain(f"cold build failed: {where}", failure,
+                                    values={"python": gpu.host.profile.python})
+    assert build.raw.get("workspace_removed"), (f"the temporary workspace {build.raw.get('workspace')} was "
+                                                "not removed")
     return build
 
 
@@ -185,7 +191,7 @@ def _ran(gpu: GpuHost, module: str, request: pytest.FixtureRequest) -> dict[str,
     return build.run
 
 
-# ---- the checks ---------------------------------------------------------------------------------------------
+# ---- the checks ------------------------------------------------------------------------------------------
 
 
 def sampling_respects_top_k_top_p(gpu: GpuHost, request: pytest.FixtureRequest) -> None:
@@ -213,7 +219,8 @@ def triton_kernel_compiles_and_runs(gpu: GpuHost, request: pytest.FixtureRequest
     failure = build.failure
     if failure is None and build.inner.get("error"):
         failure = build.run_error
-    assert failure is None, explain(f"Triton {(build.inner.get('triton') or {}).get('version')} failed", failure)
+    assert failure is None, explain(f"Triton {(build.inner.get('triton') or {}).get('version')} failed",
+                                    failure)
     problems = triton_problems(build.run)
     assert not problems, explain("Triton computes wrong results", "\n".join(problems))
 
@@ -249,6 +256,7 @@ def service_does_not_rely_on_warm_jit_cache(gpu: GpuHost, request: pytest.Fixtur
         warnings.warn(WarmCacheWarning(f"{gpu.host.name}: the service's warm cache holds modules this layer "
                                        f"does not build cold: {', '.join(report.unverified)}"), stacklevel=2)
     assert not report.relied, explain(
-        f"the service relies on its warm JIT cache for {', '.join(report.relied)}: the cold build of the same "
-        "module FAILS, so the service breaks when the cache goes (reboot, upgrade, new host)", summary,
-        diagnosis="sampling-jit-first-sampled-request" if any("sampling" in r for r in report.relied) else None)
+        f"the service relies on its warm JIT cache for {', '.join(report.relied)}: the cold build of the "
+        "same module FAILS, so the service breaks when the cache goes (reboot, upgrade, new host)", summary,
+        diagnosis=("sampling-jit-first-sampled-request" if any("sampling" in r for r in report.relied)
+                   else None))

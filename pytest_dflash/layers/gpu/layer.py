@@ -72,7 +72,8 @@ def probe_runner(host: HostContext, group: ProbeGroup | None, *, site: bool = Tr
 
         return in_container
 
-    def on_host(source: str, args: Sequence[str], timeout_s: float, env: Mapping[str, str] | None) -> dict[str, Any]:
+    def on_host(source: str, args: Sequence[str], timeout_s: float,
+                env: Mapping[str, str] | None) -> dict[str, Any]:
         return host.transport.probe(source, args, python=host.profile.python, timeout_s=timeout_s, env=env,
                                     site=site)
 
@@ -96,11 +97,11 @@ class GpuHost:
         cache: dict[str, Any] = self.host.facts.gpu_probes
         return cache
 
-    def probe(self, name: str, params: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None,
-              key: str | None = None, timeout_s: float | None = None,
+    def probe(self, name: str, params: Mapping[str, Any] | None = None, *,
+              env: Mapping[str, str] | None = None, key: str | None = None, timeout_s: float | None = None,
               group: ProbeGroup | None = None) -> dict[str, Any]:
-        """Run probe `name` once per key, where `group` runs (`probe_runner`; no group: on the host); a transport
-        failure is recorded as {"transport_error": ...}."""
+        """Run probe `name` once per key, where `group` runs (`probe_runner`; no group: on the host); a
+        transport failure is recorded as {"transport_error": ...}."""
         key = key or name
         if key in self.cache:
             result: dict[str, Any] = self.cache[key]
@@ -140,7 +141,8 @@ class GpuHost:
 
     @cached_property
     def groups(self) -> list[ProbeGroup]:
-        """Host services grouped by environment; each container service a group of its own (its image, its env)."""
+        """Host services grouped by environment; each container service a group of its own (its image,
+        its env)."""
         on_host = [v for v in self.views if v.kind != "container"]
         in_containers = [g for v in self.views if v.kind == "container" for g in probe_groups([v])]
         return (probe_groups(on_host) if on_host else []) + in_containers
@@ -174,7 +176,8 @@ class GpuHost:
 
     def no_gpu_reason(self) -> str:
         inv = self.inventory
-        return f"no GPU on {self.host.name}: {inv.reason}" if not inv.available else f"no GPU on {self.host.name}"
+        return (f"no GPU on {self.host.name}: {inv.reason}" if not inv.available
+                else f"no GPU on {self.host.name}")
 
     def kernel_log(self) -> dict[str, Any]:
         return self.probe("kernel_log", {"pattern": KERNEL_PATTERN})
@@ -187,15 +190,17 @@ class GpuHost:
     def import_chains(self, group: ProbeGroup) -> dict[str, Any]:
         chains = [{"name": c.name, "modules": list(c.modules)} for c in self.chains(group)]
         limit = self.options.chain_timeout_s
-        return self.probe("import_chain", {"chains": chains, "timeout_s": limit, "parallel": 4}, env=group.env,
-                          group=group, key=self.group_key("import_chain", group), timeout_s=limit + 60)
+        return self.probe("import_chain", {"chains": chains, "timeout_s": limit, "parallel": 4},
+                          env=group.env, group=group, key=self.group_key("import_chain", group),
+                          timeout_s=limit + 60)
 
     def packages(self, group: ProbeGroup) -> dict[str, Any]:
         return self.probe("packages", {"requirers": list(REQUIRERS), "pip_check": True, "timeout_s": 180},
                           env=group.env, group=group, key=self.group_key("packages", group))
 
     def cuda_toolkit(self, group: ProbeGroup) -> dict[str, Any]:
-        return self.probe("cuda_toolkit", env=group.env, group=group, key=self.group_key("cuda_toolkit", group))
+        return self.probe("cuda_toolkit", env=group.env, group=group,
+                          key=self.group_key("cuda_toolkit", group))
 
     def sgl_kernel_builds(self, group: ProbeGroup) -> dict[str, Any]:
         return self.probe("sgl_kernel_builds", env=group.env, group=group,
@@ -207,31 +212,35 @@ class GpuHost:
             return self.inventory.capabilities
         from pytest_dflash.layers.gpu.arch import parse_arch_list
 
-        configured = (group.env.get("FLASHINFER_CUDA_ARCH_LIST") if group else None) or self.options.jit_arch_list
+        configured = ((group.env.get("FLASHINFER_CUDA_ARCH_LIST") if group else None)
+                      or self.options.jit_arch_list)
         return parse_arch_list(configured)
 
     def toolkit(self, group: ProbeGroup) -> ToolkitReport:
         torch = (self.torch_facts(group).get("torch") or {})
         versions = installed_versions(self.packages(group))
         raw = self.cuda_toolkit(group)
-        return toolkit_report(raw, torch_cuda=torch.get("cuda"), flashinfer_version=versions.get("flashinfer-python"),
+        return toolkit_report(raw, torch_cuda=torch.get("cuda"),
+                              flashinfer_version=versions.get("flashinfer-python"),
                               capabilities=self.capabilities(group), ninja=raw.get("ninja"))
 
     # ---- kernels layer ------------------------------------------------------------------------------------
 
     @property
     def may_use_gpus(self) -> bool:
-        """Whether the kernels layer may build and launch kernels here: when provisioning, or when opted in."""
+        """Whether the kernels layer may build and launch kernels here: when provisioning, or when
+        opted in."""
         return self.host.provisioning or self.options.allow_gpu_use
 
     def gpu_use_refusal(self) -> str:
         """Why the kernels layer does not run on this host in attach mode (names the opt-in option)."""
-        return (f"attach mode: the kernels layer would build and launch kernels on {self.host.name}'s GPUs next to "
-                f"its running services; {opt_in_hint(ALLOW_GPU_USE_INI)}")
+        return (f"attach mode: the kernels layer would build and launch kernels on {self.host.name}'s GPUs "
+                f"next to its running services; {opt_in_hint(ALLOW_GPU_USE_INI)}")
 
     def jit_cache(self, group: ProbeGroup) -> dict[str, Any]:
         params = {"user": group.user}  # the probe reads FLASHINFER_WORKSPACE_BASE from the service env itself
-        return self.probe("jit_cache", params, env=group.env, group=group, key=self.group_key("jit_cache", group))
+        return self.probe("jit_cache", params, env=group.env, group=group,
+                          key=self.group_key("jit_cache", group))
 
     def kernels(self, step: str, group: ProbeGroup) -> dict[str, Any]:
         """Build (and on a GPU run) one kernel step on a cold cache, in the service's environment."""
@@ -245,5 +254,6 @@ class GpuHost:
                 params["objects"] = list(self.options.jit_objects)
         if self.options.jit_jobs:
             params["jobs"] = self.options.jit_jobs
-        return self.probe("kernels", params, env=group.env, group=group, key=self.group_key(f"kernels_{step}", group),
+        return self.probe("kernels", params, env=group.env, group=group,
+                          key=self.group_key(f"kernels_{step}", group),
                           timeout_s=self.options.kernels_timeout_s + 60)

@@ -88,9 +88,10 @@ def check_requirements(requirer: str, requires: Iterable[str], installed: Mappin
     return issues
 
 
-# The torch each sglang-kernel build goes with: the torch the sglang releases that pin it pin too (read from the
-# wheels, tests/data/sglang-versions/releases.toml). 0.4.5 and 0.4.6.post1 declare no torch of their own, so this
-# pairing is the only record of the torch their compiled ops were built against; 0.4.7+ also pin it themselves.
+# The torch each sglang-kernel build goes with: the torch the sglang releases that pin it pin too (read from
+# the wheels, tests/data/sglang-versions/releases.toml). 0.4.5 and 0.4.6.post1 declare no torch of their own,
+# so this pairing is the only record of the torch their compiled ops were built against; 0.4.7+ also pin it
+# themselves.
 KERNEL_TORCH = {
     "0.4.5": ("2.11", "sglang 0.5.17"),
     "0.4.6.post1": ("2.13", "sglang 0.5.18 and 0.5.19"),
@@ -100,9 +101,10 @@ KERNEL_TORCH = {
 }
 
 
-def kernel_torch_issue(installed: Mapping[str, str], kernel_requires: Iterable[str] | None) -> RequirementIssue | None:
-    """An sglang-kernel build whose paired torch (major.minor) is not the installed torch, when the kernel's own
-    Requires-Dist does not say so already (its own torch pin is checked with the others)."""
+def kernel_torch_issue(installed: Mapping[str, str],
+                       kernel_requires: Iterable[str] | None) -> RequirementIssue | None:
+    """An sglang-kernel build whose paired torch (major.minor) is not the installed torch, when the kernel's
+    own Requires-Dist does not say so already (its own torch pin is checked with the others)."""
     kernel, torch = installed.get("sglang-kernel"), installed.get("torch")
     if kernel not in KERNEL_TORCH or torch is None:
         return None
@@ -119,7 +121,8 @@ def kernel_torch_issue(installed: Mapping[str, str], kernel_requires: Iterable[s
         return None
     if have == built:
         return None
-    return RequirementIssue("sglang-kernel", f"torch=={built}.* (built for the torch {pairing} pin with it; its "
+    return RequirementIssue("sglang-kernel",
+                            f"torch=={built}.* (built for the torch {pairing} pin with it; its "
                             "METADATA names no torch)", "torch", torch, True)
 
 
@@ -201,8 +204,8 @@ def diff(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> list[Drift]
 
 def write_snapshots(path: Path, hosts: Mapping[str, Mapping[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"format": SNAPSHOT_FORMAT, "hosts": dict(hosts)}, indent=1, sort_keys=True) + "\n",
-                    encoding="utf-8")
+    path.write_text(json.dumps({"format": SNAPSHOT_FORMAT, "hosts": dict(hosts)}, indent=1, sort_keys=True)
+                    + "\n", encoding="utf-8")
 
 
 def read_baseline(path: Path, host: str) -> Mapping[str, Any]:
@@ -211,8 +214,10 @@ def read_baseline(path: Path, host: str) -> Mapping[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: cannot read env snapshot: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT or not isinstance(data.get("hosts"), dict):
-        raise ValueError(f"{path}: not an env snapshot written by --save-env-snapshot (format {SNAPSHOT_FORMAT})")
+    if (not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT
+            or not isinstance(data.get("hosts"), dict)):
+        raise ValueError(f"{path}: not an env snapshot written by --save-env-snapshot (format "
+                         f"{SNAPSHOT_FORMAT})")
     hosts: dict[str, Any] = data["hosts"]
     if host in hosts:
         return dict(hosts[host])

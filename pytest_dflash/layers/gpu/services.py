@@ -96,8 +96,8 @@ def service_view(host: HostContext, spec: ServiceSpec) -> ServiceView | None:
             pass
     env = dict(spec.env)
     env.setdefault("PATH", SYSTEMD_DEFAULT_PATH)
-    return ServiceView(spec.name, spec.kind, (), env, None, "profile env only (unit not installed, no template)",
-                       spec.gpus)
+    return ServiceView(spec.name, spec.kind, (), env, None,
+                       "profile env only (unit not installed, no template)", spec.gpus)
 
 
 def probe_groups(views: Sequence[ServiceView]) -> list[ProbeGroup]:
@@ -105,7 +105,8 @@ def probe_groups(views: Sequence[ServiceView]) -> list[ProbeGroup]:
     groups: dict[str, list[ServiceView]] = {}
     for view in views:
         relevant = {k: v for k, v in sorted(view.env.items()) if k not in IRRELEVANT}
-        digest = hashlib.sha1(json.dumps([relevant, view.user]).encode(), usedforsecurity=False).hexdigest()[:8]
+        digest = hashlib.sha1(json.dumps([relevant, view.user]).encode(),
+                              usedforsecurity=False).hexdigest()[:8]
         groups.setdefault(digest, []).append(view)
     out = []
     for digest, members in groups.items():

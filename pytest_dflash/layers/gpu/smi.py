@@ -79,7 +79,8 @@ def parse_query_csv(text: str) -> list[dict[str, str]]:
         if not row:
             continue
         if len(row) != len(header):
-            raise SmiParseError(f"nvidia-smi CSV row has {len(row)} fields, header has {len(header)}: {row!r}")
+            raise SmiParseError(f"nvidia-smi CSV row has {len(row)} fields, header has "
+                                f"{len(header)}: {row!r}")
         out.append(dict(zip(header, (cell.strip() for cell in row), strict=True)))
     return out
 
@@ -195,7 +196,8 @@ def parse_apps_csv(text: str) -> list[GpuProcess]:
         pid = _int(row.get("pid"))
         if pid is None:
             continue
-        out.append(GpuProcess(pid, row.get("process_name", ""), _mib(row.get("used_memory")), row.get("gpu_uuid", "")))
+        out.append(GpuProcess(pid, row.get("process_name", ""), _mib(row.get("used_memory")),
+                              row.get("gpu_uuid", "")))
     return out
 
 
@@ -222,7 +224,8 @@ def _failed(result: Mapping[str, Any] | None) -> str | None:
         return "not run"
     if result.get("rc") != 0:
         detail = (result.get("stderr") or result.get("stdout") or "").strip().splitlines()
-        return f"`{' '.join(result.get('argv', []))}` exited {result.get('rc')}: {detail[-1] if detail else ''}"
+        return (f"`{' '.join(result.get('argv', []))}` exited {result.get('rc')}: "
+                f"{detail[-1] if detail else ''}")
     return None
 
 

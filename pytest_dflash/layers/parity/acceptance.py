@@ -25,10 +25,12 @@ from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.client.sampling import Sampling
 
 Source = Literal["meta_info", "server_info"]
-DEFAULT_MIN_ACCEPT_LENGTH = 1.1  # without [floors.SERVICE] accept_length: drafts accepted, not speculation in name
-LIKELY_CAUSES = ("a draft model that does not match the target (another model family, tokenizer or revision), "
-                 "a random or untrained draft, or speculation disabled by a fallback or a setting the server "
-                 "changed at start-up (see the service's log and test_serves_the_profiles_speculation)")
+# without [floors.SERVICE] accept_length: drafts accepted, not speculation in name
+DEFAULT_MIN_ACCEPT_LENGTH = 1.1
+LIKELY_CAUSES = ("a draft model that does not match the target (another model family, tokenizer or "
+                 "revision), a random or untrained draft, or speculation disabled by a fallback or a setting "
+                 "the server changed at start-up (see the service's log and "
+                 "test_serves_the_profiles_speculation)")
 
 
 @dataclass(frozen=True)
@@ -47,9 +49,11 @@ def required_floor(service: str, floors: Mapping[str, float | str], *, unaccepte
     if isinstance(raw, int | float):
         return Floor(float(raw), f"[floors.{service}] accept_length of {source}", unaccepted_draft)
     if unaccepted_draft is not None:
-        return Floor(1.0, f"[services.{service}] unaccepted_draft of {source}: {unaccepted_draft}", unaccepted_draft)
-    return Floor(DEFAULT_MIN_ACCEPT_LENGTH, f"the default minimum for a speculative service (set [floors.{service}] "
-                                            "accept_length, or unaccepted_draft for a draft that cannot be accepted)")
+        return Floor(1.0, f"[services.{service}] unaccepted_draft of {source}: {unaccepted_draft}",
+                     unaccepted_draft)
+    return Floor(DEFAULT_MIN_ACCEPT_LENGTH,
+                 f"the default minimum for a speculative service (set [floors.{service}] "
+                 "accept_length, or unaccepted_draft for a draft that cannot be accepted)")
 
 
 class AcceptanceUnavailable(AssertionError):
@@ -74,7 +78,8 @@ class Acceptance:
     steps: int = 0
     per_request: list[float] = field(default_factory=list)
     server_mean: float | None = None  # server_info fallback: SGLang's own average
-    by_category: dict[str, list[int]] = field(default_factory=dict)  # category -> [tokens, verify steps, prompts]
+    # category -> [tokens, verify steps, prompts]
+    by_category: dict[str, list[int]] = field(default_factory=dict)
     accepted_drafts: int = 0  # spec_num_correct_drafts summed (meta_info, when reported)
     proposed_drafts: int = 0  # spec_num_proposed_drafts summed
 
@@ -84,16 +89,19 @@ class Acceptance:
         return self.accepted_drafts / self.proposed_drafts if self.proposed_drafts else None
 
     def describe(self) -> str:
-        """'accept length 1.016 on 4 greedy prompts (meta_info; 260 tokens in 256 verify steps, accept rate 0.00)'."""
+        """'accept length 1.016 on 4 greedy prompts (meta_info; 260 tokens in 256 verify steps, accept rate
+        0.00)'."""
         rate = f", accept rate {self.accept_rate:.3f}" if self.accept_rate is not None else ""
         steps = f" in {self.steps} verify steps" if self.steps else ""
-        return (f"accept length {self.mean:.3f} on {self.prompts} greedy prompts ({self.source}; {self.tokens} "
-                f"tokens{steps}{rate})")
+        return (f"accept length {self.mean:.3f} on {self.prompts} greedy prompts ({self.source}; "
+                f"{self.tokens} tokens{steps}{rate})")
 
     @property
     def per_category(self) -> dict[str, float]:
-        """Tokens per verify step of each prompt category (meta_info only: the server-wide average has none)."""
-        return {name: round(tokens / steps, 4) for name, (tokens, steps, _) in sorted(self.by_category.items())
+        """Tokens per verify step of each prompt category (meta_info only: the server-wide average
+        has none)."""
+        return {name: round(tokens / steps, 4)
+                for name, (tokens, steps, _) in sorted(self.by_category.items())
                 if steps}
 
     def describe_categories(self) -> str:
@@ -115,7 +123,8 @@ class Acceptance:
             fact["accept_rate"] = round(self.accept_rate, 4)
         if self.per_category:
             fact["per_category"] = self.per_category
-            fact["prompts_per_category"] = {name: counts[2] for name, counts in sorted(self.by_category.items())}
+            fact["prompts_per_category"] = {name: counts[2]
+                                            for name, counts in sorted(self.by_category.items())}
         return fact
 
 
@@ -135,8 +144,9 @@ def _flush(client: InferenceClient, *, deadline_s: float = 15.0) -> None:
         if status == 200:
             return
         if time.monotonic() > deadline:
-            raise AcceptanceUnavailable(f"{client.service}: /flush_cache kept answering {status} for {deadline_s:g}s "
-                                        "(requests running?); cannot reset the server-wide accept length")
+            raise AcceptanceUnavailable(f"{client.service}: /flush_cache kept answering {status} for "
+                                        f"{deadline_s:g}s (requests running?); cannot reset the server-wide "
+                                        "accept length")
         time.sleep(0.2)
 
 
@@ -162,7 +172,8 @@ def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int 
             categories: Sequence[str | None] | None = None) -> Acceptance:
     """Greedy generations of `prompts`; accept length per request from meta_info, else from /server_info.
 
-    `categories` (one per prompt, None: uncategorised) groups the per-request numbers: `Acceptance.per_category`.
+    `categories` (one per prompt, None: uncategorised) groups the per-request numbers:
+    `Acceptance.per_category`.
 
     `flush_refused`: why /flush_cache may not be sent (None: it may). The /server_info fallback needs it (the
     server-wide average is cumulative since the last flush), so it raises `FlushRefused` before sending one.
@@ -199,11 +210,11 @@ def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int 
     if not _reports_server_mean(client):
         raise AcceptanceUnavailable(
             f"{client.service}: no accept length: meta_info has no spec_verify_ct (no spec_* field) and "
-            "/server_info has no internal_states[0].avg_spec_accept_length: the server is not speculating, though "
-            f"its profile says it does. Likely causes: {LIKELY_CAUSES}")
+            "/server_info has no internal_states[0].avg_spec_accept_length: the server is not speculating, "
+            f"though its profile says it does. Likely causes: {LIKELY_CAUSES}")
     if flush_refused is not None:
-        raise FlushRefused(f"{client.service}: meta_info has no per-request accept length (spec_verify_ct), and the "
-                           f"server-wide average needs a /flush_cache first: {flush_refused}")
+        raise FlushRefused(f"{client.service}: meta_info has no per-request accept length (spec_verify_ct), "
+                           f"and the server-wide average needs a /flush_cache first: {flush_refused}")
     result = Acceptance(client.service, "server_info", len(prompts))
     _flush(client)
     for prompt in prompts:
@@ -221,8 +232,8 @@ def check_at_least_one(acceptance: Acceptance) -> None:
     """Every verify step emits at least the bonus token: an accept length below 1 is an accounting bug."""
     __tracebackhide__ = True
     if acceptance.mean < 1.0:
-        raise AssertionError(f"{acceptance.service}: accept length {acceptance.mean:.3f} < 1 ({acceptance.source}): "
-                             "a verify step emits at least one token")
+        raise AssertionError(f"{acceptance.service}: accept length {acceptance.mean:.3f} < 1 "
+                             f"({acceptance.source}): a verify step emits at least one token")
 
 
 def check_floor(acceptance: Acceptance, floor: float | None, *, where: str = "") -> None:
@@ -236,13 +247,15 @@ def check_floor(acceptance: Acceptance, floor: float | None, *, where: str = "")
         check_at_least_one(acceptance)
         return
     if acceptance.mean < floor:
-        per_request = f"; per request {[round(v, 2) for v in acceptance.per_request]}" if acceptance.per_request else ""
+        per_request = (f"; per request {[round(v, 2) for v in acceptance.per_request]}"
+                       if acceptance.per_request else "")
         raise AssertionError(
-            f"{acceptance.service}: accept length {acceptance.mean:.3f} < floor {floor:g}{where and f' ({where})'} "
-            f"on {acceptance.prompts} greedy prompts ({acceptance.source}; {acceptance.tokens} tokens"
-            f"{f' in {acceptance.steps} verify steps' if acceptance.steps else ''}){per_request}: the draft model "
-            "is accepted less often than this host's profile requires (a wrong or mismatched draft model, "
-            "--speculative-num-draft-tokens, or a verifier that rejects good drafts)")
+            f"{acceptance.service}: accept length {acceptance.mean:.3f} < floor "
+            f"{floor:g}{where and f' ({where})'} on {acceptance.prompts} greedy prompts "
+            f"({acceptance.source}; {acceptance.tokens} "
+            f"tokens{f' in {acceptance.steps} verify steps' if acceptance.steps else ''}){per_request}: the "
+            "draft model is accepted less often than this host's profile requires (a wrong or mismatched "
+            "draft model, --speculative-num-draft-tokens, or a verifier that rejects good drafts)")
 
 
 def check_accepts_drafts(acceptance: Acceptance, floor: Floor) -> None:
@@ -254,20 +267,22 @@ def check_accepts_drafts(acceptance: Acceptance, floor: Floor) -> None:
     rate_zero = acceptance.accept_rate == 0.0 and acceptance.proposed_drafts > 0
     if acceptance.mean >= floor.value:
         return
-    per_request = f"; per request {[round(v, 2) for v in acceptance.per_request]}" if acceptance.per_request else ""
-    zero = (f" The server reports accept rate 0 ({acceptance.accepted_drafts} of {acceptance.proposed_drafts} "
-            "draft tokens accepted).") if rate_zero else ""
+    per_request = (f"; per request {[round(v, 2) for v in acceptance.per_request]}"
+                   if acceptance.per_request else "")
+    zero = (f" The server reports accept rate 0 ({acceptance.accepted_drafts} of "
+            f"{acceptance.proposed_drafts} draft tokens accepted).") if rate_zero else ""
     if acceptance.mean < DEFAULT_MIN_ACCEPT_LENGTH:  # not clearly above 1: speculation that does not happen
         raise AssertionError(
-            f"{acceptance.service}: no speculation in practice: {acceptance.describe()} < {floor.value:g} required by "
-            f"{floor.where}{per_request}.{zero} Every verify step costs a draft and a wider target pass, so this "
-            f"service is slower than plain decoding. Likely causes: {LIKELY_CAUSES}. A test pair that knowingly serves "
-            "a draft that cannot be accepted says so: [services.NAME] unaccepted_draft = \"why\" (docs/profiles.md)")
+            f"{acceptance.service}: no speculation in practice: {acceptance.describe()} < {floor.value:g} "
+            f"required by {floor.where}{per_request}.{zero} Every verify step costs a draft and a wider "
+            f"target pass, so this service is slower than plain decoding. Likely causes: {LIKELY_CAUSES}. A "
+            "test pair that knowingly serves a draft that cannot be accepted says so: [services.NAME] "
+            "unaccepted_draft = \"why\" (docs/profiles.md)")
     raise AssertionError(
-        f"{acceptance.service}: drafts accepted less often than required: {acceptance.describe()} < {floor.value:g} "
-        f"required by {floor.where}{per_request}. Likely causes: a draft model that does not match the target well "
-        "(another fine-tune or revision), --speculative-num-draft-tokens / the tree budget, prompts unlike the "
-        "draft's training data, or a verifier that rejects good drafts")
+        f"{acceptance.service}: drafts accepted less often than required: {acceptance.describe()} < "
+        f"{floor.value:g} required by {floor.where}{per_request}. Likely causes: a draft model that does not "
+        "match the target well (another fine-tune or revision), --speculative-num-draft-tokens / the tree "
+        "budget, prompts unlike the draft's training data, or a verifier that rejects good drafts")
 
 
 def check_ddtree_vs_dflash(ddtree: Acceptance, dflash: Acceptance, *, ratio: float) -> None:
@@ -276,12 +291,13 @@ def check_ddtree_vs_dflash(ddtree: Acceptance, dflash: Acceptance, *, ratio: flo
     if ddtree.mean < ratio * dflash.mean:
         raise AssertionError(
             f"DDTREE accepts less than {ratio:g} x DFLASH on the same {ddtree.prompts} prompts: "
-            f"{ddtree.service} {ddtree.mean:.3f} vs {dflash.service} {dflash.mean:.3f} tokens per verify step "
-            f"(ratio {ddtree.mean / dflash.mean if dflash.mean else float('inf'):.3f}); per request "
-            f"DDTREE {[round(v, 2) for v in ddtree.per_request]} vs DFLASH {[round(v, 2) for v in dflash.per_request]}"
+            f"{ddtree.service} {ddtree.mean:.3f} vs {dflash.service} {dflash.mean:.3f} tokens per verify "
+            f"step (ratio {ddtree.mean / dflash.mean if dflash.mean else float('inf'):.3f}); per request "
+            f"DDTREE {[round(v, 2) for v in ddtree.per_request]} vs DFLASH "
+            f"{[round(v, 2) for v in dflash.per_request]}"
         )
 
 
-__all__ = ["DEFAULT_MIN_ACCEPT_LENGTH", "LIKELY_CAUSES", "Acceptance", "AcceptanceUnavailable", "Floor", "FlushRefused",
-           "check_accepts_drafts", "check_at_least_one", "check_ddtree_vs_dflash", "check_floor", "measure",
-           "required_floor"]
+__all__ = ["DEFAULT_MIN_ACCEPT_LENGTH", "LIKELY_CAUSES", "Acceptance", "AcceptanceUnavailable", "Floor",
+           "FlushRefused", "check_accepts_drafts", "check_at_least_one", "check_ddtree_vs_dflash",
+           "check_floor", "measure", "required_floor"]

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 Pair = tuple["ServiceHandle", "ServiceHandle"]
 Cache = dict[tuple[str, ...], Any]
 
-# Accept length is measured on a seeded sample of the shipped prompt set (pytest_dflash/data/prompts.jsonl), spread
-# evenly over its categories (chat, code, math, multilingual, summarisation): few requests, a number per category.
+# Accept length is measured on a seeded sample of the shipped prompt set (pytest_dflash/data/prompts.jsonl),
+# spread evenly over its categories (chat, code, math, multilingual, summarisation): few requests, a number
+# per category.
 ACCEPTANCE_SAMPLE = 16
 ACCEPTANCE_SEED = 0
 
@@ -46,11 +47,14 @@ def require_native(pair: Sequence[ServiceHandle]) -> None:
     """Skip unless every service serves SGLang's native /generate (parity compares token ids)."""
     for service in pair:
         if not service.native:
-            pytest.skip(f"parity compares token ids: {service.label} does not serve SGLang's native /generate")
+            pytest.skip(f"parity compares token ids: {service.label} does not serve SGLang's "
+                        "native /generate")
 
 
-def greedy_parity(pair: Pair, options: LayerOptions, cache: Cache, *, concurrent_requests: bool) -> parity.ParityReport:
-    """Greedy outputs of the compared service against the reference's, triaged at ties; recorded, then checked.
+def greedy_parity(pair: Pair, options: LayerOptions, cache: Cache, *,
+                  concurrent_requests: bool) -> parity.ParityReport:
+    """Greedy outputs of the compared service against the reference's, triaged at ties; recorded,
+    then checked.
 
     The reference's outputs (and, for the concurrent variant, the compared service's outputs alone) are
     computed once per run and shared by both tests."""
@@ -86,14 +90,16 @@ def reference_samples(cache: Cache, host: str, service: str, plan: DrawPlan) -> 
 
 
 def distribution_parity(pair: Pair, options: LayerOptions, cache: Cache) -> None:
-    """Sampled first-K-token distributions of the pair compared (chi-square); a failure quotes a greedy-fallback
-    line from either service's log when there is one (the usual cause: a verifier that ignores temperature)."""
+    """Sampled first-K-token distributions of the pair compared (chi-square); a failure quotes a
+    greedy-fallback line from either service's log when there is one (the usual cause: a verifier that ignores
+    temperature)."""
     __tracebackhide__ = True
     require_native(pair)
     reference, compared = pair
     samples = reference_samples(cache, reference.host.name, reference.name, options.draw)
     report = compare_distributions(reference.client, compared.client, DISTRIBUTION_PROMPTS, options.draw,
-                                   alpha=options.alpha, min_samples=options.min_samples, reference_samples=samples)
+                                   alpha=options.alpha, min_samples=options.min_samples,
+                                   reference_samples=samples)
     reference.host.facts.metrics[f"distribution:{reference.name}~{compared.name}"] = report.as_fact()
     evidence = ""
     if report.outcome == "fail":
@@ -104,10 +110,10 @@ def distribution_parity(pair: Pair, options: LayerOptions, cache: Cache) -> None
     report.check(evidence=evidence.strip(), min_samples=options.min_samples)
 
 
-def measure_acceptance(handle: ServiceHandle, prompts: Sequence[str], *, max_tokens: int,
-                       allowed: bool, categories: Sequence[str | None] | None = None) -> acceptance.Acceptance:
-    """acceptance.measure on `handle`, recorded in the verdict (per category too, and as a note on the terminal
-    summary); skipped (naming the option) when it needs a /flush_cache this run may not send."""
+def measure_acceptance(handle: ServiceHandle, prompts: Sequence[str], *, max_tokens: int, allowed: bool,
+                       categories: Sequence[str | None] | None = None) -> acceptance.Acceptance:
+    """acceptance.measure on `handle`, recorded in the verdict (per category too, and as a note on the
+    terminal summary); skipped (naming the option) when it needs a /flush_cache this run may not send."""
     try:
         result = acceptance.measure(handle.client, prompts, max_tokens=max_tokens,
                                     flush_refused=state_change_refusal(handle, allowed=allowed),
@@ -117,8 +123,8 @@ def measure_acceptance(handle: ServiceHandle, prompts: Sequence[str], *, max_tok
     handle.host.facts.accept_lengths[handle.name] = round(result.mean, 4)
     handle.host.facts.metrics[f"acceptance:{handle.name}"] = result.as_fact()
     if result.per_category:
-        handle.host.notes.append(f"{handle.name}: accept length per category ({result.prompts} greedy prompts, "
-                                 f"{max_tokens} tokens each): {result.describe_categories()}")
+        handle.host.notes.append(f"{handle.name}: accept length per category ({result.prompts} greedy "
+                                 f"prompts, {max_tokens} tokens each): {result.describe_categories()}")
     return result
 
 
@@ -143,7 +149,8 @@ def required_floor(service: ServiceHandle) -> acceptance.Floor:
     unaccepted_draft, else acceptance.DEFAULT_MIN_ACCEPT_LENGTH."""
     profile = service.host.profile
     return acceptance.required_floor(service.name, profile.floors.get(service.name, {}),
-                                     unaccepted_draft=service.spec.unaccepted_draft, source=str(profile.source))
+                                     unaccepted_draft=service.spec.unaccepted_draft,
+                                     source=str(profile.source))
 
 
 def _speculative_or_skip(service: ServiceHandle) -> None:
@@ -169,7 +176,8 @@ def quick_accept_length(service: ServiceHandle, prompts: Sequence[str], options:
     if not service.native:
         pytest.skip("accept length needs SGLang's native /generate meta_info")
     _speculative_or_skip(service)
-    measured = measure_acceptance(service, prompts, max_tokens=max_tokens, allowed=options.allow_state_changes)
+    measured = measure_acceptance(service, prompts, max_tokens=max_tokens,
+                                  allowed=options.allow_state_changes)
     acceptance.check_accepts_drafts(measured, required_floor(service))
     return measured
 
@@ -196,5 +204,5 @@ def ddtree_accepts_at_least_dflash(service: ServiceHandle, options: LayerOptions
 
 
 __all__ = ["ACCEPTANCE_SAMPLE", "accept_length", "acceptance_prompts", "ddtree_accepts_at_least_dflash",
-           "distribution_parity", "greedy_parity", "measure_acceptance", "quick_accept_length", "reference_samples",
-           "require_native", "required_floor"]
+           "distribution_parity", "greedy_parity", "measure_acceptance", "quick_accept_length",
+           "reference_samples", "require_native", "required_floor"]

@@ -43,8 +43,8 @@ DEFAULT_ALPHA = 1e-3
 DEFAULT_MIN_SAMPLES = 200
 MIN_EXPECTED = 5.0
 
-__all__ = ["Cell", "DistributionReport", "DrawPlan", "PromptResult", "chi2_sf", "combine", "compare_distributions",
-           "draw", "homogeneity", "pool"]
+__all__ = ["Cell", "DistributionReport", "DrawPlan", "PromptResult", "chi2_sf", "combine",
+           "compare_distributions", "draw", "homogeneity", "pool"]
 
 
 # ---- the chi-square distribution -------------------------------------------------------------------
@@ -119,7 +119,8 @@ class Cell:
         return f"{ids}{text}" + ("" if self.exact else " + rarer continuations")
 
 
-def pool(reference: Sequence[Sample], compared: Sequence[Sample], *, min_expected: float = MIN_EXPECTED) -> list[Cell]:
+def pool(reference: Sequence[Sample], compared: Sequence[Sample], *,
+         min_expected: float = MIN_EXPECTED) -> list[Cell]:
     """Pool sparse categories (see the module docstring) so that every expected count is >= min_expected."""
     n_ref, n_cmp = len(reference), len(compared)
     total = n_ref + n_cmp
@@ -137,7 +138,8 @@ def pool(reference: Sequence[Sample], compared: Sequence[Sample], *, min_expecte
         frequent = {prefix for prefix, (r, c) in groups.items() if r + c >= threshold}
         for prefix in sorted(frequent):
             r, c = groups[prefix]
-            cells.append(Cell(prefix, exact=length == depth and len(prefix) == depth, reference=r, compared=c))
+            cells.append(Cell(prefix, exact=length == depth and len(prefix) == depth, reference=r,
+                              compared=c))
         pending = [(s, side) for s, side in pending if s[:length] not in frequent]
     rest_ref = sum(1 for _, side in pending if side == 0)
     rest_cmp = len(pending) - rest_ref
@@ -176,7 +178,8 @@ class PromptResult:
         """Total variation distance between the two empirical distributions over the pooled cells."""
         if not self.cells or not self.n_reference or not self.n_compared:
             return None
-        return 0.5 * sum(abs(c.reference / self.n_reference - c.compared / self.n_compared) for c in self.cells)
+        return 0.5 * sum(abs(c.reference / self.n_reference - c.compared / self.n_compared)
+                         for c in self.cells)
 
     def worst_cells(self, count: int = 3) -> list[Cell]:
         """The cells that contribute most to the statistic (where the two distributions differ)."""
@@ -198,11 +201,12 @@ class PromptResult:
         if self.statistic is None or self.p_value is None:
             return f"{head} ({self.reason}; {sizes})"
         tv = self.total_variation
-        text = (f"{head}: Pearson chi-square X2 = {self.statistic:.1f}, df = {self.df}, p = {self.p_value:.3g} "
-                f"{'<' if self.p_value < self.alpha else '>='} alpha = {self.alpha:.3g}; {sizes}; "
-                f"total variation {tv:.3f}")
+        text = (f"{head}: Pearson chi-square X2 = {self.statistic:.1f}, df = {self.df}, p = "
+                f"{self.p_value:.3g} {'<' if self.p_value < self.alpha else '>='} alpha = {self.alpha:.3g}; "
+                f"{sizes}; total variation {tv:.3f}")
         if self.outcome == "fail":
-            rows = [f"{c.label(decode)}: reference {c.reference}, compared {c.compared}" for c in self.worst_cells()]
+            rows = [f"{c.label(decode)}: reference {c.reference}, compared {c.compared}"
+                    for c in self.worst_cells()]
             text += "\n      largest differences: " + "; ".join(rows)
         return text
 
@@ -210,7 +214,8 @@ class PromptResult:
 def homogeneity(prompt: str, reference: Sequence[Sample], compared: Sequence[Sample], *, alpha: float,
                 min_samples: int = DEFAULT_MIN_SAMPLES, min_expected: float = MIN_EXPECTED,
                 length: int | None = None) -> PromptResult:
-    """Pearson chi-square test of homogeneity of two samples of token prefixes (cut to `length`), after pooling."""
+    """Pearson chi-square test of homogeneity of two samples of token prefixes (cut to `length`), after
+    pooling."""
     if length is not None:
         reference = [s[:length] for s in reference]
         compared = [s[:length] for s in compared]
@@ -222,8 +227,8 @@ def homogeneity(prompt: str, reference: Sequence[Sample], compared: Sequence[Sam
     cells = pool(reference, compared, min_expected=min_expected)
     if len(cells) < 2:
         return PromptResult(prompt, "degenerate", size, n_ref, n_cmp, tuple(cells), alpha=alpha,
-                            reason="fewer than 2 categories after pooling: both services put (almost) every sample "
-                                   "on one prefix, nothing to test")
+                            reason="fewer than 2 categories after pooling: both services put (almost) every "
+                                   "sample on one prefix, nothing to test")
     n = n_ref + n_cmp
     statistic = 0.0
     for cell in cells:
@@ -247,7 +252,8 @@ class DistributionReport:
 
     @property
     def outcome(self) -> Outcome:
-        """fail if any test rejects; inconclusive if samples were too few or no test was possible; else pass."""
+        """fail if any test rejects; inconclusive if samples were too few or no test was possible;
+        else pass."""
         if any(r.outcome == "fail" for r in self.results):
             return "fail"
         if not any(r.outcome == "pass" for r in self.results) or any(r.outcome == "inconclusive"
@@ -256,12 +262,13 @@ class DistributionReport:
         return "pass"
 
     def as_fact(self) -> dict[str, object]:
-        return {"outcome": self.outcome, "alpha": self.alpha, "tokens": self.tokens, "sampling": self.sampling,
+        return {"outcome": self.outcome, "alpha": self.alpha, "tokens": self.tokens,
+                "sampling": self.sampling,
                 "test": "Pearson chi-square test of homogeneity, Bonferroni over prompts and prefix lengths",
                 "tests": [{"prompt": r.prompt[:60], "length": r.length, "outcome": r.outcome,
-                           "n_reference": r.n_reference,
-                             "n_compared": r.n_compared, "statistic": r.statistic, "df": r.df, "p_value": r.p_value,
-                             "total_variation": r.total_variation} for r in self.results]}
+                           "n_reference": r.n_reference, "n_compared": r.n_compared,
+                           "statistic": r.statistic, "df": r.df, "p_value": r.p_value,
+                           "total_variation": r.total_variation} for r in self.results]}
 
     def check(self, *, evidence: str = "", min_samples: int = DEFAULT_MIN_SAMPLES) -> None:
         """Raise AssertionError unless the outcome is pass (inconclusive fails too: it is not a pass)."""
@@ -270,17 +277,17 @@ class DistributionReport:
             return
         text = self.describe()
         if self.outcome == "inconclusive":
-            text += (f"\nINCONCLUSIVE is not a pass: raise --dist-samples (at least {min_samples} per prompt and "
-                     "service) or use prompts whose first tokens vary at this temperature")
+            text += (f"\nINCONCLUSIVE is not a pass: raise --dist-samples (at least {min_samples} per prompt "
+                     "and service) or use prompts whose first tokens vary at this temperature")
         raise AssertionError(text + (f"\n{evidence}" if evidence else ""))
 
     def describe(self, decode: Callable[[Sample], str] | None = None) -> str:
         per = self.alpha / max(1, len(self.results))
         prompts = len({r.prompt for r in self.results})
-        head = (f"distribution parity {self.outcome.upper()}: the first 1..{self.tokens} tokens at {self.sampling}; "
-                f"Pearson chi-square test of homogeneity per prompt and prefix length at alpha = {per:.3g} "
-                f"(family-wise false-alarm rate <= {self.alpha:g}, Bonferroni over {prompts} prompts x "
-                f"{self.tokens} lengths)")
+        head = (f"distribution parity {self.outcome.upper()}: the first 1..{self.tokens} tokens at "
+                f"{self.sampling}; Pearson chi-square test of homogeneity per prompt and prefix length at "
+                f"alpha = {per:.3g} (family-wise false-alarm rate <= {self.alpha:g}, Bonferroni over "
+                f"{prompts} prompts x {self.tokens} lengths)")
         # the failing tests, then one line per prompt for the rest (its smallest p-value)
         lines = [f"  {r.describe(decode)}" for r in self.results if r.outcome in ("fail", "inconclusive")]
         for prompt in dict.fromkeys(r.prompt for r in self.results):
@@ -289,17 +296,18 @@ class DistributionReport:
             parts = []
             if passed:
                 low = min(passed, key=lambda r: r.p_value if r.p_value is not None else 1.0)
-                parts.append(f"{len(passed)} length(s) pass, smallest p = {low.p_value:.3g} (first {low.length} "
-                             "tokens)")
+                parts.append(f"{len(passed)} length(s) pass, smallest p = {low.p_value:.3g} (first "
+                             f"{low.length} tokens)")
             if flat:
-                parts.append(f"lengths {flat} degenerate (one prefix holds almost every sample: nothing to test)")
+                parts.append(f"lengths {flat} degenerate (one prefix holds almost every sample: nothing "
+                             "to test)")
             if parts:
                 lines.append(f"  {prompt[:40]!r}: {'; '.join(parts)}")
         return "\n".join([head, *lines])
 
 
-def combine(prompt_samples: Sequence[tuple[str, Sequence[Sample], Sequence[Sample]]], *, alpha: float, tokens: int,
-            sampling: str, min_samples: int = DEFAULT_MIN_SAMPLES) -> DistributionReport:
+def combine(prompt_samples: Sequence[tuple[str, Sequence[Sample], Sequence[Sample]]], *, alpha: float,
+            tokens: int, sampling: str, min_samples: int = DEFAULT_MIN_SAMPLES) -> DistributionReport:
     """Test every prompt at every prefix length 1..tokens, at alpha / (prompts x tokens) (Bonferroni)."""
     report = DistributionReport(alpha, tokens, sampling)
     per = alpha / max(1, len(prompt_samples) * tokens)
@@ -328,8 +336,8 @@ class DrawPlan:
     chunk: int = 100
 
     def sampling(self) -> Sampling:
-        return Sampling(max_tokens=self.tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                        ignore_eos=True)
+        return Sampling(max_tokens=self.tokens, temperature=self.temperature, top_k=self.top_k,
+                        top_p=self.top_p, ignore_eos=True)
 
     def describe(self) -> str:
         parts = [f"temperature {self.temperature:g}"]
@@ -354,10 +362,12 @@ def draw(client: InferenceClient, prompt: str, plan: DrawPlan, *, seed_base: int
 
 
 def compare_distributions(reference: InferenceClient, compared: InferenceClient, prompts: Sequence[str],
-                          plan: DrawPlan, *, alpha: float = DEFAULT_ALPHA, min_samples: int = DEFAULT_MIN_SAMPLES,
+                          plan: DrawPlan, *, alpha: float = DEFAULT_ALPHA,
+                          min_samples: int = DEFAULT_MIN_SAMPLES,
                           reference_samples: dict[str, list[Sample]] | None = None,
                           timeout_s: float | None = None) -> DistributionReport:
-    """Sample both services on every prompt and test homogeneity (reference samples reused from the cache dict)."""
+    """Sample both services on every prompt and test homogeneity (reference samples reused from the
+    cache dict)."""
     cache = reference_samples if reference_samples is not None else {}
     table = []
     for prompt in prompts:

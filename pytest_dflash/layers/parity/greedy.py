@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 Kind = Literal["tie", "noise", "real", "unknown"]
 DEFAULT_NOISE_GAP = 0.5
-NOISE_NOTE = ("numerical noise: sent again alone, the service gives the reference's token here, so its kernels' "
-              "numerics (batch composition, prefix-cache state) moved a near-tie, not the verifier "
+NOISE_NOTE = ("numerical noise: sent again alone, the service gives the reference's token here, so its "
+              "kernels' numerics (batch composition, prefix-cache state) moved a near-tie, not the verifier "
               "(SGLang's --enable-deterministic-inference makes them batch-invariant)")
 TOP_LOGPROBS = 5
 DEFAULT_TIE_GAP = 1e-3
@@ -137,7 +137,8 @@ class Divergence:
         if self.top12 is not None:
             facts.append(f"top-1/top-2 gap {self.top12:.3g}")
         if self.gap is not None:
-            facts.append(f"diverging token {'>' if self.lower_bound else ''}{self.gap:.3g} below the top logprob")
+            facts.append(f"diverging token {'>' if self.lower_bound else ''}{self.gap:.3g} below the "
+                         "top logprob")
         shown = ", ".join(f"{c.token}{'' if c.text is None else f' {c.text!r}'}: {c.logprob:.6g}"
                           for c in self.candidates[:3])
         text = (f"{self.prompt[:40]!r}: diverges at token {self.index} ({', '.join(facts)}): "
@@ -185,12 +186,13 @@ class ParityReport:
         """Why this comparison fails (empty: it passes)."""
         out = [d.describe() for d in self.real]
         if self.tie_rate > self.max_tie_rate:
-            out.append(f"{len(self.ties)} of {self.prompts} prompts diverged at numerical ties or noise: tie rate "
-                       f"{self.tie_rate:.2f} > max_tie_rate {self.max_tie_rate:g}")
+            out.append(f"{len(self.ties)} of {self.prompts} prompts diverged at numerical ties or noise: tie "
+                       f"rate {self.tie_rate:.2f} > max_tie_rate {self.max_tie_rate:g}")
         return out
 
     def summary(self) -> str:
-        kinds = {k: sum(1 for d in self.divergences if d.kind == k) for k in ("real", "tie", "noise", "unknown")}
+        kinds = {k: sum(1 for d in self.divergences if d.kind == k)
+                 for k in ("real", "tie", "noise", "unknown")}
         batch = f", {kinds['noise']} numerical noise (noise_gap {self.noise_gap:g})"
         return (f"{self.label}: {self.exact}/{self.prompts} prompts token-identical (exact-match rate "
                 f"{self.exact_rate:.2f}); divergences: {kinds['real']} real, {kinds['tie']} ties (tie_gap "
@@ -198,7 +200,8 @@ class ParityReport:
                 + (f"; triage by {self.plain}" if self.plain else "; no plain server for triage"))
 
     def check(self) -> None:
-        """Raise AssertionError with the summary and every problem (real / untriaged divergences, tie rate)."""
+        """Raise AssertionError with the summary and every problem (real / untriaged divergences,
+        tie rate)."""
         __tracebackhide__ = True
         problems = self.problems()
         if problems:
@@ -210,7 +213,8 @@ class ParityReport:
             "ties": sum(d.kind == "tie" for d in self.divergences),
             "real": sum(d.kind == "real" for d in self.divergences),
             "noise": sum(d.kind == "noise" for d in self.divergences), "concurrent": self.concurrent,
-            "unknown": sum(d.kind == "unknown" for d in self.divergences), "tie_rate": round(self.tie_rate, 4),
+            "unknown": sum(d.kind == "unknown" for d in self.divergences),
+            "tie_rate": round(self.tie_rate, 4),
             "tie_gap": self.tie_gap, "max_tie_rate": self.max_tie_rate, "plain": self.plain,
             "divergences": [{"prompt": d.prompt[:60], "index": d.index, "kind": d.kind, "gap": d.gap,
                              "top12": d.top12} for d in self.divergences],
@@ -252,8 +256,8 @@ class PlainServer:
         try:
             data = response.json()
         except ValueError as exc:
-            raise ApiError(self.client.service, "/generate", response.status_code, f"malformed JSON body: {exc}",
-                           response.text[:300]) from exc
+            raise ApiError(self.client.service, "/generate", response.status_code,
+                           f"malformed JSON body: {exc}", response.text[:300]) from exc
         if isinstance(data, list):
             data = data[0] if data else {}
         if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
@@ -266,7 +270,8 @@ class PlainServer:
             "sampling_params": {"temperature": 0, "max_new_tokens": tokens, "ignore_eos": True},
             "return_logprob": True, "top_logprobs_num": self.top, "return_text_in_logprobs": True,
         }
-        body["text" if isinstance(prompt, str) else "input_ids"] = prompt if isinstance(prompt, str) else list(prompt)
+        body["text" if isinstance(prompt, str) else "input_ids"] = (prompt if isinstance(prompt, str)
+                                                                    else list(prompt))
         data = self._post(body)
         top = data["meta_info"].get("output_top_logprobs")
         ids = data.get("output_ids")
@@ -300,7 +305,8 @@ def triage(plain: PlainServer, prompt: str, reference: Sequence[int], compared: 
     if own is None and len(view.top) > index:
         return classify(ref_token, cmp_token, view.top[index], tie_gap)
     if own is None:
-        return Triage("unknown", note=f"the plain server returned top logprobs for {len(view.top)} positions only")
+        return Triage("unknown", note=f"the plain server returned top logprobs for {len(view.top)} "
+                                      "positions only")
     # The reference itself left the target's greedy path at `own`: triage that first.
     departure = classify(reference[own], view.ids[own], view.top[own] if own < len(view.top) else (), tie_gap)
     where = f"the reference itself departs from the plain server's greedy output at token {own}"
@@ -309,8 +315,8 @@ def triage(plain: PlainServer, prompt: str, reference: Sequence[int], compared: 
         return replace(departure, note=f"{where} ({departure.kind}{gap})")
     prompt_ids = plain.prompt_ids(prompt)
     if prompt_ids is None:
-        return Triage("unknown", note=f"{where} (a tie), and the server reports no prompt token ids to re-read "
-                                      f"token {index} with the reference's prefix")
+        return Triage("unknown", note=f"{where} (a tie), and the server reports no prompt token ids to "
+                                      f"re-read token {index} with the reference's prefix")
     try:
         forced = plain.greedy([*prompt_ids, *reference[:index]], 1)
     except ApiError as exc:
@@ -327,7 +333,8 @@ def greedy_outputs(client: InferenceClient, prompts: Sequence[Prompt], *, max_to
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     if not concurrent_requests:
         return [client.generate(p.text, sampling) for p in prompts]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts), thread_name_prefix="dflash-parity") as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts),
+                                               thread_name_prefix="dflash-parity") as pool:
         return list(pool.map(lambda p: client.generate(p.text, sampling), prompts))
 
 
@@ -344,7 +351,8 @@ def compare_greedy(
     reference_outputs: Sequence[Generation] | None = None,
     plain_unavailable: str = "no plain (non-speculative) server to read top logprobs from",
 ) -> ParityReport:
-    """Greedy token ids of `compared` vs `reference` on each prompt, first divergences triaged through `plain`.
+    """Greedy token ids of `compared` vs `reference` on each prompt, first divergences triaged
+    through `plain`.
 
     `concurrent_requests` sends the compared service all prompts at once (a batch, as the H200 record's
     divergences happened in). `reference_outputs` reuses outputs already fetched for these prompts.
@@ -366,8 +374,8 @@ def compare_greedy(
         verdict = (triage(server, prompt.text, ref_ids, cmp_ids, index, tie_gap) if server is not None
                    else Triage("unknown", note=plain_unavailable))
         report.divergences.append(Divergence(
-            prompt.text, index, ref_ids, cmp_ids, verdict.gap, verdict.kind, verdict.top12, verdict.candidates,
-            verdict.note, ref.text, cmp.text, verdict.lower_bound))
+            prompt.text, index, ref_ids, cmp_ids, verdict.gap, verdict.kind, verdict.top12,
+            verdict.candidates, verdict.note, ref.text, cmp.text, verdict.lower_bound))
     return report
 
 
@@ -375,12 +383,14 @@ def compare_pair(reference: ServiceHandle, compared: ServiceHandle, prompts: Seq
                  max_tokens: int = 32, tie_gap: float | None = None, max_tie_rate: float | None = None,
                  concurrent_requests: bool = False, plain_port: int | None = None,
                  reference_outputs: Sequence[Generation] | None = None,
-                 compared_alone: Sequence[Generation] | None = None, noise_gap: float | None = None) -> ParityReport:
-    """compare_greedy for two services of one host; the plain server is found (or started) only for a divergence.
+                 compared_alone: Sequence[Generation] | None = None,
+                 noise_gap: float | None = None) -> ParityReport:
+    """compare_greedy for two services of one host; the plain server is found (or started) only for a
+    divergence.
 
     A near-tie divergence (within `noise_gap`) is checked against the compared service's own output for the
-    prompt sent alone (`compared_alone` when given, else one more request): when that output has the reference's
-    token there, the divergence is numerical noise, counted with ties.
+    prompt sent alone (`compared_alone` when given, else one more request): when that output has the
+    reference's token there, the divergence is numerical noise, counted with ties.
     """
     spec = reference.host.profile.parity
     gap = tie_gap if tie_gap is not None else (spec.tie_gap if spec else DEFAULT_TIE_GAP)
@@ -398,9 +408,11 @@ def compare_pair(reference: ServiceHandle, compared: ServiceHandle, prompts: Seq
         return first
     server = PlainServer(client)
     first.plain = client.service
-    first.divergences = [_retriaged(d, triage(server, d.prompt, d.reference_ids, d.compared_ids, d.index, gap))
+    first.divergences = [_retriaged(d, triage(server, d.prompt, d.reference_ids, d.compared_ids,
+                                              d.index, gap))
                          for d in first.divergences]
-    alone = {_prompt_text(p): tuple(g.output_ids or ()) for p, g in zip(prompts, compared_alone or (), strict=False)}
+    alone = {_prompt_text(p): tuple(g.output_ids or ())
+             for p, g in zip(prompts, compared_alone or (), strict=False)}
 
     def again(divergence: Divergence) -> tuple[int, ...]:
         if divergence.prompt in alone:
@@ -415,9 +427,10 @@ def compare_pair(reference: ServiceHandle, compared: ServiceHandle, prompts: Seq
 
 def check_slice(reference: ServiceHandle, compared: ServiceHandle, prompts: Sequence[str | Prompt],
                 options: LayerOptions, *, max_tokens: int = 32) -> ParityReport:
-    """compare_pair on a few prompts with the run's thresholds (tie_gap, max_tie_rate, noise_gap: the options, else
-    the profile's [parity] table), recorded in the verdict's metrics, then checked: real or untriaged divergences
-    fail, and so does a tie rate above max_tie_rate (the smoke suite's slice of the parity layer)."""
+    """compare_pair on a few prompts with the run's thresholds (tie_gap, max_tie_rate, noise_gap: the options,
+    else the profile's [parity] table), recorded in the verdict's metrics, then checked: real or untriaged
+    divergences fail, and so does a tie rate above max_tie_rate (the smoke suite's slice of the parity
+    layer)."""
     __tracebackhide__ = True
     report = compare_pair(reference, compared, prompts, max_tokens=max_tokens, tie_gap=options.tie_gap,
                           max_tie_rate=options.max_tie_rate, noise_gap=options.noise_gap,
@@ -440,10 +453,10 @@ def _near_tie(divergence: Divergence, noise_gap: float) -> bool:
 def numerical_noise(divergence: Divergence, again: tuple[int, ...] | None, noise_gap: float) -> Divergence:
     """Reclassify a near-tie divergence as numerical noise when the service, asked again alone, agrees.
 
-    Only when (a) the diverging token is within `noise_gap` nats of the plain server's top logprob, and (b) the
-    compared service's own output for the prompt sent again alone (`again`) has the reference's token at the
-    divergence. A lossy verifier repeats its wrong token; a batching bug (KV mixed up across requests) picks
-    tokens at confident positions: both stay real.
+    Only when (a) the diverging token is within `noise_gap` nats of the plain server's top logprob, and (b)
+    the compared service's own output for the prompt sent again alone (`again`) has the reference's token at
+    the divergence. A lossy verifier repeats its wrong token; a batching bug (KV mixed up across requests)
+    picks tokens at confident positions: both stay real.
     """
     if again is None or not _near_tie(divergence, noise_gap):
         return divergence
@@ -456,10 +469,10 @@ def numerical_noise(divergence: Divergence, again: tuple[int, ...] | None, noise
 
 
 def _retriaged(divergence: Divergence, verdict: Triage) -> Divergence:
-    return replace(divergence, kind=verdict.kind, gap=verdict.gap, top12=verdict.top12, candidates=verdict.candidates,
-                   note=verdict.note, lower_bound=verdict.lower_bound)
+    return replace(divergence, kind=verdict.kind, gap=verdict.gap, top12=verdict.top12,
+                   candidates=verdict.candidates, note=verdict.note, lower_bound=verdict.lower_bound)
 
 
 __all__ = ["SMOKE_PROMPTS", "Candidate", "Divergence", "ParityReport", "PlainServer",
-           "Triage", "check_slice", "classify", "compare_greedy", "compare_pair", "first_divergence", "greedy_outputs",
-           "numerical_noise", "triage"]
+           "Triage", "check_slice", "classify", "compare_greedy", "compare_pair", "first_divergence",
+           "greedy_outputs", "numerical_noise", "triage"]

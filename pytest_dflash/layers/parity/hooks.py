@@ -1,4 +1,5 @@
-"""pytest hooks of the generation and parity layers: their settings (declared in config/options.py) and fixtures.
+"""pytest hooks of the generation and parity layers: their settings (declared in config/options.py)
+and fixtures.
 
 Registered through pytest_dflash.plugin.pytest_plugins. Every option is also an ini key (dflash_ prefix).
 
@@ -73,12 +74,13 @@ def allow_state_changes(config: pytest.Config) -> bool:
 def state_change_refusal(handle: ServiceHandle, *, allowed: bool) -> str | None:
     """Why a state-changing request (POST /flush_cache) may not be sent to `handle`'s server, or None.
 
-    A server this run started (provisioned, or derived for triage) is the run's own; any other one is attached and
-    may be serving production: it is left as it was unless the user opted in.
+    A server this run started (provisioned, or derived for triage) is the run's own; any other one is attached
+    and may be serving production: it is left as it was unless the user opted in.
     """
     if allowed or handle.manager.provisioned:
         return None
-    return (f"{handle.label} was not started by this run (attach mode), and POST /flush_cache changes its state; "
+    return (f"{handle.label} was not started by this run (attach mode), and POST /flush_cache changes "
+            "its state; "
             + options.opt_in_hint("dflash_allow_state_changes"))
 
 

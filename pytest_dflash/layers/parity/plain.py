@@ -13,7 +13,8 @@ from pytest_dflash.services.plain import derive_plain_spec
 
 
 def plain_service(reference: ServiceHandle, *, port: int | None = None) -> ServiceHandle:
-    """The host's non-speculative service for triage: [parity] plain, a NONE service, or one derived (--provision).
+    """The host's non-speculative service for triage: [parity] plain, a NONE service, or one derived
+    (--provision).
 
     Raises PlainUnavailable with what the user can do about it.
     """
@@ -32,8 +33,8 @@ def plain_service(reference: ServiceHandle, *, port: int | None = None) -> Servi
     if not host.provisioning:
         raise PlainUnavailable(
             "no plain (non-speculative) service on this host to read top logprobs from: set [parity] plain = "
-            "\"NAME\" in the profile, or run with --provision to let the parity layer start one (the reference's "
-            "model and flags minus speculation)")
+            "\"NAME\" in the profile, or run with --provision to let the parity layer start one (the "
+            "reference's model and flags minus speculation)")
     taken = [g for h in host.services.values() for g in h.spec.gpus]
     derived_spec = derive_plain_spec(reference.spec, host.profile, directory=state_root() / "derived",
                                      run_id=host.run.run_id, port=port, taken_gpus=taken)

@@ -1,4 +1,5 @@
-"""The prompts the parity layer compares outputs on: the built-in set, and prompt files (.jsonl, .json, text)."""
+"""The prompts the parity layer compares outputs on: the built-in set, and prompt files (.jsonl,
+.json, text)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ BUILTIN_PROMPTS: tuple[Prompt, ...] = (
 
 def load_prompts(path: Path) -> list[Prompt]:
     """Prompts from a file: ``.jsonl`` is a dataset as the perf layer reads it (one {"prompt"} / {"category",
-    "prompt"} / ShareGPT {"conversations"} object per line); ``.json`` a list of strings, of {"name", "text"}, of
-    {"prompt", "category"?} or ShareGPT's {"conversations": [{"from": "human", "value"}, ...]} (the first human
-    turn); any other file one prompt per non-empty line ('#' starts a comment line).
+    "prompt"} / ShareGPT {"conversations"} object per line); ``.json`` a list of strings, of {"name", "text"},
+    of {"prompt", "category"?} or ShareGPT's {"conversations": [{"from": "human", "value"}, ...]} (the first
+    human turn); any other file one prompt per non-empty line ('#' starts a comment line).
 
     Raises ValueError naming the file and what is wrong (and the line or item).
     """

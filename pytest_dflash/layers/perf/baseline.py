@@ -24,7 +24,8 @@ __all__ = ["BASELINE_METRICS", "DEFAULT_REGRESSION_PCT", "Baseline", "baseline_p
            "load_baseline", "save_baseline"]
 
 DEFAULT_REGRESSION_PCT = 10.0
-# Statistics compared with a saved baseline (latency percentiles of a short run are too wide to gate on a ratio).
+# Statistics compared with a saved baseline (latency percentiles of a short run are too wide to gate on
+# a ratio).
 BASELINE_METRICS = ("output_tok_s", "accept_length")
 UNITS = {"output_tok_s": "tok/s", "accept_length": "tokens/step"}
 
@@ -59,11 +60,13 @@ def load_baseline(path: Path) -> Baseline:
         raise ValueError(f"{path}: not a readable perf baseline ({type(exc).__name__}: {exc})") from None
     meta = doc.get("dflash_perf") if isinstance(doc, dict) else None
     recorded = str(meta.get("recorded", "")) if isinstance(meta, dict) else ""
-    return Baseline(path, result, recorded or time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.end_wall)))
+    return Baseline(path, result,
+                    recorded or time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.end_wall)))
 
 
 def judge_baseline(run: ServiceRun, baseline: Baseline, floors: Mapping[str, float | str]) -> list[Judgement]:
-    """Regression of ``BASELINE_METRICS`` beyond ``regression_pct`` (default 10 %); old vs new in the message."""
+    """Regression of ``BASELINE_METRICS`` beyond ``regression_pct`` (default 10 %); old vs new in the
+    message."""
     raw_pct = floors.get("regression_pct", DEFAULT_REGRESSION_PCT)
     pct = float(raw_pct) if isinstance(raw_pct, int | float) else DEFAULT_REGRESSION_PCT
     confidence = confidence_of(floors)
@@ -72,7 +75,8 @@ def judge_baseline(run: ServiceRun, baseline: Baseline, floors: Mapping[str, flo
     diff = same_load(run.result.spec, baseline.result.spec)
     if diff:
         return [refused("baseline", run, why=f"the baseline {baseline.path} was recorded with another load "
-                                              f"({', '.join(diff)}): record a new one with --update-baseline")]
+                                              f"({', '.join(diff)}): record a new one with "
+                                              "--update-baseline")]
     out: list[Judgement] = []
     for metric in BASELINE_METRICS:
         try:
@@ -85,8 +89,8 @@ def judge_baseline(run: ServiceRun, baseline: Baseline, floors: Mapping[str, flo
         now, then = _sample_point(current), _sample_point(old)
         change = (now / then - 1) * 100 if then else math.nan
         unit = UNITS.get(metric, "")
-        detail = (f"; {metric} {_fmt(then, 4)} -> {_fmt(now, 4)} {unit} ({change:+.1f}%) since the baseline recorded "
-                  f"{baseline.recorded}")
+        detail = (f"; {metric} {_fmt(then, 4)} -> {_fmt(now, 4)} {unit} ({change:+.1f}%) since the baseline "
+                  f"recorded {baseline.recorded}")
         out.append(Judgement.of(key, verdict, message=verdict.message + detail))
     if not out:
         out.append(Judgement(key="baseline", outcome="inconclusive",

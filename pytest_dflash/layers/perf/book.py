@@ -1,5 +1,5 @@
-"""The perf runs of this process: one load run per (host, service), measured by the first test that needs it and
-shared by the others, published into the host's verdict and the report directory.
+"""The perf runs of this process: one load run per (host, service), measured by the first test that needs it
+and shared by the others, published into the host's verdict and the report directory.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ __all__ = ["PerfBook", "PerfItem", "host_of", "throughput_interval"]
 
 @dataclass
 class PerfItem:
-    """What one test did with perf runs: the runs it used, the ones it measured (their plots go in its row)."""
+    """What one test did with perf runs: the runs it used, the ones it measured (their plots go in
+    its row)."""
 
     runs: list[ServiceRun] = field(default_factory=list)
     measured: list[ServiceRun] = field(default_factory=list)

@@ -1,4 +1,5 @@
-"""pytest hooks of the perf layer: its configuration, the `dflash_perf` fixture, and each test's report section.
+"""pytest hooks of the perf layer: its configuration, the `dflash_perf` fixture, and each test's
+report section.
 
 Registered through pytest_dflash.plugin.pytest_plugins. Every option is also an ini key (dflash_ prefix).
 
@@ -55,5 +56,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         from pytest_html import extras
 
         blocks = [html_block(run, plots=run in perf.measured) for run in perf.runs]
-        report.extras = [*getattr(report, "extras", []), extras.html("".join(blocks))]  # type: ignore[attr-defined]
+        report.extras = [*getattr(report, "extras", []),  # type: ignore[attr-defined]
+                         extras.html("".join(blocks))]
     return report

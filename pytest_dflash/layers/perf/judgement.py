@@ -32,7 +32,8 @@ NOT_PASSING: tuple[Outcome, ...] = ("fail", "inconclusive", "refused")
 class Judgement:
     """One floor (or baseline, or speed-up) judged, with its evidence in ``message``."""
 
-    key: str  # machine name: output_tok_s, itl_p99_ms, accept_length, speedup_vs_none, baseline.output_tok_s, errors
+    # machine name: output_tok_s, itl_p99_ms, accept_length, speedup_vs_none, baseline.output_tok_s, errors
+    key: str
     outcome: Outcome
     message: str
     point: float | None = None
@@ -55,7 +56,8 @@ class Judgement:
                    confidence=verdict.confidence, n=verdict.n, more_requests=verdict.more_requests)
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True, kw_only=True)

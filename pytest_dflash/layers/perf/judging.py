@@ -1,12 +1,12 @@
-"""Judging one perf run against the host's floors and its peers: errors, output tok/s, latency ceilings, accept
-length, and the speed-up of one service over another at the same load.
+"""Judging one perf run against the host's floors and its peers: errors, output tok/s, latency ceilings,
+accept length, and the speed-up of one service over another at the same load.
 
     for judgement in judge_floors(run, profile.floors["dflash"]):
         print(judgement.outcome, judgement.message)
 
-Every judgement is made on a confidence bound over requests (`pytest_dflash.layers.perf.stats`), never on a point
-estimate; the outcomes are described in `pytest_dflash.layers.perf.judgement`. Nothing here imports pytest: the
-`dflash_perf` fixture (layer.py) turns these outcomes into test outcomes.
+Every judgement is made on a confidence bound over requests (`pytest_dflash.layers.perf.stats`), never on a
+point estimate; the outcomes are described in `pytest_dflash.layers.perf.judgement`. Nothing here imports
+pytest: the `dflash_perf` fixture (layer.py) turns these outcomes into test outcomes.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def judge_errors(run: ServiceRun) -> Judgement:
 
 
 def judge_floors(run: ServiceRun, floors: Mapping[str, float | str]) -> list[Judgement]:
-    """Errors, then ``output_tok_s`` (a floor) and every latency ceiling (``ttft_p99_ms`` …) of the service."""
+    """Errors, then ``output_tok_s`` (a floor) and every latency ceiling (``ttft_p99_ms`` …) of the
+    service."""
     confidence = confidence_of(floors)
     out = [judge_errors(run)]
     for key, value in floors.items():
@@ -79,14 +80,15 @@ def judge_floors(run: ServiceRun, floors: Mapping[str, float | str]) -> list[Jud
     return out
 
 
-def judge_accept_length(run: ServiceRun, floors: Mapping[str, float | str], *, unaccepted_draft: str | None = None,
-                        source: str = "the profile") -> Judgement:
+def judge_accept_length(run: ServiceRun, floors: Mapping[str, float | str], *,
+                        unaccepted_draft: str | None = None, source: str = "the profile") -> Judgement:
     """Per-request accept length (``meta_info`` of native /generate), token-weighted, against the floor.
 
     The floor is the parity layer's (`acceptance.required_floor`, one rule for smoke, parity and perf): the
-    ``accept_length`` floor; without one, at least one token per verify step for a service whose profile declares
-    `unaccepted_draft`, else the default minimum `acceptance.DEFAULT_MIN_ACCEPT_LENGTH` (no speculation in name
-    only). The server-side value (``/server_info`` after ``/flush_cache``) is reported next to it.
+    ``accept_length`` floor; without one, at least one token per verify step for a service whose profile
+    declares `unaccepted_draft`, else the default minimum `acceptance.DEFAULT_MIN_ACCEPT_LENGTH` (no
+    speculation in name only). The server-side value (``/server_info`` after ``/flush_cache``) is reported
+    next to it.
     """
     key = "accept_length"
     floor = required_floor(run.service, floors, unaccepted_draft=unaccepted_draft, source=source)
@@ -140,7 +142,8 @@ def _accept_pair(run: ServiceRun, other: ServiceRun) -> str:
     a, b = run.accept_length, other.accept_length
     if a is None:
         return ""
-    return f"; accept length {a:.3f}" + (f" vs {b:.3f}" if b is not None else f" ({other.algorithm}: 1 by definition)")
+    return f"; accept length {a:.3f}" + (f" vs {b:.3f}" if b is not None
+                                         else f" ({other.algorithm}: 1 by definition)")
 
 
 def comparison_pairs(algorithms: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -148,21 +151,23 @@ def comparison_pairs(algorithms: Mapping[str, str]) -> list[tuple[str, str]]:
     pairs = []
     for a, alg_a in algorithms.items():
         for b, alg_b in algorithms.items():
-            if a != b and ((alg_b == "NONE" and alg_a != "NONE") or (alg_a == "DDTREE" and alg_b == "DFLASH")):
+            if a != b and ((alg_b == "NONE" and alg_a != "NONE")
+                           or (alg_a == "DDTREE" and alg_b == "DFLASH")):
                 pairs.append((a, b))
     return pairs
 
 
-def compare(run: ServiceRun, other: ServiceRun, *, confidence: float = DEFAULT_CONFIDENCE) -> Comparison | None:
+def compare(run: ServiceRun, other: ServiceRun, *,
+            confidence: float = DEFAULT_CONFIDENCE) -> Comparison | None:
     """The speed-up of ``run`` over ``other``, or None when it cannot be stated (different load, no data)."""
     if same_load(run.result.spec, other.result.spec) or run.refusal or other.refusal:
         return None
     try:
-        bound = ratio_bound(metric_sample(run.result, "output_tok_s"), metric_sample(other.result, "output_tok_s"),
-                            confidence=confidence)
+        bound = ratio_bound(metric_sample(run.result, "output_tok_s"),
+                            metric_sample(other.result, "output_tok_s"), confidence=confidence)
     except ValueError:
         return None
     return Comparison(service=run.service, versus=other.service, algorithm=run.algorithm,
-                      versus_algorithm=other.algorithm, point=bound.point, lower=bound.lower, upper=bound.upper,
-                      confidence=confidence, concurrency=run.result.spec.concurrency,
+                      versus_algorithm=other.algorithm, point=bound.point, lower=bound.lower,
+                      upper=bound.upper, confidence=confidence, concurrency=run.result.spec.concurrency,
                       accept_length=run.accept_length, versus_accept_length=other.accept_length)

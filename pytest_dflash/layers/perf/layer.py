@@ -1,6 +1,6 @@
-"""The perf layer's public API: `PerfLayer`, the `dflash_perf` fixture's object, which measures a service once per
-run, judges it, and fails the test with the evidence. Its `*_of` methods are the perf and smoke suites' test
-bodies (kept here so that a suite stays one line per behaviour).
+"""The perf layer's public API: `PerfLayer`, the `dflash_perf` fixture's object, which measures a service once
+per run, judges it, and fails the test with the evidence. Its `*_of` methods are the perf and smoke suites'
+test bodies (kept here so that a suite stays one line per behaviour).
 
     def test_meets_its_floors(dflash_perf: PerfLayer, dflash_service: ServiceHandle) -> None:
         dflash_perf.floors_of(dflash_service)
@@ -25,15 +25,20 @@ from pytest_dflash.layers.perf.judging import confidence_of, judge_accept_length
 from pytest_dflash.layers.perf.options import PerfOptions
 from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.settings import PerfSettings
-from pytest_dflash.layers.perf.token_latency import judge_token_latency, stream_token_latency, token_latency_ceiling
+from pytest_dflash.layers.perf.token_latency import (
+    judge_token_latency,
+    stream_token_latency,
+    token_latency_ceiling,
+)
 from pytest_dflash.run.state import ServiceHandle
 
 __all__ = ["INCONCLUSIVE_HINT", "REFUSED_HINT", "PerfLayer"]
 
-INCONCLUSIVE_HINT = ("INCONCLUSIVE is not a pass: the test fails and a --gate with perf does not pass. Measure longer: "
-                     "--perf-requests {requests} (or [perf] requests in the profile).")
-REFUSED_HINT = ("REFUSED: the load client was the bottleneck, so nothing was judged. Run the client on a quieter "
-                "machine, lower [perf] concurrency, or raise [perf] max_loop_lag_ms / max_client_cpu.")
+INCONCLUSIVE_HINT = ("INCONCLUSIVE is not a pass: the test fails and a --gate with perf does not pass. "
+                     "Measure longer: --perf-requests {requests} (or [perf] requests in the profile).")
+REFUSED_HINT = ("REFUSED: the load client was the bottleneck, so nothing was judged. Run the client on a "
+                "quieter machine, lower [perf] concurrency, or raise [perf] max_loop_lag_ms / "
+                "max_client_cpu.")
 
 
 class PerfLayer:
@@ -114,14 +119,16 @@ class PerfLayer:
         self.check(run, [self._judge_accept_length(handle, run)])
 
     def _judge_accept_length(self, handle: ServiceHandle, run: ServiceRun) -> Judgement:
-        """Against the service's floor, its `unaccepted_draft` exemption or the default minimum (one rule with the
-        smoke and parity layers: `acceptance.required_floor`)."""
+        """Against the service's floor, its `unaccepted_draft` exemption or the default minimum (one rule with
+        the smoke and parity layers: `acceptance.required_floor`)."""
         return judge_accept_length(run, self.floors(handle), unaccepted_draft=handle.spec.unaccepted_draft,
                                    source=str(handle.host.profile.source))
 
-    def quick_accept_length_of(self, handle: ServiceHandle, prompts: Sequence[str], *, max_tokens: int = 64) -> None:
-        """Smoke: accept length on a few greedy prompts reaches the service's floor (`parity.checks.required_floor`:
-        [floors.SERVICE] accept_length, 1 for a declared unaccepted_draft, else the default minimum).
+    def quick_accept_length_of(self, handle: ServiceHandle, prompts: Sequence[str], *,
+                               max_tokens: int = 64) -> None:
+        """Smoke: accept length on a few greedy prompts reaches the service's floor
+        (`parity.checks.required_floor`: [floors.SERVICE] accept_length, 1 for a declared unaccepted_draft,
+        else the default minimum).
 
         A point estimate (greedy accept length is deterministic for a given server); suites/perf bounds it.
         """
@@ -194,7 +201,8 @@ class PerfLayer:
                 judged += run.judge([self._judge_accept_length(handle, run)])
         bad = [j for j in judged if j.outcome in NOT_PASSING]
         if bad:
-            pytest.fail(f"{handle.label}: baseline NOT recorded: this run did not pass its floors: {bad[0].message}"
+            pytest.fail(f"{handle.label}: baseline NOT recorded: this run did not pass its floors: "
+                        f"{bad[0].message}"
                         + "".join(f"\n  {j.message}" for j in bad[1:]))
         previous = ""
         if path.is_file():

@@ -1,4 +1,5 @@
-"""The perf layer's options, read once at configure time into `PerfOptions` (a bad value is a one-line usage error).
+"""The perf layer's options, read once at configure time into `PerfOptions` (a bad value is a one-line
+usage error).
 
 Declared with every other option in pytest_dflash/config/options.py; each is also an ini key (dflash_ prefix).
 """
@@ -38,8 +39,8 @@ def _ceiling(config: pytest.Config) -> tuple[float | None, bool]:
     try:
         value = float(raw.removesuffix("ms"))
     except ValueError:
-        raise pytest.UsageError(f"{options.where('dflash_tpot_ceiling_ms')}: {raw!r} is not a number of milliseconds "
-                                "(or 'off')") from None
+        raise pytest.UsageError(f"{options.where('dflash_tpot_ceiling_ms')}: {raw!r} is not a number of "
+                                "milliseconds (or 'off')") from None
     if not math.isfinite(value):  # 'nan', 'inf': no request could pass or fail such a ceiling
         raise pytest.UsageError(f"{options.where('dflash_tpot_ceiling_ms')}: {raw!r} is not a finite number")
     if not value > 0:
@@ -65,7 +66,8 @@ def options_from_config(config: pytest.Config) -> PerfOptions:
     ceiling, ceiling_off = _ceiling(config)
     return PerfOptions(
         update_baseline=options.flag(config, "dflash_update_baseline"),
-        baseline_dir=options.path(config, "dflash_baseline_dir") or config.invocation_params.dir / "reports/baselines",
+        baseline_dir=(options.path(config, "dflash_baseline_dir")
+                      or config.invocation_params.dir / "reports/baselines"),
         overrides=PerfOverrides(
             requests=options.number(config, "dflash_perf_requests", int, None, low=1),
             duration_s=options.duration(config, "dflash_perf_duration", None),

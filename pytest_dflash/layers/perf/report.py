@@ -18,7 +18,8 @@ __all__ = ["PerfSummary", "html_block", "section_text", "summary_lines", "svg_pl
 
 
 def section_text(runs: Sequence[ServiceRun], judgements: Sequence[tuple[ServiceRun, Judgement]]) -> str:
-    """A test's "dflash perf" report section: each run's headline, refusal and the judgements the test made."""
+    """A test's "dflash perf" report section: each run's headline, refusal and the judgements the
+    test made."""
     text = []
     for run in runs:
         text.append(run.headline())

@@ -50,12 +50,14 @@ class ServiceRun:
     comparisons: dict[str, Comparison] = field(default_factory=dict)
     baseline: dict[str, Any] | None = None
     wall_s: float = 0.0
-    server_accept_skipped: str | None = None  # why the server-side accept length was not read (no flush allowed)
+    # why the server-side accept length was not read (no flush allowed)
+    server_accept_skipped: str | None = None
 
     @classmethod
-    def measure(cls, *, host: str, service: str, algorithm: str, url: str, settings: PerfSettings, native: bool,
-                model: str = "default", headers: Mapping[str, str] | None = None, progress: bool | None = None,
-                runner: Runner = run_load, say: Callable[[str], None] = lambda message: None,
+    def measure(cls, *, host: str, service: str, algorithm: str, url: str, settings: PerfSettings,
+                native: bool, model: str = "default", headers: Mapping[str, str] | None = None,
+                progress: bool | None = None, runner: Runner = run_load,
+                say: Callable[[str], None] = lambda message: None,
                 flush_refused: str | None = None) -> ServiceRun:
         """Load the service; a run in which the client was saturated is measured again (``retries``).
 
@@ -65,7 +67,8 @@ class ServiceRun:
         speculative = algorithm != "NONE"
         spec = settings.load_spec(native=native, speculative=speculative, model=model,
                                   may_flush=flush_refused is None)
-        skipped = (f"not read: it is only meaningful after a /flush_cache, which was not sent: {flush_refused}"
+        skipped = ("not read: it is only meaningful after a /flush_cache, which was not sent: "
+                   f"{flush_refused}"
                    if flush_refused is not None and native and speculative else None)
         started = time.monotonic()
         saturated = 0
@@ -79,9 +82,9 @@ class ServiceRun:
             say(f"{host}/{service}: the load client was saturated ({'; '.join(result.saturation.reasons)})"
                 + (": measuring again" if attempt <= settings.retries else ""))
         assert result is not None
-        return cls(host=host, service=service, algorithm=algorithm, settings=settings, result=result, native=native,
-                   attempts=attempt, saturated_attempts=saturated, wall_s=time.monotonic() - started,
-                   server_accept_skipped=skipped)
+        return cls(host=host, service=service, algorithm=algorithm, settings=settings, result=result,
+                   native=native, attempts=attempt, saturated_attempts=saturated,
+                   wall_s=time.monotonic() - started, server_accept_skipped=skipped)
 
     @property
     def label(self) -> str:
@@ -95,7 +98,8 @@ class ServiceRun:
         sat = self.result.saturation
         reasons = "; ".join(sat.reasons) or "saturated"
         spread = ""
-        if sat.processes > 1:  # one saturated process of N refuses the whole run: its share measured the client
+        # one saturated process of N refuses the whole run: its share measured the client
+        if sat.processes > 1:
             which = ", ".join(str(k) for k in sat.saturated_processes) or "?"
             spread = (f"; the run was spread over {sat.processes} client processes and process(es) {which} "
                       "saturated, which refuses the whole run")
@@ -104,7 +108,8 @@ class ServiceRun:
 
     @property
     def accept_length(self) -> float | None:
-        """Accept length from the requests' meta_info (Σ output tokens / Σ verify steps), else the server's."""
+        """Accept length from the requests' meta_info (Σ output tokens / Σ verify steps), else the
+        server's."""
         spec = [r for r in self.result.successful if r.verify_ct]
         if spec:
             return sum(float(r.output_tokens or 0) for r in spec) / sum(float(r.verify_ct or 0) for r in spec)
@@ -112,8 +117,9 @@ class ServiceRun:
 
     @property
     def accept_length_by_category(self) -> dict[str, float]:
-        """Accept length per dataset category (Σ output tokens / Σ verify steps of its requests); {} for synthetic
-        prompts or a dataset without categories. Request i's category comes from the spec (the same seeded order)."""
+        """Accept length per dataset category (Σ output tokens / Σ verify steps of its requests); {} for
+        synthetic prompts or a dataset without categories. Request i's category comes from the spec (the same
+        seeded order)."""
         spec = self.result.spec
         if not spec.dataset:
             return {}
@@ -142,7 +148,8 @@ class ServiceRun:
 
     def headline(self) -> str:
         m = self.result.metrics
-        parts = [f"{m['output_throughput']:.1f} output tok/s", f"{m['completed']} requests in {m['duration']:.1f} s"]
+        parts = [f"{m['output_throughput']:.1f} output tok/s",
+                 f"{m['completed']} requests in {m['duration']:.1f} s"]
         if m.get("p99_ttft_ms") is not None:
             parts.append(f"TTFT p50/p99 {m['median_ttft_ms']:.1f}/{m['p99_ttft_ms']:.1f} ms")
         if m.get("p99_itl_ms") is not None:
@@ -157,13 +164,14 @@ class ServiceRun:
         return f"{self.label} ({self.algorithm}): " + ", ".join(parts)
 
     def metrics(self) -> dict[str, float]:
-        """Numbers for the verdict's ``metrics`` (and the fleet summary / Prometheus): perf.<service>.<name>."""
+        """Numbers for the verdict's ``metrics`` (and the fleet summary / Prometheus):
+        perf.<service>.<name>."""
         prefix = f"perf.{self.service}."
         m = self.result.metrics
         out: dict[str, float] = {}
-        for name in ("output_throughput", "request_throughput", "completed", "failed", "duration", "median_ttft_ms",
-                     "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "mean_tpot_ms", "p99_e2e_latency_ms",
-                     "accept_length"):
+        for name in ("output_throughput", "request_throughput", "completed", "failed", "duration",
+                     "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "mean_tpot_ms",
+                     "p99_e2e_latency_ms", "accept_length"):
             value = m.get(name)
             if isinstance(value, int | float) and math.isfinite(value):
                 out[prefix + name] = round(float(value), 4)
@@ -198,7 +206,8 @@ class ServiceRun:
             "median_ttft_ms": m.get("median_ttft_ms"), "p99_ttft_ms": m.get("p99_ttft_ms"),
             "p99_itl_ms": m.get("p99_itl_ms"), "accept_length": self.accept_length,
             "accept_length_by_category": self.accept_length_by_category,
-            "server_accept_length": self.result.server_accept_length, "saturated": self.result.client_saturated,
+            "server_accept_length": self.result.server_accept_length,
+            "saturated": self.result.client_saturated,
             "outcomes": {k: j.outcome for k, j in self.judgements.items()},
             "comparisons": [c.describe() for c in self.comparisons.values()],
         }

@@ -48,7 +48,8 @@ class PerfSettings:
     max_client_cpu: float = 0.9
     retries: int = 1  # runs measured again when the client was saturated
     client_procs: int = 1  # load client processes the run is spread over (one event loop each)
-    dataset: str | None = None  # prompts instead of synthetic words (JSONL / ShareGPT / "builtin"); None: synthetic
+    # prompts instead of synthetic words (JSONL / ShareGPT / "builtin"); None: synthetic
+    dataset: str | None = None
 
     @classmethod
     def resolve(cls, perf: Mapping[str, Any], service: str,
@@ -93,9 +94,11 @@ class PerfSettings:
             return "generate" if native else "chat"
         return self.endpoint
 
-    def load_spec(self, *, native: bool, speculative: bool, model: str = "default", may_flush: bool = True) -> LoadSpec:
-        """The load generator's spec. Server-side accept length (/flush_cache, /server_info): native + speculative,
-        and only where the run may flush the server's cache (`may_flush`: not on an attached server without opt-in)."""
+    def load_spec(self, *, native: bool, speculative: bool, model: str = "default",
+                  may_flush: bool = True) -> LoadSpec:
+        """The load generator's spec. Server-side accept length (/flush_cache, /server_info): native +
+        speculative, and only where the run may flush the server's cache (`may_flush`: not on an attached
+        server without opt-in)."""
         return LoadSpec(
             endpoint=self.endpoint_for(native),  # type: ignore[arg-type]
             model=model,

@@ -137,7 +137,8 @@ class Sample:
         return cls(statistic, np.asarray(values, dtype=np.float64).ravel(), block=block, unit=unit)
 
     @classmethod
-    def pooled(cls, per_request: Sequence[Sequence[float]], statistic: str = "p99", *, unit: str = "") -> Sample:
+    def pooled(cls, per_request: Sequence[Sequence[float]], statistic: str = "p99", *,
+               unit: str = "") -> Sample:
         """Events pooled over requests (e.g. every ITL), resampled by request."""
         vals = np.asarray([v for r in per_request for v in r], dtype=np.float64)
         groups = np.asarray([i for i, r in enumerate(per_request) for _ in r], dtype=np.int64)

@@ -1,5 +1,5 @@
-"""Per-token latency of one streamed request: the smoke suite's sanity ceiling (a server streaming a few tokens a
-second is broken, whatever its outputs), judged like the perf layer's floors."""
+"""Per-token latency of one streamed request: the smoke suite's sanity ceiling (a server streaming a few
+tokens a second is broken, whatever its outputs), judged like the perf layer's floors."""
 
 from __future__ import annotations
 
@@ -74,9 +74,9 @@ def stream_token_latency(stream: Stream, tokens: int) -> TokenLatency:
 def token_latency_ceiling(floors: Mapping[str, float | str], option_ms: float | None) -> tuple[float, str]:
     """The sanity ceiling on time per output token and where it comes from.
 
-    ``--tpot-ceiling-ms`` when given; else DEFAULT_TPOT_CEILING_MS, raised to the largest per-token latency ceiling
-    of the service's [floors] table (``itl_*_ms``, ``tpot_*_ms``) where that is higher: a profile that declares
-    a slower service is not failed by the generic ceiling.
+    ``--tpot-ceiling-ms`` when given; else DEFAULT_TPOT_CEILING_MS, raised to the largest per-token latency
+    ceiling of the service's [floors] table (``itl_*_ms``, ``tpot_*_ms``) where that is higher: a profile that
+    declares a slower service is not failed by the generic ceiling.
     """
     if option_ms is not None:
         return option_ms, "--tpot-ceiling-ms"
@@ -90,24 +90,26 @@ def token_latency_ceiling(floors: Mapping[str, float | str], option_ms: float | 
 
 
 def judge_token_latency(latency: TokenLatency, ceiling_ms: float, source: str) -> Judgement:
-    """One request's time per output token against a sanity ceiling (not a perf floor: no bound, one sample)."""
+    """One request's time per output token against a sanity ceiling (not a perf floor: no bound, one
+    sample)."""
     key = "tpot_sanity_ms"
     if latency.tpot_ms is None:
         return Judgement(key=key, outcome="inconclusive", threshold=ceiling_ms,
-                         message=f"TPOT (time per output token) INCONCLUSIVE — {latency.tokens} tokens came in "
-                                 f"{latency.events} event(s): nothing streamed after the first token")
+                         message=f"TPOT (time per output token) INCONCLUSIVE — {latency.tokens} tokens came "
+                                 f"in {latency.events} event(s): nothing streamed after the first token")
     rate = 1000.0 / latency.tpot_ms
     if latency.tpot_ms > ceiling_ms:
         return Judgement(key=key, outcome="fail", point=latency.tpot_ms, threshold=ceiling_ms, n=1,
                          message=f"TPOT (time per output token) FAIL — {latency.tpot_ms:.1f} ms "
-                                 f"({rate:.1f} tokens/s) > ceiling {ceiling_ms:g} ms ({source}) on one streamed "
-                                 f"greedy request of {latency.tokens} tokens (TTFT {latency.ttft_ms:.0f} ms): a server "
-                                 "this slow per token is broken whatever its outputs")
+                                 f"({rate:.1f} tokens/s) > ceiling {ceiling_ms:g} ms ({source}) on one "
+                                 f"streamed greedy request of {latency.tokens} tokens (TTFT "
+                                 f"{latency.ttft_ms:.0f} ms): a server this slow per token is broken "
+                                 "whatever its outputs")
     return Judgement(key=key, outcome="pass", point=latency.tpot_ms, threshold=ceiling_ms, n=1,
-                     message=f"TPOT (time per output token) pass — {latency.tpot_ms:.1f} ms ({rate:.1f} tokens/s) <= "
-                             f"ceiling {ceiling_ms:g} ms ({source}), TTFT {latency.ttft_ms:.0f} ms, "
-                             f"{latency.tokens} tokens")
+                     message=f"TPOT (time per output token) pass — {latency.tpot_ms:.1f} ms ({rate:.1f} "
+                             f"tokens/s) <= ceiling {ceiling_ms:g} ms ({source}), TTFT {latency.ttft_ms:.0f} "
+                             f"ms, {latency.tokens} tokens")
 
 
-__all__ = ["DEFAULT_TPOT_CEILING_MS", "PER_TOKEN_FLOOR", "TokenLatency", "judge_token_latency", "stream_token_latency",
-           "token_latency_ceiling"]
+__all__ = ["DEFAULT_TPOT_CEILING_MS", "PER_TOKEN_FLOOR", "TokenLatency", "judge_token_latency",
+           "stream_token_latency", "token_latency_ceiling"]

@@ -77,8 +77,8 @@ def health_answers(service: ServiceHandle) -> None:
 
 
 def served_models(service: ServiceHandle) -> dict[str, Any]:
-    """What the server says it serves, from each endpoint that says it: /v1/models ids, /model_info model_path,
-    /server_info model_path and served_model_name (SGLang's /v1/models id is the served name)."""
+    """What the server says it serves, from each endpoint that says it: /v1/models ids, /model_info
+    model_path, /server_info model_path and served_model_name (SGLang's /v1/models id is the served name)."""
     said: dict[str, Any] = {"/v1/models": service.client.models()}
     if service.native:
         model_info = service.client.model_info() or {}
@@ -90,7 +90,8 @@ def served_models(service: ServiceHandle) -> dict[str, Any]:
 
 
 def model_problems(said: dict[str, Any], profile_model: str | None) -> list[str]:
-    """Where the server's endpoints disagree with each other or with the profile's `model` (empty: they agree)."""
+    """Where the server's endpoints disagree with each other or with the profile's `model` (empty: they
+    agree)."""
     problems = []
     listed = [str(m) for m in said.get("/v1/models") or []]
     paths = {str(said[k]) for k in ("/model_info model_path", "/server_info model_path") if said.get(k)}
@@ -108,7 +109,8 @@ def model_problems(said: dict[str, Any], profile_model: str | None) -> list[str]
 
 
 def serves_one_consistent_model(service: ServiceHandle) -> None:
-    """/v1/models, /model_info and /server_info name the same model, and it is the profile's `model` if set."""
+    """/v1/models, /model_info and /server_info name the same model, and it is the profile's `model`
+    if set."""
     __tracebackhide__ = True
     said = served_models(service)
     problems = model_problems(said, service.spec.model)
@@ -124,8 +126,9 @@ def _log_text(service: ServiceHandle, lines: int = 20000) -> str:
 
 
 def serves_the_profiles_speculation(service: ServiceHandle) -> speculation.Findings:
-    """The speculation /server_info reports (a fact of the verdict) is what the profile's command asks for, and the
-    server's log shows no greedy-verification fallback; other quietly changed settings become notes."""
+    """The speculation /server_info reports (a fact of the verdict) is what the profile's command asks for,
+    and the server's log shows no greedy-verification fallback; other quietly changed settings
+    become notes."""
     __tracebackhide__ = True
     if not service.native:
         pytest.skip("needs SGLang's /server_info (not an SGLang server)")
@@ -142,7 +145,8 @@ def serves_the_profiles_speculation(service: ServiceHandle) -> speculation.Findi
     for note in findings.notes:
         service.host.notes.append(f"{service.label}: {note}")
     if findings.failures:
-        _fail(f"{service.label} does not serve the speculation its profile asks for: " + "; ".join(findings.failures)
+        _fail(f"{service.label} does not serve the speculation its profile asks for: "
+              + "; ".join(findings.failures)
               + f" (served: {served or 'no speculation'}; asked: {requested or 'no speculative flags'})")
     return findings
 

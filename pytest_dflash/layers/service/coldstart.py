@@ -1,6 +1,7 @@
-"""The cold start against its budgets: `[floors.SERVICE]` `cold_start_s` (the whole wait, up to the first sampled
-answer) and `<phase>_s` (one phase: from the previous phase's end to this one's; the phases of ReadyReport.phases,
-services/phases.py), so a deploy gate fails a host whose start-up regressed (docs/profiles.md)."""
+"""The cold start against its budgets: `[floors.SERVICE]` `cold_start_s` (the whole wait, up to the first
+sampled answer) and `<phase>_s` (one phase: from the previous phase's end to this one's; the phases of
+ReadyReport.phases, services/phases.py), so a deploy gate fails a host whose start-up regressed
+(docs/profiles.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ __all__ = ["cold_start_within_budgets", "judge_cold_start", "phase_durations"]
 
 
 def phase_durations(phases: Mapping[str, float]) -> dict[str, float]:
-    """Each phase's duration: its end minus the previous phase's end (the first from the start of the wait)."""
+    """Each phase's duration: its end minus the previous phase's end (the first from the start of
+    the wait)."""
     out: dict[str, float] = {}
     previous = 0.0
     for name, end in phases.items():
@@ -29,7 +31,8 @@ def phase_durations(phases: Mapping[str, float]) -> dict[str, float]:
 
 def judge_cold_start(phases: Mapping[str, float], budgets: Mapping[str, float | str]) -> list[str]:
     """The budgets (cold-start floors) this cold start broke, one line each; a budget on a phase this start-up
-    did not show (no such log line, e.g. CUDA graphs off) is one too: it cannot be judged, so it does not pass."""
+    did not show (no such log line, e.g. CUDA graphs off) is one too: it cannot be judged, so it does
+    not pass."""
     durations = phase_durations(phases)
     problems: list[str] = []
     for key in COLD_START_FLOORS:
@@ -55,13 +58,14 @@ def judge_cold_start(phases: Mapping[str, float], budgets: Mapping[str, float | 
 
 
 def cold_start_within_budgets(service: ServiceHandle) -> None:
-    """The service's cold start within the cold-start budgets of its [floors.SERVICE] (skips without any, and for
-    a service this run did not start: an attached server had no cold start here)."""
+    """The service's cold start within the cold-start budgets of its [floors.SERVICE] (skips without any, and
+    for a service this run did not start: an attached server had no cold start here)."""
     __tracebackhide__ = True
     floors = service.host.profile.floors.get(service.name, {})
     budgets = {key: floors[key] for key in COLD_START_FLOORS if key in floors}
     if not budgets:
-        pytest.skip(f"{service.label}: no cold-start budget ([floors.{service.name}] cold_start_s or <phase>_s)")
+        pytest.skip(f"{service.label}: no cold-start budget ([floors.{service.name}] cold_start_s "
+                    "or <phase>_s)")
     if not service.manager.provisioned:
         pytest.skip(f"{service.label}: not started by this run (attached): no cold start to judge")
     report = service.ensure_ready()
