@@ -3,9 +3,19 @@ also cap the suites run from this clone (their readiness budgets are minutes); t
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 SELF_TEST_TIMEOUT_S = 300
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell without job control starts a background job (`bash .ci/run &`) with SIGINT ignored, and an ignored
+    # signal stays ignored across exec: the runs the Ctrl-C tests interrupt would never see their SIGINT. A
+    # handler (unlike SIG_IGN) is reset to the default at exec, so every child gets Python's usual Ctrl-C again.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
