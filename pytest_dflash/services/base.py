@@ -8,10 +8,10 @@ of it (`attach`, `provisionable`, `native_api`) or of the kind (`Kind.reap`), ne
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.errors import Death
@@ -100,6 +100,15 @@ class ServiceManager(Protocol):
     def describe(self) -> dict[str, str]:
         """Unit / process properties worth attaching as evidence."""
         ...
+
+
+@runtime_checkable
+class RunsProbes(Protocol):
+    """A manager whose service has an environment of its own that the env / kernels probes must run in (a
+    container's image and env) rather than on the host: the GPU layers ask for this, never for a kind."""
+
+    def run_probe(self, source: str, args: Sequence[str] = (), *,
+                  timeout_s: float | None = None) -> dict[str, Any]: ...
 
 
 class ServiceHost(Protocol):

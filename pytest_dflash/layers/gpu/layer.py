@@ -25,7 +25,7 @@ from pytest_dflash.layers.gpu.chains import Chain, chains_for
 from pytest_dflash.layers.gpu.checks import KERNEL_PATTERN, ToolkitReport, installed_versions, toolkit_report
 from pytest_dflash.layers.gpu.services import ProbeGroup, ServiceView, probe_groups, service_view
 from pytest_dflash.layers.gpu.smi import Inventory, inventory_from_probe
-from pytest_dflash.services.container import ContainerService
+from pytest_dflash.services.base import RunsProbes
 
 if TYPE_CHECKING:
     from pytest_dflash.run.state import HostContext
@@ -62,7 +62,7 @@ def probe_runner(host: HostContext, group: ProbeGroup | None, *, site: bool = Tr
     its image's python and the container's own env; `env` is not applied), else on the host with the profile's
     python and `env`. Host-wide probes (no group) run on the host."""
     managers = [host.service(name).manager for name in group.services] if group is not None else []
-    containers = [m for m in managers if isinstance(m, ContainerService)]
+    containers = [m for m in managers if isinstance(m, RunsProbes)]
     if containers:
         container = containers[0]  # a container service is a group of its own (GpuHost.groups)
 
