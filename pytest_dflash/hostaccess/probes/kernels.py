@@ -14,7 +14,8 @@ CUDA code cannot take the answer with it. Prints one JSON object:
                        "target_archs": [[9, "0a"]], "cuda_home": "/usr/local/cuda", "cuda_version": "13.0"},
         "module": "sampling", "error": null | {"phase": "spec" | "compile" | "link" | "load" | "run",
                                                 "type": "RuntimeError", "message": "...", "traceback": "..."},
-        "compile": {"ok": true, "seconds": 88.0, "targets": [...], "objects": [{"output": "x.cuda.o", "seconds": 80.1}],
+        "compile": {"ok": true, "seconds": 88.0, "targets": [...],
+                    "objects": [{"output": "x.cuda.o", "seconds": 80.1}],
                     "log": "<ninja -v output, tail>", "ninja": "/venv/bin/ninja"},
         "link": {"ok": true, "seconds": 1.2, "log": ""} | null,
         "run": {...step specific numbers, see below...} | null}}
@@ -337,27 +338,30 @@ def main() -> None:
     params.setdefault("mode", "run")
     timeout_s = float(params.get("timeout_s", 900))
     workspace = tempfile.mkdtemp(prefix="dflash-jit-")
-    env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": workspace, "TRITON_CACHE_DIR": os.path.join(workspace, "triton")}
+    env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": workspace,
+           "TRITON_CACHE_DIR": os.path.join(workspace, "triton")}
     if params.get("arch_list"):
         env["FLASHINFER_CUDA_ARCH_LIST"] = params["arch_list"]
     out: dict = {"probe": "kernels", "step": params["step"], "mode": params["mode"], "ok": False,
-                 "workspace": workspace, "workspace_removed": False, "rc": None, "seconds": 0.0, "timed_out": False,
-                 "built_files": [], "stderr": "", "result": None,
-                 "env": {k: env.get(k) for k in ("CUDA_HOME", "CUDA_PATH", "CPATH", "FLASHINFER_CUDA_ARCH_LIST",
-                                                 "CUDA_VISIBLE_DEVICES", "MAX_JOBS")}}
+                 "workspace": workspace, "workspace_removed": False, "rc": None, "seconds": 0.0,
+                 "timed_out": False, "built_files": [], "stderr": "", "result": None,
+                 "env": {k: env.get(k) for k in ("CUDA_HOME", "CUDA_PATH", "CPATH",
+                                                 "FLASHINFER_CUDA_ARCH_LIST", "CUDA_VISIBLE_DEVICES",
+                                                 "MAX_JOBS")}}
     started = time.monotonic()
     try:
         try:
-            done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(params)], capture_output=True, text=True,
-                                  errors="replace", timeout=timeout_s, env=env, stdin=subprocess.DEVNULL,
-                                  cwd=workspace)
+            done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(params)], capture_output=True,
+                                  text=True, errors="replace", timeout=timeout_s, env=env,
+                                  stdin=subprocess.DEVNULL, cwd=workspace)
             out.update(rc=done.returncode, stderr=done.stderr[-8000:])
             for line in reversed(done.stdout.splitlines()):
                 if line.startswith(MARK):
                     out["result"] = json.loads(line[len(MARK):])
                     break
         except subprocess.TimeoutExpired as exc:
-            stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            stderr = (exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes)
+                      else (exc.stderr or ""))
             out.update(timed_out=True, stderr=stderr[-8000:])
         out["built_files"] = listing(workspace)
     finally:
