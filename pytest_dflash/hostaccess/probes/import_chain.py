@@ -49,7 +49,8 @@ for name in sys.argv[1:]:
         # the importlib machinery's own frames say nothing about why the import failed
         frames = [f for f in traceback.extract_tb(exc.__traceback__)
                   if not f.filename.startswith("<") and not f.filename.endswith("importlib/__init__.py")]
-        text = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(exc), exc))
+        text = ("".join(traceback.format_list(frames))
+                + "".join(traceback.format_exception_only(type(exc), exc)))
         result["failed"] = {"module": name, "type": type(exc).__name__, "message": str(exc)[:4000],
                             "missing": missing, "owners": owners,
                             "traceback": "\n".join(text.strip().splitlines()[-60:])}
