@@ -56,8 +56,8 @@ def _layers(raw: str) -> list[str]:
     layers = [part.strip() for part in raw.split(",") if part.strip()]
     unknown = [layer for layer in layers if layer not in LAYERS]
     if unknown or not layers:
-        raise argparse.ArgumentTypeError(f"unknown layer {unknown[0]!r} (layers: {', '.join(LAYERS)})" if unknown
-                                         else "no layer given")
+        raise argparse.ArgumentTypeError(f"unknown layer {unknown[0]!r} (layers: {', '.join(LAYERS)})"
+                                         if unknown else "no layer given")
     return layers
 
 
@@ -78,15 +78,16 @@ def _count(raw: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="pytest-dflash", description="pytest-dflash: host profile and fleet tools")
+    top = argparse.ArgumentParser(prog="pytest-dflash",
+                                  description="pytest-dflash: host profile and fleet tools")
     top.add_argument("--version", action="version", version=f"pytest-dflash {__version__}")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check = commands.add_parser(
         "check", help="validate host profiles and fleet inventories; print what each host resolves to",
-        description="Validate host profiles and inventories as pytest --host / --fleet / --attach would, with "
-                    "the same one-line errors, and print what each host resolves to. Each argument is a "
-                    "profile name (looked up in --hosts-dir, then the built-in ones) or .toml path (--host), a "
-                    "folder of profiles or an Ansible inventory FILE[:GROUP] (--fleet), or an http(s) URL "
+        description="Validate host profiles and inventories as pytest --host / --fleet / --attach would, "
+                    "with the same one-line errors, and print what each host resolves to. Each argument is a "
+                    "profile name (looked up in --hosts-dir, then the built-in ones) or .toml path (--host), "
+                    "a folder of profiles or an Ansible inventory FILE[:GROUP] (--fleet), or an http(s) URL "
                     "(--attach). Exit 0: all valid; 4: some input is not.")
     check.add_argument("targets", nargs="+", metavar="HOST|PATH|DIR|INVENTORY[:GROUP]|URL",
                        help="what to check (as --host, --fleet or --attach takes it)")
@@ -97,16 +98,17 @@ def parser() -> argparse.ArgumentParser:
                         description="Print the JSON Schema (draft 2020-12) of a host profile "
                                     "(hosts/*.toml), e.g. for taplo / Even Better TOML (docs/profiles.md).")
     merge = commands.add_parser(
-        "merge", help="merge per-shard verdict JSONs into one fleet summary (HTML + JSON + JUnit + Prometheus)",
+        "merge",
+        help="merge per-shard verdict JSONs into one fleet summary (HTML + JSON + JUnit + Prometheus)",
         description="Merge per-host verdict JSONs (files or folders, e.g. one per CI shard) into one fleet "
-                    "summary. Exit 0: every host passed (or the gate passed); 1: some host failed (or the gate "
-                    "did not pass, or fewer hosts than --expect-hosts); 2: bad input, nothing written; 3: the "
-                    "outputs could not be written.")
+                    "summary. Exit 0: every host passed (or the gate passed); 1: some host failed (or the "
+                    "gate did not pass, or fewer hosts than --expect-hosts); 2: bad input, nothing written; "
+                    "3: the outputs could not be written.")
     merge.add_argument("inputs", nargs="+", metavar="DIR|FILE", help="verdict files or folders of them")
     merge.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder for the summary files")
     merge.add_argument("--previous", type=Path, metavar="SUMMARY.json",
-                       help="the previous run's fleet-summary.json, for the trend (default: the one in --out, "
-                            "if any)")
+                       help="the previous run's fleet-summary.json, for the trend (default: the one in "
+                            "--out, if any)")
     merge.add_argument("--no-previous", action="store_true", help="no trend, even if --out has a summary")
     merge.add_argument("--history", type=Path, metavar="DIR",
                        help="per-host last good verdicts (default: --out/history)")
@@ -115,8 +117,8 @@ def parser() -> argparse.ArgumentParser:
                             "textfile-collector folder")
     merge.add_argument("--prometheus-push", metavar="URL",
                        help="also push the metrics to this Prometheus Pushgateway (PUT, 10 s timeout): "
-                            "http://HOST:9091 (job pytest-dflash) or http://HOST:9091/metrics/job/NAME[/LABEL/VALUE]"
-                            "...; exit 3 if the push fails")
+                            "http://HOST:9091 (job pytest-dflash) or "
+                            "http://HOST:9091/metrics/job/NAME[/LABEL/VALUE]...; exit 3 if the push fails")
     merge.add_argument("--gate", type=_layers, metavar="LAYERS",
                        help="exit 0 only if these layers passed on every host (default: the --gate the runs "
                             "used, as recorded in their verdicts)")
@@ -151,7 +153,8 @@ def merge(args: argparse.Namespace) -> int:
         elif (out / fleet_outputs.SUMMARY_JSON).is_file():
             previous = out / fleet_outputs.SUMMARY_JSON
     try:
-        verdicts, excluded = fleet_verdicts.load_verdicts(args.inputs, latest=args.latest, exclude=args.exclude)
+        verdicts, excluded = fleet_verdicts.load_verdicts(args.inputs, latest=args.latest,
+                                                          exclude=args.exclude)
         if not verdicts:
             return _error("every verdict was excluded: nothing to summarise")
         if previous is not None:
@@ -256,7 +259,8 @@ def describe(profile: HostProfile) -> dict[str, Any]:
     """What a validated profile resolves to, as plain data (URL passwords masked: it is printed)."""
     services = {
         name: {"kind": spec.kind, "algorithm": spec.algorithm, "url": spec.display_url,
-               **({"unit": spec.unit} if spec.unit else {}), **({"gpus": list(spec.gpus)} if spec.gpus else {}),
+               **({"unit": spec.unit} if spec.unit else {}),
+               **({"gpus": list(spec.gpus)} if spec.gpus else {}),
                **({"model": spec.model} if spec.model else {}),
                "ready_timeout": format_seconds(spec.ready_timeout_s)}
         for name, spec in profile.services.items()}
@@ -275,13 +279,15 @@ def describe(profile: HostProfile) -> dict[str, Any]:
 def _describe_lines(info: dict[str, Any]) -> list[str]:
     connection = info["connection"] or "no host access (attached by URL)"
     lines = [f"{info['name']}: {connection} (provision {info['provision']}; python {info['python']}"
-             + (f"; gpus {','.join(map(str, info['gpus']))}" if info["gpus"] else "") + f") <- {info['source']}"]
+             + (f"; gpus {','.join(map(str, info['gpus']))}" if info["gpus"] else "")
+             + f") <- {info['source']}"]
     for service, spec in info["services"].items():
         extra = "".join(f", {key} {spec[key]}" for key in ("unit", "model") if key in spec)
         gpus = f", gpus {','.join(map(str, spec['gpus']))}" if "gpus" in spec else ""
         lines.append(f"  {service}: {spec['kind']} {spec['algorithm']} {spec['url']}{extra}{gpus}")
     if info["parity"]:
-        lines.append(f"  parity: {info['parity']['reference']} vs {', '.join(info['parity']['compare']) or '-'}")
+        lines.append(f"  parity: {info['parity']['reference']} vs "
+                     f"{', '.join(info['parity']['compare']) or '-'}")
     if info["perf"]:
         lines.append("  perf: " + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                                             for k, v in info["perf"].items()))

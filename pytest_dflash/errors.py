@@ -95,13 +95,15 @@ class ServiceGone(ServiceCrashed):
     refused connections. As conclusive as an exit status: a compiling JIT still answers HTTP."""
 
     request: str = ""  # the request in flight when it went: method, path, sampling parameters
-    seen: str = ""  # what HTTP showed, in order: "no HTTP response (connection dropped), then connections refused"
+    # what HTTP showed, in order: "no HTTP response (connection dropped), then connections refused"
+    seen: str = ""
     answered_s_before: float | None = None  # how long before the refusal it last answered HTTP
 
     def __str__(self) -> str:
         where = f" during {self.phase}" if self.phase else ""
         killer = f"{self.request} killed it: " if self.request else ""
-        last = "" if self.answered_s_before is None else f"; it had answered HTTP {self.answered_s_before:.1f}s before"
+        last = ("" if self.answered_s_before is None
+                else f"; it had answered HTTP {self.answered_s_before:.1f}s before")
         return (f"service {self.service} is gone{where}: {killer}{self.seen}{last} "
                 "(seen over HTTP: attached by URL, no process to ask)")
 

@@ -1,14 +1,16 @@
 """Ctrl-C and SIGTERM are never lost: a latch behind the KeyboardInterrupt they raise.
 
 Python raises KeyboardInterrupt wherever the main thread happens to be when the signal is handled. If that is
-inside a finalizer (a `__del__`, a weakref callback, a generator closed by the garbage collector), the exception
-is "ignored" — printed as unraisable and dropped — and the run goes on as if nothing happened: a service it was
-waiting for then runs out of budget, tests fail, and the run exits 1 instead of 2 (interrupted), its verdict
-saying fail rather than interrupted. So the handler records the signal before raising, the plugin's long waits
-(`raise_if_lost`) raise it again while pytest has not seen it, and the verdict reads the latch (`received`).
+inside a finalizer (a `__del__`, a weakref callback, a generator closed by the garbage collector), the
+exception is "ignored" — printed as unraisable and dropped — and the run goes on as if nothing happened: a
+service it was waiting for then runs out of budget, tests fail, and the run exits 1 instead of 2
+(interrupted), its verdict saying fail rather than interrupted. So the handler records the signal before
+raising, the plugin's long waits (`raise_if_lost`) raise it again while pytest has not seen it, and the
+verdict reads the latch (`received`).
 
-While the run stops what it started (`deferred()`), a signal is latched and not raised: a KeyboardInterrupt in the
-middle of teardown would leave services running and the verdicts unwritten. Teardown is bounded on its own.
+While the run stops what it started (`deferred()`), a signal is latched and not raised: a KeyboardInterrupt in
+the middle of teardown would leave services running and the verdicts unwritten. Teardown is bounded on its
+own.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ _deferring = False
 
 
 def on_signal(signum: int, frame: FrameType | None) -> None:
-    """SIGINT / SIGTERM handler: latch, then raise as Python's own SIGINT handler does (not while deferred)."""
+    """SIGINT / SIGTERM handler: latch, then raise as Python's own SIGINT handler does (not while
+    deferred)."""
     global _received, _in_teardown
     name = signal.Signals(signum).name
     if _received is None:
@@ -51,7 +54,8 @@ def deferred() -> Iterator[None]:
 
 
 def install_sigint() -> object | None:
-    """Latch SIGINT too, unless someone else already handles it; returns the handler to put back (None: none)."""
+    """Latch SIGINT too, unless someone else already handles it; returns the handler to put back (None:
+    none)."""
     if not in_main_thread():
         return None
     previous = signal.getsignal(signal.SIGINT)
@@ -62,7 +66,8 @@ def install_sigint() -> object | None:
 
 
 def in_main_thread() -> bool:
-    """Signal handlers live in the main thread only (signal.signal raises elsewhere), and so does the latch."""
+    """Signal handlers live in the main thread only (signal.signal raises elsewhere), and so does the
+    latch."""
     return threading.current_thread() is threading.main_thread()
 
 
@@ -98,5 +103,5 @@ def reset() -> None:
     _received, _delivered, _in_teardown = None, False, False
 
 
-__all__ = ["deferred", "in_main_thread", "in_teardown", "install_sigint", "lost", "mark_delivered", "on_signal",
-           "raise_if_lost", "received", "reset"]
+__all__ = ["deferred", "in_main_thread", "in_teardown", "install_sigint", "lost", "mark_delivered",
+           "on_signal", "raise_if_lost", "received", "reset"]

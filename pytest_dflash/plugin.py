@@ -32,7 +32,8 @@ from pytest_dflash.run.collection import INFO_KEY
 from pytest_dflash.run.stash import GATE_KEY, RUN_KEY
 from pytest_dflash.run.state import DflashRun, RunOptions
 
-# The fixtures, and the layer modules that add their own options and hooks (pytest loads them with this plugin).
+# The fixtures, and the layer modules that add their own options and hooks (pytest loads them with this
+# plugin).
 pytest_plugins: list[str] = ["pytest_dflash.report.started", "pytest_dflash.run.fixtures",
                               "pytest_dflash.layers.gpu.hooks", "pytest_dflash.fleet.hooks",
                               "pytest_dflash.layers.parity.hooks", "pytest_dflash.layers.perf.hooks"]
@@ -43,17 +44,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The run: discovery of attached servers, the services, the hooks (report/started.py has already loaded the
-    targets and written each host's 'interrupted' verdict, before every other plugin's pytest_configure)."""
+    """The run: discovery of attached servers, the services, the hooks (report/started.py has already loaded
+    the targets and written each host's 'interrupted' verdict, before every other plugin's
+    pytest_configure)."""
     for layer in LAYERS:
         config.addinivalue_line("markers", f"{layer}: pytest-dflash {layer} layer — {LAYER_HELP[layer]}")
     config.addinivalue_line("markers", collection.SERVICES_MARKER)
     profiles = config.stash[TARGETS_KEY]
     try:
-        _configure_run(config, profiles, config.stash[BUILDER_KEY].run_id, getattr(config, "workerinput", None))
+        _configure_run(config, profiles, config.stash[BUILDER_KEY].run_id,
+                       getattr(config, "workerinput", None))
     except pytest.UsageError as exc:
         if profiles and report_session.writes_verdicts(config):
-            report_session.refuse(config, config.stash[BUILDER_KEY], options.report_dir(config), list(profiles), exc)
+            report_session.refuse(config, config.stash[BUILDER_KEY], options.report_dir(config),
+                                  list(profiles), exc)
         raise
 
 
@@ -76,7 +80,8 @@ def _configure_run(config: pytest.Config, profiles: dict[str, HostProfile], run_
     answers = workerinput["dflash_discovered"] if workerinput and "dflash_discovered" in workerinput else (
         discovery.discover(profiles))
     profiles = discovery.apply(profiles, answers)
-    channel = ProgressChannel(config, run_id, hosts=list(profiles))  # report/progress.py: xdist, -q, live line
+    # report/progress.py: xdist, -q, live line
+    channel = ProgressChannel(config, run_id, hosts=list(profiles))
     run = DflashRun(profiles, run_options, run_id, progress=channel)
     attach.remember_run_secrets(run)
     config.stash[RUN_KEY] = run
@@ -147,9 +152,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker loop takes its first test
 def pytest_runtestloop(session: pytest.Session) -> None:
-    """The hosts' services come up in parallel behind the tests (run/preflight.py; each host's first test waits
-    for its own host): without xdist every host's; in an xdist worker the hosts it owns (fleet/scheduling.py).
-    Not on the controller of -n."""
+    """The hosts' services come up in parallel behind the tests (run/preflight.py; each host's first test
+    waits for its own host): without xdist every host's; in an xdist worker the hosts it owns
+    (fleet/scheduling.py). Not on the controller of -n."""
     config = session.config
     run = config.stash.get(RUN_KEY, None)
     if (run is None or not run.profiles or config.pluginmanager.has_plugin("dsession")
@@ -160,14 +165,18 @@ def pytest_runtestloop(session: pytest.Session) -> None:
         hosts = scheduling.worker_hosts(config, (item.nodeid for item in session.items), run.profiles)
         if hosts is None:
             return  # a scheduler that hands out hosts as they come: this worker cannot know its hosts
-    concurrency = options.number(config, "dflash_fleet_concurrency", int, preflight.DEFAULT_CONCURRENCY, low=1)
-    from pytest_dflash.layers.gpu import hooks as gpu_hooks  # here: a plugin module pytest imports (and rewrites)
+    concurrency = options.number(config, "dflash_fleet_concurrency", int, preflight.DEFAULT_CONCURRENCY,
+                                 low=1)
+    # here: a plugin module pytest imports (and rewrites)
+    from pytest_dflash.layers.gpu import hooks as gpu_hooks
 
-    preflight.preflight(run, concurrency, hosts=hosts, who=str(getattr(config, "workerinput", {}).get("workerid", "")),
+    preflight.preflight(run, concurrency, hosts=hosts,
+                        who=str(getattr(config, "workerinput", {}).get("workerid", "")),
                         probe=gpu_hooks.inventory_probe(config))
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
     collection.order_items(config, config.stash.get(RUN_KEY, None), items)
 
 
@@ -185,7 +194,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     try:
         preflight.wait_for_host(host)  # the fleet pre-flight still bringing this host up
     except BaseException:
-        # e.g. pytest-timeout's kill: the test's services fail with it (run/timeouts.py), as in a readiness wait
+        # e.g. pytest-timeout's kill: the test's services fail with it (run/timeouts.py), as in a readiness
+        # wait
         from pytest_dflash.run.fixtures import use_service  # a plugin module pytest imports (and rewrites)
 
         for name in info.services:

@@ -1,6 +1,6 @@
 """Response bodies: the byte cap of each answer (`response_cap`: what a generation request allows, else
-`DEFAULT_MAX_BODY`, `/metrics` `METRICS_MAX_BODY`), and the parsing of answers into `Generation`s, error messages and
-streamed token counts."""
+`DEFAULT_MAX_BODY`, `/metrics` `METRICS_MAX_BODY`), and the parsing of answers into `Generation`s, error
+messages and streamed token counts."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def stream_tokens(events: list[dict[str, Any]], before: int) -> int:
     if isinstance(meta, dict) and isinstance(meta.get("completion_tokens"), int):
         return int(meta["completion_tokens"])
     usage = last.get("usage")
-    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int) and not last.get("choices"):
+    if (isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int)
+            and not last.get("choices")):
         return max(before, int(usage["completion_tokens"]))
     for choice in last.get("choices") or []:
         if isinstance(choice, dict) and (choice.get("text") or (choice.get("delta") or {}).get("content")):
@@ -92,7 +93,8 @@ def response_cap(path: str, body: Any = None) -> int:
     tokens = requested_tokens(path, body)
     if not tokens or not isinstance(body, dict):
         return DEFAULT_MAX_BODY
-    top = max(_count(body.get("top_logprobs_num")), _count(body.get("top_logprobs")), _count(body.get("logprobs")))
+    top = max(_count(body.get("top_logprobs_num")), _count(body.get("top_logprobs")),
+              _count(body.get("logprobs")))
     per_token = _PER_TOKEN + top * _PER_TOP_LOGPROB
     request_size = len(json.dumps(body, default=str))
     # return_logprob / echo can add an entry per prompt token; a prompt has at most one token per byte.

@@ -1,6 +1,6 @@
-"""Total deadlines, enforced below httpx: every socket operation of a call (connect, write, each read) is given at
-most the time left before the calling thread's deadline, so a server that drips a byte at a time cannot hold a call
-past its `timeout_s`. `DeadlineExceeded` says how far the call got (`CallProgress`)."""
+"""Total deadlines, enforced below httpx: every socket operation of a call (connect, write, each read) is
+given at most the time left before the calling thread's deadline, so a server that drips a byte at a time
+cannot hold a call past its `timeout_s`. `DeadlineExceeded` says how far the call got (`CallProgress`)."""
 
 from __future__ import annotations
 
@@ -68,14 +68,17 @@ class _DeadlineBackend(httpcore.NetworkBackend):
     def __init__(self, inner: httpcore.NetworkBackend) -> None:
         self._inner = inner
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
                     socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
-        return _DeadlineStream(self._inner.connect_tcp(host, port, _time_left(timeout, httpcore.ConnectTimeout),
+        return _DeadlineStream(self._inner.connect_tcp(host, port,
+                                                       _time_left(timeout, httpcore.ConnectTimeout),
                                                        local_address, socket_options))
 
     def connect_unix_socket(self, path: str, timeout: float | None = None,
                             socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
-        return _DeadlineStream(self._inner.connect_unix_socket(path, _time_left(timeout, httpcore.ConnectTimeout),
+        return _DeadlineStream(self._inner.connect_unix_socket(path,
+                                                               _time_left(timeout, httpcore.ConnectTimeout),
                                                                socket_options))
 
     def sleep(self, seconds: float) -> None:
@@ -100,8 +103,8 @@ def bound_total_time(client: httpx.Client) -> httpx.Client:
 
 @contextlib.contextmanager
 def deadline(seconds: float) -> Iterator[float]:
-    """Bound every HTTP operation of this thread (on a `bound_total_time` client) to `seconds` from now, in all;
-    yields the monotonic deadline. An inner deadline never extends an outer one."""
+    """Bound every HTTP operation of this thread (on a `bound_total_time` client) to `seconds` from now, in
+    all; yields the monotonic deadline. An inner deadline never extends an outer one."""
     outer = _DEADLINE.at
     at = time.monotonic() + seconds
     _DEADLINE.at = at if outer is None else min(at, outer)
@@ -157,13 +160,14 @@ class CallProgress:
         if not self.stream:
             return f"HTTP {self.status} headers and {self.bytes} bytes of body, not the whole body", None
         if not self.tokens:
-            return (f"HTTP {self.status}, {self.bytes} bytes in {self.events} SSE events, no token at all: the "
-                    "stream never carried a token"), None
+            return (f"HTTP {self.status}, {self.bytes} bytes in {self.events} SSE events, no token at all: "
+                    "the stream never carried a token"), None
         first = self.token_times[0]
-        # the pace of decoding: between the first token and the last (the first one also waited for the prefill)
+        # the pace of decoding: between the first token and the last (the first one also waited for the
+        # prefill)
         per_token = ((self.token_times[-1] - first) / (self.tokens - 1) if self.tokens > 1
                      else time.monotonic() - self.started)
-        return (f"HTTP {self.status}, {self.tokens} tokens in {self.events} SSE events, {per_token:.2f} s per "
-                f"token (first after {first:.1f} s)"), per_token
+        return (f"HTTP {self.status}, {self.tokens} tokens in {self.events} SSE events, {per_token:.2f} s "
+                f"per token (first after {first:.1f} s)"), per_token
 
 

@@ -1,6 +1,6 @@
 """`InferenceClient`: one server's calls (models, server info, health, metrics, generations and streams), with
-explicit timeouts, no retries, every failure mapped to `ApiError`, bodies read under their cap (client/bodies.py)
-and every call bounded by its total time (client/deadline.py)."""
+explicit timeouts, no retries, every failure mapped to `ApiError`, bodies read under their cap
+(client/bodies.py) and every call bounded by its total time (client/deadline.py)."""
 
 from __future__ import annotations
 
@@ -71,8 +71,9 @@ class InferenceClient:
         limit_name: str = "the client's default timeout",
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # httpx does not retry; keep-alive is fine (SGLang is uvicorn). One SSL context for every client: httpx
-        # would load the CA bundle again for each (≈ 15 ms of CPU; 64 services of a fleet worker paid a second).
+        # httpx does not retry; keep-alive is fine (SGLang is uvicorn). One SSL context for every client:
+        # httpx would load the CA bundle again for each (≈ 15 ms of CPU; 64 services of a fleet worker paid a
+        # second).
         self._http = bound_total_time(httpx.Client(base_url=base_url, timeout=timeout, headers=headers,
                                                    verify=_ssl_context()))
         # A call's total deadline when it names none: the per-read timeout, now meant as total time.
@@ -86,7 +87,8 @@ class InferenceClient:
         self.service = service
         self._model = model
         self.api_key = api_key
-        self._addresses: list[Any] | None = None  # getaddrinfo of the server, resolved once (refuses_connections)
+        # getaddrinfo of the server, resolved once (refuses_connections)
+        self._addresses: list[Any] | None = None
         # httpx reads the proxy variables when the client is built; so does this (reading them costs 0.3 ms)
         self._proxied = _proxied(self._http.base_url.host)
 
@@ -140,7 +142,8 @@ class InferenceClient:
         except httpx.TimeoutException as exc:
             if progress is not None and progress.overdue and "ConnectTimeout" not in type(exc).__name__:
                 raise self._deadline_error(endpoint, progress) from exc
-            raise ApiError(self.service, endpoint, None, f"timed out ({type(exc).__name__})", cause="timeout") from exc
+            raise ApiError(self.service, endpoint, None, f"timed out ({type(exc).__name__})",
+                           cause="timeout") from exc
         except httpx.RemoteProtocolError as exc:
             raise ApiError(self.service, endpoint, None, DROPPED, str(exc), cause="dropped") from exc
         except (httpx.ReadError, httpx.WriteError) as exc:
@@ -168,8 +171,8 @@ class InferenceClient:
         where = self.limit_name if progress.limit_s == self.default_limit_s else "this call's timeout"
         error = DeadlineExceeded(
             self.service, endpoint, progress.status,
-            f"timed out: no complete answer within {progress.limit_s:g}s ({where}, total time): got {got} after "
-            f"{elapsed:.1f}s", cause="timeout", limit_s=progress.limit_s, elapsed_s=elapsed, got=got,
+            f"timed out: no complete answer within {progress.limit_s:g}s ({where}, total time): got {got} "
+            f"after {elapsed:.1f}s", cause="timeout", limit_s=progress.limit_s, elapsed_s=elapsed, got=got,
             tokens=progress.tokens if progress.stream else None, per_token_s=per_token, limit_name=where,
             method=progress.method)
         if self.on_deadline is not None:
@@ -194,7 +197,8 @@ class InferenceClient:
         cap = max_bytes if max_bytes is not None else response_cap(path, json_body)
         progress = self._progress(method, timeout_s)
         with self._mapped(path, progress), deadline(progress.limit_s), self._http.stream(
-                method, path, json=json_body, timeout=self._timeout(timeout_s) or self._http.timeout) as response:
+                method, path, json=json_body,
+                timeout=self._timeout(timeout_s) or self._http.timeout) as response:
             progress.status = response.status_code
             return self._read_capped(response, path, cap, progress)
 
@@ -202,7 +206,8 @@ class InferenceClient:
                      progress: CallProgress | None = None) -> httpx.Response:
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > cap:
-            raise self._too_large(path, response.status_code, cap, f"Content-Length {int(declared)} bytes", b"")
+            raise self._too_large(path, response.status_code, cap, f"Content-Length {int(declared)} bytes",
+                                  b"")
         chunks: list[bytes] = []
         size = 0
         for chunk in response.iter_bytes():
@@ -211,7 +216,8 @@ class InferenceClient:
                 progress.bytes = size
                 self._check_deadline(path, progress)
             if size > cap:
-                raise self._too_large(path, response.status_code, cap, f"{size}+ bytes read", b"".join(chunks))
+                raise self._too_large(path, response.status_code, cap, f"{size}+ bytes read",
+                                      b"".join(chunks))
             chunks.append(chunk)
         # A fresh, fully read response: the body is already decoded, so drop the framing headers.
         headers = [(k, v) for k, v in response.headers.multi_items()
@@ -221,13 +227,15 @@ class InferenceClient:
 
     def _too_large(self, path: str, status: int | None, cap: int, seen: str, head: bytes) -> ApiError:
         excerpt = head[:200].decode("utf-8", "replace")
-        return ApiError(self.service, path, status, f"response body too large: {seen}, over the {cap}-byte cap "
+        return ApiError(self.service, path, status,
+                        f"response body too large: {seen}, over the {cap}-byte cap "
                         "for this request (the rest was not read)", excerpt, cause="too-large")
 
     def _json(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
         response = self.request(method, path, json_body=body, timeout_s=timeout_s)
         if response.status_code >= 400:
-            raise ApiError(self.service, path, response.status_code, error_message(response), response.text[:500])
+            raise ApiError(self.service, path, response.status_code, error_message(response),
+                           response.text[:500])
         try:
             return response.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -240,7 +248,8 @@ class InferenceClient:
         body = self._json("GET", "/v1/models", timeout_s=timeout_s)
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list):
-            raise ApiError(self.service, "/v1/models", 200, "response has no 'data' list", json.dumps(body)[:300])
+            raise ApiError(self.service, "/v1/models", 200, "response has no 'data' list",
+                           json.dumps(body)[:300])
         return [str(item.get("id")) for item in data if isinstance(item, dict)]
 
     def model(self) -> str:
@@ -254,7 +263,8 @@ class InferenceClient:
         return self._native_info(("/server_info", "/get_server_info"), timeout_s)
 
     def model_info(self, timeout_s: float | None = 10) -> dict[str, Any] | None:
-        """SGLang's /model_info (or the older /get_model_info): model_path, tokenizer_path, ...; None if absent."""
+        """SGLang's /model_info (or the older /get_model_info): model_path, tokenizer_path, ...; None if
+        absent."""
         return self._native_info(("/model_info", "/get_model_info"), timeout_s)
 
     def _native_info(self, paths: tuple[str, ...], timeout_s: float | None) -> dict[str, Any] | None:
@@ -264,7 +274,8 @@ class InferenceClient:
                 try:
                     body = response.json()
                 except json.JSONDecodeError as exc:
-                    raise ApiError(self.service, path, 200, f"malformed JSON body: {exc}", response.text[:300]) from exc
+                    raise ApiError(self.service, path, 200, f"malformed JSON body: {exc}",
+                                   response.text[:300]) from exc
                 return body if isinstance(body, dict) else None
         return None
 
@@ -326,7 +337,8 @@ class InferenceClient:
         body = {"model": self.model(), "prompt": prompt, **sampling.as_openai()}
         started = time.monotonic()
         data = self._json("POST", "/v1/completions", body, timeout_s)
-        return openai_generations(data, time.monotonic() - started, self.service, "/v1/completions", chat=False)
+        return openai_generations(data, time.monotonic() - started, self.service, "/v1/completions",
+                                  chat=False)
 
     def chat(self, messages: Sequence[Mapping[str, str]], sampling: Sampling = GREEDY, *,
              timeout_s: float | None = None) -> list[Generation]:
@@ -334,7 +346,8 @@ class InferenceClient:
         body = {"model": self.model(), "messages": list(messages), **sampling.as_openai()}
         started = time.monotonic()
         data = self._json("POST", "/v1/chat/completions", body, timeout_s)
-        return openai_generations(data, time.monotonic() - started, self.service, "/v1/chat/completions", chat=True)
+        return openai_generations(data, time.monotonic() - started, self.service, "/v1/chat/completions",
+                                  chat=True)
 
     def stream(self, path: str, body: Mapping[str, Any], *, timeout_s: float | None = None) -> Stream:
         """POST with stream=true and read the SSE stream to its end, checking it is well formed.
@@ -354,20 +367,25 @@ class InferenceClient:
         total_cap = min(STREAM_MAX_TOTAL, line_cap * (requested_tokens(path, payload_body) + 16))
         progress = self._progress("POST", timeout_s, stream=True)
         with self._mapped(path, progress), deadline(progress.limit_s), self._http.stream(
-                "POST", path, json=payload_body, timeout=self._timeout(timeout_s) or self._http.timeout) as response:
+                "POST", path, json=payload_body,
+                timeout=self._timeout(timeout_s) or self._http.timeout) as response:
             progress.status = response.status_code
             if response.status_code >= 400:
                 response = self._read_capped(response, path, DEFAULT_MAX_BODY, progress)
-                raise ApiError(self.service, path, response.status_code, error_message(response), response.text[:500])
+                raise ApiError(self.service, path, response.status_code, error_message(response),
+                               response.text[:500])
             content_type = response.headers.get("content-type", "")
             for line in self._capped_lines(response, path, line_cap, total_cap, progress):
                 raw.append(line)
                 if not line.strip() or line.startswith(":"):
-                    continue  # blank lines end events; ':' lines are SSE comments (a proxy's keep-alive pings)
+                    # blank lines end events; ':' lines are SSE comments (a proxy's keep-alive pings)
+                    continue
                 if done:
-                    raise ApiError(self.service, path, response.status_code, f"data after [DONE]: {line[:200]!r}")
+                    raise ApiError(self.service, path, response.status_code,
+                                   f"data after [DONE]: {line[:200]!r}")
                 if not line.startswith("data:"):
-                    raise ApiError(self.service, path, response.status_code, f"malformed SSE line: {line[:200]!r}")
+                    raise ApiError(self.service, path, response.status_code,
+                                   f"malformed SSE line: {line[:200]!r}")
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     done = True
@@ -381,17 +399,19 @@ class InferenceClient:
                     raise ApiError(self.service, path, response.status_code,
                                    f"SSE event is not an object: {payload[:200]!r}")
                 if "error" in event and not event.get("choices") and "text" not in event:
-                    raise ApiError(self.service, path, response.status_code, f"error event in stream: {payload[:300]}")
+                    raise ApiError(self.service, path, response.status_code,
+                                   f"error event in stream: {payload[:300]}")
                 events.append(event)
                 arrival.append(time.monotonic() - started)
                 progress.events = len(events)
                 progress.tokens_seen(stream_tokens(events, progress.tokens))
-        return Stream(events, arrival, done, raw, time.monotonic() - started, response.status_code, content_type)
+        return Stream(events, arrival, done, raw, time.monotonic() - started, response.status_code,
+                      content_type)
 
     def _capped_lines(self, response: httpx.Response, path: str, line_cap: int, total_cap: int,
                       progress: CallProgress) -> Iterator[str]:
-        """`response.iter_lines()` (str.splitlines semantics, as httpx), failing on a line or a total over its cap,
-        or when the call's total deadline passes (blank lines and SSE comments do not buy time)."""
+        """`response.iter_lines()` (str.splitlines semantics, as httpx), failing on a line or a total over its
+        cap, or when the call's total deadline passes (blank lines and SSE comments do not buy time)."""
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         pending = ""
         total = 0
@@ -410,17 +430,18 @@ class InferenceClient:
             if hold_cr:
                 pending += "\r"
             if len(pending) > line_cap:
-                raise self._too_large(path, response.status_code, line_cap, f"an SSE line of {len(pending)}+ bytes",
-                                      pending[:200].encode())
+                raise self._too_large(path, response.status_code, line_cap,
+                                      f"an SSE line of {len(pending)}+ bytes", pending[:200].encode())
             for line in lines:
                 if len(line) > line_cap:
-                    raise self._too_large(path, response.status_code, line_cap, f"an SSE line of {len(line)} bytes",
-                                          line[:200].encode())
+                    raise self._too_large(path, response.status_code, line_cap,
+                                          f"an SSE line of {len(line)} bytes", line[:200].encode())
                 yield line
         rest = (pending + decoder.decode(b"", final=True)).splitlines()
         yield from rest
 
-    def generate_stream(self, prompt: str, sampling: Sampling = GREEDY, *, timeout_s: float | None = None) -> Stream:
+    def generate_stream(self, prompt: str, sampling: Sampling = GREEDY, *,
+                        timeout_s: float | None = None) -> Stream:
         return self.stream("/generate", self._generate_body(prompt, sampling, False, 0), timeout_s=timeout_s)
 
     def completion_stream(self, prompt: str, sampling: Sampling = GREEDY, *, include_usage: bool = True,

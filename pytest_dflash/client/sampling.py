@@ -50,7 +50,8 @@ class Sampling:
     def as_openai(self) -> dict[str, Any]:
         body: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature}
         # top_k, min_p, stop_token_ids and ignore_eos are SGLang extensions of the OpenAI schema.
-        for key, value in (("top_p", self.top_p), ("top_k", self.top_k), ("min_p", self.min_p), ("seed", self.seed)):
+        for key, value in (("top_p", self.top_p), ("top_k", self.top_k), ("min_p", self.min_p),
+                           ("seed", self.seed)):
             if value is not None:
                 body[key] = value
         if self.stop:

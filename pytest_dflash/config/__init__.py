@@ -1,1 +1,2 @@
-"""Configuration: options and ini keys, the layers, host profiles, fleet inventories, durations, state paths."""
+"""Configuration: options and ini keys, the layers, host profiles, fleet inventories, durations, state
+paths."""

@@ -26,7 +26,8 @@ class DurationError(ValueError):
 
 
 def parse_seconds(raw: str | float | int, *, where: str) -> float:
-    """'90', '90s', '5m', '250ms', 1.5 -> seconds, at most MAX_SECONDS. Raises DurationError naming `where`."""
+    """'90', '90s', '5m', '250ms', 1.5 -> seconds, at most MAX_SECONDS. Raises DurationError naming
+    `where`."""
     if isinstance(raw, bool):
         raise DurationError(f"{where}: {raw!r} is not a duration (try 90, 90s, 5m)", "not a duration")
     if isinstance(raw, int | float):
@@ -38,7 +39,8 @@ def parse_seconds(raw: str | float | int, *, where: str) -> float:
     else:
         match = _DURATION.match(raw)
         if not match:
-            raise DurationError(f"{where}: {raw!r} is not a duration (try 90, 90s, 5m, 250ms)", "not a duration")
+            raise DurationError(f"{where}: {raw!r} is not a duration (try 90, 90s, 5m, 250ms)",
+                                "not a duration")
         seconds = float(match.group(1)) * _SCALE[match.group(2)]  # 400 digits: float() gives inf, still > max
     if seconds > MAX_SECONDS:
         raise DurationError(f"{where}: {raw!r} is longer than the maximum, {MAX_TEXT}", "too long")

@@ -7,10 +7,11 @@
     --shard 2/8                         this runner takes the 2nd of 8 deterministic host shards
 
 Inventories are resolved by Ansible itself when `ansible-inventory` is installed (`ansible-inventory -i FILE
---list`: host ranges such as gpu[01:64], group_vars/ and host_vars/ beside the inventory, inventory plugins and
-dynamic scripts, exactly as a playbook sees them). It is looked up in $DFLASH_ANSIBLE_INVENTORY (a path, or
-"none" for the built-in parser), then on PATH, then next to the running Python (a venv's bin/). Without it, a
-built-in parser reads static YAML and INI inventories (groups, children, vars; no ranges, no group_vars files).
+--list`: host ranges such as gpu[01:64], group_vars/ and host_vars/ beside the inventory, inventory plugins
+and dynamic scripts, exactly as a playbook sees them). It is looked up in $DFLASH_ANSIBLE_INVENTORY (a path,
+or "none" for the built-in parser), then on PATH, then next to the running Python (a venv's bin/). Without it,
+a built-in parser reads static YAML and INI inventories (groups, children, vars; no ranges, no group_vars
+files).
 
 An inventory host becomes a profile: its `dflash_profile` var names a base TOML profile (relative to the
 inventory file, or a name in --hosts-dir), and the Ansible connection vars override how it is reached:
@@ -97,7 +98,8 @@ def ansible_inventory() -> str | None:
     if override is not None:
         return None if override.strip().lower() in ("", "none", "0", "off", "builtin") else override
     beside_python = Path(sys.executable).parent / "ansible-inventory"
-    return shutil.which("ansible-inventory") or (str(beside_python) if os.access(beside_python, os.X_OK) else None)
+    return shutil.which("ansible-inventory") or (str(beside_python) if os.access(beside_python, os.X_OK)
+                                                 else None)
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -118,7 +120,8 @@ def _inventory_hosts(path: Path, group: str) -> dict[str, dict[str, Any]]:
     if executable is not None:
         return _ansible_hosts(executable, path, group)
     if script:
-        raise InventoryError(str(path), "", f"a dynamic inventory script needs ansible-inventory ({INSTALL_HINT})")
+        raise InventoryError(str(path), "",
+                             f"a dynamic inventory script needs ansible-inventory ({INSTALL_HINT})")
     if path.suffix in (".yml", ".yaml"):
         try:
             data = yaml.safe_load(text) or {}
@@ -169,14 +172,17 @@ def _ansible_list(executable: str, path: Path) -> dict[str, Any]:
     env = {**os.environ, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True", "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_DEPRECATION_WARNINGS": "False"}
     try:
-        done = subprocess.run([executable, "-i", str(path), "--list"], capture_output=True, text=True, env=env,
-                              errors="replace", timeout=ANSIBLE_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+        done = subprocess.run([executable, "-i", str(path), "--list"], capture_output=True, text=True,
+                              env=env, errors="replace", timeout=ANSIBLE_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                              check=False)
     except subprocess.TimeoutExpired:
-        raise InventoryError(str(path), "", f"ansible-inventory did not finish within {ANSIBLE_TIMEOUT_S:g} s "
-                                            "(a dynamic inventory script that hangs?)") from None
+        raise InventoryError(str(path), "",
+                             f"ansible-inventory did not finish within {ANSIBLE_TIMEOUT_S:g} s "
+                             "(a dynamic inventory script that hangs?)") from None
     except OSError as exc:
-        raise InventoryError(str(path), "", f"cannot run {executable} ({exc.strerror or exc}; {INSTALL_HINT}, "
-                                            f"or set {ANSIBLE_ENV}=none for the built-in parser)") from None
+        raise InventoryError(str(path), "",
+                             f"cannot run {executable} ({exc.strerror or exc}; {INSTALL_HINT}, "
+                             f"or set {ANSIBLE_ENV}=none for the built-in parser)") from None
     if done.returncode != 0:
         raise InventoryError(str(path), "", f"ansible-inventory: {_ansible_error(done.stderr, path)}")
     try:
@@ -195,10 +201,13 @@ _YAML_SYNTAX = re.compile(r"Syntax Error while loading YAML\.\s*(.*?)\s*The erro
 
 def _ansible_error(stderr: str, path: Path) -> str:
     """The one line of ansible-inventory's (wrapped, multi-message) stderr that says what is wrong."""
-    messages = [" ".join(chunk.split()) for chunk in re.split(r"\[WARNING\]:|ERROR!", stderr) if chunk.strip()]
+    messages = [" ".join(chunk.split()) for chunk in re.split(r"\[WARNING\]:|ERROR!", stderr)
+                if chunk.strip()]
     failures = {m.group(1): m.group(2) for text in messages if (m := _PLUGIN_FAILURE.search(text))}
-    preferred = "script" if _is_script(path) else "yaml" if path.suffix in (".yml", ".yaml", ".json") else "ini"
-    text = failures.get(preferred) or next(iter(failures.values()), None) or (messages[-1] if messages else "")
+    preferred = ("script" if _is_script(path) else "yaml" if path.suffix in (".yml", ".yaml", ".json")
+                 else "ini")
+    text = (failures.get(preferred) or next(iter(failures.values()), None)
+            or (messages[-1] if messages else ""))
     text = text.lstrip("* ").strip()
     if syntax := _YAML_SYNTAX.search(text):
         text = f"not valid YAML: {syntax.group(1)} ({syntax.group(2)})"
@@ -263,7 +272,8 @@ def _ini_groups(text: str, source: str) -> dict[str, Group]:
             for part in parts[1:]:
                 key, sep, value = part.partition("=")
                 if not sep:
-                    raise InventoryError(source, f"line {number}", f"expected key=value after the host, got {part!r}")
+                    raise InventoryError(source, f"line {number}",
+                                         f"expected key=value after the host, got {part!r}")
                 hostvars[key] = _scalar(value)
             groups[current]["hosts"][parts[0]] = hostvars
     groups.setdefault("all", {"hosts": {}, "vars": {}, "children": []})
@@ -302,7 +312,8 @@ def _profile_for(inventory: Path, name: str, hostvars: Mapping[str, Any], hosts_
     where = f"{name}.dflash_profile"
     base_ref = hostvars.get("dflash_profile")
     if not isinstance(base_ref, str):
-        raise InventoryError(str(inventory), where, "missing: each host needs a dflash_profile (a base profile)")
+        raise InventoryError(str(inventory), where,
+                             "missing: each host needs a dflash_profile (a base profile)")
     candidate = inventory.parent / base_ref
     base_path = candidate if candidate.is_file() else resolve_profile_path(base_ref, [hosts_dir])
     try:

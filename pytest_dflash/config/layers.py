@@ -9,10 +9,13 @@ HOST_WIDE = frozenset({"host", "env", "kernels"})
 LAYER_HELP = {
     "host": "host reachable; GPUs visible; arch, driver, memory, kernel log (Xid/OOM)",
     "env": "the server's venv imports its serving chain; torch/sglang-kernel/flashinfer/xgrammar consistent",
-    "kernels": "FlashInfer sampling + attention and a Triton kernel build on a cold JIT cache and run correctly",
+    "kernels": "FlashInfer sampling + attention and a Triton kernel build on a cold JIT cache and run "
+               "correctly",
     "service": "the unit/process starts, stays up, and is ready by a real greedy + sampled generation",
-    "generation": "the full sampling path: greedy, sampled, stream, stop, n, long prompts, concurrency, errors",
-    "parity": "speculative decoding is lossless: DDTREE == DFLASH == target at temperature 0; same distribution",
+    "generation": "the full sampling path: greedy, sampled, stream, stop, n, long prompts, concurrency, "
+                  "errors",
+    "parity": "speculative decoding is lossless: DDTREE == DFLASH == target at temperature 0; same "
+              "distribution",
     "perf": "throughput, TTFT/ITL and accept length above the host's floors and its baseline",
 }
 

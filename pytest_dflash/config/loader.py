@@ -1,7 +1,7 @@
 """Reading a host profile: the file, the whole document validated table by table, and the one-line errors.
 
-A profile is validated completely at load time. Every problem becomes one `InventoryError` that names the file,
-the dotted key and what was expected, e.g.
+A profile is validated completely at load time. Every problem becomes one `InventoryError` that names the
+file, the dotted key and what was expected, e.g.
 
     hosts/ct200.toml: services.dflash.url: expected an http(s) URL, got 'htp:/x'
 
@@ -47,15 +47,17 @@ def load_profile(path: Path, *, name: str | None = None) -> HostProfile:
 
 
 def error_line(exc: InventoryError) -> str:
-    """The one line a bad profile, inventory or --attach URL is reported as (pytest's usage error, `pytest-dflash
-    check`): control characters escaped (a key or name holding a newline stays one line), URL passwords masked."""
+    """The one line a bad profile, inventory or --attach URL is reported as (pytest's usage error,
+    `pytest-dflash check`): control characters escaped (a key or name holding a newline stays one line), URL
+    passwords masked."""
     return one_line(mask_url_passwords(str(exc)))
 
 
 def not_utf8(exc: UnicodeDecodeError) -> str:
     """What a file that is not UTF-8 text is told (TOML, and the inventories, are UTF-8)."""
     line = exc.object[:exc.start].count(b"\n") + 1
-    return (f"expected UTF-8 text, got byte 0x{exc.object[exc.start]:02x} at line {line} (offset {exc.start}): "
+    return (f"expected UTF-8 text, got byte 0x{exc.object[exc.start]:02x} at line {line} (offset "
+            f"{exc.start}): "
             "save the file as UTF-8")
 
 

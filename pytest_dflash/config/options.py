@@ -32,11 +32,11 @@ def option_text(config: pytest.Config, dest: str) -> str:
 HOST_HELP = ("host profile to test: a name looked up in --hosts-dir (or the built-in 'local'), "
              "or a path to a .toml file; repeatable")
 ATTACH_HELP = "attach to an already running OpenAI-compatible server at URL (no host access); repeatable"
-ATTACH_LOG_COMMAND_HELP = ("a command on this machine printing the attached server's log, for failure evidence, e.g. "
-                           "'kubectl logs deploy/sglang --since-time={since}'; once for every --attach, or once per "
-                           "--attach in order")
-PROVISION_HELP = ("deploy and start the profile's services (systemd units / processes) and remove them afterwards; "
-                  "default: attach to the services already running")
+ATTACH_LOG_COMMAND_HELP = ("a command on this machine printing the attached server's log, for failure "
+                           "evidence, e.g. 'kubectl logs deploy/sglang --since-time={since}'; once for every "
+                           "--attach, or once per --attach in order")
+PROVISION_HELP = ("deploy and start the profile's services (systemd units / processes) and remove them "
+                  "afterwards; default: attach to the services already running")
 KEEP_HELP = "leave provisioned services running after the run (for debugging)"
 JOURNAL_LINES_HELP = "lines of service log / journal attached to each failure (default 200)"
 HOSTS_DIR_HELP = "directory of host profiles (default: ./hosts)"
@@ -46,10 +46,11 @@ GATE_HELP = ("comma-separated layers that must pass on every host for exit code 
              "'host,service,generation,parity' (see docs/gating.md)")
 LOCK_WAIT_HELP = "how long to wait for another run's host lock before failing (default 10m)"
 FLEET_HELP = ("test every host of a fleet: a folder of *.toml profiles, or an Ansible inventory FILE[:GROUP] "
-              "(YAML, INI or a dynamic script; resolved by ansible-inventory when installed) whose hosts name a "
-              "base profile in their dflash_profile var")
+              "(YAML, INI or a dynamic script; resolved by ansible-inventory when installed) whose hosts "
+              "name a base profile in their dflash_profile var")
 SHARD_HELP = "run only shard I of N of the hosts (1-based, deterministic by host name), e.g. --shard 2/8"
-REQUEST_TIMEOUT_HELP = "timeout of one HTTP request made by a test (default 60s; readiness has its own budgets)"
+REQUEST_TIMEOUT_HELP = ("timeout of one HTTP request made by a test (default 60s; readiness has its own "
+                        "budgets)")
 
 
 def add_core_options(parser: pytest.Parser) -> None:
@@ -71,7 +72,8 @@ def add_core_options(parser: pytest.Parser) -> None:
     group.addoption("--ready-timeout", dest="dflash_ready_timeout", default=None, metavar="DURATION",
                     help=READY_TIMEOUT_HELP)
     group.addoption("--gate", dest="dflash_gate", default=None, metavar="LAYERS", help=GATE_HELP)
-    group.addoption("--lock-wait", dest="dflash_lock_wait", default=None, metavar="DURATION", help=LOCK_WAIT_HELP)
+    group.addoption("--lock-wait", dest="dflash_lock_wait", default=None, metavar="DURATION",
+                    help=LOCK_WAIT_HELP)
     group.addoption("--request-timeout", dest="dflash_request_timeout", default=None, metavar="DURATION",
                     help=REQUEST_TIMEOUT_HELP)
     group.addoption("--fleet", action="append", dest="dflash_fleet", default=None, metavar="DIR|FILE[:GROUP]",
@@ -113,7 +115,8 @@ def gate_layers(config: pytest.Config) -> list[str]:
         raise pytest.UsageError(f"--gate / dflash_gate: {raw!r} names no layer (layers: {', '.join(LAYERS)})")
     unknown = [layer for layer in layers if layer not in LAYERS]
     if unknown:
-        raise pytest.UsageError(f"--gate / dflash_gate: unknown layer {unknown[0]!r} (layers: {', '.join(LAYERS)})")
+        raise pytest.UsageError(f"--gate / dflash_gate: unknown layer {unknown[0]!r} (layers: "
+                                f"{', '.join(LAYERS)})")
     return layers
 
 
@@ -128,7 +131,8 @@ def report_dir(config: pytest.Config) -> Path:
 @dataclass(frozen=True)
 class Opt:
     """One option: `--flag` on the command line, `dest` as the ini key. kind: "text" (a value), "flag" (a
-    switch that turns something on, ini bool default false) or "off" (a --no-... switch, ini bool default true)."""
+    switch that turns something on, ini bool default false) or "off" (a --no-... switch, ini bool default
+    true)."""
 
     flag: str
     dest: str
@@ -146,19 +150,20 @@ GPU_OPTIONS: tuple[Opt, ...] = (
     Opt("--dflash-probe-dump", "dflash_probe_dump",
         "write every probe's raw JSON output under DIR/<host>/ (evidence, test data)", metavar="DIR"),
     Opt("--jit-arch-list", "dflash_jit_arch_list",
-        "FLASHINFER_CUDA_ARCH_LIST for the kernels layer's compile step on hosts without a GPU (default '9.0'; "
-        "the service's own FLASHINFER_CUDA_ARCH_LIST wins)", ini_default="9.0", metavar="LIST"),
+        "FLASHINFER_CUDA_ARCH_LIST for the kernels layer's compile step on hosts without a GPU (default "
+        "'9.0'; the service's own FLASHINFER_CUDA_ARCH_LIST wins)", ini_default="9.0", metavar="LIST"),
     Opt("--jit-objects", "dflash_jit_objects",
         "compile only these sources of each FlashInfer module on hosts without a GPU, e.g. 'renorm' "
         "(comma-separated; a cheaper compile-only check, no link)", metavar="NAMES"),
     Opt("--jit-jobs", "dflash_jit_jobs",
-        "parallel compile jobs for the kernels layer's JIT builds (default: ninja's, or MAX_JOBS)", metavar="N"),
+        "parallel compile jobs for the kernels layer's JIT builds (default: ninja's, or MAX_JOBS)",
+        metavar="N"),
     Opt("--kernels-timeout", "dflash_kernels_timeout",
         "deadline for one cold JIT build + run in the kernels layer (default 25m)", ini_default="25m",
         metavar="DURATION"),
     Opt("--allow-gpu-use", "dflash_allow_gpu_use",
-        "let the kernels layer build and launch kernels on the host's GPUs in attach mode (next to the running "
-        "services); without it those tests skip. With --provision they always run", kind="flag"),
+        "let the kernels layer build and launch kernels on the host's GPUs in attach mode (next to the "
+        "running services); without it those tests skip. With --provision they always run", kind="flag"),
 )
 
 GENERATION_PARITY_OPTIONS: tuple[Opt, ...] = (
@@ -168,18 +173,18 @@ GENERATION_PARITY_OPTIONS: tuple[Opt, ...] = (
     Opt("--parity-max-tokens", "dflash_parity_max_tokens",
         "greedy tokens compared per prompt in the parity layer (default 64)"),
     Opt("--parity-tie-gap", "dflash_parity_tie_gap",
-        "logprob gap at or below which a divergence is a numerical tie (default: the profile's [parity] tie_gap, "
-        "else 0.001)"),
+        "logprob gap at or below which a divergence is a numerical tie (default: the profile's [parity] "
+        "tie_gap, else 0.001)"),
     Opt("--parity-max-tie-rate", "dflash_parity_max_tie_rate",
-        "fraction of prompts allowed to diverge at numerical ties (default: the profile's [parity] max_tie_rate, "
-        "else 0.25)"),
+        "fraction of prompts allowed to diverge at numerical ties (default: the profile's [parity] "
+        "max_tie_rate, else 0.25)"),
     Opt("--parity-noise-gap", "dflash_parity_noise_gap",
-        "a divergence within this many nats of the top logprob is numerical noise, counted with ties, when the "
-        "compared service gives the reference's token for the prompt sent again alone (default: the profile's "
-        "[parity] noise_gap, else 0.5)"),
+        "a divergence within this many nats of the top logprob is numerical noise, counted with ties, when "
+        "the compared service gives the reference's token for the prompt sent again alone (default: the "
+        "profile's [parity] noise_gap, else 0.5)"),
     Opt("--parity-plain-port", "dflash_parity_plain_port",
-        "port of the plain (non-speculative) server the parity layer derives and starts under --provision when "
-        "the profile has none (default: the reference's port + 100; process services: a free port)"),
+        "port of the plain (non-speculative) server the parity layer derives and starts under --provision "
+        "when the profile has none (default: the reference's port + 100; process services: a free port)"),
     Opt("--dist-samples", "dflash_dist_samples",
         "samples per prompt and service for distribution parity (default 200; fewer than 200 makes the test "
         "inconclusive, which fails it)"),
@@ -187,21 +192,23 @@ GENERATION_PARITY_OPTIONS: tuple[Opt, ...] = (
         "the first K tokens of every sample are compared in distribution parity (default 4)"),
     Opt("--dist-alpha", "dflash_dist_alpha",
         "family-wise false-alarm rate of distribution parity per service pair (default 0.001)"),
-    Opt("--dist-temperature", "dflash_dist_temperature", "sampling temperature of distribution parity (default 1.0)"),
+    Opt("--dist-temperature", "dflash_dist_temperature",
+        "sampling temperature of distribution parity (default 1.0)"),
     Opt("--dist-seed", "dflash_dist_seed",
         "first sampling seed of distribution parity (default 0; another value draws a fresh sample)"),
     Opt("--ddtree-accept-ratio", "dflash_ddtree_accept_ratio",
-        "DDTREE's mean accept length must be at least RATIO x DFLASH's on the same prompts (default 1.0; 'off' "
-        "disables the check)"),
+        "DDTREE's mean accept length must be at least RATIO x DFLASH's on the same prompts (default 1.0; "
+        "'off' disables the check)"),
     Opt("--gen-concurrency", "dflash_gen_concurrency",
         "concurrent sampled requests in the generation layer's concurrency test (default 16)"),
     Opt("--long-prompt-tokens", "dflash_long_prompt_tokens",
-        "cap in tokens on the generation layer's long prompt (default: none, 90 percent of the served context)"),
+        "cap in tokens on the generation layer's long prompt (default: none, 90 percent of the served "
+        "context)"),
     Opt("--allow-state-changes", "dflash_allow_state_changes",
-        "send requests that change a server's state (POST /flush_cache before accept-length measurements) also "
-        "to servers this run did not start (attach mode); without it they are never sent there: the perf run "
-        "skips the server-side accept length, and an accept length that needs a flush is skipped naming this "
-        "option", kind="flag"),
+        "send requests that change a server's state (POST /flush_cache before accept-length measurements) "
+        "also to servers this run did not start (attach mode); without it they are never sent there: the "
+        "perf run skips the server-side accept length, and an accept length that needs a flush is skipped "
+        "naming this option", kind="flag"),
 )
 
 PERF_OPTIONS: tuple[Opt, ...] = (
@@ -209,7 +216,8 @@ PERF_OPTIONS: tuple[Opt, ...] = (
         "record this run of each perf-tested service as its baseline (only a run that passes its floors is "
         "recorded); without it, runs are compared with the recorded baseline", kind="flag"),
     Opt("--baseline-dir", "dflash_baseline_dir",
-        "directory of perf baselines, <dir>/<host>/<service>.json (default: reports/baselines)", metavar="DIR"),
+        "directory of perf baselines, <dir>/<host>/<service>.json (default: reports/baselines)",
+        metavar="DIR"),
     Opt("--perf-requests", "dflash_perf_requests",
         "perf runs: measured requests per service (overrides the profile's [perf] requests / duration)"),
     Opt("--perf-duration", "dflash_perf_duration",
@@ -219,34 +227,34 @@ PERF_OPTIONS: tuple[Opt, ...] = (
     Opt("--perf-warmup", "dflash_perf_warmup",
         "perf runs: warm-up requests, excluded from every number (overrides the profile's [perf] warmup)"),
     Opt("--perf-client-procs", "dflash_perf_client_procs",
-        "perf runs: spread each load run over N client processes, each its own event loop and connection pool "
-        "(overrides the profile's [perf] client_procs; default 1; at most the concurrency)"),
+        "perf runs: spread each load run over N client processes, each its own event loop and connection "
+        "pool (overrides the profile's [perf] client_procs; default 1; at most the concurrency)"),
     Opt("--perf-dataset", "dflash_perf_dataset",
-        "perf runs: send these prompts (cycled, in a seeded order) instead of synthetic words: a JSONL file of "
-        "{\"prompt\"} / {\"category\", \"prompt\"} per line, ShareGPT's JSON list of {\"conversations\"}, or "
-        "'builtin' (the shipped chat/code/math/summarisation/multilingual set); overrides the profile's [perf] "
-        "dataset; accept length is then also reported per category", metavar="PATH"),
+        "perf runs: send these prompts (cycled, in a seeded order) instead of synthetic words: a JSONL file "
+        "of {\"prompt\"} / {\"category\", \"prompt\"} per line, ShareGPT's JSON list of {\"conversations\"}, "
+        "or 'builtin' (the shipped chat/code/math/summarisation/multilingual set); overrides the profile's "
+        "[perf] dataset; accept length is then also reported per category", metavar="PATH"),
     Opt("--tpot-ceiling-ms", "dflash_tpot_ceiling_ms",
-        "smoke: sanity ceiling in ms on the time per output token of one streamed request (default 250, or the "
-        "service's largest itl_*/tpot_* floor when higher; 'off' disables it)"),
+        "smoke: sanity ceiling in ms on the time per output token of one streamed request (default 250, or "
+        "the service's largest itl_*/tpot_* floor when higher; 'off' disables it)"),
 )
 
 FLEET_OPTIONS: tuple[Opt, ...] = (
     Opt("--prometheus", "dflash_prometheus",
-        "also write the run's Prometheus textfile (node_exporter textfile-collector format, atomic) to FILE; the "
-        "report dir always gets fleet.prom", metavar="FILE"),
+        "also write the run's Prometheus textfile (node_exporter textfile-collector format, atomic) to FILE; "
+        "the report dir always gets fleet.prom", metavar="FILE"),
     Opt("--prometheus-push", "dflash_prometheus_push",
-        "also push the run's metrics to this Prometheus Pushgateway (PUT, 10 s timeout): http://HOST:9091 (job "
-        "pytest-dflash) or a group URL http://HOST:9091/metrics/job/NAME[/LABEL/VALUE]...; a failed push is "
-        "reported and does not change the exit code", metavar="URL"),
+        "also push the run's metrics to this Prometheus Pushgateway (PUT, 10 s timeout): http://HOST:9091 "
+        "(job pytest-dflash) or a group URL http://HOST:9091/metrics/job/NAME[/LABEL/VALUE]...; a failed "
+        "push is reported and does not change the exit code", metavar="URL"),
     Opt("--previous-summary", "dflash_previous_summary",
         "the previous fleet-summary.json to compare with (default: the one already in the report dir, e.g. "
         "restored from a CI cache)", metavar="FILE"),
     Opt("--dflash-history", "dflash_history",
         "folder of per-host last good verdicts (default: <report dir>/history)", metavar="DIR"),
     Opt("--fleet-concurrency", "dflash_fleet_concurrency",
-        "without xdist: ready this many hosts' services at once before the first test (default 8; 1: host after "
-        "host as the tests reach them)", ini_default="8", metavar="N"),
+        "without xdist: ready this many hosts' services at once before the first test (default 8; 1: host "
+        "after host as the tests reach them)", ini_default="8", metavar="N"),
     Opt("--no-fleet-summary", "dflash_fleet_summary",
         "do not write the fleet summary, history and Prometheus file at the end of the run (ini "
         "dflash_fleet_summary = false)", kind="off"),
@@ -272,7 +280,8 @@ def add_options(parser: pytest.Parser) -> None:
 
 def flag_of(dest: str) -> str:
     """The command-line flag of an option, from its declaration (core flags follow the same naming rule)."""
-    return next((o.flag for o in DECLARED if o.dest == dest), "--" + dest.removeprefix("dflash_").replace("_", "-"))
+    return next((o.flag for o in DECLARED if o.dest == dest),
+                "--" + dest.removeprefix("dflash_").replace("_", "-"))
 
 
 def where(dest: str) -> str:
@@ -281,7 +290,8 @@ def where(dest: str) -> str:
 
 
 def opt_in_hint(dest: str) -> str:
-    """'pass --flag (ini key = true) to allow it': how to turn on a switch that guards a change on the host."""
+    """'pass --flag (ini key = true) to allow it': how to turn on a switch that guards a change on the
+    host."""
     return f"pass {flag_of(dest)} (ini {dest} = true) to allow it"
 
 
@@ -317,9 +327,10 @@ def number(config: pytest.Config, dest: str, kind: type[int] | type[float], defa
     return value
 
 
-def duration(config: pytest.Config, dest: str, default: str | None, *, allow_zero: bool = False) -> float | None:
-    """A positive duration option ('90s', '25m') in seconds, at most durations.MAX_SECONDS (7 days) (0 too where
-    `allow_zero`: '--lock-wait 0' = do not wait); None when not given and no default."""
+def duration(config: pytest.Config, dest: str, default: str | None, *,
+             allow_zero: bool = False) -> float | None:
+    """A positive duration option ('90s', '25m') in seconds, at most durations.MAX_SECONDS (7 days) (0 too
+    where `allow_zero`: '--lock-wait 0' = do not wait); None when not given and no default."""
     raw = option_text(config, dest) or default
     if not raw:
         return None

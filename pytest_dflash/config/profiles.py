@@ -67,12 +67,13 @@ class ServiceSpec:
     sampled_timeout_s: float = 300.0
     api_key_env: str | None = None
     model: str | None = None
-    discovery_error: str | None = None  # AUTO that could not be resolved: why (the service layer fails with it)
+    # AUTO that could not be resolved: why (the service layer fails with it)
+    discovery_error: str | None = None
     container: ContainerSpec | None = None  # kind = "container"
     log_command: str | None = None  # kind = "external": a command printing its log ({since}: unix time)
     log_file: str | None = None  # kind = "external": a log file on the host
-    # A draft that knowingly cannot be accepted (a random-weight test draft): why. Lowers the default accept-length
-    # minimum (1.1) to 1 token per verify step (layers/parity/acceptance.py).
+    # A draft that knowingly cannot be accepted (a random-weight test draft): why. Lowers the default
+    # accept-length minimum (1.1) to 1 token per verify step (layers/parity/acceptance.py).
     unaccepted_draft: str | None = None
 
     @property

@@ -1,10 +1,11 @@
-"""JSON Schema (draft 2020-12) of a host profile, for editors: `pytest-dflash schema > dflash-profile.schema.json`.
+"""JSON Schema (draft 2020-12) of a host profile, for editors:
+`pytest-dflash schema > dflash-profile.schema.json`.
 
 The validator (`config/loader.py` and its tables in `config/tables/`) is the authority; this schema is built
-from their constants (algorithms, service kinds, provision modes, floor keys, perf endpoints) and describes every
-key they accept, so an editor completes `hosts/*.toml` and flags most mistakes while typing. What a schema cannot
-say — a [parity] or [floors] entry naming a service of *this* host, `{port}` only for process services, the
-default `kind` depending on the connection, template files existing — stays with the validator.
+from their constants (algorithms, service kinds, provision modes, floor keys, perf endpoints) and describes
+every key they accept, so an editor completes `hosts/*.toml` and flags most mistakes while typing. What a
+schema cannot say — a [parity] or [floors] entry naming a service of *this* host, `{port}` only for process
+services, the default `kind` depending on the connection, template files existing — stays with the validator.
 
 Kept in sync by tests/config/test_schema.py: the keys of every table here are exactly the keys the validator
 accepts (read from its own "unknown key (known: …)" answer), every shipped profile validates, and broken
@@ -70,11 +71,13 @@ def _defs() -> dict[str, Any]:
             "additionalProperties": False,
             "properties": {
                 "name": {"type": "string", "pattern": HOST_NAME,
-                         "description": "host name in reports (default: the file's stem); no '/', '\\', control "
-                                        "characters"},
+                         "description": "host name in reports (default: the file's stem); no '/', '\\', "
+                                        "control characters"},
                 "connection": {"type": "string", "pattern": CONNECTION,
-                               "description": "local://, or ssh://[user@]host[:port][?timeout=N] (N in (0, 5])"},
-                "python": {"type": "string", "description": "python on the host for probes ('auto': this one)"},
+                               "description": "local://, or ssh://[user@]host[:port][?timeout=N] "
+                                              "(N in (0, 5])"},
+                "python": {"type": "string",
+                           "description": "python on the host for probes ('auto': this one)"},
                 "gpus": {"$ref": "#/$defs/gpus"},
                 "provision": {"enum": list(PROVISION_MODES), "default": "allowed"},
                 "ssh_config": {"type": "string"},
@@ -82,7 +85,8 @@ def _defs() -> dict[str, Any]:
                 "cuda_home": {"type": "string"},
                 "command_timeout": {"$ref": "#/$defs/duration"},
                 "become": {"type": "boolean", "default": False,
-                           "description": "ssh as an unprivileged user; what needs root runs through `sudo -n`"},
+                           "description": "ssh as an unprivileged user; what needs root runs through "
+                                          "`sudo -n`"},
                 "become_user": {"type": "string", "pattern": f"^{BECOME_USER}$", "default": "root",
                                 "description": "with become = true: the user sudo runs those commands as"},
             },
@@ -109,9 +113,12 @@ def _defs() -> dict[str, Any]:
                 "api_key_env": {"type": "string"},
                 "model": {"type": "string"},
                 "unaccepted_draft": {"type": "string", "minLength": 1,
-                                     "description": "why this speculative service's draft cannot be accepted"},
-                "log_command": {"type": "string", "description": "external: a command printing its log ({since})"},
-                "log_file": {"type": "string", "pattern": "^/", "description": "external: a log file on the host"},
+                                     "description": "why this speculative service's draft cannot be "
+                                                    "accepted"},
+                "log_command": {"type": "string",
+                                "description": "external: a command printing its log ({since})"},
+                "log_file": {"type": "string", "pattern": "^/",
+                             "description": "external: a log file on the host"},
                 # kind = "container" (docker / podman)
                 "engine": {"enum": list(CONTAINER_ENGINES), "default": "docker"},
                 "runtime": {"type": "string"},
@@ -126,7 +133,8 @@ def _defs() -> dict[str, Any]:
                 "shm_size": {"type": "string"},
                 "restart": {"type": "string", "pattern": r"^(no|always|unless-stopped|on-failure(:\d+)?)$"},
                 "memory": {"type": "string"},
-                "ulimits": {"type": "array", "items": {"type": "string", "pattern": r"^[a-z]+=-?\d+(:-?\d+)?$"}},
+                "ulimits": {"type": "array",
+                            "items": {"type": "string", "pattern": r"^[a-z]+=-?\d+(:-?\d+)?$"}},
                 "run_args": {"$ref": "#/$defs/strings"},
                 "stop_timeout": {"$ref": "#/$defs/duration"},
             },
@@ -179,7 +187,8 @@ def _defs() -> dict[str, Any]:
                            "warmup": {"type": "integer", "minimum": 0}},
         },
         "perf": {
-            "description": "how the perf layer loads the services; [perf.SERVICE] overrides requests/duration/warmup",
+            "description": "how the perf layer loads the services; [perf.SERVICE] overrides "
+                           "requests/duration/warmup",
             "type": "object",
             "properties": {
                 "endpoint": {"enum": list(PERF_ENDPOINTS)},
@@ -197,8 +206,9 @@ def _defs() -> dict[str, Any]:
                 "retries": {"type": "integer", "minimum": 0},
                 "client_procs": count,
                 "dataset": {"type": "string",
-                            "description": "prompts the load sends instead of synthetic words: a JSONL or ShareGPT "
-                                           "file (relative to the profile), or \"builtin\" (the shipped set)"},
+                            "description": "prompts the load sends instead of synthetic words: a JSONL or "
+                                           "ShareGPT file (relative to the profile), or \"builtin\" (the "
+                                           "shipped set)"},
             },
             "additionalProperties": {"$ref": "#/$defs/perf_service"},
         },

@@ -13,7 +13,8 @@ from pytest_dflash.config.options import option
 from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.errors import InventoryError
 
-TARGETS_KEY = pytest.StashKey[dict[str, HostProfile]]()  # the run's profiles, loaded first (report/started.py)
+# the run's profiles, loaded first (report/started.py)
+TARGETS_KEY = pytest.StashKey[dict[str, HostProfile]]()
 NAMED_HOSTS_KEY = pytest.StashKey[tuple[str, ...]]()  # every host the run names, before --shard
 EMPTY_SHARD_KEY = pytest.StashKey[str]()
 
@@ -36,11 +37,13 @@ def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
         for spec in option(config, "dflash_fleet") or []:
             for profile in inventory.load_fleet(str(spec), hosts_dir):
                 if profile.name in profiles:
-                    raise InventoryError(str(spec), profile.name, "this host name is already used by another profile")
+                    raise InventoryError(str(spec), profile.name,
+                                         "this host name is already used by another profile")
                 profiles[profile.name] = profile
     except InventoryError as exc:
         raise pytest.UsageError(error_line(exc)) from None
-    config.stash[NAMED_HOSTS_KEY] = tuple(profiles)  # every host the run names, before --shard takes its share
+    # every host the run names, before --shard takes its share
+    config.stash[NAMED_HOSTS_KEY] = tuple(profiles)
     shard = str(option(config, "dflash_shard") or "")
     if shard:
         try:
@@ -64,8 +67,8 @@ def attach_log_commands(config: pytest.Config, attached: int) -> list[str | None
     if len(commands) == 1:
         return [commands[0]] * attached
     if len(commands) != attached:
-        raise pytest.UsageError(f"--attach-log-command / dflash_attach_log_command: given {len(commands)} times for "
-                                f"{attached} --attach URLs (give it once, or once per --attach)")
+        raise pytest.UsageError(f"--attach-log-command / dflash_attach_log_command: given {len(commands)} "
+                                f"times for {attached} --attach URLs (give it once, or once per --attach)")
     return list(commands)
 
 
@@ -73,7 +76,8 @@ def with_log_command(profile: HostProfile, command: str | None) -> HostProfile:
     """An --attach profile whose service reads its log with `command` (run on this machine, read-only)."""
     if command is None:
         return profile
-    services = {name: dataclasses.replace(spec, log_command=command) for name, spec in profile.services.items()}
+    services = {name: dataclasses.replace(spec, log_command=command)
+                for name, spec in profile.services.items()}
     return dataclasses.replace(profile, services=services)
 
 

@@ -33,7 +33,8 @@ REMOTE_OWNER = "/run/lock/pytest-dflash.owner"
 
 
 def _owner_line(run_id: str) -> str:
-    return f"run={run_id} controller={socket.gethostname()} pid={os.getpid()} since={time.strftime('%H:%M:%S')}"
+    return (f"run={run_id} controller={socket.gethostname()} pid={os.getpid()} "
+            f"since={time.strftime('%H:%M:%S')}")
 
 
 @dataclass
@@ -126,7 +127,8 @@ class HostLock:
         err = proc.stderr.read().decode(errors="replace").strip()
         if first == "BUSY":
             return rest or "unknown owner"
-        raise HostUnreachable(f"{self.profile.name}: cannot take the host lock: {err or first or 'ssh failed'}")
+        raise HostUnreachable(f"{self.profile.name}: cannot take the host lock: "
+                              f"{err or first or 'ssh failed'}")
 
     def release(self) -> None:
         if self._file is not None:

@@ -145,7 +145,8 @@ class Transport:
         if self._unreachable is not None:
             raise self._unreachable
         limit = timeout_s or self.timeout_s
-        become = self.profile.become_user if self.profile.become and (mutating if root is None else root) else None
+        become = (self.profile.become_user if self.profile.become and (mutating if root is None else root)
+                  else None)
         if become is not None:
             self._check_become()
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
@@ -195,8 +196,9 @@ class Transport:
                 said = f"no answer within {BECOME_CHECK_TIMEOUT_S}s"
             login = urllib.parse.urlparse(self.profile.connection or "").username or "the ssh user"
             self._become_error = TransportError(
-                f"{self.name}: become = true, but `sudo -n -u {user}` failed for {login} ({_short(said, 200)}): "
-                f"{login} needs passwordless sudo to {user} (a NOPASSWD rule in /etc/sudoers.d)"
+                f"{self.name}: become = true, but `sudo -n -u {user}` failed for {login} "
+                f"({_short(said, 200)}): {login} needs passwordless sudo to {user} (a NOPASSWD rule in "
+                f"/etc/sudoers.d)"
             )
             raise self._become_error
 
@@ -223,7 +225,8 @@ class Transport:
         # testinfra's ssh backend raises RuntimeError(CommandResult) when ssh itself exits 255.
         if isinstance(exc, RuntimeError) and exc.args and hasattr(exc.args[0], "stderr"):
             stderr = (exc.args[0].stderr or "").strip()
-            error = HostUnreachable(f"{self.name}: ssh failed: {stderr.splitlines()[-1] if stderr else 'exit 255'}")
+            error = HostUnreachable(f"{self.name}: ssh failed: "
+                                    f"{stderr.splitlines()[-1] if stderr else 'exit 255'}")
             if _is_connect_failure(stderr):
                 with self._lock:
                     self._unreachable = error  # do not pay the connect timeout again for every command
@@ -238,7 +241,8 @@ class Transport:
         """Run and return stdout; a non-zero exit is a TransportError carrying stderr."""
         result = self.run(command, *args, **kwargs)
         if not result.ok:
-            raise TransportError(f"{self.name}: `{_short(result.command)}` exited {result.rc}: {result.tail(5)}")
+            raise TransportError(f"{self.name}: `{_short(result.command)}` exited {result.rc}: "
+                                 f"{result.tail(5)}")
         return result.stdout
 
     def ping(self) -> float:
@@ -264,7 +268,8 @@ class Transport:
 
     @property
     def clock_error_s(self) -> float:
-        """How far `clock_offset()` can be off: half the round trip it was measured with (0 until measured)."""
+        """How far `clock_offset()` can be off: half the round trip it was measured with (0 until
+        measured)."""
         return self._clock_error
 
     def write_file(self, path: str, content: str, *, mode: str = "0644") -> None:
@@ -295,7 +300,8 @@ class Transport:
         payload = base64.b64encode(source.encode()).decode()
         interpreter = shlex.quote(python or self.profile.python) + ("" if site else " -S")
         argv = " ".join(shlex.quote(a) for a in args)
-        return self.run(f"printf %s {payload} | base64 -d | {interpreter} - {argv}", timeout_s=timeout_s, env=env)
+        return self.run(f"printf %s {payload} | base64 -d | {interpreter} - {argv}", timeout_s=timeout_s,
+                        env=env)
 
     def probe(self, source: str, args: Sequence[str] = (), **kwargs: Any) -> dict[str, Any]:
         """Run a probe script that prints one JSON object as its last stdout line."""
@@ -324,7 +330,8 @@ def audit_command(host: str, read_only: bool, command: str, *, mutating: bool, r
                   duration_s: float | None = None, become: str | None = None) -> None:
     """Append a command sent to a host to $DFLASH_COMMAND_LOG (JSON lines), so a run can prove what it sent.
 
-    Everything that reaches a host goes through here: the transport's commands and the host lock's ssh session."""
+    Everything that reaches a host goes through here: the transport's commands and the host lock's ssh
+    session."""
     path = os.environ.get("DFLASH_COMMAND_LOG")
     if not path:
         return

@@ -19,9 +19,9 @@ def arm(config: pytest.Config, run: DflashRun) -> None:
 
 
 def arm_signals(config: pytest.Config) -> None:
-    """From the run's first moment (report/started.py): turn SIGTERM into KeyboardInterrupt so pytest tears down
-    as on Ctrl-C — also during pytest_configure — and latch both signals (pytest_dflash.interrupts), so one that
-    a finalizer swallows still stops the run."""
+    """From the run's first moment (report/started.py): turn SIGTERM into KeyboardInterrupt so pytest tears
+    down as on Ctrl-C — also during pytest_configure — and latch both signals (pytest_dflash.interrupts), so
+    one that a finalizer swallows still stops the run."""
     if not interrupts.in_main_thread() or PREVIOUS_SIGTERM_KEY in config.stash:
         return
     interrupts.reset()

@@ -2,7 +2,8 @@
 
 Tests ask for `dflash_host`, `dflash_service`, `dflash_service_raw` or `dflash_pair`; each is parametrized
 over the run's hosts and their services here. Items are then sorted so the lower layers of a host run first
-(they can block the higher ones), and grouped by host for xdist (a host's lock and services live in one worker).
+(they can block the higher ones), and grouped by host for xdist (a host's lock and services live in one
+worker).
 """
 
 from __future__ import annotations

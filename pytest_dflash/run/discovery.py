@@ -1,14 +1,15 @@
 """What an attached server runs, read before tests are selected.
 
-`--attach URL` and `kind = "external"` services without an `algorithm` (AUTO) are asked once, at configure time,
-for /server_info's speculative_algorithm, so that speculative-only tests are never collected for a plain
+`--attach URL` and `kind = "external"` services without an `algorithm` (AUTO) are asked once, at configure
+time, for /server_info's speculative_algorithm, so that speculative-only tests are never collected for a plain
 server (and the algorithm filter applies to attached servers as to provisioned ones). One read-only GET per
 service, in parallel across services. A server that refuses connections is not up yet (a deploy pipeline
 attaches right after a restart): it is asked again every 0.25 s until it answers, up to WAIT_UP_S (at most
-the service's ready_timeout); any other failure (an HTTP error, a timeout, garbage) is an answer at once. Every
-GET has a total deadline of DISCOVERY_TIMEOUT_S (not per read: a server dripping /server_info a byte every 2 s
-is cut off there, and the error says how far it got), so discovery ends within WAIT_UP_S + 2 x 5 s. An
-answer that cannot be had leaves the service AUTO with the reason, and its service-layer test fails with it.
+the service's ready_timeout); any other failure (an HTTP error, a timeout, garbage) is an answer at once.
+Every GET has a total deadline of DISCOVERY_TIMEOUT_S (not per read: a server dripping /server_info a byte
+every 2 s is cut off there, and the error says how far it got), so discovery ends within WAIT_UP_S + 2 x 5 s.
+An answer that cannot be had leaves the service AUTO with the reason, and its service-layer test fails with
+it.
 
 Under xdist the controller asks and the workers take its answers (workerinput), so that every worker collects
 the same tests.
@@ -60,8 +61,10 @@ def ask(spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S) -> dict[str, 
                     response = client.request("GET", path, timeout_s=timeout_s, max_bytes=INFO_CAP)
                 except ApiError as exc:
                     if exc.cause == "too-large":
-                        return {"error": f"GET {path} sent more than {INFO_CAP // 1024} KB: not SGLang's server_info"}
-                    return {"error": scrub(f"GET {path}: {exc.message}", 300, "discovery"), "cause": exc.cause}
+                        return {"error": f"GET {path} sent more than {INFO_CAP // 1024} KB: not SGLang's "
+                                         f"server_info"}
+                    return {"error": scrub(f"GET {path}: {exc.message}", 300, "discovery"),
+                            "cause": exc.cause}
                 if response.status_code == 404:
                     continue
                 if response.status_code != 200:
@@ -90,8 +93,9 @@ def ask_when_up(key: str, spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOU
         if not refused or now >= deadline or stop.is_set():
             return answer
         if now >= next_say:
-            print(f"[dflash] {key}: waiting {now - started:.0f}s for {spec.display_url} to answer /server_info "
-                  "(connection refused; its algorithm selects its tests)", file=sys.stderr, flush=True)
+            print(f"[dflash] {key}: waiting {now - started:.0f}s for {spec.display_url} to answer "
+                  "/server_info (connection refused; its algorithm selects its tests)", file=sys.stderr,
+                  flush=True)
             next_say = now + PROGRESS_EVERY_S
         stop.wait(0.25)
 
@@ -113,9 +117,10 @@ def discover(profiles: Mapping[str, HostProfile], timeout_s: float = DISCOVERY_T
         stop.set()
         pool.shutdown(wait=False, cancel_futures=True)
     for key, spec in todo:
-        if "error" in answers[key]:  # one line now: its service-layer test fails with it later (or is blocked)
-            print(scrub(f"[dflash] {key}: {spec.display_url}/server_info could not be read: {answers[key]['error']}",
-                        LINE_BYTES, "discovery"), file=sys.stderr, flush=True)
+        # one line now: its service-layer test fails with it later (or is blocked)
+        if "error" in answers[key]:
+            print(scrub(f"[dflash] {key}: {spec.display_url}/server_info could not be read: "
+                        f"{answers[key]['error']}", LINE_BYTES, "discovery"), file=sys.stderr, flush=True)
     return answers
 
 
@@ -132,10 +137,12 @@ def apply(profiles: Mapping[str, HostProfile], answers: Answers) -> dict[str, Ho
                 services[name] = dataclasses.replace(spec, algorithm=answer["algorithm"])
             else:
                 services[name] = dataclasses.replace(
-                    spec, discovery_error=f"{spec.display_url}/server_info could not be read before the tests were "
-                                          f"selected ({answer.get('error')}): its algorithm is unknown, so no "
-                                          "algorithm-specific test was selected for it")
-        out[host] = dataclasses.replace(profile, services=services) if services != profile.services else profile
+                    spec,
+                    discovery_error=f"{spec.display_url}/server_info could not be read before the tests were "
+                                    f"selected ({answer.get('error')}): its algorithm is unknown, so no "
+                                    "algorithm-specific test was selected for it")
+        out[host] = (dataclasses.replace(profile, services=services) if services != profile.services
+                     else profile)
     return out
 
 

@@ -6,10 +6,10 @@ started, so `DflashRun.cleanup()` (called at session end, on Ctrl-C, on SIGTERM 
 stop it even when readiness failed half way.
 
 Why one file of ~550 lines: `DflashRun`, `HostContext` and `ServiceHandle` refer to each other (a handle reads
-its host's run options and is started by its host; a host is made and cleaned up by its run), so splitting them
-would need an import cycle. What is not that object graph lives elsewhere: the service kinds in
-services/registry.py, the judgements after readiness in services/liveness.py and services/stuck.py, the progress
-lines in services/events.py.
+its host's run options and is started by its host; a host is made and cleaned up by its run), so splitting
+them would need an import cycle. What is not that object graph lives elsewhere: the service kinds in
+services/registry.py, the judgements after readiness in services/liveness.py and services/stuck.py, the
+progress lines in services/events.py.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def _silent(message: str) -> None:
     pass
 
 
-SETTLE_POLL_S = 0.25  # how often a service waiting for its GPU neighbour's memory looks (and at the run's end)
+# how often a service waiting for its GPU neighbour's memory looks (and at the run's end)
+SETTLE_POLL_S = 0.25
 
 
 @dataclass
@@ -87,7 +88,8 @@ class ServiceHandle:
     # test that needs the service fails with it, e.g. a peer whose start failed while another one started)
     failure_reported_by: str | None = None
     _client: InferenceClient | None = None
-    # A peer started beside the service a test asked for waits for readiness in the background (wait_in_background)
+    # A peer started beside the service a test asked for waits for readiness in the background
+    # (wait_in_background)
     _background: threading.Thread | None = None
     _background_error: BaseException | None = None
     # the test now using the service (run/fixtures.use_service): a request that runs out of time fails it
@@ -115,8 +117,9 @@ class ServiceHandle:
         if self._client is None:
             api_key = os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
             timeout = httpx.Timeout(self.host.run.options.request_timeout_s, connect=5.0)
-            self._client = InferenceClient(self.url, service=self.label, api_key=api_key, model=self.spec.model,
-                                           timeout=timeout, limit_name="--request-timeout")
+            self._client = InferenceClient(self.url, service=self.label, api_key=api_key,
+                                           model=self.spec.model, timeout=timeout,
+                                           limit_name="--request-timeout")
             self._client.on_deadline = self._out_of_time
         return self._client
 
@@ -124,8 +127,8 @@ class ServiceHandle:
         """A request of this ready service ran out of its total time: the first one that had at least
         --request-timeout fails the service, once, like a death (the test it ran in fails with it; every later
         test that needs the service is blocked naming it). Its engine is asked whether it still makes progress
-        (stuck, or far too slow); the answer is added to the request's error. Readiness has its own rules, and a
-        call given less than --request-timeout (a liveness probe) says nothing about the service."""
+        (stuck, or far too slow); the answer is added to the request's error. Readiness has its own rules, and
+        a call given less than --request-timeout (a liveness probe) says nothing about the service."""
         request_timeout = self.host.run.options.request_timeout_s
         if self.ready is None or error.limit_s < request_timeout:
             return ""
@@ -162,7 +165,8 @@ class ServiceHandle:
 
     @property
     def version(self) -> str | None:
-        return str(self.server_info["version"]) if self.server_info and "version" in self.server_info else None
+        return (str(self.server_info["version"]) if self.server_info and "version" in self.server_info
+                else None)
 
     def facts(self) -> dict[str, Any]:
         """What the verdict records about this service."""
@@ -200,8 +204,8 @@ class ServiceHandle:
         outcome is the same as a foreground wait's (ready, or the failure its first test then reports)."""
         if self.ready is not None or self.failure is not None or self._background is not None:
             return
-        self._background = threading.Thread(target=self._become_ready_in_background, name=f"ready {self.label}",
-                                            daemon=True)
+        self._background = threading.Thread(target=self._become_ready_in_background,
+                                            name=f"ready {self.label}", daemon=True)
         self._background.start()
 
     def _become_ready_in_background(self) -> None:
@@ -290,7 +294,8 @@ class ServiceHandle:
                 raise ServiceCrashed(self.label, state.death,
                                      self.manager.logs_since(None, self.host.run.options.journal_lines),
                                      f"attach (the {what} is not running; attach mode never starts it)")
-        native = self.manager.native_api  # None: an external server, asked (/server_info) once it answers HTTP
+        # None: an external server, asked (/server_info) once it answers HTTP
+        native = self.manager.native_api
         budget = self.host.run.options.ready_timeout_s or self.spec.ready_timeout_s
         watcher = ReadinessWatcher(
             self.manager, self.client, native=native, budget_s=budget,
@@ -306,7 +311,8 @@ class ServiceHandle:
         if self.ready is None:
             return None
         return death_after_readiness(self.manager, self.client, label=self.label, since=self.started_mark,
-                                     base_restarts=self.base_restarts, log_lines=self.host.run.options.journal_lines)
+                                     base_restarts=self.base_restarts,
+                                     log_lines=self.host.run.options.journal_lines)
 
 
 @dataclass
@@ -315,9 +321,12 @@ class HostFacts:
     not string keys, so a reader (and mypy) sees who writes what."""
 
     metrics: dict[str, Any] = field(default_factory=dict)  # the verdict's "metrics": perf, parity, acceptance
-    export: dict[str, Any] = field(default_factory=dict)  # the verdict's "facts": env snapshot, driver, JIT builds
-    accept_lengths: dict[str, float] = field(default_factory=dict)  # service -> latest measured mean accept length
-    gpu_probes: dict[str, Any] = field(default_factory=dict)  # the GPU layers' probe results, run once per host
+    # the verdict's "facts": env snapshot, driver, JIT builds
+    export: dict[str, Any] = field(default_factory=dict)
+    # service -> latest measured mean accept length
+    accept_lengths: dict[str, float] = field(default_factory=dict)
+    # the GPU layers' probe results, run once per host
+    gpu_probes: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -328,10 +337,12 @@ class HostContext:
     run: DflashRun
     services: dict[str, ServiceHandle] = field(default_factory=dict)
     needed: set[str] = field(default_factory=set)  # services a selected test uses (collection.record_needed)
-    gpu_tested: bool = False  # a selected test uses the GPU layers' dflash_gpu: the pre-flight probes its GPUs
+    # a selected test uses the GPU layers' dflash_gpu: the pre-flight probes its GPUs
+    gpu_tested: bool = False
     facts: HostFacts = field(default_factory=HostFacts)
     notes: list[str] = field(default_factory=list)
-    # (section, key) -> a copy of the entry this process last put on a report (evidence.attach sends changes only)
+    # (section, key) -> a copy of the entry this process last put on a report (evidence.attach sends changes
+    # only)
     reported: dict[tuple[str, str], Any] = field(default_factory=dict)
     # the fleet pre-flight's bring-up of this host while tests run (run/preflight.py); its tests wait for it
     bring_up: concurrent.futures.Future[None] | None = None
@@ -348,7 +359,8 @@ class HostContext:
 
     @property
     def provisioning(self) -> bool:
-        return self.profile.provision == "always" or (self.run.options.provision and self.profile.provision != "never")
+        return self.profile.provision == "always" or (self.run.options.provision
+                                                      and self.profile.provision != "never")
 
     @property
     def has_host_access(self) -> bool:
@@ -367,7 +379,8 @@ class HostContext:
         return self.services[name]
 
     def add_service(self, spec: ServiceSpec) -> ServiceHandle:
-        """A service the run derives itself (e.g. a plain server for tie triage); provisioned like the others."""
+        """A service the run derives itself (e.g. a plain server for tie triage); provisioned like the
+        others."""
         if spec.name in self.profile.services or spec.name in self.services:
             raise ServiceError(f"{self.name}: a service named {spec.name!r} already exists")
         handle = ServiceHandle(spec, self, make_manager(spec, self))
@@ -400,10 +413,11 @@ class HostContext:
                 self._lock_failure = exc
                 raise
             self.notes.extend(reap_leftovers(self, self.profile.services.values()))
-        # Services on different GPUs start together. A service sharing a GPU with one still starting starts once
-        # that one's GPU memory is settled (its KV pools allocated: ReadinessWatcher's StartupWatch), in the
-        # background: two SGLang servers sizing their KV pools at once on one GPU charge each other's memory
-        # (recorded S4e), but the long tail (CUDA-graph capture, the first sampled request's JIT) may overlap.
+        # Services on different GPUs start together. A service sharing a GPU with one still starting starts
+        # once that one's GPU memory is settled (its KV pools allocated: ReadinessWatcher's StartupWatch), in
+        # the background: two SGLang servers sizing their KV pools at once on one GPU charge each other's
+        # memory (recorded S4e), but the long tail (CUDA-graph capture, the first sampled request's JIT) may
+        # overlap.
         batch: list[ServiceHandle] = []
         for handle in [first, *(self.service(name) for name in sorted(self.needed - {first.name}))]:
             if handle.manager.provisioned or handle._background is not None or handle.failure is not None:
@@ -439,11 +453,12 @@ class HostContext:
         for handle in now[1:]:
             handle.wait_in_background()
         for handle, predecessors in later:
-            shared = sorted({gpu for other in predecessors for gpu in set(other.spec.gpus) & set(handle.spec.gpus)})
+            shared = sorted({gpu for other in predecessors
+                             for gpu in set(other.spec.gpus) & set(handle.spec.gpus)})
             names = ", ".join(other.name for other in predecessors)
             self.run.progress(f"{handle.label}: starts once the KV cache of {names} is allocated (shared GPU "
-                              f"{', '.join(map(str, shared))}: two servers sizing their pools at once charge each "
-                              "other's memory)")
+                              f"{', '.join(map(str, shared))}: two servers sizing their pools at once charge "
+                              "each other's memory)")
             handle.start_after(predecessors)
 
     def start_service(self, handle: ServiceHandle, why: str = "") -> None:
@@ -456,7 +471,8 @@ class HostContext:
         self.run.progress(handle.event("started", f"started ({handle.url}){why}"))
 
     def _wait_settled(self, handle: ServiceHandle, predecessors: list[ServiceHandle]) -> None:
-        """Before starting `handle` in the foreground: each of `predecessors` (on a GPU it shares) is settled."""
+        """Before starting `handle` in the foreground: each of `predecessors` (on a GPU it shares) is
+        settled."""
         for other in predecessors:
             while not other.settled.wait(SETTLE_POLL_S):
                 interrupts.raise_if_lost()
@@ -473,8 +489,8 @@ class HostContext:
             except (DflashError, OSError) as exc:
                 problems.append(f"{handle.label}: {exc}")
 
-        # In parallel: a real SGLang takes seconds to drain and exit after SIGTERM. Under the start lock: a service
-        # a background thread is starting right now is stopped too (and none is started after this).
+        # In parallel: a real SGLang takes seconds to drain and exit after SIGTERM. Under the start lock: a
+        # service a background thread is starting right now is stopped too (and none is started after this).
         with self._start_lock:
             pass
         stoppers = [threading.Thread(target=stop, args=(h,), name=f"stop-{h.label}")

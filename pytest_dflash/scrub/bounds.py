@@ -24,7 +24,8 @@ from typing import Any, Literal
 from pytest_dflash.scrub.redact import redact, redact_mapping_value
 
 __all__ = ["ITEM_BYTES", "LINE_BYTES", "LOG_BYTES", "LOG_TAIL_LINES", "LONGREPR_BYTES", "MAX_ENTRIES",
-           "PROPERTY_BYTES", "TEST_BYTES", "Keep", "bound_obj", "cap", "failure_text", "human", "nbytes", "scrub"]
+           "PROPERTY_BYTES", "TEST_BYTES", "Keep", "bound_obj", "cap", "failure_text", "human", "nbytes",
+           "scrub"]
 
 KB = 1024
 ITEM_BYTES = 8 * KB

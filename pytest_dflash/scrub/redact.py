@@ -24,8 +24,8 @@ import re
 import urllib.parse
 from typing import Any
 
-__all__ = ["MASK", "is_secret", "mask_url_passwords", "one_line", "redact", "redact_mapping_value", "redact_url",
-           "remember", "secret_kind"]
+__all__ = ["MASK", "is_secret", "mask_url_passwords", "one_line", "redact", "redact_mapping_value",
+           "redact_url", "remember", "secret_kind"]
 
 MASK = "***REDACTED***"
 
@@ -53,8 +53,8 @@ _NOT_SECRET_NAME = re.compile(
     r"|[_-](?:env|file|path|dir|var)$",
     re.IGNORECASE,
 )
-_NO_SECRET_VALUES = frozenset({"", "none", "null", "nil", "false", "true", "undefined", "unset", "no", "off", "-",
-                               "<redacted>", "redacted", "***", "<hidden>", "[]", "{}"})
+_NO_SECRET_VALUES = frozenset({"", "none", "null", "nil", "false", "true", "undefined", "unset", "no", "off",
+                               "-", "<redacted>", "redacted", "***", "<hidden>", "[]", "{}"})
 _AUTH_SCHEMES = frozenset({"bearer", "basic", "token", "digest"})
 _NUMBER = re.compile(r"[\[(]?[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?", re.IGNORECASE)
 
@@ -69,8 +69,8 @@ _ASSIGN = re.compile(
 )
 _VALUE = re.compile(r""""(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|[^\s,;'"})\]&]+""")
 
-# Passwords in URLs: scheme://user:password@host (user may be empty: redis://:pw@host). The password runs to the
-# LAST '@' before the host, as urllib reads it (ssh://root:p@ss@host: the password is 'p@ss').
+# Passwords in URLs: scheme://user:password@host (user may be empty: redis://:pw@host). The password runs to
+# the LAST '@' before the host, as urllib reads it (ssh://root:p@ss@host: the password is 'p@ss').
 # The lookbehind anchors the scheme: without it a long word is rescanned from every letter (quadratic).
 _URL_PASSWORD = re.compile(r"((?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@'\"]*):[^\s/'\"?#]+@")
 
@@ -110,7 +110,8 @@ def remember(*secrets: str | None) -> None:
         _MEMO.clear()
 
 
-@functools.lru_cache(maxsize=4096)  # a pure function of a name; reports ask it for the same keys again and again
+# a pure function of a name; reports ask it for the same keys again and again
+@functools.lru_cache(maxsize=4096)
 def secret_kind(name: str) -> str | None:
     """'secret' (mask any value), 'token' (mask string values only) or None (not a secret's name)."""
     name = name.strip("'\"-")
@@ -136,7 +137,8 @@ def _says_no_secret(value: str, kind: str) -> bool:
 
 
 def is_secret(name: str, value: str) -> bool:
-    """Would `name=value` be masked? (`--api-key K`: yes; `--max-prefill-tokens 16384`, `api_key=None`: no.)"""
+    """Would `name=value` be masked? (`--api-key K`: yes; `--max-prefill-tokens 16384`, `api_key=None`:
+    no.)"""
     kind = secret_kind(name)
     return kind is not None and not _says_no_secret(value, kind)
 
@@ -192,9 +194,10 @@ def _redact(text: str, extra: tuple[str, ...]) -> str:
 
 
 def redact_url(url: str) -> str:
-    """A URL as it may be shown (a report header, `pytest-dflash check`, a progress line, an error): its password
-    masked (urllib's reading of the userinfo, so a password holding '@' or a quote is masked whole), then the
-    rest of `redact` (signed-URL signatures, `?api_key=` in the query). Not a URL, or a malformed one: `redact`."""
+    """A URL as it may be shown (a report header, `pytest-dflash check`, a progress line, an error): its
+    password masked (urllib's reading of the userinfo, so a password holding '@' or a quote is masked whole),
+    then the rest of `redact` (signed-URL signatures, `?api_key=` in the query). Not a URL, or a malformed
+    one: `redact`."""
     try:
         parts = urllib.parse.urlsplit(url)
         password = parts.password

@@ -72,19 +72,20 @@ class ServiceManager(Protocol):
 
     @property
     def provisionable(self) -> bool:
-        """False for a service this tool only attaches to: --provision starts nothing and takes no host lock for it."""
+        """False for a service this tool only attaches to: --provision starts nothing and takes no host lock
+        for it."""
         ...
 
     @property
     def native_api(self) -> bool | None:
-        """True when the server speaks SGLang's native API by construction; None: ask it (/server_info) once it
-        answers HTTP (asking earlier would call a server that is not up yet "not SGLang")."""
+        """True when the server speaks SGLang's native API by construction; None: ask it (/server_info) once
+        it answers HTTP (asking earlier would call a server that is not up yet "not SGLang")."""
         ...
 
     def attach(self) -> str | None:
-        """Attach mode (this run did not start it): expect it to run already and change nothing. Returns what must
-        already be running ("unit", "container"), whose state is read before readiness (dead: it fails at once),
-        or None when there is nothing to read first."""
+        """Attach mode (this run did not start it): expect it to run already and change nothing. Returns what
+        must already be running ("unit", "container"), whose state is read before readiness (dead: it fails at
+        once), or None when there is nothing to read first."""
         ...
 
     def start(self) -> None: ...
@@ -142,8 +143,8 @@ class Kind:
     """One kind of service (a profile's `kind = "..."`): how its manager is made for a spec on a host; how the
     leftovers of a dead run of that kind are cleared before provisioning (`reap`: the host and its profile's
     services of this kind, possibly none; returns what was done); and how a non-speculative twin of one of its
-    services is derived for parity's tie triage (`derive_plain`; raises services.derive.PlainUnavailable; None:
-    it cannot be). One file per kind defines its `KIND`."""
+    services is derived for parity's tie triage (`derive_plain`; raises services.derive.PlainUnavailable;
+    None: it cannot be). One file per kind defines its `KIND`."""
 
     name: str
     make: Callable[[ServiceSpec, ServiceHost], ServiceManager]

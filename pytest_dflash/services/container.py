@@ -38,7 +38,8 @@ SERVICE_LABEL = "pytest-dflash.service"
 # One line of `inspect` output: what the state needs, and nothing else (Config.Env may hold secrets).
 INSPECT_FORMAT = ("{{json .State}}\t{{.RestartCount}}\t{{.Id}}\t"
                   '{{index .Config.Labels "' + RUN_LABEL + '"}}\t{{.Name}}')
-DESCRIBE_FORMAT = "{{.Config.Image}}\t{{json .HostConfig.RestartPolicy}}\t{{.HostConfig.Memory}}\t{{json .Config.Cmd}}"
+DESCRIBE_FORMAT = ("{{.Config.Image}}\t{{json .HostConfig.RestartPolicy}}\t{{.HostConfig.Memory}}\t"
+                   "{{json .Config.Cmd}}")
 SIGNAL_NAMES = {1: "HUP", 2: "INT", 3: "QUIT", 6: "ABRT", 9: "KILL", 11: "SEGV", 15: "TERM"}
 NOT_FOUND = ("no such container", "no such object", "not found")
 
@@ -51,7 +52,8 @@ def engine_prefix(container: ContainerSpec) -> str:
 
 
 def state_from_inspect(line: str, *, restart_policy: str | None = None) -> ServiceState:
-    """One `inspect --format INSPECT_FORMAT` line to a ServiceState (death when exited, restarting or dead)."""
+    """One `inspect --format INSPECT_FORMAT` line to a ServiceState (death when exited, restarting or
+    dead)."""
     raw_state, _, rest = line.strip().partition("\t")
     restarts_raw, _, rest = rest.partition("\t")
     try:
@@ -65,8 +67,9 @@ def state_from_inspect(line: str, *, restart_policy: str | None = None) -> Servi
     code = int(state.get("ExitCode") or 0)
     oom = bool(state.get("OOMKilled"))
     props = {"ActiveState": status, "SubState": health_status or "no-healthcheck", "ExitCode": str(code),
-             "OOMKilled": str(oom).lower(), "RestartCount": str(restarts), "StartedAt": str(state.get("StartedAt", "")),
-             "FinishedAt": str(state.get("FinishedAt", "")), "Error": str(state.get("Error") or "")}
+             "OOMKilled": str(oom).lower(), "RestartCount": str(restarts),
+             "StartedAt": str(state.get("StartedAt", "")), "FinishedAt": str(state.get("FinishedAt", "")),
+             "Error": str(state.get("Error") or "")}
     pid = int(state.get("Pid") or 0) or None
     restarting = bool(state.get("Restarting")) or status == "restarting"
     if status == "running" and not restarting:
@@ -87,7 +90,8 @@ def state_from_inspect(line: str, *, restart_policy: str | None = None) -> Servi
                       detail=f"container {status or 'gone'} (ExitCode={code}){finished}{loop}")
     else:
         error = f", error: {props['Error']}" if props["Error"] else ""
-        death = Death(exit_status=code, detail=f"container {status or 'gone'} (ExitCode={code}){finished}{loop}{error}")
+        death = Death(exit_status=code,
+                      detail=f"container {status or 'gone'} (ExitCode={code}){finished}{loop}{error}")
     return ServiceState(running=False, death=death, restarts=restarts, properties=props)
 
 
@@ -162,15 +166,17 @@ class ContainerService:
     # ---- provisioning ------------------------------------------------------------------------------
 
     def values(self) -> dict[str, str]:
-        return {"port": str(self.spec.port or ""), "service": self.name, "host": self.host, "run_id": self.run_id,
-                "gpus": ",".join(str(g) for g in self.spec.gpus), **self.spec.vars}
+        return {"port": str(self.spec.port or ""), "service": self.name, "host": self.host,
+                "run_id": self.run_id, "gpus": ",".join(str(g) for g in self.spec.gpus), **self.spec.vars}
 
     def _shared_run_options(self) -> list[str]:
-        """What every container this tool runs for the service gets: the run labels, runtime, ulimits, GPUs and
-        devices, the env names (values from the command's environment: never on a command line), the mounts."""
+        """What every container this tool runs for the service gets: the run labels, runtime, ulimits, GPUs
+        and devices, the env names (values from the command's environment: never on a command line), the
+        mounts."""
         box = self.box
         argv = ["--label", f"{RUN_LABEL}={self.run_id}", "--label", f"{HOST_LABEL}={self.host}", "--label",
-                f"{SERVICE_LABEL}={self.name}", "--label", f"{OWNER_LABEL}={socket.gethostname()}:{os.getpid()}"]
+                f"{SERVICE_LABEL}={self.name}", "--label",
+                f"{OWNER_LABEL}={socket.gethostname()}:{os.getpid()}"]
         if box.runtime and box.engine == "docker":
             argv += ["--runtime", box.runtime]
         for item in box.ulimits:
@@ -218,10 +224,11 @@ class ContainerService:
                 raise ServiceError(
                     f"{self.host}: container {name} exists and was not created by pytest-dflash; refusing to "
                     "replace it (attach to it instead, or give the profile another container name)")
-            raise ServiceError(f"{self.host}: container {name} of run {owner} still exists (a live run of this "
-                               "profile on another controller?); not touching it")
+            raise ServiceError(f"{self.host}: container {name} of run {owner} still exists (a live run of "
+                               "this profile on another controller?); not touching it")
         argv = self.run_argv(name)
-        self._provisioned = True  # recorded before it is started: cleanup removes it even if `run` half failed
+        # recorded before it is started: cleanup removes it even if `run` half failed
+        self._provisioned = True
         result = self.transport.run(f"{self.engine} {' '.join(shlex.quote(a) for a in argv)}", mutating=True,
                                     timeout_s=max(120.0, self.transport.timeout_s), env=dict(self.spec.env))
         if not result.ok:
@@ -277,8 +284,8 @@ class ContainerService:
             kernel = self._kernel_oom_line(container_id)
             if kernel:
                 death.result = "oom-kill"
-                death.detail += f"; the kernel OOM-killed it (memory cgroup of this container; inspect said " \
-                                f"OOMKilled=false): {kernel}"
+                death.detail += (f"; the kernel OOM-killed it (memory cgroup of this container; inspect "
+                                 f"said OOMKilled=false): {kernel}")
         return state
 
     def _kernel_oom_line(self, container_id: str) -> str:
@@ -308,15 +315,15 @@ class ContainerService:
         if mark is not None:
             since = f" --since {mark.wall_time - self.transport.clock_error_s - JOURNAL_SLACK_S:.3f}"
         result = self.transport.run(
-            f"{self.engine} logs{since} --tail {int(lines)} --timestamps {shlex.quote(name)} 2>&1", timeout_s=20,
-            root=True)
+            f"{self.engine} logs{since} --tail {int(lines)} --timestamps {shlex.quote(name)} 2>&1",
+            timeout_s=20, root=True)
         return result.stdout
 
     def describe(self) -> dict[str, str]:
         try:
             name = self.container
-            result = self.transport.run(f"{self.engine} container inspect --format %s %s", DESCRIBE_FORMAT, name,
-                                        timeout_s=15, root=True)
+            result = self.transport.run(f"{self.engine} container inspect --format %s %s", DESCRIBE_FORMAT,
+                                        name, timeout_s=15, root=True)
         except (ServiceError, TransportError) as exc:
             return {"container": self.box.name or self.box.label or "?", "error": str(exc)}
         info = {"engine": self.box.engine, "container": name}
@@ -333,60 +340,69 @@ class ContainerService:
         payload = base64.b64encode(source.encode()).decode()
         argv = " ".join(shlex.quote(a) for a in args)
         return self.transport.run(f"printf %s {payload} | base64 -d | {self.engine} exec -i "
-                                  f"{shlex.quote(self.container)} {shlex.quote(python)} - {argv}", timeout_s=timeout_s,
-                                  root=True)
+                                  f"{shlex.quote(self.container)} {shlex.quote(python)} - {argv}",
+                                  timeout_s=timeout_s, root=True)
 
     def exec_probe(self, source: str, args: Sequence[str] = (), **kwargs: Any) -> dict[str, Any]:
-        return parse_probe_output(self.exec_python(source, args, **kwargs), host=f"{self.host}/{self.container}")
+        return parse_probe_output(self.exec_python(source, args, **kwargs),
+                                  host=f"{self.host}/{self.container}")
 
     @property
     def guest_python(self) -> str:
-        """The python the service runs inside its image: its command's interpreter (an absolute path), else python3."""
+        """The python the service runs inside its image: its command's interpreter (an absolute path), else
+        python3."""
         first = [*self.spec.command, *self.box.args][:1]
         if first and first[0].startswith("/") and "python" in os.path.basename(first[0]):
             return first[0]
         return "python3"
 
-    def run_probe(self, source: str, args: Sequence[str] = (), *, timeout_s: float | None = None) -> dict[str, Any]:
+    def run_probe(self, source: str, args: Sequence[str] = (), *,
+                  timeout_s: float | None = None) -> dict[str, Any]:
         """Run a read-only probe in the service's own environment (its image's python, the container's env).
 
         A running container: `exec -i` into it (read-only, allowed in attach mode). Not running yet while
-        provisioning (the env / kernels layers start nothing): a throwaway `run --rm -i` of the service's image
-        with its env, mounts, GPUs and devices (not its memory limit), labelled like the service (a killed run's
-        leftover is reaped).
+        provisioning (the env / kernels layers start nothing): a throwaway `run --rm -i` of the service's
+        image with its env, mounts, GPUs and devices (not its memory limit), labelled like the service (a
+        killed run's leftover is reaped).
         Attached and not running: a one-line ServiceError."""
         attached = self.transport.read_only
         name: str | None = None
         line: str | None = None
-        if attached or self._provisioned:  # provisioning: only the container this run started, never a namesake
+        # provisioning: only the container this run started, never a namesake
+        if attached or self._provisioned:
             try:
                 name = self.container
                 line = self._inspect_line(name)
             except ServiceError:
                 name = None
-            if name and line is not None and state_from_inspect(line, restart_policy=self.box.restart).running:
+            if (name and line is not None
+                    and state_from_inspect(line, restart_policy=self.box.restart).running):
                 return self.exec_probe(source, args, python=self.guest_python, timeout_s=timeout_s)
         if attached or not self.box.image:
             found = f"container {name} is not running" if name and line is not None else \
                 f"no container {name or self.box.label or self.name} found"
-            raise ServiceError(f"{self.host}/{self.name}: {found}: its probes run inside it (`{self.box.engine} "
-                               f"exec`); start it, or run with --provision and services.{self.name}.image")
+            raise ServiceError(f"{self.host}/{self.name}: {found}: its probes run inside it "
+                               f"(`{self.box.engine} exec`); start it, or run with --provision and "
+                               f"services.{self.name}.image")
         payload = base64.b64encode(source.encode()).decode()
         argv = [*self.probe_run_argv(), *args]
         result = self.transport.run(f"printf %s {payload} | base64 -d | {self.engine} "
-                                    f"{' '.join(shlex.quote(a) for a in argv)}", mutating=True, timeout_s=timeout_s,
-                                    env=dict(self.spec.env), shown=f"{self.engine} {' '.join(argv[:3])} … (probe "
+                                    f"{' '.join(shlex.quote(a) for a in argv)}", mutating=True,
+                                    timeout_s=timeout_s, env=dict(self.spec.env),
+                                    shown=f"{self.engine} {' '.join(argv[:3])} … (probe "
                                     f"in a throwaway container of {self.box.image})")
         return parse_probe_output(result, host=f"{self.host}/{self.box.image}")
 
     def probe_run_argv(self) -> list[str]:
-        """`run --rm -i` of the service's image, its python reading a probe on stdin (the args after the engine)."""
+        """`run --rm -i` of the service's image, its python reading a probe on stdin (the args after the
+        engine)."""
         box = self.box
         argv = ["run", "--rm", "-i", *self._shared_run_options()]
         for flag, value in (("--ipc", box.ipc), ("--shm-size", box.shm_size)):
             if value:
                 argv += [flag, value]
-        # no --memory: the limit sizes the server, and a probe importing torch under a server-sized 64m would die
+        # no --memory: the limit sizes the server, and a probe importing torch under a server-sized 64m would
+        # die
         return [*argv, "--entrypoint", self.guest_python, str(box.image), "-"]
 
 
@@ -395,8 +411,10 @@ def _not_found(result: CommandResult) -> bool:
     return not result.ok and any(marker in text for marker in NOT_FOUND)
 
 
-def reap_stale_containers(transport: Transport, container: ContainerSpec, *, host: str, run_id: str) -> list[str]:
-    """Remove containers a dead run of this host profile left (by their labels). Call only holding the host lock.
+def reap_stale_containers(transport: Transport, container: ContainerSpec, *, host: str,
+                          run_id: str) -> list[str]:
+    """Remove containers a dead run of this host profile left (by their labels). Call only holding the host
+    lock.
 
     Only containers carrying `pytest-dflash.host=<host>` and a run label other than `run_id`; on a local host,
     only when their controller process is gone (a live run of another profile is never touched)."""
@@ -419,7 +437,8 @@ def reap_stale_containers(transport: Transport, container: ContainerSpec, *, hos
         mine_alive = owner_host == socket.gethostname() and owner_pid.isdigit() and pid_alive(int(owner_pid))
         if transport.is_local and mine_alive:
             continue
-        transport.run(f"{engine} rm -f {shlex.quote(name)}", mutating=True, timeout_s=container.stop_timeout_s + 60)
+        transport.run(f"{engine} rm -f {shlex.quote(name)}", mutating=True,
+                      timeout_s=container.stop_timeout_s + 60)
         done.append(f"removed stale container {name} left by run {owner_run}")
     return done
 
@@ -430,7 +449,8 @@ def _make(spec: ServiceSpec, host: ServiceHost) -> ContainerService:
 
 def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
     """Once per engine (and runtime) the profile's containers use."""
-    engines = {(s.container.engine, s.container.runtime): s.container for s in specs if s.container is not None}
+    engines = {(s.container.engine,
+                s.container.runtime): s.container for s in specs if s.container is not None}
     notes: list[str] = []
     for container in engines.values():
         notes += reap_stale_containers(host.transport, container, host=host.name, run_id=host.run_id)

@@ -1,6 +1,7 @@
-"""Deriving a non-speculative twin of a service (parity's plain server, services/plain.py): its command line or
-unit template without the --speculative-* flags (`strip_speculative_args`, `strip_speculative_text`), its URL on a
-new port (`with_port`), what each kind's `Kind.derive_plain` is given (`PlainTarget`), and `PlainUnavailable`."""
+"""Deriving a non-speculative twin of a service (parity's plain server, services/plain.py): its command line
+or unit template without the --speculative-* flags (`strip_speculative_args`, `strip_speculative_text`), its
+URL on a new port (`with_port`), what each kind's `Kind.derive_plain` is given (`PlainTarget`), and
+`PlainUnavailable`."""
 
 from __future__ import annotations
 
@@ -58,8 +59,8 @@ def with_port(url: str, port: int | str) -> str:
 
 @dataclass(frozen=True)
 class PlainTarget:
-    """Where a derived plain server goes: its name, GPUs and port (None: a free one, or the kind's choice), and
-    where a derived file (a unit template) is written."""
+    """Where a derived plain server goes: its name, GPUs and port (None: a free one, or the kind's choice),
+    and where a derived file (a unit template) is written."""
 
     name: str
     gpus: tuple[int, ...]

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-# Where progress lines go (report/progress.py shows them); thread-safe where a run's background waits say theirs.
+# Where progress lines go (report/progress.py shows them); thread-safe where a run's background waits say
+# theirs.
 Progress = Callable[[str], None]
 
 
 class Heartbeat(str):
-    """A progress line that repeats a state ("waiting 40s in sampled phase: …"): shown at most once per service
-    per ~10 s, not at all with -q (report/progress.py). A ``str``, so every Progress callable takes it."""
+    """A progress line that repeats a state ("waiting 40s in sampled phase: …"): shown at most once per
+    service per ~10 s, not at all with -q (report/progress.py). A ``str``, so every Progress callable takes
+    it."""
 
     __slots__ = ()
 

@@ -28,7 +28,8 @@ LOG_COMMAND_TIMEOUT_S = 30.0
 
 @dataclass
 class ExternalService:
-    """A server this tool only attaches to by URL; its log, if any, from the profile's log_command or log_file."""
+    """A server this tool only attaches to by URL; its log, if any, from the profile's log_command or
+    log_file."""
 
     spec: ServiceSpec
     transport: Transport | None = None  # where log_command runs / log_file is read (None: no logs)
@@ -72,7 +73,8 @@ class ExternalService:
         try:
             wall = time.time() + self.transport.clock_offset()
             if self.spec.log_file:
-                size = self.transport.run("stat -c %%s %s 2>/dev/null || echo 0", self.spec.log_file, timeout_s=10)
+                size = self.transport.run("stat -c %%s %s 2>/dev/null || echo 0", self.spec.log_file,
+                                          timeout_s=10)
                 return LogMark(wall, int(size.stdout.strip() or 0) if size.stdout.strip().isdigit() else 0)
         except DflashError:
             return LogMark(time.time())

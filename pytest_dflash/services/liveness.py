@@ -1,6 +1,6 @@
-"""The liveness probes: a request in flight in a thread while the state is polled (`InFlight`), the liveness of a
-server reached only by URL, judged over HTTP (`HttpLiveness`), and whether a ready service died or restarted since
-(`death_after_readiness`)."""
+"""The liveness probes: a request in flight in a thread while the state is polled (`InFlight`), the liveness
+of a server reached only by URL, judged over HTTP (`HttpLiveness`), and whether a ready service died or
+restarted since (`death_after_readiness`)."""
 
 from __future__ import annotations
 
@@ -36,11 +36,13 @@ class InFlight:
         self.started = time.monotonic()
         self.result: object | None = None
         self.error: ApiError | None = None
-        self._thread = threading.Thread(target=self._run, args=(call,), name="dflash-ready-request", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(call,), name="dflash-ready-request",
+                                        daemon=True)
         self._thread.start()
 
     @classmethod
-    def generation(cls, client: InferenceClient, sampling: Sampling, native: bool, timeout_s: float) -> InFlight:
+    def generation(cls, client: InferenceClient, sampling: Sampling, native: bool,
+                   timeout_s: float) -> InFlight:
         return cls(lambda: client.probe_generation(sampling, native=native, timeout_s=timeout_s))
 
     @classmethod
@@ -101,10 +103,12 @@ class HttpLiveness:
 
 
 
-def death_after_readiness(manager: ServiceManager, client: InferenceClient, *, label: str, since: LogMark | None,
-                          base_restarts: int, log_lines: int) -> ServiceCrashed | ServiceRestarted | None:
-    """After a test: did the ready service die or restart (more than `base_restarts`)? One cheap state read; one
-    connect for a service attached by URL (a refusal after readiness is conclusive). Its log since `since`."""
+def death_after_readiness(manager: ServiceManager, client: InferenceClient, *, label: str,
+                          since: LogMark | None, base_restarts: int,
+                          log_lines: int) -> ServiceCrashed | ServiceRestarted | None:
+    """After a test: did the ready service die or restart (more than `base_restarts`)? One cheap state read;
+    one connect for a service attached by URL (a refusal after readiness is conclusive). Its log since
+    `since`."""
     try:
         state = manager.state()
     except TransportError:

@@ -2,7 +2,8 @@
 
 SGLang 0.5.17 prefixes every line with its local wall-clock time to the second, ``[2026-12-02 21:47:08] ``
 (under journald or ``podman logs --timestamps`` the line carries that prefix after their own). Its start-up,
-in the order it prints it (recorded on an H200: plain, NGRAM, DFLASH and DDTREE, with and without CUDA graphs):
+in the order it prints it (recorded on an H200: plain, NGRAM, DFLASH and DDTREE, with and without CUDA
+graphs):
 
 =====================  ==================================================================================
 phase (ends at)        the line
@@ -17,10 +18,11 @@ cuda_graphs_captured   the last ``Capture … CUDA graph end.``, once ``max_tota
 port_open              ``Uvicorn running on http://HOST:PORT``
 =====================  ==================================================================================
 
-KV pools come BEFORE the CUDA-graph capture in 0.5.17 (the capture is the long part: up to 185 s recorded), and
-the port opens after both. Times become seconds from the start of a readiness wait (a known wall-clock time, unix
-seconds) through the log's UTC offset: the log has no zone, so `utc_offset_for` derives it from one line seen
-at a known time (rounded to a quarter hour: zones are whole quarter hours, the reading is seconds late).
+KV pools come BEFORE the CUDA-graph capture in 0.5.17 (the capture is the long part: up to 185 s recorded),
+and the port opens after both. Times become seconds from the start of a readiness wait (a known wall-clock
+time, unix seconds) through the log's UTC offset: the log has no zone, so `utc_offset_for` derives it from one
+line seen at a known time (rounded to a quarter hour: zones are whole quarter hours, the reading is seconds
+late).
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ def parse_startup(text: str) -> StartupLog:
 
 
 def utc_offset_for(stamp: dt.datetime, seen_at: float) -> float:
-    """The log's UTC offset (seconds, a whole quarter hour): `stamp` is a log time read at unix time `seen_at`."""
+    """The log's UTC offset (seconds, a whole quarter hour): `stamp` is a log time read at unix time
+    `seen_at`."""
     naive_utc = stamp.replace(tzinfo=dt.UTC).timestamp()
     return round((naive_utc - seen_at) / QUARTER_HOUR_S) * QUARTER_HOUR_S
 
@@ -150,9 +153,11 @@ def describe_in_progress(log: StartupLog, *, now: float, waited_from: float, utc
             allocated = at("kv_cache_allocated")
             return f"in CUDA-graph capture for {since(log.graphs_begun)} (KV cache allocated at {allocated})"
         if "cuda_graphs_captured" in ends:
-            return f"scheduler set up, port not open yet (CUDA graphs captured at {at('cuda_graphs_captured')})"
+            return (f"scheduler set up, port not open yet (CUDA graphs captured at "
+                    f"{at('cuda_graphs_captured')})")
         return f"scheduler set up, port not open yet (KV cache allocated at {at('kv_cache_allocated')})"
-    if log.weights_end is not None:  # SGLang prints the pool lines when a pool is done: sizing it takes the time
+    # SGLang prints the pool lines when a pool is done: sizing it takes the time
+    if log.weights_end is not None:
         loaded = format_seconds(max(0.0, to_unix(log.weights_end, utc_offset_s) - waited_from))
         return f"allocating the KV cache for {since(log.weights_end)} (weights loaded at {loaded})"
     if log.pools_begun is not None:

@@ -1,6 +1,6 @@
-"""A plain (non-speculative) server derived from a speculative one, for parity's tie triage (layers/parity/plain.py
-picks or starts it): the reference's model and flags minus --speculative-*, as a process command line or a systemd
-unit template, on a free port and a free GPU.
+"""A plain (non-speculative) server derived from a speculative one, for parity's tie triage
+(layers/parity/plain.py picks or starts it): the reference's model and flags minus --speculative-*, as a
+process command line or a systemd unit template, on a free port and a free GPU.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pytest_dflash.services.registry import KINDS
 
 def derive_plain_spec(reference: ServiceSpec, profile: HostProfile, *, directory: Path, run_id: str,
                       port: int | None = None, taken_gpus: Sequence[int] = ()) -> ServiceSpec:
-    """The reference's service without speculation: same model, command / template and vars; new name and port.
+    """The reference's service without speculation: same model, command / template and vars; new name and
+    port.
 
     Raises PlainUnavailable when it cannot run beside the host's services (no free GPU, no command).
     """
@@ -26,12 +27,13 @@ def derive_plain_spec(reference: ServiceSpec, profile: HostProfile, *, directory
         free = [g for g in profile.gpus if g not in used]
         if len(free) < len(reference.gpus):
             raise PlainUnavailable(
-                f"no free GPU for a plain server beside {reference.name}: host.gpus = {list(profile.gpus)}, in use "
-                f"{sorted(used)}; list a spare GPU in host.gpus or add a plain service to the profile")
+                f"no free GPU for a plain server beside {reference.name}: host.gpus = {list(profile.gpus)}, "
+                f"in use {sorted(used)}; list a spare GPU in host.gpus or add a plain service to the profile")
         gpus = tuple(free[: len(reference.gpus)])
     kind = KINDS.get(reference.kind)
     if kind is None or kind.derive_plain is None:
-        raise PlainUnavailable(f"services.{reference.name} is an external service: nothing to derive a plain server "
-                               "from")
-    target = PlainTarget(name=name, gpus=gpus, port=port, directory=directory, host=profile.name, run_id=run_id)
+        raise PlainUnavailable(f"services.{reference.name} is an external service: nothing to derive a plain "
+                               "server from")
+    target = PlainTarget(name=name, gpus=gpus, port=port, directory=directory, host=profile.name,
+                         run_id=run_id)
     return kind.derive_plain(reference, target)

@@ -259,7 +259,8 @@ def reap_stale(host: str) -> list[str]:
 
 
 def _make(spec: ServiceSpec, host: ServiceHost) -> ProcessService:
-    return ProcessService(spec, host=host.name, run_id=host.run_id, python=host.profile.python, log_dir=host.log_dir)
+    return ProcessService(spec, host=host.name, run_id=host.run_id, python=host.profile.python,
+                          log_dir=host.log_dir)
 
 
 def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
@@ -275,10 +276,11 @@ def _derive_plain(reference: ServiceSpec, target: PlainTarget) -> ServiceSpec:
     if not any("{port}" in part for part in command):
         raise PlainUnavailable(f"services.{reference.name}.command has no {{port}} placeholder to move the "
                                "plain server to a free port")
-    return ServiceSpec(name=target.name, kind="process", url=with_port(reference.url, "{port}"), algorithm="NONE",
-                       command=command, env=reference.env, vars=reference.vars, gpus=target.gpus, port=target.port,
-                       ready_timeout_s=reference.ready_timeout_s, sampled_timeout_s=reference.sampled_timeout_s,
-                       api_key_env=reference.api_key_env, model=reference.model)
+    return ServiceSpec(name=target.name, kind="process", url=with_port(reference.url, "{port}"),
+                       algorithm="NONE", command=command, env=reference.env, vars=reference.vars,
+                       gpus=target.gpus, port=target.port, ready_timeout_s=reference.ready_timeout_s,
+                       sampled_timeout_s=reference.sampled_timeout_s, api_key_env=reference.api_key_env,
+                       model=reference.model)
 
 
 KIND = Kind("process", make=_make, reap=_reap, derive_plain=_derive_plain)

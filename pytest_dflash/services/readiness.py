@@ -74,7 +74,8 @@ SAMPLED_PENDING = "sampled generation (top_k=20, top_p=0.9) not answered yet"
 
 
 def _generation_answered(report: ReadyReport, phase: str, request_s: float, elapsed_s: float) -> bool:
-    """Record a readiness generation that was answered; True when that completes readiness (the sampled one)."""
+    """Record a readiness generation that was answered; True when that completes readiness (the sampled
+    one)."""
     if phase == "greedy":
         report.greedy_s, report.greedy_request_s = elapsed_s, request_s
         return False
@@ -100,8 +101,8 @@ class ReadinessWatcher:
     log_mark: LogMark | None = None
     poll_s: float = POLL_S
     request_timeout_s: float = 60.0
-    # True once the run is ending (its cleanup began): a wait in a pre-flight thread ends then, not at its budget
-    # (the process exits only when that thread does)
+    # True once the run is ending (its cleanup began): a wait in a pre-flight thread ends then, not at its
+    # budget (the process exits only when that thread does)
     abandoned: Callable[[], bool] | None = None
     # called once when the service's GPU memory is settled (StartupWatch): a neighbour on its GPU may start
     on_settled: Callable[[str], None] | None = None
@@ -121,14 +122,16 @@ class ReadinessWatcher:
             # journald may need a moment to receive the last lines of a dying process.
             time.sleep(0.2)
             raise ServiceCrashed(self.service.name, state.death,
-                                 self.service.logs_since(self.log_mark, self.log_lines), PHASES.get(phase, phase))
+                                 self.service.logs_since(self.log_mark, self.log_lines),
+                                 PHASES.get(phase, phase))
         if state.restarts > self._base_restarts:
             raise ServiceRestarted(self.service.name, self._base_restarts, state.restarts,
                                    self.service.logs_since(self.log_mark, self.log_lines))
         return state
 
     def _watch_for_death(self, phase: str, seconds: float) -> None:
-        """Poll the state for `seconds`: raises ServiceCrashed / ServiceRestarted if it dies or restarts meanwhile."""
+        """Poll the state for `seconds`: raises ServiceCrashed / ServiceRestarted if it dies or restarts
+        meanwhile."""
         until = time.monotonic() + seconds
         while time.monotonic() < until:
             interrupts.raise_if_lost()
@@ -167,12 +170,12 @@ class ReadinessWatcher:
                                       self.service.logs_since(self.log_mark, self.log_lines))
             if now >= next_progress:
                 extra = f"; request in flight for {format_seconds(in_flight.age)}" if in_flight else ""
-                hint = (" (a new SGLang process's first sampled request took up to 256 s on an H200, also with warm "
-                        "JIT caches; FlashInfer builds under one host-wide lock, so another process's JIT build "
-                        "stalls it too)" if phase == "sampled" else "")
+                hint = (" (a new SGLang process's first sampled request took up to 256 s on an H200, also "
+                        "with warm JIT caches; FlashInfer builds under one host-wide lock, so another "
+                        "process's JIT build stalls it too)" if phase == "sampled" else "")
                 doing = f"{startup.doing()}; " if phase == "http" and startup.doing() else ""
-                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: {doing}{problem}{extra}{hint}",
-                          heartbeat=True)
+                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: "
+                          f"{doing}{problem}{extra}{hint}", heartbeat=True)
                 next_progress = now + self.progress_every_s
             if phase == "http" and now >= next_attempt:
                 try:
@@ -216,7 +219,8 @@ class ReadinessWatcher:
                                               self.service.logs_since(self.log_mark, self.log_lines))
                     next_attempt = now + 0.5
             if in_flight is not None and not in_flight.done:
-                in_flight.wait(self.poll_s)  # wakes as soon as the answer is in: an up service is ready at once
+                # wakes as soon as the answer is in: an up service is ready at once
+                in_flight.wait(self.poll_s)
             elif phase == "http" or now < next_attempt or dropped_at is not None:
                 time.sleep(self.poll_s)
 
@@ -246,21 +250,22 @@ class ReadinessWatcher:
                 raise ServiceNotReady(self.service.name, now - started, f"{phase} phase: {problem}")
             if now >= next_progress:
                 extra = f"; {request} in flight for {format_seconds(in_flight.age)}" if in_flight else ""
-                alive = f"; it answered HTTP {format_seconds(now - live.answered_at)} ago" if live.answered_at else ""
-                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: {problem}{extra}{alive}",
-                          heartbeat=True)
+                alive = (f"; it answered HTTP {format_seconds(now - live.answered_at)} ago"
+                         if live.answered_at else "")
+                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: "
+                          f"{problem}{extra}{alive}", heartbeat=True)
                 next_progress = now + PROGRESS_EVERY_S
             if live.answered_at is not None and (in_flight is not None or dropped_at is not None) and (
                     now >= live.next_probe):
                 verdict = live.probe(every_s=self.poll_s if dropped_at is not None else LIVENESS_EVERY_S)
                 if verdict == "refused":
-                    seen = ("no HTTP response (connection dropped), then connections refused" if dropped_at is not None
-                            else "connections refused while it was in flight")
+                    seen = ("no HTTP response (connection dropped), then connections refused"
+                            if dropped_at is not None else "connections refused while it was in flight")
                     raise self._gone(phase, request, seen, live)
                 if live.silent_for() > self.request_timeout_s:
                     raise ServiceNotReady(self.service.name, now - started,
-                                          f"{phase} phase: the server stopped answering HTTP: no answer to GET "
-                                          f"{LIVENESS_PATH} for {format_seconds(live.silent_for())} "
+                                          f"{phase} phase: the server stopped answering HTTP: no answer to "
+                                          f"GET {LIVENESS_PATH} for {format_seconds(live.silent_for())} "
                                           f"(request timeout {format_seconds(self.request_timeout_s)})")
             if dropped_at is not None:
                 if now - dropped_at <= DEATH_GRACE_S:
@@ -269,8 +274,8 @@ class ReadinessWatcher:
                 dropped_at, drops = None, drops + 1  # still answering: the drop was not a death
                 if drops >= 2:
                     raise ServiceNotReady(self.service.name, now - started,
-                                          f"{phase} phase: {request} got no HTTP response twice, although the "
-                                          "server kept answering HTTP")
+                                          f"{phase} phase: {request} got no HTTP response twice, although "
+                                          "the server kept answering HTTP")
             if phase == "http":
                 if now >= next_attempt:
                     phase, problem = self._http_phase(live, report, started, problem)
@@ -299,9 +304,9 @@ class ReadinessWatcher:
                         if free_at is not None and now - free_at > FREE_GRACE_S:
                             raise ServiceNotReady(
                                 self.service.name, now - started,
-                                f"sampled phase: {request} not answered after {format_seconds(in_flight.age)} "
-                                f"while {HEALTH_PATH} answers 200: the scheduler is free, so this is not a "
-                                "JIT compiling: the request is stuck")
+                                f"sampled phase: {request} not answered after "
+                                f"{format_seconds(in_flight.age)} while {HEALTH_PATH} answers 200: the "
+                                "scheduler is free, so this is not a JIT compiling: the request is stuck")
                         if free_at is None:
                             scheduler = None
                     if scheduler is None and now >= next_scheduler_check and self.native:
@@ -406,12 +411,14 @@ class ReadinessWatcher:
 
     def _silent(self, phase: str, request: str, age: float, limit: float, started: float) -> ServiceNotReady:
         budget = (f"the first sampled request's cold-JIT budget, sampled_timeout {limit:g}s"
-                  if phase == "sampled" and limit > self.request_timeout_s else f"--request-timeout {limit:g}s")
+                  if phase == "sampled" and limit > self.request_timeout_s
+                  else f"--request-timeout {limit:g}s")
         return ServiceNotReady(self.service.name, time.monotonic() - started,
-                               f"{phase} phase: {request} accepted and not answered for {format_seconds(age)} "
-                               f"({budget}); the server still answers HTTP")
+                               f"{phase} phase: {request} accepted and not answered for "
+                               f"{format_seconds(age)} ({budget}); the server still answers HTTP")
 
-    def _refused_within(self, seconds: float, phase: str, request: str, answer: str, live: HttpLiveness) -> None:
+    def _refused_within(self, seconds: float, phase: str, request: str, answer: str,
+                        live: HttpLiveness) -> None:
         """Probe liveness for `seconds`: raises ServiceGone if connections are refused meanwhile."""
         until = time.monotonic() + seconds
         while time.monotonic() < until:

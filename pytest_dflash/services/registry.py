@@ -15,7 +15,8 @@ from pytest_dflash.services import container, external, process, systemd
 from pytest_dflash.services.base import Kind, ServiceHost, ServiceManager
 
 # In reaping order: a host's own processes first, then its units, then its containers.
-KINDS: dict[str, Kind] = {kind.name: kind for kind in (process.KIND, systemd.KIND, container.KIND, external.KIND)}
+KINDS: dict[str, Kind] = {kind.name: kind for kind in (process.KIND, systemd.KIND, container.KIND,
+                                                       external.KIND)}
 
 
 def register(kind: Kind) -> None:
@@ -29,13 +30,14 @@ def make_manager(spec: ServiceSpec, host: ServiceHost) -> ServiceManager:
     """The manager of `spec` on `host`, made by its kind."""
     kind = KINDS.get(spec.kind)
     if kind is None:
-        raise ServiceError(f"{host.name}/{spec.name}: unknown service kind {spec.kind!r} (known: {', '.join(KINDS)})")
+        raise ServiceError(f"{host.name}/{spec.name}: unknown service kind {spec.kind!r} (known: "
+                           f"{', '.join(KINDS)})")
     return kind.make(spec, host)
 
 
 def reap_leftovers(host: ServiceHost, specs: Iterable[ServiceSpec]) -> list[str]:
-    """Clear what dead runs left on `host`, kind by kind (each given its services among `specs`); returns what was
-    done. Call only while holding the host lock."""
+    """Clear what dead runs left on `host`, kind by kind (each given its services among `specs`); returns what
+    was done. Call only while holding the host lock."""
     specs = list(specs)
     notes: list[str] = []
     for kind in KINDS.values():

@@ -1,18 +1,19 @@
 """The speculation a server really serves, against what its profile asked for.
 
 SGLang quietly changes speculative settings at start-up and says so only in its log (the warnings below are
-SGLang 0.5.17's own strings, `sglang/srt/arg_groups/speculative_hook.py`, `speculative/draft_worker_common.py`,
-`speculative/dflash_worker_v2.py`): it resets `max_running_requests` to 48, forces `num_steps` / `topk` to 1 for
-DFLASH, derives or adjusts the number of draft tokens, falls back to another draft attention backend, and on
-builds without the sampling kernel verifies sampled requests by greedy argmax. Three sources are compared:
+SGLang 0.5.17's own strings, `sglang/srt/arg_groups/speculative_hook.py`,
+`speculative/draft_worker_common.py`, `speculative/dflash_worker_v2.py`): it resets `max_running_requests` to
+48, forces `num_steps` / `topk` to 1 for DFLASH, derives or adjusts the number of draft tokens, falls back to
+another draft attention backend, and on builds without the sampling kernel verifies sampled requests by greedy
+argmax. Three sources are compared:
 
 * requested: the speculative flags of the profile's command (`requested_speculation`);
 * served: `/server_info` (`served_speculation`, recorded as the service's fact "speculation" in the verdict);
 * said: SGLang's warnings in the service's log (`log_findings`).
 
-`compare` (with the profile's `[perf]` concurrency) sorts the differences into failures (the served speculation
-is not the one asked for: algorithm, number of draft tokens / block size, greedy-verification fallback) and notes
-(everything else).
+`compare` (with the profile's `[perf]` concurrency) sorts the differences into failures (the served
+speculation is not the one asked for: algorithm, number of draft tokens / block size, greedy-verification
+fallback) and notes (everything else).
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ INTEGERS = ("speculative_num_draft_tokens", "speculative_num_steps", "speculativ
             "max_running_requests", "context_length")
 # A difference in these is a failure: the server speculates differently from what was asked.
 BINDING = ("speculative_algorithm", "speculative_num_draft_tokens")
-TOPK_ONE_ADJUSTS = ("EAGLE", "EAGLE3", "STANDALONE")  # topk 1: num_draft_tokens := num_steps + 1 (SGLang's rule)
-SERVED_KEYS = (*FLAGS, "speculative_draft_model_path", "speculative_ddtree_budget", "speculative_dflash_block_size",
-               "speculative_use_rejection_sampling", "disaggregation_mode")
+# topk 1: num_draft_tokens := num_steps + 1 (SGLang's rule)
+TOPK_ONE_ADJUSTS = ("EAGLE", "EAGLE3", "STANDALONE")
+SERVED_KEYS = (*FLAGS, "speculative_draft_model_path", "speculative_ddtree_budget",
+               "speculative_dflash_block_size", "speculative_use_rejection_sampling", "disaggregation_mode")
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,8 @@ LOG_RULES: tuple[LogRule, ...] = (
             "distribution (a build without the sampling kernel)"),
     LogRule("max_running_requests_reset",
             re.compile(r"Max running requests is reset to (\d+) for speculative decoding"), False,
-            "max_running_requests was reset for speculative decoding (set --max-running-requests to choose it)"),
+            "max_running_requests was reset for speculative decoding (set --max-running-requests to choose "
+            "it)"),
     LogRule("num_steps_forced",
             re.compile(r"only supports speculative_num_steps == 1; overriding speculative_num_steps="),
             False, "speculative_num_steps was forced to 1"),
@@ -74,9 +77,9 @@ LOG_RULES: tuple[LogRule, ...] = (
             re.compile(r"speculative_num_draft_tokens is adjusted to speculative_num_steps \+ 1"), False,
             "speculative_num_draft_tokens was adjusted to num_steps + 1 (topk 1)"),
     LogRule("num_draft_tokens_defaulted",
-            re.compile(r"(?:defaulting speculative_num_draft_tokens to \d+|speculative_num_draft_tokens is not "
-                       r"set; defaulting to \d+|speculative_num_draft_tokens is set to \d+ by default)"), False,
-            "the number of draft tokens was not given: the server chose it"),
+            re.compile(r"(?:defaulting speculative_num_draft_tokens to \d+|speculative_num_draft_tokens is "
+                       r"not set; defaulting to \d+|speculative_num_draft_tokens is set to \d+ by default)"),
+            False, "the number of draft tokens was not given: the server chose it"),
     LogRule("spec_v2_synchronous", re.compile(r"Non-overlap \(synchronous\) spec v2 is used"), False,
             "speculation runs without the overlap scheduler"),
 )
@@ -135,8 +138,8 @@ _SERVER_ARGS_VALUE = r"=('(?:[^'\\]|\\.)*'|None|True|False|-?\d+(?:\.\d+)?)"
 
 def server_args_from_log(log: str) -> dict[str, Any]:
     """The speculative keys of the log's first ``server_args=ServerArgs(...)`` line, as /server_info has them
-    (empty where the log has no such line or no speculation): what was served, for a server whose /server_info is
-    gone."""
+    (empty where the log has no such line or no speculation): what was served, for a server whose /server_info
+    is gone."""
     line = next((text for text in log.splitlines() if "server_args=ServerArgs(" in text), None)
     if line is None:
         return {}
@@ -167,20 +170,22 @@ def log_findings(log: str) -> list[tuple[LogRule, str]]:
 
 def compare(requested: Mapping[str, Any], served: Mapping[str, Any], log: str = "", *,
             algorithm: str | None = None, perf_concurrency: int | None = None) -> Findings:
-    """Failures and notes: the profile's `algorithm` and command (`requested`) vs /server_info (`served`) vs the log;
-    `perf_concurrency` ([perf] concurrency) above the served max_running_requests is a note (requests queue)."""
+    """Failures and notes: the profile's `algorithm` and command (`requested`) vs /server_info (`served`) vs
+    the log; `perf_concurrency` ([perf] concurrency) above the served max_running_requests is a note (requests
+    queue)."""
     findings = Findings()
     running = served.get("max_running_requests")
     if perf_concurrency is not None and isinstance(running, int) and perf_concurrency > running:
-        findings.notes.append(f"[perf] concurrency {perf_concurrency} > the served max_running_requests {running}: "
+        findings.notes.append(f"[perf] concurrency {perf_concurrency} > the served max_running_requests "
+                              f"{running}: "
                               "the perf layer's requests queue on the server")
     asked = dict(requested)
     if algorithm is not None and algorithm not in ("AUTO",):
         asked.setdefault("speculative_algorithm", algorithm)
     if served.get("disaggregation_mode"):
         findings.notes.append(f"served under prefill/decode disaggregation (disaggregation_mode = "
-                              f"{served['disaggregation_mode']!r}): speculation has been reported silently off there "
-                              "upstream; the accept length is the proof that it runs")
+                              f"{served['disaggregation_mode']!r}): speculation has been reported silently "
+                              "off there upstream; the accept length is the proof that it runs")
     said = log_findings(log)
     adjusted = any(rule.name == "num_draft_tokens_adjusted" for rule, _ in said)
     served_algorithm = str(served.get("speculative_algorithm") or "NONE").upper()

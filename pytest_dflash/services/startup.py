@@ -1,5 +1,6 @@
-"""What a readiness wait measured (`ReadyReport`) and the watch of the service's start-up log that fills in its
-phases and says when its GPU memory is settled (`StartupWatch`; the log's lines are parsed by services/phases.py)."""
+"""What a readiness wait measured (`ReadyReport`) and the watch of the service's start-up log that fills in
+its phases and says when its GPU memory is settled (`StartupWatch`; the log's lines are parsed by
+services/phases.py)."""
 
 from __future__ import annotations
 
@@ -31,17 +32,18 @@ class ReadyReport:
     server_info: dict[str, object] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     waited_from: float = field(default_factory=time.time)  # wall clock: when the wait began (unix seconds)
-    # the cold start by phase (services/phases.py): phase -> seconds from the start of the wait at which it ENDED,
-    # in order: process_started, weights_loaded, kv_cache_allocated, cuda_graphs_captured, port_open (from the
-    # service's log; port_open from HTTP where there is no log), first_greedy, first_sampled; missing ones omitted
+    # the cold start by phase (services/phases.py): phase -> seconds from the start of the wait at which it
+    # ENDED, in order: process_started, weights_loaded, kv_cache_allocated, cuda_graphs_captured, port_open
+    # (from the service's log; port_open from HTTP where there is no log), first_greedy, first_sampled;
+    # missing ones omitted
     phases: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
         return {"http_s": self.http_s, "greedy_s": self.greedy_s, "sampled_s": self.sampled_s,
                 "total_s": self.total_s, "greedy_request_s": self.greedy_request_s,
                 "sampled_request_s": self.sampled_request_s, "notes": self.notes,
-                "waited_from": round(self.waited_from, 3), "ready_at": round(self.waited_from + self.total_s, 3),
-                "phases": dict(self.phases)}
+                "waited_from": round(self.waited_from, 3),
+                "ready_at": round(self.waited_from + self.total_s, 3), "phases": dict(self.phases)}
 
 
 
@@ -55,9 +57,10 @@ STARTUP_LOG_LINES = 5000
 class StartupWatch:
     """The service's start-up by phase, as its log shows it while readiness waits (services/phases.py).
 
-    `on_settled(why)` is called once, when the service's GPU memory is settled: its KV pools are allocated (the
-    log's pool lines are over) or, where the log says nothing of them, its port opened (SGLang opens it after all
-    of its scheduler's allocations). A neighbour on the same GPU may start from then on (run/state.py).
+    `on_settled(why)` is called once, when the service's GPU memory is settled: its KV pools are allocated
+    (the log's pool lines are over) or, where the log says nothing of them, its port opened (SGLang opens it
+    after all of its scheduler's allocations). A neighbour on the same GPU may start from then on
+    (run/state.py).
     """
 
     service: ServiceManager
@@ -103,7 +106,8 @@ class StartupWatch:
                                     utc_offset_s=self.utc_offset_s)
 
     def phases(self, report: ReadyReport) -> dict[str, float]:
-        """The report's phases: the log's (clamped to the port's opening as HTTP saw it), then the generations."""
+        """The report's phases: the log's (clamped to the port's opening as HTTP saw it), then the
+        generations."""
         out: dict[str, float] = {}
         if self.utc_offset_s is not None:
             out = phase_offsets(self.log, waited_from=self.waited_from, utc_offset_s=self.utc_offset_s,
@@ -112,7 +116,8 @@ class StartupWatch:
 
 
 def finish_phases(from_log: dict[str, float], report: ReadyReport) -> dict[str, float]:
-    """`from_log` completed by what HTTP measured: the port (where the log has no line), first greedy, sampled."""
+    """`from_log` completed by what HTTP measured: the port (where the log has no line), first greedy,
+    sampled."""
     out = dict(from_log)
     if "port_open" not in out and report.http_s is not None:
         out["port_open"] = round(report.http_s, 3)

@@ -16,8 +16,9 @@ from pytest_dflash.services.liveness import HEALTH_PATH
 
 # How long the progress check's /health_generate may take. SGLang answers it 200 as soon as ANY output leaves
 # the scheduler after it was sent (a 1-token generation joins the running batch), so an engine that makes
-# progress, however slowly, answers within one decode step; a wedged one only after SGLANG_HEALTH_CHECK_TIMEOUT
-# (20 s), with 503. Capped by --request-timeout so the whole verdict stays about one request timeout.
+# progress, however slowly, answers within one decode step; a wedged one only after
+# SGLANG_HEALTH_CHECK_TIMEOUT (20 s), with 503. Capped by --request-timeout so the whole verdict stays about
+# one request timeout.
 PROGRESS_HEALTH_S = 5.0
 # /metrics counters that only move when the engine produces output (SGLang 0.5.17 names; summed over labels).
 PROGRESS_COUNTERS = ("sglang:generation_tokens_total", "sglang:num_requests_total")
@@ -45,7 +46,8 @@ class EngineProgress:
 
     moving: bool | None  # True: output still gets through; False: none at all (stuck); None: cannot tell
     evidence: list[str] = field(default_factory=list)
-    per_token_s: float | None = None  # the pace a short streamed probe decoded at (None: not measured, or fast)
+    # the pace a short streamed probe decoded at (None: not measured, or fast)
+    per_token_s: float | None = None
     fast: bool = False  # the streamed probe finished within its bound: fresh requests are served at speed
 
     def describe(self) -> str:
@@ -63,8 +65,8 @@ def _metrics(client: InferenceClient, timeout_s: float) -> dict[str, float] | No
 
 
 def _pace(client: InferenceClient, *, native: bool, seconds: float) -> tuple[float | None, str, bool]:
-    """Seconds per token of a short greedy stream read for at most `seconds` (None: not measured, or the stream
-    finished in time: fast); what it showed; and whether it finished in time."""
+    """Seconds per token of a short greedy stream read for at most `seconds` (None: not measured, or the
+    stream finished in time: fast); what it showed; and whether it finished in time."""
     sampling = Sampling(max_tokens=32, temperature=0.0, ignore_eos=True)
     try:
         stream = (client.generate_stream("Hello", sampling, timeout_s=seconds) if native
@@ -84,10 +86,10 @@ def engine_progress(client: InferenceClient, *, native: bool, request_timeout_s:
     """Ask a server whose request ran out of time whether its engine still makes progress.
 
     /health_generate (native SGLang): 200 = a 1-token generation got through the scheduler (progress); 503 or
-    no answer within PROGRESS_HEALTH_S = it did not. /metrics (when the server exposes it), read before and after:
-    generation / request counters that moved = progress; nothing moved while requests are running = none.
-    `measure_pace`: when output still gets through, a short streamed greedy probe measures how fast (for a
-    request that was not streamed, so its own pace is unknown). Bounded: at most 2 x PROGRESS_HEALTH_S (each
+    no answer within PROGRESS_HEALTH_S = it did not. /metrics (when the server exposes it), read before and
+    after: generation / request counters that moved = progress; nothing moved while requests are running =
+    none. `measure_pace`: when output still gets through, a short streamed greedy probe measures how fast (for
+    a request that was not streamed, so its own pace is unknown). Bounded: at most 2 x PROGRESS_HEALTH_S (each
     capped at the request timeout) + 2 x 2 s.
     """
     probe_s = min(PROGRESS_HEALTH_S, max(1.0, request_timeout_s))
@@ -101,21 +103,23 @@ def engine_progress(client: InferenceClient, *, native: bool, request_timeout_s:
         except ApiError as exc:
             if exc.cause == "timeout":
                 health = False
-                evidence.append(f"{HEALTH_PATH}: no answer within {probe_s:g}s (a 1-token generation did not get "
-                                "through the scheduler)")
+                evidence.append(f"{HEALTH_PATH}: no answer within {probe_s:g}s (a 1-token generation did not "
+                                "get through the scheduler)")
             else:
                 evidence.append(f"{HEALTH_PATH}: {exc.message}")
         else:
             health = status == 200
-            evidence.append(f"{HEALTH_PATH} answered {status}" + (" (a 1-token generation got through)" if health
-                                                                   else " (no output from the scheduler)"))
+            evidence.append(f"{HEALTH_PATH} answered {status}"
+                            + (" (a 1-token generation got through)" if health
+                               else " (no output from the scheduler)"))
     metrics: bool | None = None
     if before is not None:
         if time.monotonic() - started < 1.0:
             time.sleep(1.0)  # counters need a moment to move
         after = _metrics(client, 2.0) or {}
         span = time.monotonic() - started
-        moved = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in PROGRESS_COUNTERS if name in after}
+        moved = {name: after.get(name, 0.0) - before.get(name, 0.0)
+                 for name in PROGRESS_COUNTERS if name in after}
         running = after.get("sglang:num_running_reqs", 0.0) + after.get("sglang:num_queue_reqs", 0.0)
         said = ", ".join(f"{name.removeprefix('sglang:')} +{delta:g}" for name, delta in moved.items())
         evidence.append(f"/metrics over {span:.1f}s: {said or 'no progress counters'}; "
@@ -135,8 +139,8 @@ def engine_progress(client: InferenceClient, *, native: bool, request_timeout_s:
 
 @dataclass(eq=False)
 class ServiceStuck(ServiceNotReady):
-    """After readiness, a request ran out of --request-timeout: the service is unusable for the rest of the run
-    (stuck, or far too slow), like a death; its remaining tests are blocked naming this."""
+    """After readiness, a request ran out of --request-timeout: the service is unusable for the rest of the
+    run (stuck, or far too slow), like a death; its remaining tests are blocked naming this."""
 
     request: str = ""
     got: str = ""
@@ -146,7 +150,8 @@ class ServiceStuck(ServiceNotReady):
 
     @property
     def kind(self) -> str:
-        """"stuck" (no output gets through), "far too slow" (a pace was measured), else "not answering in time"."""
+        """"stuck" (no output gets through), "far too slow" (a pace was measured), else "not answering in
+        time"."""
         if self.moving is False:
             return "stuck"
         if self.per_token_s is not None and self.per_token_s > 0:
@@ -156,25 +161,27 @@ class ServiceStuck(ServiceNotReady):
     @property
     def what(self) -> str:
         """"stuck", "far too slow (0.50 s per token)", "not answering in time"."""
-        return f"{self.kind} ({self.per_token_s:.2f} s per token)" if self.kind == "far too slow" else self.kind
+        return (f"{self.kind} ({self.per_token_s:.2f} s per token)" if self.kind == "far too slow"
+                else self.kind)
 
     def __str__(self) -> str:
         return (f"service {self.service} is {self.what}: {self.request} not answered within "
-                f"{format_seconds(self.waited_s)} (--request-timeout, total time): got {self.got}; {self.progress}")
+                f"{format_seconds(self.waited_s)} (--request-timeout, total time): got {self.got}; "
+                f"{self.progress}")
 
 
 def judge_lost_request(client: InferenceClient, error: DeadlineExceeded, *, label: str, native: bool,
                        request_timeout_s: float) -> tuple[ServiceStuck | None, str]:
-    """A ready service's request ran out of its total time: ask its engine whether it still makes progress. Returns
-    the service's failure (None: fresh requests are served at speed, this request alone was lost) and what was
-    found, in words."""
+    """A ready service's request ran out of its total time: ask its engine whether it still makes progress.
+    Returns the service's failure (None: fresh requests are served at speed, this request alone was lost) and
+    what was found, in words."""
     progress = engine_progress(client, native=native, request_timeout_s=request_timeout_s,
                                measure_pace=error.per_token_s is None)
     if progress.fast:
-        # Fresh requests are served at speed: this request alone was lost (its test fails with it), the service is
-        # neither stuck nor too slow, and its other tests are not held up by it.
-        return None, (f"{progress.describe()}: this request alone was lost; the service is not blocked (a fresh "
-                      "request is answered at speed)")
+        # Fresh requests are served at speed: this request alone was lost (its test fails with it), the
+        # service is neither stuck nor too slow, and its other tests are not held up by it.
+        return None, (f"{progress.describe()}: this request alone was lost; the service is not blocked (a "
+                      "fresh request is answered at speed)")
     method = error.method or "POST"
     stuck = ServiceStuck(label, error.limit_s, f"{method} {error.endpoint} timed out",
                          request=f"{method} {error.endpoint}", got=error.got, progress=progress.describe(),

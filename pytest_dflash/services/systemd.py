@@ -61,13 +61,15 @@ def death_from_properties(props: Mapping[str, str]) -> Death:
 
 
 def state_from_properties(props: Mapping[str, str], *, expect_running: bool) -> ServiceState:
-    """Interpret unit properties. `expect_running`: the unit should be up (we started it, or attach found it)."""
+    """Interpret unit properties. `expect_running`: the unit should be up (we started it, or attach found
+    it)."""
     active = props.get("ActiveState", "")
     sub = props.get("SubState", "")
     pid = _int(props.get("MainPID")) or None
     restarts = _int(props.get("NRestarts")) or 0
     if props.get("LoadState") == "not-found":
-        return ServiceState(running=False, death=Death(detail="unit not found on the host"), properties=dict(props))
+        return ServiceState(running=False, death=Death(detail="unit not found on the host"),
+                            properties=dict(props))
     if active == "failed" or (expect_running and active == "inactive"):
         return ServiceState(running=False, death=death_from_properties(props), restarts=restarts,
                             properties=dict(props))
@@ -76,7 +78,8 @@ def state_from_properties(props: Mapping[str, str], *, expect_running: bool) -> 
         # The main process is dead and systemd is about to start it again (Restart=): ActiveState says
         # "activating" for RestartSec and "active" right after, so this is the only moment the death shows.
         death = death_from_properties(props)
-        what = "systemd will restart it (SubState=auto-restart)" if sub == "auto-restart" else f"SubState={sub}"
+        what = ("systemd will restart it (SubState=auto-restart)" if sub == "auto-restart"
+                else f"SubState={sub}")
         death.detail = f"{death.detail}, {what}" if death.detail else what
         return ServiceState(running=False, death=death, restarts=restarts, properties=dict(props))
     running = active in ("active", "activating", "reloading") and sub != "auto-restart"
@@ -142,7 +145,8 @@ class SystemdService:
         try:
             text = self.spec.template.read_text(encoding="utf-8")
         except OSError as exc:
-            raise ServiceError(f"{self.host}/{self.name}: cannot read template {self.spec.template}: {exc}") from None
+            raise ServiceError(f"{self.host}/{self.name}: cannot read template {self.spec.template}: "
+                               f"{exc}") from None
         try:
             text = render(text, self.values(), where=str(self.spec.template))
         except ValueError as exc:
@@ -162,8 +166,8 @@ class SystemdService:
         existing = self.transport.run("cat %s", path, timeout_s=10)
         if existing.ok and MARKER_KEY not in existing.stdout:
             raise ServiceError(
-                f"{self.host}: {path} exists and was not installed by pytest-dflash; refusing to overwrite it "
-                "(attach to it instead, or give the profile another unit name)"
+                f"{self.host}: {path} exists and was not installed by pytest-dflash; refusing to overwrite "
+                "it (attach to it instead, or give the profile another unit name)"
             )
         self.transport.write_file(path, self._unit_text)
         self._provisioned = True
@@ -237,7 +241,8 @@ def reap_stale_units(transport: Transport, run_id: str) -> list[str]:
 
 
 def _make(spec: ServiceSpec, host: ServiceHost) -> SystemdService:
-    return SystemdService(spec, host.transport, host=host.name, run_id=host.run_id, python=host.profile.python)
+    return SystemdService(spec, host.transport, host=host.name, run_id=host.run_id,
+                          python=host.profile.python)
 
 
 def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
@@ -245,9 +250,11 @@ def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
 
 
 def _derive_plain(reference: ServiceSpec, target: PlainTarget) -> ServiceSpec:
-    """The reference's unit template without --speculative-*, written to `target.directory`; port + 100 unless given."""
+    """The reference's unit template without --speculative-*, written to `target.directory`; port + 100 unless
+    given."""
     if reference.template is None or reference.unit is None or reference.port is None:
-        raise PlainUnavailable(f"services.{reference.name} has no unit template to derive a plain server from")
+        raise PlainUnavailable(f"services.{reference.name} has no unit template to derive a plain server "
+                               "from")
     try:
         text = reference.template.read_text(encoding="utf-8")
     except OSError as exc:
@@ -256,11 +263,12 @@ def _derive_plain(reference: ServiceSpec, target: PlainTarget) -> ServiceSpec:
     template = target.directory / f"{target.host}.{target.name}.{target.run_id}.service"
     template.write_text(strip_speculative_text(text), encoding="utf-8")
     new_port = target.port if target.port is not None else reference.port + 100
-    return ServiceSpec(name=target.name, kind="systemd", url=with_port(reference.url, new_port), algorithm="NONE",
-                       unit=reference.unit.removesuffix(".service") + "-plain.service", template=template,
-                       env=reference.env, vars=reference.vars, gpus=target.gpus, port=new_port,
-                       ready_timeout_s=reference.ready_timeout_s, sampled_timeout_s=reference.sampled_timeout_s,
-                       api_key_env=reference.api_key_env, model=reference.model)
+    return ServiceSpec(name=target.name, kind="systemd", url=with_port(reference.url, new_port),
+                       algorithm="NONE", unit=reference.unit.removesuffix(".service") + "-plain.service",
+                       template=template, env=reference.env, vars=reference.vars, gpus=target.gpus,
+                       port=new_port, ready_timeout_s=reference.ready_timeout_s,
+                       sampled_timeout_s=reference.sampled_timeout_s, api_key_env=reference.api_key_env,
+                       model=reference.model)
 
 
 KIND = Kind("systemd", make=_make, reap=_reap, derive_plain=_derive_plain)

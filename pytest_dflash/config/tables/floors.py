@@ -1,4 +1,5 @@
-"""[floors.SERVICE]: the thresholds the perf and service layers judge a service by (docs/perf.md), normalised."""
+"""[floors.SERVICE]: the thresholds the perf and service layers judge a service by (docs/perf.md),
+normalised."""
 
 from __future__ import annotations
 

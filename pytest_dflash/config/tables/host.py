@@ -34,7 +34,8 @@ def check_connection(table: Table, raw: str) -> tuple[str, float]:
         try:
             timeout = float(query["timeout"][0])
         except ValueError:
-            raise table.fail("connection", f"expected ?timeout=<seconds>, got {query['timeout'][0]!r}") from None
+            raise table.fail("connection",
+                             f"expected ?timeout=<seconds>, got {query['timeout'][0]!r}") from None
         if not 0 < timeout <= 5:
             raise table.fail("connection", f"connect timeout must be in (0, 5] seconds, got {timeout:g}")
     else:
@@ -45,12 +46,14 @@ def check_connection(table: Table, raw: str) -> tuple[str, float]:
 
 def host_name(host: Table, default: str) -> str:
     """[host] name (default: the file's stem, or the inventory's host name): it names the host in test ids
-    (`host/service`), file names and reports, so it is not empty and holds no '/', '\\' or control character."""
+    (`host/service`), file names and reports, so it is not empty and holds no '/', '\\' or control
+    character."""
     given = host.get("name", str)
     name = default if given is None else given
     problem = host_name_problem(name)
     if problem:
-        origin = "" if given is not None else " (the default: the file's or inventory host's name; set [host] name)"
+        origin = ("" if given is not None
+                  else " (the default: the file's or inventory host's name; set [host] name)")
         raise host.fail("name", f"expected a host name {problem}, got {name!r}{origin}")
     return name
 

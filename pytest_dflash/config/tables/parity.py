@@ -1,4 +1,5 @@
-"""[parity]: which service is the reference for the losslessness checks, and the tie thresholds, as a `ParitySpec`."""
+"""[parity]: which service is the reference for the losslessness checks, and the tie thresholds, as a
+`ParitySpec`."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ PERF_ENDPOINTS = ("auto", "generate", "chat", "completions")
 PERF_SERVICE_KEYS = ("requests", "duration", "warmup")
 
 
-def parse_perf(table: Table, services: Mapping[str, ServiceSpec], profile_dir: Path | None = None) -> dict[str, Any]:
+def parse_perf(table: Table, services: Mapping[str, ServiceSpec],
+               profile_dir: Path | None = None) -> dict[str, Any]:
     """[perf]: how the perf layer loads each service; [perf.SERVICE] overrides requests/duration/warmup.
 
     Values are normalised: durations in seconds (float), per-service tables under "services", `dataset` an
@@ -26,7 +27,8 @@ def parse_perf(table: Table, services: Mapping[str, ServiceSpec], profile_dir: P
             return None
         from pytest_dflash.load.workload import BUILTIN_NAME, DatasetError, dataset_path, load_dataset
 
-        path = dataset_path(value) if value == BUILTIN_NAME else (profile_dir or Path.cwd()) / Path(value).expanduser()
+        path = (dataset_path(value) if value == BUILTIN_NAME
+                else (profile_dir or Path.cwd()) / Path(value).expanduser())
         try:
             load_dataset(path)
         except DatasetError as exc:
@@ -42,7 +44,8 @@ def parse_perf(table: Table, services: Mapping[str, ServiceSpec], profile_dir: P
     def number(sub: Table, name: str, *, positive: bool = True) -> float | None:
         value = sub.get(name, float)
         if value is not None and (value < 0 or (positive and value == 0)):
-            raise sub.fail(name, f"expected a {'positive' if positive else 'non-negative'} number, got {value!r}")
+            raise sub.fail(name,
+                           f"expected a {'positive' if positive else 'non-negative'} number, got {value!r}")
         return value
 
     def duration(sub: Table, name: str) -> float | None:
@@ -58,7 +61,8 @@ def parse_perf(table: Table, services: Mapping[str, ServiceSpec], profile_dir: P
     for key, value in table.items():
         if isinstance(value, dict):
             if key not in services:
-                raise table.fail(key, f"expected a service of this host ({', '.join(services)}) or a [perf] key")
+                raise table.fail(key,
+                                 f"expected a service of this host ({', '.join(services)}) or a [perf] key")
             sub = table.sub(key)
             assert sub is not None
             entry = {"requests": count(sub, "requests", 1), "duration": duration(sub, "duration"),

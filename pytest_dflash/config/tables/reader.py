@@ -133,5 +133,6 @@ def parse_url(table: Table, name: str, raw: str, expected: str) -> urllib.parse.
     try:
         return urllib.parse.urlparse(raw)
     except ValueError as exc:
-        raise table.fail(name, f"expected {expected}, got {redact_url(raw)!r} (malformed host: {exc}; an IPv6 "
-                               "address is written in brackets, e.g. [fd00::1])") from None
+        raise table.fail(name,
+                         f"expected {expected}, got {redact_url(raw)!r} (malformed host: {exc}; an IPv6 "
+                         "address is written in brackets, e.g. [fd00::1])") from None

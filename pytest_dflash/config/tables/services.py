@@ -1,4 +1,5 @@
-"""[services.NAME]: one inference service of a host (kind, URL, unit, command, container), as a `ServiceSpec`."""
+"""[services.NAME]: one inference service of a host (kind, URL, unit, command, container), as a
+`ServiceSpec`."""
 
 from __future__ import annotations
 
@@ -31,12 +32,14 @@ def check_url(table: Table, name: str, url: str) -> str:
     try:
         parsed.port  # noqa: B018 - raises on a malformed port
     except ValueError:
-        raise table.fail(name, f"expected an http(s) URL with a numeric port, got {redact_url(url)!r}") from None
+        raise table.fail(name,
+                         f"expected an http(s) URL with a numeric port, got {redact_url(url)!r}") from None
     return url.rstrip("/")
 
 
 def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path) -> ServiceSpec:
-    kind = table.choice("kind", SERVICE_KINDS, "systemd" if host.connection and not host.is_local else "process")
+    kind = table.choice("kind", SERVICE_KINDS,
+                        "systemd" if host.connection and not host.is_local else "process")
     assert kind is not None
     algorithm = table.get("algorithm", str, required=kind != "external") or AUTO
     if algorithm.upper() not in ALGORITHMS and not (kind == "external" and algorithm.upper() == AUTO):
@@ -75,7 +78,8 @@ def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path)
             pass  # a local systemd is allowed (the controller runs on the GPU host itself)
     if kind == "process":
         if not command:
-            raise table.fail("command", 'missing required key for kind = "process" (expected a list of strings)')
+            raise table.fail("command",
+                             'missing required key for kind = "process" (expected a list of strings)')
         if host.connection and not host.is_local:
             raise table.fail("kind", 'kind = "process" runs on this machine; use "systemd" for a remote host')
     template = None
@@ -100,11 +104,13 @@ def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path)
         raise table.fail("log_command" if log_command else "log_file", "needs host access (a connection)")
     unaccepted_draft = table.get("unaccepted_draft", str)
     if unaccepted_draft is not None and algorithm.upper() in ("NONE", AUTO):
-        raise table.fail("unaccepted_draft", "only for a service with a speculative algorithm (this one has "
-                                             f"{'none' if algorithm.upper() == 'NONE' else 'no algorithm given'})")
+        raise table.fail("unaccepted_draft",
+                         "only for a service with a speculative algorithm (this one has "
+                         f"{'none' if algorithm.upper() == 'NONE' else 'no algorithm given'})")
     if unaccepted_draft is not None and not unaccepted_draft.strip():
-        raise table.fail("unaccepted_draft", "expected the reason why this service's draft cannot be accepted "
-                                             "(a non-empty string)")
+        raise table.fail("unaccepted_draft",
+                         "expected the reason why this service's draft cannot be accepted "
+                         "(a non-empty string)")
     needs_port = any("{port}" in part for part in (url, *command))
     if port_value is None and needs_port and kind != "process":
         raise table.fail("port", "expected a fixed port: only process services get an automatic one")

@@ -1,4 +1,5 @@
-"""Probe: the CUDA toolkit FlashInfer's JIT would compile with, in the server's environment. Prints one JSON object.
+"""Probe: the CUDA toolkit FlashInfer's JIT would compile with, in the server's environment. Prints one JSON
+object.
 
 Runs on the host under test with the server's python and environment; stdlib only; never imports
 pytest_dflash (nor flashinfer: the resolution below is FlashInfer's own `jit/cpp_ext.py
@@ -35,8 +36,9 @@ import subprocess
 import sys
 
 ENV_KEYS = ("CUDA_HOME", "CUDA_PATH", "PATH", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH",
-            "LD_LIBRARY_PATH", "FLASHINFER_CUDA_ARCH_LIST", "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_EXTRA_LDFLAGS",
-            "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "CUDA_VISIBLE_DEVICES", "HOME")
+            "LD_LIBRARY_PATH", "FLASHINFER_CUDA_ARCH_LIST", "FLASHINFER_WORKSPACE_BASE",
+            "FLASHINFER_EXTRA_LDFLAGS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "CUDA_VISIBLE_DEVICES",
+            "HOME")
 HEADERS = ("cuda_runtime.h", "cuda.h", "curand.h", "curand_kernel.h")
 RELEASE = re.compile(r"release (\d+\.\d+),")
 
@@ -131,18 +133,21 @@ def main() -> None:
     if home is not None:
         nvcc = os.path.join(home, "bin", "nvcc")
         rc, release, text = nvcc_release(nvcc, timeout_s) if os.path.exists(nvcc) else (None, None, "")
-        out["nvcc"] = {"path": nvcc, "exists": os.path.exists(nvcc), "rc": rc, "release": release, "text": text}
+        out["nvcc"] = {"path": nvcc, "exists": os.path.exists(nvcc), "rc": rc, "release": release,
+                       "text": text}
         dry = dryrun(nvcc, timeout_s) if os.path.exists(nvcc) else {"rc": None, "top": None, "includes": []}
         out["nvcc_dryrun"] = dry
         # The order nvcc + the host compiler search: -I/-isystem from FlashInfer, nvcc's own, then CPATH & co.
         include_dirs = [os.path.join(home, "include"), *dry["includes"],
-                        *split_paths(os.environ.get("CPATH")), *split_paths(os.environ.get("CPLUS_INCLUDE_PATH")),
+                        *split_paths(os.environ.get("CPATH")),
+                        *split_paths(os.environ.get("CPLUS_INCLUDE_PATH")),
                         *split_paths(os.environ.get("C_INCLUDE_PATH"))]
         out["include_dirs"] = list(dict.fromkeys(os.path.normpath(d) for d in include_dirs))
         out["headers"] = {name: find(name, out["include_dirs"]) for name in HEADERS}
         # FlashInfer links with `$cxx ... -L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda`
         library_dirs = [os.path.join(home, "lib64"), os.path.join(home, "lib64", "stubs"),
-                        *split_paths(os.environ.get("LIBRARY_PATH")), *gcc_library_dirs(out["cxx"], timeout_s)]
+                        *split_paths(os.environ.get("LIBRARY_PATH")),
+                        *gcc_library_dirs(out["cxx"], timeout_s)]
         out["library_dirs"] = list(dict.fromkeys(os.path.normpath(d) for d in library_dirs))
         out["libraries"] = {lib: find(f"lib{lib}.so", out["library_dirs"]) for lib in ("cudart", "cuda")}
     print(json.dumps(out))

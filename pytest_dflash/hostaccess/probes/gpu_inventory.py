@@ -45,8 +45,8 @@ def run(argv: list[str], timeout_s: float, limit: int = 200_000) -> dict:
 def main() -> None:
     params = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     timeout_s = float(params.get("timeout_s", 20))
-    out: dict = {"probe": "gpu_inventory", "nvidia_smi": shutil.which("nvidia-smi"), "query": None, "xml": None,
-                 "apps": None, "error": None}
+    out: dict = {"probe": "gpu_inventory", "nvidia_smi": shutil.which("nvidia-smi"), "query": None,
+                 "xml": None, "apps": None, "error": None}
     smi = out["nvidia_smi"]
     if smi is None:
         out["error"] = "nvidia-smi not found on PATH"

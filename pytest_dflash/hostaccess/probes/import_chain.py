@@ -49,7 +49,8 @@ for name in sys.argv[1:]:
         # the importlib machinery's own frames say nothing about why the import failed
         frames = [f for f in traceback.extract_tb(exc.__traceback__)
                   if not f.filename.startswith("<") and not f.filename.endswith("importlib/__init__.py")]
-        text = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(exc), exc))
+        text = ("".join(traceback.format_list(frames))
+                + "".join(traceback.format_exception_only(type(exc), exc)))
         result["failed"] = {"module": name, "type": type(exc).__name__, "message": str(exc)[:4000],
                             "missing": missing, "owners": owners,
                             "traceback": "\n".join(text.strip().splitlines()[-60:])}
@@ -67,8 +68,9 @@ def run_chain(chain: dict, timeout_s: float, env: dict) -> dict:
     out = {"name": chain["name"], "modules": list(chain["modules"]), "ok": False, "rc": None, "seconds": 0.0,
            "timed_out": False, "imported": [], "failed": None, "stderr": ""}
     try:
-        done = subprocess.run([sys.executable, "-c", CHILD, *chain["modules"]], capture_output=True, text=True,
-                              errors="replace", timeout=timeout_s, check=False, stdin=subprocess.DEVNULL, env=env)
+        done = subprocess.run([sys.executable, "-c", CHILD, *chain["modules"]], capture_output=True,
+                              text=True, errors="replace", timeout=timeout_s, check=False,
+                              stdin=subprocess.DEVNULL, env=env)
     except subprocess.TimeoutExpired as exc:
         stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         out.update(timed_out=True, seconds=round(time.monotonic() - started, 3), stderr=stderr[-4000:])
@@ -81,8 +83,9 @@ def run_chain(chain: dict, timeout_s: float, env: dict) -> dict:
             break
     else:
         # no answer: the interpreter died (segfault in an extension, abort): the stderr is the evidence
-        out["failed"] = {"module": None, "type": "InterpreterDied", "message": f"exit status {done.returncode}",
-                         "missing": None, "owners": [], "traceback": done.stderr[-4000:]}
+        out["failed"] = {"module": None, "type": "InterpreterDied",
+                         "message": f"exit status {done.returncode}", "missing": None, "owners": [],
+                         "traceback": done.stderr[-4000:]}
     out["ok"] = out["failed"] is None and done.returncode == 0
     return out
 

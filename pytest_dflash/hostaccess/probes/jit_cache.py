@@ -4,7 +4,8 @@ Runs on the host under test; stdlib only; never imports pytest_dflash or flashin
 and stats files. The cache is `<base>/.cache/flashinfer/<version>/<arch>/cached_ops/<module>/`,
 where <base> is FLASHINFER_WORKSPACE_BASE, else the home directory of the service's user.
 
-    {"probe": "jit_cache", "base": "/root", "base_source": "HOME" | "FLASHINFER_WORKSPACE_BASE" | "user" | "argument",
+    {"probe": "jit_cache", "base": "/root",
+     "base_source": "HOME" | "FLASHINFER_WORKSPACE_BASE" | "user" | "argument",
      "exists": true,
      "modules": [{"version": "0.6.15.post1", "arch": "90a", "module": "sampling", "library": true,
                   "library_bytes": 123, "library_mtime": 1796009907.1, "objects": 3, "ninja": true}],
@@ -62,9 +63,10 @@ def main() -> None:
                     continue
                 files = listdir(module_dir)
                 library = os.path.join(module_dir, f"{module}.so")
-                entry = {"version": version, "arch": arch, "module": module, "library": os.path.isfile(library),
-                         "library_bytes": None, "library_mtime": None,
-                         "objects": sum(1 for f in files if f.endswith(".o")), "ninja": "build.ninja" in files}
+                entry = {"version": version, "arch": arch, "module": module,
+                         "library": os.path.isfile(library), "library_bytes": None, "library_mtime": None,
+                         "objects": sum(1 for f in files if f.endswith(".o")),
+                         "ninja": "build.ninja" in files}
                 if entry["library"]:
                     stat = os.stat(library)
                     entry.update(library_bytes=stat.st_size, library_mtime=stat.st_mtime)

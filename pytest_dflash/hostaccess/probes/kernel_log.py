@@ -31,7 +31,8 @@ def read(argv: list[str], timeout_s: float) -> tuple[dict, list[str]]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"argv": argv, "rc": None, "lines": 0, "stderr": f"{type(exc).__name__}: {exc}"}, []
     lines = [line for line in done.stdout.splitlines() if line.strip() and line.strip() not in EMPTY_JOURNAL]
-    return {"argv": argv, "rc": done.returncode, "lines": len(lines), "stderr": done.stderr.strip()[-2000:]}, lines
+    return {"argv": argv, "rc": done.returncode, "lines": len(lines),
+            "stderr": done.stderr.strip()[-2000:]}, lines
 
 
 def boot_time() -> str | None:

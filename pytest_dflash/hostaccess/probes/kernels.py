@@ -14,7 +14,8 @@ CUDA code cannot take the answer with it. Prints one JSON object:
                        "target_archs": [[9, "0a"]], "cuda_home": "/usr/local/cuda", "cuda_version": "13.0"},
         "module": "sampling", "error": null | {"phase": "spec" | "compile" | "link" | "load" | "run",
                                                 "type": "RuntimeError", "message": "...", "traceback": "..."},
-        "compile": {"ok": true, "seconds": 88.0, "targets": [...], "objects": [{"output": "x.cuda.o", "seconds": 80.1}],
+        "compile": {"ok": true, "seconds": 88.0, "targets": [...],
+                    "objects": [{"output": "x.cuda.o", "seconds": 80.1}],
                     "log": "<ninja -v output, tail>", "ninja": "/venv/bin/ninja"},
         "link": {"ok": true, "seconds": 1.2, "log": ""} | null,
         "run": {...step specific numbers, see below...} | null}}
@@ -47,8 +48,8 @@ import json, os, re, shutil, subprocess, sys, time, traceback
 MARK = "@@MARK@@"
 params = json.loads(sys.argv[1])
 step, mode = params["step"], params["mode"]
-result = {"module": step, "spec_name": None, "flashinfer": None, "triton": None, "error": None, "compile": None,
-          "link": None, "run": None}
+result = {"module": step, "spec_name": None, "flashinfer": None, "triton": None, "error": None,
+          "compile": None, "link": None, "run": None}
 
 
 def tail(text, limit=30000):
@@ -114,7 +115,8 @@ def build(spec):
     if ninja is None:
         raise FileNotFoundError("ninja is not on PATH: FlashInfer's JIT runs `ninja` from PATH")
     argv = [ninja, "-v", "-C", build_dir, "-f", str(spec.ninja_path)]
-    jobs = params.get("jobs") or (int(os.environ["MAX_JOBS"]) if os.environ.get("MAX_JOBS", "").isdigit() else None)
+    jobs = params.get("jobs") or (int(os.environ["MAX_JOBS"]) if os.environ.get("MAX_JOBS", "").isdigit()
+                                  else None)
     if jobs:
         argv += ["-j", str(jobs)]
     started = time.monotonic()
@@ -122,7 +124,8 @@ def build(spec):
     info.update(seconds=round(time.monotonic() - started, 3), objects=object_times(build_dir),
                 log=tail(done.stdout + done.stderr), rc=done.returncode)
     if done.returncode != 0:
-        raise RuntimeError(f"the JIT compile step failed: ninja exited {done.returncode} (its output is the log)")
+        raise RuntimeError(f"the JIT compile step failed: ninja exited {done.returncode} "
+                           "(its output is the log)")
     info["ok"] = True
     if wanted or not params.get("link", True):
         return
@@ -143,12 +146,14 @@ def flashinfer_facts():
     import flashinfer
     from flashinfer.jit import env as jit_env
     facts = {"version": getattr(flashinfer, "__version__", None),
-             "workspace_dir": str(jit_env.FLASHINFER_WORKSPACE_DIR), "jit_dir": str(jit_env.FLASHINFER_JIT_DIR),
-             "target_archs": None, "cuda_home": None, "cuda_version": None}
+             "workspace_dir": str(jit_env.FLASHINFER_WORKSPACE_DIR),
+             "jit_dir": str(jit_env.FLASHINFER_JIT_DIR), "target_archs": None, "cuda_home": None,
+             "cuda_version": None}
     result["flashinfer"] = facts
     try:
         from flashinfer.jit.core import current_compilation_context
-        facts["target_archs"] = sorted([int(a), str(b)] for a, b in current_compilation_context.TARGET_CUDA_ARCHS)
+        facts["target_archs"] = sorted([int(a), str(b)]
+                                       for a, b in current_compilation_context.TARGET_CUDA_ARCHS)
     except Exception as exc:
         facts["target_archs_error"] = f"{type(exc).__name__}: {exc}"
     try:
@@ -196,7 +201,8 @@ def run_sampling():
     examples = []
     if violations:
         bad = (~allowed).nonzero()[:5].tolist()
-        examples = [{"row": r, "token": int(samples[r, c]), "prob": float(probs[r, samples[r, c]])} for r, c in bad]
+        examples = [{"row": r, "token": int(samples[r, c]), "prob": float(probs[r, samples[r, c]])}
+                    for r, c in bad]
     result["run"] = {"rows": rows, "vocab": vocab, "samples_per_row": n, "top_k": top_k, "top_p": top_p,
                      "allowed_sizes": loose.sum(dim=-1).tolist(), "violations": violations,
                      "violation_examples": examples, "tvd": [round(x, 5) for x in tvd],
@@ -220,7 +226,8 @@ def run_decode():
     group = qo_heads // kv_heads
     kk = k.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0).float()
     vv = v.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0).float()
-    ref = F.scaled_dot_product_attention(q.view(1, qo_heads, 1, head_dim).float(), kk, vv).view(qo_heads, head_dim)
+    ref = F.scaled_dot_product_attention(q.view(1, qo_heads, 1, head_dim).float(), kk,
+                                         vv).view(qo_heads, head_dim)
     err = (out.float() - ref).abs()
     wrong = F.scaled_dot_product_attention(q.view(1, qo_heads, 1, head_dim).float(), kk.flip(1), vv.flip(1))
     control = (out.float() - wrong.view(qo_heads, head_dim)).abs().max().item()
@@ -239,8 +246,8 @@ import triton.language as tl
 def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
-    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2.0 + tl.load(y_ptr + offsets, mask=mask),
-             mask=mask)
+    tl.store(out_ptr + offsets,
+             tl.load(x_ptr + offsets, mask=mask) * 2.0 + tl.load(y_ptr + offsets, mask=mask), mask=mask)
 """
 
 
@@ -265,7 +272,8 @@ def run_triton():
         kernel[grid](x, y, out, n, BLOCK=1024)
         torch.cuda.synchronize()
     except Exception as exc:
-        result["compile"] = {"ok": False, "seconds": round(time.monotonic() - started, 3), "log": tail(str(exc))}
+        result["compile"] = {"ok": False, "seconds": round(time.monotonic() - started, 3),
+                             "log": tail(str(exc))}
         raise
     first = time.monotonic() - started
     started = time.monotonic()
@@ -274,8 +282,8 @@ def run_triton():
     second = time.monotonic() - started
     result["compile"] = {"ok": True, "seconds": round(first - second, 3), "log": ""}
     err = (out - (x * 2.0 + y)).abs().max().item()
-    result["run"] = {"n": n, "max_abs_err": err, "first_call_s": round(first, 4), "second_call_s": round(second, 4),
-                     "device": torch.cuda.get_device_name(0)}
+    result["run"] = {"n": n, "max_abs_err": err, "first_call_s": round(first, 4),
+                     "second_call_s": round(second, 4), "device": torch.cuda.get_device_name(0)}
 
 
 def main():
@@ -293,7 +301,8 @@ def main():
             spec = gen_sampling_module()
         elif step == "decode":
             from flashinfer.jit import gen_single_decode_module
-            spec = gen_single_decode_module(torch.float16, torch.float16, torch.float16, 128, 128, 0, False, False)
+            spec = gen_single_decode_module(torch.float16, torch.float16, torch.float16, 128, 128, 0, False,
+                                            False)
         else:
             raise ValueError(f"unknown step {step!r}")
         result["spec_name"] = spec.name
@@ -337,27 +346,30 @@ def main() -> None:
     params.setdefault("mode", "run")
     timeout_s = float(params.get("timeout_s", 900))
     workspace = tempfile.mkdtemp(prefix="dflash-jit-")
-    env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": workspace, "TRITON_CACHE_DIR": os.path.join(workspace, "triton")}
+    env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": workspace,
+           "TRITON_CACHE_DIR": os.path.join(workspace, "triton")}
     if params.get("arch_list"):
         env["FLASHINFER_CUDA_ARCH_LIST"] = params["arch_list"]
     out: dict = {"probe": "kernels", "step": params["step"], "mode": params["mode"], "ok": False,
-                 "workspace": workspace, "workspace_removed": False, "rc": None, "seconds": 0.0, "timed_out": False,
-                 "built_files": [], "stderr": "", "result": None,
-                 "env": {k: env.get(k) for k in ("CUDA_HOME", "CUDA_PATH", "CPATH", "FLASHINFER_CUDA_ARCH_LIST",
-                                                 "CUDA_VISIBLE_DEVICES", "MAX_JOBS")}}
+                 "workspace": workspace, "workspace_removed": False, "rc": None, "seconds": 0.0,
+                 "timed_out": False, "built_files": [], "stderr": "", "result": None,
+                 "env": {k: env.get(k) for k in ("CUDA_HOME", "CUDA_PATH", "CPATH",
+                                                 "FLASHINFER_CUDA_ARCH_LIST", "CUDA_VISIBLE_DEVICES",
+                                                 "MAX_JOBS")}}
     started = time.monotonic()
     try:
         try:
-            done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(params)], capture_output=True, text=True,
-                                  errors="replace", timeout=timeout_s, env=env, stdin=subprocess.DEVNULL,
-                                  cwd=workspace)
+            done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(params)], capture_output=True,
+                                  text=True, errors="replace", timeout=timeout_s, env=env,
+                                  stdin=subprocess.DEVNULL, cwd=workspace)
             out.update(rc=done.returncode, stderr=done.stderr[-8000:])
             for line in reversed(done.stdout.splitlines()):
                 if line.startswith(MARK):
                     out["result"] = json.loads(line[len(MARK):])
                     break
         except subprocess.TimeoutExpired as exc:
-            stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            stderr = (exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes)
+                      else (exc.stderr or ""))
             out.update(timed_out=True, stderr=stderr[-8000:])
         out["built_files"] = listing(workspace)
     finally:

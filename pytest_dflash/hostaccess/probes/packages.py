@@ -1,4 +1,5 @@
-"""Probe: the installed distributions of the server's venv, as their own metadata says. Prints one JSON object.
+"""Probe: the installed distributions of the server's venv, as their own metadata says. Prints one JSON
+object.
 
 Runs on the host under test with the server's python and environment; stdlib only; never imports
 pytest_dflash. Metadata only: nothing is imported, so a broken package cannot hide the others.
@@ -70,7 +71,8 @@ def main() -> None:
             done = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True,
                                   timeout=timeout_s, check=False, stdin=subprocess.DEVNULL,
                                   env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
-            check.update(ran=True, rc=done.returncode, stdout=done.stdout[-20000:], stderr=done.stderr[-4000:])
+            check.update(ran=True, rc=done.returncode, stdout=done.stdout[-20000:],
+                         stderr=done.stderr[-4000:])
         except (OSError, subprocess.TimeoutExpired) as exc:
             check.update(stderr=f"{type(exc).__name__}: {exc}")
         check["seconds"] = round(time.monotonic() - started, 3)
