@@ -123,6 +123,12 @@ class ServiceHandle:
             self._client.on_deadline = self._out_of_time
         return self._client
 
+    @property
+    def api_key_in_use(self) -> str | None:
+        """The API key this service's client sends, None when it sends none or no client was made yet (reading
+        this never makes one: evidence redacts the keys in use without opening connections)."""
+        return self._client.api_key if self._client is not None else None
+
     def _out_of_time(self, error: DeadlineExceeded) -> str:
         """A request of this ready service ran out of its total time: the first one that had at least
         --request-timeout fails the service, once, like a death (the test it ran in fails with it; every later
