@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import sys
 
-from pytest_dflash.refserver import faults
+from pytest_dflash.refserver import faults, mimic
 
 faults.activate_from_argv(sys.argv[1:])  # before the imports below: some faults break them
+
+import logging  # noqa: E402
 
 from pytest_dflash.refserver.logs import setup_logging  # noqa: E402
 from pytest_dflash.refserver.server_args import ServerArgs, prepare_server_args  # noqa: E402
@@ -23,8 +25,12 @@ def run_server(server_args: ServerArgs) -> None:
 
 
 if __name__ == "__main__":
-    server_args = prepare_server_args(sys.argv[1:])
+    mimicked, argv = mimic.split_argv(sys.argv[1:])  # a flag the mimicked release removed: exit 2
+    server_args = prepare_server_args(argv)
     setup_logging(server_args.log_level)
+    for line in mimicked.deprecation_lines(argv):  # SGLang's print_deprecated_warning
+        logging.getLogger("pytest_dflash.refserver").warning("\033[1;33m%s\033[0m", line)
+    server_args.mimic = mimicked
     try:
         run_server(server_args)
     except BaseException:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pytest_dflash.refserver import faults, openai_api
+from pytest_dflash.refserver import faults, mimic, openai_api
 from pytest_dflash.refserver.cost_model import weights_gb
 from pytest_dflash.refserver.params import LOGPROB_REFUSED, BadRequest, parse_sampling_params
 from pytest_dflash.refserver.spec import SamplingParams
@@ -105,7 +106,7 @@ def build_app(state: ServerState) -> FastAPI:
         if request.url.path == "/get_model_info":
             logger.info("Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
                         "Please use '/model_info' instead.")  # fmt: skip
-        return JSONResponse(
+        return JSONResponse(args.mimic.model_info(
             {
                 "model_path": args.model_path,
                 "tokenizer_path": args.tokenizer_path,
@@ -116,7 +117,7 @@ def build_app(state: ServerState) -> FastAPI:
                 "has_audio_understanding": False,
                 "model_type": "refserver_tiny",
                 "architectures": ["RefTinyForCausalLM"],
-            }
+            }, args.served_model_name or args.model_path)
         )
 
     @app.get("/server_info")
@@ -140,7 +141,7 @@ def build_app(state: ServerState) -> FastAPI:
         }
         if state.spec:
             internal["avg_spec_accept_length"] = state.scheduler.totals.avg_accept_length
-        return JSONResponse(
+        return JSONResponse(args.mimic.server_info(
             {
                 **server_args,
                 "status": "ready" if state.ready else "starting",
@@ -150,15 +151,23 @@ def build_app(state: ServerState) -> FastAPI:
                 "internal_states": [internal],
                 "version": SGLANG_VERSION,
                 "kv_events": None,
-            }
+            }, mimic.split_argv(sys.argv[1:])[1])  # the command line less --mimic-version
         )
 
-    @app.get("/get_load")
+    async def ready() -> Response:
+        return Response(status_code=200 if state.ready and not state.gracefully_exit else 503)
+
+    if args.mimic.has_route("/ready"):  # 0.5.20 added it
+        app.get("/ready")(ready)
+
     async def get_load() -> Response:
         logger.info("Endpoint '/get_load' is deprecated and will be removed in a future version. "
                     "Please use '/v1/loads' instead.")  # fmt: skip
         load = state.scheduler.load()
         return JSONResponse([{"dp_rank": 0, **load, "num_pending_tokens": 0, "ts_tic": time.monotonic()}])
+
+    if args.mimic.has_route("/get_load"):  # 0.5.21 removed it
+        app.get("/get_load")(get_load)
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:

@@ -18,6 +18,7 @@ from typing import Any
 # so a broken xgrammar kills it whatever --grammar-backend says. Same order here.
 from pytest_dflash.refserver import grammar  # noqa: F401
 from pytest_dflash.refserver.faults import FAULTS, parse_inject
+from pytest_dflash.refserver.mimic import Mimic
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "DEFAULT_DDTREE_BUDGET", "ServerArgs", "build_parser", "prepare_server_args"]
 
@@ -91,6 +92,7 @@ class ServerArgs:
     speculative_num_steps: int | None = None
     speculative_eagle_topk: int | None = None
     speculative_draft_attention_backend: str | None = None
+    speculative_draft_window_size: int | None = None
     enable_deterministic_inference: bool = False
     # refserver-only
     random_draft: bool = False
@@ -101,6 +103,7 @@ class ServerArgs:
     inject: dict[str, float] = field(default_factory=dict)
     # SGLang's start-up warnings about speculative settings it changed, logged before the server_args line
     adjustments: list[str] = field(default_factory=list, repr=False)
+    mimic: Mimic = field(default=Mimic(), repr=False)  # --mimic-version (refserver/mimic.py)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
@@ -144,7 +147,7 @@ class ServerArgs:
 
     def as_dict(self) -> dict[str, Any]:
         """server_args as /server_info shows them (the API key's value is never shown)."""
-        hidden = ("inject", "adjustments")
+        hidden = ("inject", "adjustments", "mimic")
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in hidden}
         out["api_key"] = None if self.api_key is None else "<redacted>"
         out["inject"] = ",".join(_describe(self.inject)) or None
@@ -246,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--speculative-eagle-topk", type=int, default=None,
       help="EAGLE/EAGLE3/STANDALONE: candidates per step (1: a chain; default 1)")
     a("--speculative-draft-attention-backend", choices=ATTENTION_BACKENDS, default=None)
+    a("--speculative-draft-window-size", "--speculative-dflash-draft-window-size", type=int, default=None,
+      help="accepted and logged (the second name is 0.5.17's deprecated alias, gone in 0.5.20)")
     a("--random-draft", action="store_true",
       help="refserver only: the drafter proposes random tokens, as a random-weight draft model: almost never "
            "accepted ('accept len: 1.00, accept rate: 0.00'); output stays lossless")
@@ -265,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dp-size", "--dp", dest="dp_size", type=int, default=1)
     a("--disable-cuda-graph", action="store_true")
     a("--cuda-graph-max-bs", type=int, default=None)
+    a("--cuda-graph-max-bs-decode", dest="cuda_graph_max_bs", type=int, default=None)
     a("--max-running-requests", type=int, default=None)
     a("--trust-remote-code", action="store_true")
     a("--dtype", choices=("auto", "half", "float16", "bfloat16", "float", "float32"), default="auto")

@@ -225,7 +225,7 @@ class ServerState:
         meta["decode_throughput"] = max(len(out.output_ids) - 1, 0) / max(now - out.prefill_finished, 1e-9)
         if not stream:
             meta["response_sent_to_client_ts"] = now
-        return meta
+        return self.args.mimic.meta_info(meta)
 
     async def graceful_exit(self) -> None:
         """SIGTERM: drain, then end the way SGLang does (kill_process_tree: exit status 137)."""
