@@ -15,7 +15,7 @@ def host_name(url: str) -> str:
 
 
 @pytest.mark.parametrize("algorithm", ["DFLASH", "DDTREE"])
-def test_smoke_passes_on_a_0_5_23_refserver(run_suite, algorithm: str) -> None:  # type: ignore[no-untyped-def]
+def test_smoke_passes_on_0_5_23(run_suite, algorithm: str) -> None:  # type: ignore[no-untyped-def]
     with RefServerProcess("--mimic-version", "0.5.23", "--speculative-algorithm", algorithm) as server:
         result = run_suite("smoke", "--attach", server.url)
     assert_no_crash(result)

@@ -14,7 +14,8 @@ from pytest_dflash.refserver.launch import RefServerProcess
 from pytest_dflash.refserver.mimic import META_ALIASES
 
 GENERATE = {"text": "The capital of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 12}}
-LATER = ["--speculative-algorithm", "DFLASH", "--speculative-draft-window-size", "512", "--cuda-graph-max-bs-decode", "8"]
+LATER = ["--speculative-algorithm", "DFLASH", "--speculative-draft-window-size", "512",
+         "--cuda-graph-max-bs-decode", "8"]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,8 @@ def test_a_0_5_23_server_serves_ready_and_no_get_load(later_server: RefServerPro
 
 @pytest.mark.parametrize("flag", ["--speculative-dflash-draft-window-size", "--cuda-graph-max-bs"])
 def test_a_flag_0_5_23_removed_exits_2_as_argparse(flag: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "pytest_dflash.refserver", "--mimic-version", "0.5.23", flag, "8"],
-                          capture_output=True, text=True, timeout=60)
+    argv = [sys.executable, "-m", "pytest_dflash.refserver", "--mimic-version", "0.5.23", flag, "8"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert f"error: unrecognized arguments: {flag} 8" in done.stderr
 
