@@ -170,8 +170,9 @@ def uptime() -> str:
 def one_run(url: str, kind: str, exp: dict[str, Any], workdir: Path, rep: int) -> dict[str, Any]:
     _post(f"{url}/stats/reset?skip={exp['warmup']}")
     out = workdir / f"{kind}-{rep}.json"
-    cmd = [sys.executable, __file__, "client", "--kind", kind, "--url", url, "--concurrency", str(exp["concurrency"]),
-           "--warmup", str(exp["warmup"]), "--tokens", str(exp["tokens"]), "--out", str(out)]
+    cmd = [sys.executable, __file__, "client", "--kind", kind, "--url", url, "--concurrency",
+           str(exp["concurrency"]), "--warmup", str(exp["warmup"]), "--tokens", str(exp["tokens"]), "--out",
+           str(out)]
     cmd += ["--requests", str(exp["requests"])] if exp["requests"] else ["--duration", str(exp["duration"])]
     load = uptime()
     subprocess.run(cmd, check=True, timeout=300, cwd=REPO)
@@ -183,7 +184,8 @@ def one_run(url: str, kind: str, exp: dict[str, Any], workdir: Path, rep: int) -
         "client_cores": got["cpu_s"] / got["wall_s"], "tok_s": got["tokens"] / got["wall_s"],
         "ttft_p50_err_ms": _pct(got["ttft_ms"], 50) - truth["ttft_ms"]["p50"],
         "ttft_p99_err_ms": _pct(got["ttft_ms"], 99) - truth["ttft_ms"]["p99"],
-        "itl_mean_err_ms": (statistics.fmean(got["itl_ms"]) - truth["itl_ms"]["mean"]) if got["itl_ms"] else None,
+        "itl_mean_err_ms": ((statistics.fmean(got["itl_ms"]) - truth["itl_ms"]["mean"]) if got["itl_ms"]
+                            else None),
         "server_ttft_p50_ms": truth["ttft_ms"]["p50"], "saturated": got["saturated"],
     }
 
@@ -223,7 +225,8 @@ def main() -> int:
         try:
             assert srv.stdout is not None
             url = f"http://127.0.0.1:{int(srv.stdout.readline().split()[1])}"
-            rows = [one_run(url, kind, exp, workdir, rep) for rep in range(a.reps) for kind in ("ours", "aiohttp")]
+            rows = [one_run(url, kind, exp, workdir, rep) for rep in range(a.reps)
+                    for kind in ("ours", "aiohttp")]
         finally:
             srv.terminate()
             srv.wait(timeout=10)
@@ -235,9 +238,10 @@ def main() -> int:
         print("|---|---|---|---|---|---|---|---|")
         for kind in ("ours", "aiohttp"):
             mine = [r for r in rows if r["kind"] == kind]
-            print(f"| {kind} | {sum(r['failed'] for r in mine)} | {_mmm([r['tok_per_cpu_s'] for r in mine])} | "
-                  f"{_mmm([r['client_cores'] for r in mine])} | {_mmm([r['tok_s'] for r in mine])} | "
-                  f"{_mmm([r['ttft_p50_err_ms'] for r in mine])} | {_mmm([r['ttft_p99_err_ms'] for r in mine])} | "
+            print(f"| {kind} | {sum(r['failed'] for r in mine)} | {_mmm([r['tok_per_cpu_s'] for r in mine])} "
+                  f"| {_mmm([r['client_cores'] for r in mine])} | {_mmm([r['tok_s'] for r in mine])} | "
+                  f"{_mmm([r['ttft_p50_err_ms'] for r in mine])} | "
+                  f"{_mmm([r['ttft_p99_err_ms'] for r in mine])} | "
                   f"{_mmm([r['itl_mean_err_ms'] for r in mine])} |")
         loads = sorted({r["uptime"].split("load average:")[-1].strip() for r in rows})
         print(f"load averages before the runs: {loads[0]} … {loads[-1]}")

@@ -68,8 +68,9 @@ def one_run(fault: str, extra: list[str]) -> dict[str, float]:
             thread.start()
         times["start"] = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                               str(ROOT / "suites" / "smoke"), "--attach", server.url, f"--dflash-report={reports}",
-                               *extra], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                               str(ROOT / "suites" / "smoke"), "--attach", server.url,
+                               f"--dflash-report={reports}", *extra], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
         times["exit"] = time.monotonic()
         time.sleep(0.05)
         stop.set()
@@ -77,15 +78,15 @@ def one_run(fault: str, extra: list[str]) -> dict[str, float]:
             thread.join()
         outcome = json.loads(verdict.read_text())["verdict"] if verdict.exists() else "none"
         if proc.returncode != 1 or outcome != "fail":
-            raise SystemExit(f"{fault}: expected a failing run, got exit {proc.returncode}, verdict {outcome}\n"
-                             f"{proc.stdout[-2000:]}")
+            raise SystemExit(f"{fault}: expected a failing run, got exit {proc.returncode}, verdict "
+                             f"{outcome}\n{proc.stdout[-2000:]}")
         return times
 
 
 def summary(label: str, values: list[float], target: float) -> str:
     ok = "met" if max(values) <= target else "NOT met"
-    return (f"{label}: min {min(values):.2f} s, median {statistics.median(values):.2f} s, max {max(values):.2f} s "
-            f"(target <= {target:g} s: {ok}; {len(values)} runs)")
+    return (f"{label}: min {min(values):.2f} s, median {statistics.median(values):.2f} s, max "
+            f"{max(values):.2f} s (target <= {target:g} s: {ok}; {len(values)} runs)")
 
 
 def main() -> None:

@@ -57,8 +57,9 @@ def main() -> int:
     try:
         port = 0
         for _ in range(a.server_procs):
-            srv = subprocess.Popen([*server_pin, sys.executable, "-m", "pytest_dflash.refserver.synthetic", "--port",
-                                    str(port), "--tokens", "256", "--ttft-ms", "0", "--itl-ms", "0", "--reuse-port"],
+            srv = subprocess.Popen([*server_pin, sys.executable, "-m", "pytest_dflash.refserver.synthetic",
+                                    "--port", str(port), "--tokens", "256", "--ttft-ms", "0",
+                                    "--itl-ms", "0", "--reuse-port"],
                                    stdout=subprocess.PIPE, text=True, cwd=REPO)
             servers.append(srv)
             assert srv.stdout is not None
@@ -70,17 +71,18 @@ def main() -> int:
                 load = uptime()
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t0 = time.perf_counter()
-                subprocess.run([*client_pin, sys.executable, "-m", "pytest_dflash.load", url, "--model", "synth-model",
-                                "--client-procs", str(p), "--concurrency", str(a.concurrency), "--duration",
-                                str(a.duration), "--warmup", str(a.concurrency), "--prompt-len", "128",
-                                "--output-len", "256", "--out", str(out), "--no-records"],
+                subprocess.run([*client_pin, sys.executable, "-m", "pytest_dflash.load", url, "--model",
+                                "synth-model", "--client-procs", str(p), "--concurrency", str(a.concurrency),
+                                "--duration", str(a.duration), "--warmup", str(a.concurrency),
+                                "--prompt-len", "128", "--output-len", "256", "--out",
+                                str(out), "--no-records"],
                                check=True, timeout=300, cwd=REPO, stdout=subprocess.DEVNULL)
                 wall = time.perf_counter() - t0
                 after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
                 doc = json.loads(out.read_text())
-                rows.append({"procs": p, "rep": rep, "tok_s": doc["output_throughput"], "cpu_s": cpu, "wall_s": wall,
-                             "saturated": doc["client_saturated"],
+                rows.append({"procs": p, "rep": rep, "tok_s": doc["output_throughput"], "cpu_s": cpu,
+                             "wall_s": wall, "saturated": doc["client_saturated"],
                              "saturated_processes": doc["saturation"]["saturated_processes"],
                              "lag_p99_ms": doc["saturation"]["loop_lag_p99_ms"], "uptime": load})
                 print(json.dumps(rows[-1]))
@@ -90,8 +92,8 @@ def main() -> int:
         for srv in servers:
             srv.wait(timeout=10)
     (work / "results.json").write_text(json.dumps(rows, indent=1))
-    print("\n| --client-procs | output tok/s min / median / max | vs 1 proc (medians) | client CPU-s per wall-s "
-          "| saturated runs |")
+    print("\n| --client-procs | output tok/s min / median / max | vs 1 proc (medians) | client CPU-s per "
+          "wall-s | saturated runs |")
     print("|---|---|---|---|---|")
     base = statistics.median(float(r["tok_s"]) for r in rows if r["procs"] == procs[0])  # type: ignore[arg-type]
     for p in procs:

@@ -6,16 +6,17 @@ measurement is pytest + pytest-dflash + xdist, per host. It compares the smoke s
 the smoke suite on one of those hosts, both with `-n WORKERS`; records the CPU the shared servers spent during
 each run (so a server bottleneck shows), the controller's and the workers' peak RSS (this file is also a
 pytest plugin, loaded with `-p fleet_scale`, that reports ru_maxrss from every process), optionally a cProfile
-of the controller and of each worker, and the cost of `pytest-dflash merge` on thousands of synthetic verdicts.
+of the controller and of each worker, and the cost of `pytest-dflash merge` on thousands of synthetic
+verdicts.
 
-    .venv/bin/python benchmarks/fleet_scale.py                      # 32 hosts, -n 2, 3 repeats, merge of 5000
+    .venv/bin/python benchmarks/fleet_scale.py                # 32 hosts, -n 2, 3 repeats, merge of 5000
     .venv/bin/python benchmarks/fleet_scale.py --hosts 8 --repeat 1 --merge 0
-    .venv/bin/python benchmarks/fleet_scale.py --profile            # + top functions of controller and workers
+    .venv/bin/python benchmarks/fleet_scale.py --profile      # + top functions of controller and workers
     .venv/bin/python benchmarks/fleet_scale.py --workers 2 --baseline-concurrency 1 --no-serial --merge 0
-                                                                    # A/B: each worker's hosts at once vs one by one
+                                                              # A/B: each worker's hosts at once vs one by one
     .venv/bin/python benchmarks/fleet_scale.py --hosts 256 --workers 2 --repeat 1 --no-serial --merge 0
-    .venv/bin/python benchmarks/fleet_scale.py --memo ...            # memo_proxy.py in front of each server:
-                                                                    # a repeated reproducible generation is free
+    .venv/bin/python benchmarks/fleet_scale.py --memo ...     # memo_proxy.py in front of each server:
+                                                              # a repeated reproducible generation is free
     python3 benchmarks/fleet_scale.py --runner-cpus 0,1 --host-cpus 2-15 ...
                                     # a 2-core runner whose hosts' side runs on other CPUs of a bigger box
                                     # (tools/device/fleet_scale_pinned.sh runs it on the device)
@@ -79,10 +80,11 @@ def pytest_unconfigure(config: Any) -> None:
     if path:
         rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         with open(path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"process": worker, "pid": os.getpid(), "maxrss_mib": rss_kib / 1024}) + "\n")
+            handle.write(json.dumps({"process": worker, "pid": os.getpid(),
+                                     "maxrss_mib": rss_kib / 1024}) + "\n")
 
 
-# ---- the benchmark --------------------------------------------------------------------------------------------
+# ---- the benchmark -----------------------------------------------------------------------------------------
 
 
 def profile_text(name: str, urls: dict[str, str], python: str | None = None) -> str:
@@ -124,10 +126,11 @@ def parse_cpus(text: str) -> set[int]:
 
 
 def host_python(work: Path, python: str, cpus: set[int] | None, *, gpu: bool = True) -> str:
-    """The probes' host python as a wrapper: on `cpus` (the probes' interpreter starts on the host's CPUs, as it
-    does on a fleet host reached over ssh; the runner pays for the shell and `taskset`, more than an ssh client
-    with a shared connection would), and with `gpu=False` without nvidia-smi on its PATH: the hosts then have no
-    GPU, as on this 2-core machine (on the device every host would query its one GPU's driver)."""
+    """The probes' host python as a wrapper: on `cpus` (the probes' interpreter starts on the host's CPUs, as
+    it does on a fleet host reached over ssh; the runner pays for the shell and `taskset`, more than an ssh
+    client with a shared connection would), and with `gpu=False` without nvidia-smi on its PATH: the hosts
+    then have no GPU, as on this 2-core machine (on the device every host would query its one GPU's
+    driver)."""
     wrapper = work / "host-python"
     env = ""
     if not gpu:
@@ -149,8 +152,9 @@ def run_pytest(fleet: Path, workers: int, work: Path, pids: list[int], *, profil
            + os.environ.get("PYTHONPATH", "")}
     if profile_dir is not None:
         env[PROFILE_ENV] = str(profile_dir)
-    command = [sys.executable, "-m", "pytest", str(SUITE), "-p", "fleet_scale", "-p", "no:cacheprovider", "-q",
-               "--fleet", str(fleet), f"--dflash-report={reports}", "-n", str(workers), *extra]
+    command = [sys.executable, "-m", "pytest", str(SUITE), "-p", "fleet_scale", "-p",
+               "no:cacheprovider", "-q", "--fleet", str(fleet), f"--dflash-report={reports}", "-n",
+               str(workers), *extra]
     before_server = server_cpu_s(pids)
     before_each = [server_cpu_s([pid]) for pid in pids]
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -183,8 +187,10 @@ def run_pytest(fleet: Path, workers: int, work: Path, pids: list[int], *, profil
 
 
 def start_memo_proxy(upstream: str) -> tuple[subprocess.Popen[str], str]:
-    """benchmarks/memo_proxy.py in front of `upstream`, and its URL (it prints LISTENING before anything else)."""
-    proxy = subprocess.Popen([sys.executable, str(Path(__file__).with_name("memo_proxy.py")), "--upstream", upstream],
+    """benchmarks/memo_proxy.py in front of `upstream`, and its URL (it prints LISTENING before anything
+    else)."""
+    proxy = subprocess.Popen([sys.executable, str(Path(__file__).with_name("memo_proxy.py")),
+                              "--upstream", upstream],
                              stdout=subprocess.PIPE, text=True)
     line = proxy.stdout.readline() if proxy.stdout else ""
     if not line.startswith("LISTENING "):
@@ -213,7 +219,8 @@ def top_functions(path: Path, count: int) -> list[str]:
 
 
 def waiting_callers(path: Path, count: int) -> list[str]:
-    """Who sleeps or waits on a socket: the callers of time.sleep / socket.recv and the time they spent there."""
+    """Who sleeps or waits on a socket: the callers of time.sleep / socket.recv and the time they spent
+    there."""
     stats = pstats.Stats(str(path))
     rows = []
     for (_, _, name), (_, _, _, _, callers) in stats.stats.items():  # type: ignore[attr-defined]
@@ -227,15 +234,18 @@ def waiting_callers(path: Path, count: int) -> list[str]:
 
 
 def merge_cost(template: dict[str, Any], count: int, work: Path) -> dict[str, Any]:
-    """Synthetic verdicts (copies of a real one, 2 % failing), merged twice: cold, then with trend + history."""
+    """Synthetic verdicts (copies of a real one, 2 % failing), merged twice: cold, then with trend +
+    history."""
     shards = work / "merge-in"
     shutil.rmtree(shards, ignore_errors=True)
     failing = copy.deepcopy(template)
     failing["verdict"] = "fail"
     failing["layers"]["service"] = {"outcome": "failed", "passed": 0, "failed": 1, "blocked": 0, "skipped": 0}
-    failing["failures"] = [{"test": "suites/smoke/test_smoke.py::test_service_ready[x/dflash]", "layer": "service",
-                            "phase": "call", "message": "ServiceCrashed: service dflash died during readiness",
-                            "diagnosis": [{"id": "flashinfer-sm12x-nvcc", "title": "FlashInfer …", "remedy": "…"}]}]
+    failing["failures"] = [{"test": "suites/smoke/test_smoke.py::test_service_ready[x/dflash]",
+                            "layer": "service", "phase": "call",
+                            "message": "ServiceCrashed: service dflash died during readiness",
+                            "diagnosis": [{"id": "flashinfer-sm12x-nvcc",
+                                           "title": "FlashInfer …", "remedy": "…"}]}]
     started = time.perf_counter()
     for index in range(count):
         data = failing if index % 50 == 7 else template
@@ -280,7 +290,8 @@ def compare(one: Path, many: Path, workers: int, repeat: int, work: Path, pids: 
                                        extra=(f"--fleet-concurrency={baseline_concurrency}",)))
             line += f", with --fleet-concurrency={baseline_concurrency} {baseline[-1]['wall_s']:.2f}s"
         if one_host:
-            line += f", one host {single[-1]['wall_s']:.2f}s (x{fleet[-1]['wall_s'] / single[-1]['wall_s']:.2f})"
+            line += (f", one host {single[-1]['wall_s']:.2f}s "
+                     f"(x{fleet[-1]['wall_s'] / single[-1]['wall_s']:.2f})")
         print(f"{line} (load {load()})", flush=True)
     result: dict[str, Any] = {"workers": workers, "fleet": median_run(fleet)}
     if baseline:
@@ -294,7 +305,8 @@ def compare(one: Path, many: Path, workers: int, repeat: int, work: Path, pids: 
     paired = sorted(f["wall_s"] / s["wall_s"] for f, s in zip(fleet, single, strict=True))
     result["paired_ratios"] = [round(r, 2) for r in paired]
     result["paired_ratio_median"] = round(statistics.median(paired), 2)
-    result["per_host_s"] = round((result["fleet"]["wall_s"] - result["one_host"]["wall_s"]) / max(1, hosts - 1), 3)
+    result["per_host_s"] = round((result["fleet"]["wall_s"] - result["one_host"]["wall_s"])
+                                 / max(1, hosts - 1), 3)
     rss_one = result["one_host"]["controller_rss_mib"] or 0.0
     rss_fleet = result["fleet"]["controller_rss_mib"] or 0.0
     result["controller_mib_per_host"] = round((rss_fleet - rss_one) / max(1, hosts - 1), 3)
@@ -308,31 +320,36 @@ def compare(one: Path, many: Path, workers: int, repeat: int, work: Path, pids: 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=32)
-    parser.add_argument("--workers", default="2,8", help="-n values to compare, comma-separated (2 = -n auto here)")
+    parser.add_argument("--workers", default="2,8",
+                        help="-n values to compare, comma-separated (2 = -n auto here)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--merge", type=int, default=5000, help="synthetic verdicts to merge (0: skip)")
-    parser.add_argument("--profile", action="store_true", help="cProfile the controller and the workers (-n 2)")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile the controller and the workers (-n 2)")
     parser.add_argument("--what-if-poll", type=float, default=0.0, metavar="S",
-                        help="also run the fleet with the readiness watcher polling every S seconds (what-if)")
+                        help="also run the fleet with the readiness watcher polling every S seconds "
+                             "(what-if)")
     parser.add_argument("--baseline-concurrency", type=int, default=0, metavar="N",
-                        help="also run the fleet with --fleet-concurrency=N each repeat (1: hosts one by one)")
+                        help="also run the fleet with --fleet-concurrency=N each repeat "
+                             "(1: hosts one by one)")
     parser.add_argument("--no-one-host", action="store_true", help="skip the one-host runs")
     parser.add_argument("--no-serial", action="store_true", help="skip the fleet run without xdist (-n 0)")
     parser.add_argument("--memo", action="store_true",
-                        help="put benchmarks/memo_proxy.py in front of each server: a repeat of a reproducible "
-                             "generation is answered from memory (the servers stop being the bottleneck)")
+                        help="put benchmarks/memo_proxy.py in front of each server: a repeat of a "
+                             "reproducible generation is answered from memory (the servers stop being the "
+                             "bottleneck)")
     parser.add_argument("--host-python", metavar="PATH",
-                        help="the profiles' host python (default: the profile default, python3 on PATH; here a "
-                             "pyenv shim, a bash script that costs ~60 ms of CPU per start — a real host's python "
-                             "is a binary, and starts on that host's CPU, not the runner's)")
+                        help="the profiles' host python (default: the profile default, python3 on PATH; here "
+                             "a pyenv shim, a bash script that costs ~60 ms of CPU per start — a real host's "
+                             "python is a binary, and starts on that host's CPU, not the runner's)")
     parser.add_argument("--runner-cpus", metavar="CPUS",
                         help="run pytest on these CPUs only (e.g. 0,1: a 2-core runner); with --host-cpus")
     parser.add_argument("--hosts-without-gpu", action="store_true",
-                        help="no nvidia-smi on the host python's PATH: on a GPU box the 32 hosts would each query "
-                             "the one GPU's driver, which a fleet of machines does not")
+                        help="no nvidia-smi on the host python's PATH: on a GPU box the 32 hosts would each "
+                             "query the one GPU's driver, which a fleet of machines does not")
     parser.add_argument("--host-cpus", metavar="CPUS",
-                        help="run the hosts' side here (e.g. 2-15): the shared servers, their memo proxies and "
-                             "the probes' host python, as on a fleet whose hosts are other machines")
+                        help="run the hosts' side here (e.g. 2-15): the shared servers, their memo proxies "
+                             "and the probes' host python, as on a fleet whose hosts are other machines")
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
     global RUNNER_CPUS
@@ -357,8 +374,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="fleet-scale-") as tmp:
         work = Path(tmp)
         servers = {"none": RefServerProcess("--speculative-algorithm", "NONE", "--enable-metrics"),
-                   "dflash": RefServerProcess("--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens",
-                                              "8", "--enable-metrics")}
+                   "dflash": RefServerProcess("--speculative-algorithm", "DFLASH",
+                                              "--speculative-num-draft-tokens", "8", "--enable-metrics")}
         proxies: list[subprocess.Popen[str]] = []
         try:
             for server in servers.values():
@@ -367,7 +384,8 @@ def main() -> int:
                 server.wait_ready(120)
             urls = {name: server.url for name, server in servers.items()}
             pids = [server.pid for server in servers.values()]
-            if args.memo:  # a memoizing proxy per server: a repeated reproducible generation costs no model CPU
+            # a memoizing proxy per server: a repeated reproducible generation costs no model CPU
+            if args.memo:
                 for name in list(urls):
                     proxy, urls[name] = start_memo_proxy(urls[name])
                     proxies.append(proxy)
@@ -388,7 +406,8 @@ def main() -> int:
             run_pytest(one, worker_counts[0], work, pids)  # warm-up: imports, page cache
             for workers in worker_counts:
                 results["runs"].append(compare(one, many, workers, args.repeat, work, pids, args.hosts,
-                                               f"-n {workers}", baseline_concurrency=args.baseline_concurrency,
+                                               f"-n {workers}",
+                                               baseline_concurrency=args.baseline_concurrency,
                                                one_host=not args.no_one_host))
             if not args.no_serial:
                 results["fleet_serial_n0"] = run_pytest(many, 0, work, pids)
@@ -406,14 +425,16 @@ def main() -> int:
                 run_pytest(many, 2, work, pids, profile_dir=profile_dir)
                 if os.environ.get("FLEET_SCALE_KEEP_PROFILE"):
                     shutil.copytree(profile_dir, os.environ["FLEET_SCALE_KEEP_PROFILE"], dirs_exist_ok=True)
-                results["profile"] = {path.stem: {"self": top_functions(path, 10), "waits": waiting_callers(path, 8)}
+                results["profile"] = {path.stem: {"self": top_functions(path, 10),
+                                                  "waits": waiting_callers(path, 8)}
                                       for path in sorted(profile_dir.glob("*.prof"))}
             if args.merge:
                 template = json.loads(sorted((work / "reports").glob("*.verdict.json"))[0].read_text())
                 results["merge"] = merge_cost(template, args.merge, work)
             if args.memo:
-                results["memo_stats"] = [json.loads(urllib.request.urlopen(f"{url}/memo_stats", timeout=10).read())
-                                         for url in urls.values()]
+                results["memo_stats"] = [
+                    json.loads(urllib.request.urlopen(f"{url}/memo_stats", timeout=10).read())
+                    for url in urls.values()]
         finally:
             for proxy in proxies:
                 proxy.kill()

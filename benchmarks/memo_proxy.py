@@ -109,7 +109,8 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         proxy = self.server
         if self.path == "/memo_stats":
-            stats = {"hits": proxy.hits, "misses": proxy.misses, "passed": proxy.passed, "kept": len(proxy.memory)}
+            stats = {"hits": proxy.hits, "misses": proxy.misses, "passed": proxy.passed,
+                     "kept": len(proxy.memory)}
             self._answer(200, [("Content-Type", "application/json")], json.dumps(stats).encode())
             return
         headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_HEADERS | {"host"}]
@@ -125,7 +126,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             answer = proxy.forward(self.command, self.path, headers, body)
         except (OSError, http.client.HTTPException) as exc:
-            self._answer(502, [("Content-Type", "text/plain")], f"memo_proxy: upstream failed: {exc}".encode())
+            self._answer(502, [("Content-Type", "text/plain")],
+                         f"memo_proxy: upstream failed: {exc}".encode())
             return
         with proxy.lock:
             if memo and answer[0] == 200:

@@ -76,9 +76,11 @@ def algorithms(block_size: int, budget: int) -> dict[str, tuple[float, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--write", action="store_true", help="replace the '## refserver' section of README.md")
+    parser.add_argument("--write", action="store_true",
+                        help="replace the '## refserver' section of README.md")
     args = parser.parse_args()
     ready = startup_seconds(args.runs)
     latency = request_seconds(max(args.runs, 5))
@@ -95,8 +97,8 @@ def main() -> None:
         "|---|---|---|",
         f"| launch → first 200 from `/health_generate` | < 5 s | {statistics.median(ready):.2f} s "
         f"(max {max(ready):.2f} s) |",
-        f"| greedy `/generate`, 64 new tokens, NONE (client side) | < 1 s | {statistics.median(latency) * 1000:.0f} ms "
-        f"(max {max(latency) * 1000:.0f} ms) |",
+        f"| greedy `/generate`, 64 new tokens, NONE (client side) | < 1 s | "
+        f"{statistics.median(latency) * 1000:.0f} ms (max {max(latency) * 1000:.0f} ms) |",
         "",
         "Greedy decoding of the 8 built-in prompts, 128 new tokens each, in-process (block size 8, DDTREE",
         "budget 32). Accept length counts the bonus token (SGLang's `avg_spec_accept_length`).",

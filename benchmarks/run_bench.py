@@ -66,7 +66,8 @@ def wait_quiet(max_busy: float = 0.2, timeout_s: float = 60.0) -> dict[str, floa
     busy = cpu_busy()
     while busy > max_busy and time.monotonic() - start < timeout_s:
         busy = cpu_busy()
-    return {"busy_before": round(busy, 3), "loadavg_before": loadavg(), "waited_s": round(time.monotonic() - start, 1)}
+    return {"busy_before": round(busy, 3), "loadavg_before": loadavg(),
+            "waited_s": round(time.monotonic() - start, 1)}
 
 
 def proc_ticks(pid: int, *, with_children: bool) -> int:
@@ -154,8 +155,8 @@ class Tool:
 def _ours_cmd(stock: bool, warmup: int) -> Callable[[str, int, float, int, Path], list[str]]:
     def cmd(url: str, conc: int, dur: float, out_len: int, out: Path) -> list[str]:
         c = [sys.executable, "-m", "pytest_dflash.load", url, "--model", MODEL, "--concurrency", str(conc),
-             "--duration", str(dur), "--prompt-len", "128", "--output-len", str(out_len), "--warmup", str(warmup),
-             "--out", str(out / "ours.json"), "--no-records"]
+             "--duration", str(dur), "--prompt-len", "128", "--output-len", str(out_len), "--warmup",
+             str(warmup), "--out", str(out / "ours.json"), "--no-records"]
         return c + (["--stock-httpx"] if stock else [])
     return cmd
 
@@ -171,8 +172,8 @@ def _guidellm_cmd(url: str, conc: int, dur: float, out_len: int, out: Path) -> l
     tok = HERE / ".work" / "tokenizer"
     return [str(VENVS / "guidellm/bin/guidellm"), "run",
             "--backend", f"kind=openai_http,target={url},model={MODEL},request_format=/v1/chat/completions",
-            "--profile", f"kind=concurrent,streams={conc}", "--constraint", f"kind=max_duration,seconds={dur:g}",
-            "--tokenizer", f"kind=hf_auto,model={tok}",
+            "--profile", f"kind=concurrent,streams={conc}", "--constraint",
+            f"kind=max_duration,seconds={dur:g}", "--tokenizer", f"kind=hf_auto,model={tok}",
             "--data", f"kind=synthetic_text,prompt_tokens=128,output_tokens={out_len}",
             "--output", f"kind=json,path={out / 'guidellm.json'}", "--disable-progress"]
 
@@ -185,10 +186,11 @@ def _guidellm_metrics(out: Path) -> dict[str, Any]:
 
 
 def _aiperf_cmd(url: str, conc: int, dur: float, out_len: int, out: Path) -> list[str]:
-    return [str(VENVS / "aiperf/bin/aiperf"), "profile", "--model", MODEL, "--url", url, "--endpoint-type", "chat",
-            "--streaming", "--concurrency", str(conc), "--benchmark-duration", f"{dur:g}",
-            "--prompt-input-tokens-mean", "128", "--prompt-output-tokens-mean", str(out_len),
-            "--tokenizer", str(HERE / ".work" / "tokenizer"), "--ui", "none", "--output-artifact-dir", str(out)]
+    return [str(VENVS / "aiperf/bin/aiperf"), "profile", "--model", MODEL, "--url", url,
+            "--endpoint-type", "chat", "--streaming", "--concurrency", str(conc), "--benchmark-duration",
+            f"{dur:g}", "--prompt-input-tokens-mean", "128", "--prompt-output-tokens-mean", str(out_len),
+            "--tokenizer", str(HERE / ".work" / "tokenizer"), "--ui", "none", "--output-artifact-dir",
+            str(out)]
 
 
 def _aiperf_metrics(out: Path) -> dict[str, Any]:
@@ -212,7 +214,8 @@ def _env_aiperf() -> dict[str, str]:  # AIPerf 0.13.0 cannot load a local tokeni
 def tools(warmup: int) -> dict[str, Tool]:
     return {
         "ours": Tool("ours", _ours_cmd(False, warmup), _env_plain, _ours_metrics, warmup),
-        "ours-stock-httpx": Tool("ours-stock-httpx", _ours_cmd(True, warmup), _env_plain, _ours_metrics, warmup),
+        "ours-stock-httpx": Tool("ours-stock-httpx", _ours_cmd(True, warmup), _env_plain,
+                                 _ours_metrics, warmup),
         "guidellm": Tool("guidellm", _guidellm_cmd, _env_guidellm, _guidellm_metrics),
         "aiperf": Tool("aiperf", _aiperf_cmd, _env_aiperf, _aiperf_metrics),
     }
@@ -277,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--acc-duration", type=float, default=20.0)
     ap.add_argument("--cap-duration", type=float, default=15.0)
     ap.add_argument("--cap-conc", default="8,32")
-    ap.add_argument("--warmup", type=int, default=8, help="our client's warm-up requests (excluded both sides)")
+    ap.add_argument("--warmup", type=int, default=8,
+                    help="our client's warm-up requests (excluded both sides)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -303,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                         rep_ = row["reported"]
                         print(f"{exp} {tool.name} c={conc} r={rep}: rc={row['rc']} "
                               f"reported tok/s={rep_.get('tok_s')} server tok/s={row['server_tok_s']:.0f} "
-                              f"client cores={row['client_cores']:.2f} load={row['loadavg_before']}", flush=True)
+                              f"client cores={row['client_cores']:.2f} load={row['loadavg_before']}",
+                              flush=True)
     return 0
 
 
@@ -320,7 +325,8 @@ def summarize(rows: list[dict[str, Any]]) -> str:
     acc = [r for r in rows if r["experiment"] == "accuracy"]
     if acc:
         lines += ["| tool | reps ok | TTFT p50 err ms | TTFT p99 err ms | output tok/s err % | reported TTFT "
-                  "p50 / p99 ms (median) | server TTFT p50 / p99 ms (median) | client CPU cores | load avg before |",
+                  "p50 / p99 ms (median) | server TTFT p50 / p99 ms (median) | client CPU cores | "
+                  "load avg before |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for name in dict.fromkeys(r["tool"] for r in acc):
             rs = [r for r in acc if r["tool"] == name and r["rc"] == 0 and "tok_s" in r["reported"]]
@@ -338,7 +344,8 @@ def summarize(rows: list[dict[str, Any]]) -> str:
                 f"{mmm([r['loadavg_before'] for r in rs], '.2f')} |")
     cap = [r for r in rows if r["experiment"] == "capacity"]
     if cap:
-        lines += ["", "| tool | conc | reps ok | tool-reported output tok/s | server-counted tok/s (active window) | "
+        lines += ["", "| tool | conc | reps ok | tool-reported output tok/s | server-counted tok/s "
+                      "(active window) | "
                   "client CPU cores | output tok per client CPU-s | server CPU cores | load avg before |",
                   "|---|---|---|---|---|---|---|---|---|"]
         keys = dict.fromkeys((r["tool"], r["conc"]) for r in cap)
@@ -348,9 +355,11 @@ def summarize(rows: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {name} | {conc} | {len(rs)}/{total} | "
                 f"{mmm([r['reported'].get('tok_s', 0.0) for r in rs], ',.0f')} | "
-                f"{mmm([r['server_tok_s'] for r in rs], ',.0f')} | {mmm([r['client_cores'] for r in rs], '.2f')} | "
+                f"{mmm([r['server_tok_s'] for r in rs], ',.0f')} | "
+                f"{mmm([r['client_cores'] for r in rs], '.2f')} | "
                 f"{mmm([r['tok_per_client_cpu_s'] for r in rs], ',.0f')} | "
-                f"{mmm([r['server_cores'] for r in rs], '.2f')} | {mmm([r['loadavg_before'] for r in rs], '.2f')} |")
+                f"{mmm([r['server_cores'] for r in rs], '.2f')} | "
+                f"{mmm([r['loadavg_before'] for r in rs], '.2f')} |")
     return "\n".join(lines)
 
 

@@ -20,7 +20,8 @@ from support.verdict_fuzz import BY_NAME, SHAPES, docs_table, run_shape
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shapes", nargs="*", help="shape names (default: all)")
     parser.add_argument("--seed", type=int, default=int(time.strftime("%Y%m%d")))
     parser.add_argument("--table", action="store_true", help="print the docs table and exit")

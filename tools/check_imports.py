@@ -1,10 +1,10 @@
 """Check a package's imports: no module cycle, no package cycle, and every import points down the documented
 package order. Exit 1 on any finding (each names its import as file:line), 0 when there is none.
 
-    python tools/check_imports.py                        # pytest_dflash/ against docs/architecture.md
-    python tools/check_imports.py path/to/pkg            # any package; its order from path/to/docs/architecture.md
-    python tools/check_imports.py pkg --doc ORDER.md     # the order from another file
-    python tools/check_imports.py --import-time          # only the imports that run on import (no order check)
+    python tools/check_imports.py                   # pytest_dflash/ against docs/architecture.md
+    python tools/check_imports.py path/to/pkg       # any package; its order from path/to/docs/architecture.md
+    python tools/check_imports.py pkg --doc ORDER.md  # the order from another file
+    python tools/check_imports.py --import-time     # only the imports that run on import (no order check)
 
 Reads each .py file with ast (nothing is imported). Every import statement counts: at module level, in
 class bodies and blocks, inside functions (lazy) and under ``if TYPE_CHECKING:`` (type-only). A lazy or
@@ -66,7 +66,8 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(body: list[ast.stmt], kind: Kind = "import-time") -> Iterator[tuple[ast.Import | ast.ImportFrom, Kind]]:
+def _imports(body: list[ast.stmt],
+             kind: Kind = "import-time") -> Iterator[tuple[ast.Import | ast.ImportFrom, Kind]]:
     """Every import statement with when it runs: on import, when a function is called, or never."""
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -83,7 +84,8 @@ def _imports(body: list[ast.stmt], kind: Kind = "import-time") -> Iterator[tuple
                 yield from _imports(holder.body, kind)  # except handlers, match cases
 
 
-def _resolve(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, known: dict[str, Path]) -> list[str]:
+def _resolve(module: str, is_package: bool, node: ast.Import | ast.ImportFrom,
+             known: dict[str, Path]) -> list[str]:
     """The package modules one import statement loads (outside modules are dropped)."""
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names if alias.name in known]
@@ -249,16 +251,18 @@ def check(root: Path, order: list[str] | None, *, import_time_only: bool = False
     for e in crossing:
         source, target = unit_of(e.source, root), unit_of(e.target, root)
         if source in level and target in level and level[target] >= level[source]:
-            lines.append(f"upward: {_where(e, base)} ({source} may import only units listed before it; {target} "
-                         "is after it)")
+            lines.append(f"upward: {_where(e, base)} ({source} may import only units listed before it; "
+                         f"{target} is after it)")
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     default = Path(__file__).resolve().parents[1] / "pytest_dflash"
-    parser.add_argument("package", nargs="?", type=Path, default=default, help="package directory (%(default)s)")
-    parser.add_argument("--doc", type=Path, help="the file with the package order (<package>/../docs/architecture.md)")
+    parser.add_argument("package", nargs="?", type=Path, default=default,
+                        help="package directory (%(default)s)")
+    parser.add_argument("--doc", type=Path,
+                        help="the file with the package order (<package>/../docs/architecture.md)")
     parser.add_argument("--import-time", action="store_true",
                         help="count only imports that run on import, and check cycles only (not the order)")
     args = parser.parse_args(argv)
@@ -277,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     counted = "import-time imports" if args.import_time else "imports (lazy and type-only too)"
     if not findings:
         ordered = "" if order is None else f", all pointing down the {len(order)}-unit package order"
-        print(f"no module or package cycles among the {len(module_names(root))} modules of {root.name}: {counted}"
-              f"{ordered}")
+        print(f"no module or package cycles among the {len(module_names(root))} modules of {root.name}: "
+              f"{counted}{ordered}")
         return 0
     print("\n".join(findings))
     problems = sum(1 for line in findings if not line.startswith(" "))

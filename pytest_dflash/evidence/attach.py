@@ -67,9 +67,9 @@ def run_secrets(run: DflashRun) -> Iterator[str]:
 
 
 def remember_run_secrets(run: DflashRun) -> None:
-    """Hand the profiles' literal secrets to the redactor, once, when the run is built (plugin.pytest_configure):
-    before the pre-flight's first line, and not again per test (that walked every host's services for every
-    report of every host: the square of the fleet)."""
+    """Hand the profiles' literal secrets to the redactor, once, when the run is built
+    (plugin.pytest_configure): before the pre-flight's first line, and not again per test (that walked every
+    host's services for every report of every host: the square of the fleet)."""
     remember(*(s for s in run_secrets(run) if len(s) >= 8))  # a short literal would mask ordinary words
 
 
@@ -87,7 +87,8 @@ def mark_logs(item: pytest.Item, run: DflashRun, info: ItemInfo) -> None:
 
 def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, run: DflashRun,
              info: ItemInfo) -> None:
-    """A service that died during the test fails it; a failure gets its evidence; every report the property."""
+    """A service that died during the test fails it; a failure gets its evidence; every report the
+    property."""
     host = run.host(info.host)
     handles = item.stash.get(HANDLES_KEY, [])
     secrets = _secrets(handles)
@@ -150,7 +151,8 @@ def junit_properties(item: pytest.Item, report: pytest.TestReport, host: HostCon
     for name in info.services:
         handle = next((h for h in handles if h.name == name), None) or host.services.get(name)
         spec = host.profile.services.get(name)
-        algorithms.append(handle.algorithm if handle is not None else spec.algorithm if spec is not None else "?")
+        algorithms.append(handle.algorithm if handle is not None else spec.algorithm
+                          if spec is not None else "?")
     values = {
         "host": info.host,
         "layer": info.layer,
@@ -164,9 +166,9 @@ def junit_properties(item: pytest.Item, report: pytest.TestReport, host: HostCon
 
 
 def _junit_evidence(report: pytest.TestReport, secrets: tuple[str, ...]) -> None:
-    """With --junitxml: the evidence report sections (diagnosis, service state, the end of each log), as one text
-    for JUnit's <failure> (JUnitEvidence adds it there); JUnit writes report sections only with junit_logging,
-    and then only captured output. Bounded so the failure text stays within LONGREPR_BYTES."""
+    """With --junitxml: the evidence report sections (diagnosis, service state, the end of each log), as one
+    text for JUnit's <failure> (JUnitEvidence adds it there); JUnit writes report sections only with
+    junit_logging, and then only captured output. Bounded so the failure text stays within LONGREPR_BYTES."""
     parts = []
     tail_in_text = "--- last lines of the service log ---" in report.longreprtext
     for title, body in report.sections:
@@ -179,13 +181,14 @@ def _junit_evidence(report: pytest.TestReport, secrets: tuple[str, ...]) -> None
     if not parts or room < 512:
         return
     text = scrub("\n".join(parts), room, "JUnit evidence", keep="both", extra=secrets)
-    # Kept beside the failure, not in it: the terminal prints the sections already, and JUnitEvidence puts this
-    # into the <failure> text only while junitxml reads the report. A plain str attribute survives xdist.
+    # Kept beside the failure, not in it: the terminal prints the sections already, and JUnitEvidence puts
+    # this into the <failure> text only while junitxml reads the report. A plain str attribute survives xdist.
     setattr(report, JUNIT_ATTR, text)
 
 
 class _FailureText:
-    """A longrepr for junitxml alone: its crash line as the failure message, the evidence after the traceback."""
+    """A longrepr for junitxml alone: its crash line as the failure message, the evidence after the
+    traceback."""
 
     def __init__(self, original: Any, evidence: str, text: str) -> None:
         # junitxml's message attribute: the crash line, or the first line of a plain-text failure
@@ -240,9 +243,10 @@ class JUnitEvidence:
 
 
 def junit_user_properties(properties: Iterable[tuple[str, object]]) -> list[tuple[str, object]]:
-    """What JUnit's <property> elements get: the flat properties as they are; the `dflash` dict (the controller's
-    input, whose CI-relevant part the flat dflash.* properties carry) left out; any other structured value
-    (the perf layer's `dflash_perf` list, a user's record_property dict) as JSON, never a Python repr."""
+    """What JUnit's <property> elements get: the flat properties as they are; the `dflash` dict (the
+    controller's input, whose CI-relevant part the flat dflash.* properties carry) left out; any other
+    structured value (the perf layer's `dflash_perf` list, a user's record_property dict) as JSON, never a
+    Python repr."""
     out: list[tuple[str, object]] = []
     for name, value in properties:
         if name == "dflash":
@@ -297,8 +301,8 @@ def _attach_evidence(item: pytest.Item, report: pytest.TestReport, run: DflashRu
     for handle in handles:
         if handle.failure is not None:
             run.book.record_death(Failure(info.host, "service", handle.name, item.nodeid,
-                                          scrub(readiness_error_summary(handle.failure), LINE_BYTES, "summary",
-                                                extra=secrets)))
+                                          scrub(readiness_error_summary(handle.failure), LINE_BYTES,
+                                                "summary", extra=secrets)))
     report.sections.append(("dflash evidence", f"collected in {time.monotonic() - started:.2f}s"))
 
 
@@ -444,7 +448,8 @@ def _changed(host: HostContext, section: str, values: dict[str, Any]) -> dict[st
 
 
 _UNSENT = object()
-_NEWS = ("service_facts", "notes", "metrics", "facts")  # what a report's property carries only when it changed
+# what a report's property carries only when it changed
+_NEWS = ("service_facts", "notes", "metrics", "facts")
 
 
 def _has_news(property_: dict[str, Any]) -> bool:

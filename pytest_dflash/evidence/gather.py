@@ -1,6 +1,6 @@
 """Evidence for a failed test: log / journal tails since the test started, unit properties, kernel-log
-lines about OOM and Xid, and a diagnosis from the catalog. Everything is redacted, then capped (scrub/bounds.py),
-before it leaves: a log tail keeps its last LOG_BYTES, every other section ITEM_BYTES."""
+lines about OOM and Xid, and a diagnosis from the catalog. Everything is redacted, then capped
+(scrub/bounds.py), before it leaves: a log tail keeps its last LOG_BYTES, every other section ITEM_BYTES."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 # What the diagnosis reads of each text (the end of a log): far more than a report shows, far less than a
 # log of 30 KB lines can hold.
 DIAGNOSIS_INPUT_BYTES = 256 * 1024
-KERNEL_PATTERN = r"Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|fallen off the bus|GPU has fallen"
+KERNEL_PATTERN = (r"Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|fallen off the bus|"
+                  r"GPU has fallen")
 
 
 @dataclass
@@ -107,7 +108,8 @@ def gather(
                                   clean("\n".join(f"{k}={v}" for k, v in props.items()), ITEM_BYTES,
                                         "report section")))
     if host.has_host_access and not getattr(host.transport, "_unreachable", None):
-        # The earliest window; an attached service found dead has none (since when is unknown): the whole boot.
+        # The earliest window; an attached service found dead has none (since when is unknown): the whole
+        # boot.
         windows = [*marks.values(), *dead_since]
         first = None if None in dead_since else min((m.wall_time for m in windows if m), default=None)
         kernel = kernel_log(host, LogMark(first) if first else None)
@@ -116,7 +118,9 @@ def gather(
             texts.append(kernel)
             evidence.sections.append((f"kernel log {host.name} (OOM / Xid)", kernel))
     python = host.profile.python
-    evidence.diagnoses = diagnose(*texts, values={"python": python, "service": ",".join(h.label for h in handles)})
+    evidence.diagnoses = diagnose(*texts,
+                                  values={"python": python, "service": ",".join(h.label for h in handles)})
     if evidence.diagnoses:
-        evidence.sections.insert(0, ("dflash diagnosis", clean(evidence.diagnosis_text(), ITEM_BYTES, "diagnosis")))
+        evidence.sections.insert(0, ("dflash diagnosis",
+                                     clean(evidence.diagnosis_text(), ITEM_BYTES, "diagnosis")))
     return evidence

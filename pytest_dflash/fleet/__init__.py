@@ -1,1 +1,2 @@
-"""Fleets: the fleet summary and its trend, its HTML / JUnit / Prometheus outputs, hosts over xdist workers."""
+"""Fleets: the fleet summary and its trend, its HTML / JUnit / Prometheus outputs, hosts over xdist
+workers."""

@@ -56,7 +56,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     xdist (3.8) tags items by assigning `item._nodeid`; since pytest 9.2 node ids are structured (`item._id`)
     and that assignment silently does nothing, so LoadGroupScheduling sees no groups at all
     (pytest-dev/pytest-xdist#1386). Where the suffix is missing after xdist's own hook, set it here."""
-    if getattr(config, "workerinput", None) is None or not config.getvalue("loadgroup") or not _targets(config):
+    if (getattr(config, "workerinput", None) is None or not config.getvalue("loadgroup")
+            or not _targets(config)):
         return  # like the rest of the plugin: nothing changes unless hosts are under test
     for item in items:
         marks = item.iter_markers("xdist_group")
@@ -93,7 +94,8 @@ class _LoadGroupToWorkers:
         self.config = config
 
     def pytest_configure_node(self, node: Any) -> None:
-        node.workerinput[LOADGROUP_INPUT] = self.config.getvalue("dist") == "loadgroup" and _targets(self.config)
+        node.workerinput[LOADGROUP_INPUT] = (self.config.getvalue("dist") == "loadgroup"
+                                             and _targets(self.config))
 
 
 def _targets(config: pytest.Config) -> bool:
@@ -124,7 +126,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         previous = report_dir / fleet_outputs.SUMMARY_JSON
     result: dict[str, Any] = {}
     try:
-        verdicts = [fleet_verdicts.LoadedVerdict(Path(p), fleet_verdicts.read_verdict(Path(p))) for p in reported]
+        verdicts = [fleet_verdicts.LoadedVerdict(Path(p), fleet_verdicts.read_verdict(Path(p)))
+                    for p in reported]
         try:
             if previous is not None:
                 fleet_summary.read_summary(previous)

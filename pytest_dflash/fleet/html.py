@@ -36,7 +36,8 @@ article:target{box-shadow:0 0 0 3px #ffb300}.bad{color:#c62828}.good{color:#2e7d
 """
 SCRIPT = """
 (function(){var f=document.getElementById('filter'),c=document.getElementById('only-failing');
-function apply(){var q=f.value.toLowerCase();document.querySelectorAll('#matrix tbody tr').forEach(function(r){
+function apply(){var q=f.value.toLowerCase();\
+document.querySelectorAll('#matrix tbody tr').forEach(function(r){
 var ok=r.dataset.host.toLowerCase().indexOf(q)>=0&&(!c.checked||r.dataset.verdict==='fail');
 r.style.display=ok?'':'none';});}f.addEventListener('input',apply);c.addEventListener('change',apply);})();
 """
@@ -55,7 +56,8 @@ def render_html(summary: Mapping[str, Any]) -> str:
     layers: list[str] = list(summary["layers"])
     extra = sorted({layer for entry in hosts.values() for layer in entry["layers"] if layer not in layers})
     layers += extra
-    shown = [layer for layer in layers if any(e_["layers"].get(layer, "not-run") != "not-run" for e_ in hosts.values())]
+    shown = [layer for layer in layers
+             if any(e_["layers"].get(layer, "not-run") != "not-run" for e_ in hosts.values())]
     shown = shown or layers
     totals = summary["totals"]
     out: list[str] = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -63,10 +65,12 @@ def render_html(summary: Mapping[str, Any]) -> str:
                       f"<style>{CSS}</style></head><body>", "<h1>pytest-dflash fleet summary</h1>"]
     out.append(f'<p class="meta">generated {e(summary["generated"])} from {len(summary["runs"])} run(s) '
                f'({e(", ".join(summary["run_ids"]))}); <b>{totals["hosts"]}</b> hosts: '
-               f'<span class="pass">{totals["pass"]} pass</span>, <span class="fail">{totals["fail"]} fail</span>'
+               f'<span class="pass">{totals["pass"]} pass</span>, '
+               f'<span class="fail">{totals["fail"]} fail</span>'
                + "".join(f', <span class="fail">{totals[v]} {v}</span>' for v in ("partial", "interrupted")
                          if totals.get(v))
-               + (f'; excluded: {e(", ".join(summary["excluded"]))}' if summary.get("excluded") else "") + "</p>")
+               + (f'; excluded: {e(", ".join(summary["excluded"]))}'
+                  if summary.get("excluded") else "") + "</p>")
     gate = summary.get("gate")
     if gate:
         state = '<span class="pass">PASSED</span>' if gate["passed"] else '<span class="fail">FAILED</span>'
@@ -84,7 +88,8 @@ def render_html(summary: Mapping[str, Any]) -> str:
             out += _host_section(name, entry)
     passing = [(name, entry) for name, entry in hosts.items() if entry["verdict"] == "pass"]
     if passing:
-        out.append(f"<h2>Passing hosts ({len(passing)})</h2><details><summary>services, readiness, accept length"
+        out.append(f"<h2>Passing hosts ({len(passing)})</h2>"
+                   "<details><summary>services, readiness, accept length"
                    "</summary>")
         for name, entry in passing:
             out.append(f'<article id="{anchor(name)}"><h3>{e(name)} <span class="pass">PASS</span></h3>')
@@ -111,37 +116,43 @@ def _trend(trend: Mapping[str, Any] | None) -> list[str]:
         out.append(f'<li class="bad"><b>new failures ({len(trend["new_failures"])})</b>: {items}</li>')
     if trend["fixed"]:
         out.append(f'<li class="good"><b>fixed ({len(trend["fixed"])})</b>: '
-                   + ", ".join(f'{e(f["host"])} ({e(", ".join(f["layers"]))})' for f in trend["fixed"]) + "</li>")
+                   + ", ".join(f'{e(f["host"])} ({e(", ".join(f["layers"]))})'
+                               for f in trend["fixed"]) + "</li>")
     if trend["still_failing"]:
         out.append(f"<li><b>still failing ({len(trend['still_failing'])})</b>: "
-                   + ", ".join(f'<a href="#{anchor(h)}">{e(h)}</a>' for h in trend["still_failing"]) + "</li>")
+                   + ", ".join(f'<a href="#{anchor(h)}">{e(h)}</a>'
+                               for h in trend["still_failing"]) + "</li>")
     if trend["disappeared"]:
-        out.append(f'<li class="bad"><b>disappeared ({len(trend["disappeared"])})</b> (in the previous run, no '
-                   f'verdict now): {e(", ".join(trend["disappeared"]))}</li>')
+        out.append(f'<li class="bad"><b>disappeared ({len(trend["disappeared"])})</b> (in the previous run, '
+                   f'no verdict now): {e(", ".join(trend["disappeared"]))}</li>')
     if trend["new_hosts"]:
-        out.append(f"<li><b>new hosts ({len(trend['new_hosts'])})</b>: {e(', '.join(trend['new_hosts']))}</li>")
+        out.append(f"<li><b>new hosts ({len(trend['new_hosts'])})</b>: "
+                   f"{e(', '.join(trend['new_hosts']))}</li>")
     if not any(trend[k] for k in ("new_failures", "fixed", "still_failing", "disappeared", "new_hosts")):
         out.append("<li>no change in host verdicts</li>")
     out.append("</ul>")
     perf = trend["perf"]
     if perf:
         out.append(f"<h3>Perf deltas (|change| ≥ {trend['perf_threshold_pct']:g}%)</h3>"
-                   + (f'<p class="meta">regression: {e(trend["perf_rule"])}</p>' if trend.get("perf_rule") else "")
+                   + (f'<p class="meta">regression: {e(trend["perf_rule"])}</p>'
+                      if trend.get("perf_rule") else "")
                    + "<table><tr><th>host</th><th>number</th><th>previous</th><th>current</th><th>change</th>"
                    "<th>judged</th></tr>")
         for item in perf[:200]:
             css = "bad" if item["regression"] else "muted"
             pct = f"{item['pct']:+.1f}%" if item["pct"] is not None else "new"
-            out.append(f'<tr><td><a href="#{anchor(item["host"])}">{e(item["host"])}</a></td><td>{e(item["metric"])}'
-                       f'</td><td>{item["previous"]:g}</td><td>{item["current"]:g}</td>'
-                       f'<td class="{css}">{pct}</td><td class="{css}">{e(item.get("rule") or "")}</td></tr>')
+            out.append(f'<tr><td><a href="#{anchor(item["host"])}">{e(item["host"])}</a></td>'
+                       f'<td>{e(item["metric"])}</td><td>{item["previous"]:g}</td>'
+                       f'<td>{item["current"]:g}</td><td class="{css}">{pct}</td>'
+                       f'<td class="{css}">{e(item.get("rule") or "")}</td></tr>')
         out.append("</table>" + (f'<p class="muted">{len(perf) - 200} more in fleet-summary.json</p>'
                                  if len(perf) > 200 else ""))
     return out
 
 
 def _readiness(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Each service's readiness seconds across hosts (a dot per host, the median marked, the slowest named)."""
+    """Each service's readiness seconds across hosts (a dot per host, the median marked, the slowest
+    named)."""
     from pytest_dflash.report.plots import readiness_spread_svg
 
     spread: dict[str, dict[str, float]] = {}
@@ -171,10 +182,11 @@ def _diagnoses(diagnoses: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def _matrix(hosts: Mapping[str, Mapping[str, Any]], layers: list[str]) -> list[str]:
-    out = ['<h2>Hosts × layers</h2><div id="controls"><label><input type="checkbox" id="only-failing"> failing '
-           'hosts only</label> <input id="filter" placeholder="filter hosts" size="24"></div>',
+    out = ['<h2>Hosts × layers</h2><div id="controls"><label><input type="checkbox" id="only-failing"> '
+           'failing hosts only</label> <input id="filter" placeholder="filter hosts" size="24"></div>',
            '<table id="matrix"><thead><tr><th>host</th><th>verdict</th>'
-           + "".join(f"<th>{e(layer)}</th>" for layer in layers) + "<th>failing since</th></tr></thead><tbody>"]
+           + "".join(f"<th>{e(layer)}</th>" for layer in layers)
+           + "<th>failing since</th></tr></thead><tbody>"]
     order = sorted(hosts.items(), key=lambda kv: (kv[1]["verdict"] != "fail", kv[0]))
     for name, entry in order:
         verdict = entry["verdict"]
@@ -182,7 +194,8 @@ def _matrix(hosts: Mapping[str, Mapping[str, Any]], layers: list[str]) -> list[s
         for layer in layers:
             outcome = entry["layers"].get(layer, "not-run")
             ids = sorted({d["id"] for f in entry["failures"] if f["layer"] == layer for d in f["diagnosis"]})
-            titles = sorted({d["title"] for f in entry["failures"] if f["layer"] == layer for d in f["diagnosis"]})
+            titles = sorted({d["title"] for f in entry["failures"] if f["layer"] == layer
+                             for d in f["diagnosis"]})
             messages = [f["message"] for f in entry["failures"] if f["layer"] == layer][:2]
             if outcome == "blocked":
                 messages = [b["message"] for b in entry["blocked"] if layer in b.get("layers", [])][:1]
@@ -193,8 +206,9 @@ def _matrix(hosts: Mapping[str, Mapping[str, Any]], layers: list[str]) -> list[s
             small = f"<small>{e(', '.join(ids))}</small>" if ids else ""
             cells.append(f'<td class="o o-{e(outcome)}" title="{e(tip)}">{label}{small}</td>')
         since = e(entry.get("failing_since") or "")
-        out.append(f'<tr data-host="{e(name)}" data-verdict="{e(verdict)}"><td><a href="#{anchor(name)}">{e(name)}'
-                   f'</a></td><td class="{e(verdict)}">{e(verdict.upper())}</td>{"".join(cells)}<td>{since}</td></tr>')
+        out.append(f'<tr data-host="{e(name)}" data-verdict="{e(verdict)}">'
+                   f'<td><a href="#{anchor(name)}">{e(name)}</a></td>'
+                   f'<td class="{e(verdict)}">{e(verdict.upper())}</td>{"".join(cells)}<td>{since}</td></tr>')
     out.append("</tbody></table>")
     return out
 
@@ -211,12 +225,13 @@ def _host_section(name: str, entry: Mapping[str, Any]) -> list[str]:
                    f"({e(failure['phase'])})<pre>{e(failure['message'])}</pre>")
         for diagnosis in failure["diagnosis"]:
             out.append(f'<div class="diag"><b>[{e(diagnosis["id"])}]</b> {e(diagnosis["title"])}'
-                       + (f'<div class="remedy">remedy: {e(diagnosis["remedy"])}</div>' if diagnosis["remedy"] else "")
+                       + (f'<div class="remedy">remedy: {e(diagnosis["remedy"])}</div>'
+                          if diagnosis["remedy"] else "")
                        + "</div>")
         out.append("</div>")
     for blocked in entry["blocked"]:
-        out.append(f'<p class="muted">{blocked["count"]} test(s) blocked ({e(", ".join(blocked["layers"]))}): '
-                   f'{e(blocked["message"])}</p>')
+        out.append(f'<p class="muted">{blocked["count"]} test(s) blocked '
+                   f'({e(", ".join(blocked["layers"]))}): {e(blocked["message"])}</p>')
     out += _changed(entry.get("changed"))
     out += _perf_delta(entry)
     out += _services(entry)
@@ -244,7 +259,8 @@ def _changed(changed: Mapping[str, Any] | None) -> list[str]:
                    f"<td>{e(_value(change['before']))}</td><td>{e(_value(change['after']))}</td></tr>")
     out.append("</table>")
     if changed["count"] > len(changed["changes"]):
-        out.append(f'<p class="muted">{changed["count"] - len(changed["changes"])} more changes not shown</p>')
+        out.append(f'<p class="muted">{changed["count"] - len(changed["changes"])} more changes '
+                   f'not shown</p>')
     return out
 
 
@@ -256,7 +272,8 @@ def _perf_delta(entry: Mapping[str, Any]) -> list[str]:
     deltas: Mapping[str, Mapping[str, Any]] = entry.get("perf_delta") or {}
     if not deltas:
         return []
-    out = ["<table><tr><th>number</th><th>previous run</th><th>this run</th><th>change</th><th>judged</th></tr>"]
+    out = ["<table><tr><th>number</th><th>previous run</th><th>this run</th>"
+           "<th>change</th><th>judged</th></tr>"]
     for key, item in deltas.items():
         css = "bad" if item["regression"] else "muted"
         pct = f"{item['pct']:+.1f}%" if item["pct"] is not None else "new"
@@ -282,5 +299,6 @@ def _services(entry: Mapping[str, Any]) -> list[str]:
         out.append("</table>")
     if metrics:
         out.append("<table><tr><th>perf number</th><th>value</th></tr>"
-                   + "".join(f"<tr><td>{e(k)}</td><td>{v:g}</td></tr>" for k, v in metrics.items()) + "</table>")
+                   + "".join(f"<tr><td>{e(k)}</td><td>{v:g}</td></tr>"
+                             for k, v in metrics.items()) + "</table>")
     return out

@@ -40,18 +40,21 @@ def render_junit(summary: Mapping[str, Any]) -> str:
                 ids = sorted({d["id"] for f in failures for d in f["diagnosis"]})
                 titles = [d["title"] for f in failures for d in f["diagnosis"]]
                 message = titles[0] if titles else (failures[0]["message"] if failures else "failed")
-                element = ET.SubElement(case, "failure", {"type": ",".join(ids) or "failed", "message": clean(message)})
+                element = ET.SubElement(case, "failure",
+                                        {"type": ",".join(ids) or "failed", "message": clean(message)})
                 element.text = clean("\n\n".join(_failure_text(f) for f in failures) or "failed")
             elif outcome == "blocked":
                 counts["skipped"] += 1
                 roots = [b["message"] for b in entry["blocked"] if layer in b.get("layers", [])]
-                ET.SubElement(case, "skipped", {"type": "blocked", "message": clean(roots[0]) if roots else "blocked"})
+                ET.SubElement(case, "skipped",
+                              {"type": "blocked", "message": clean(roots[0]) if roots else "blocked"})
             elif outcome == "skipped":
                 counts["skipped"] += 1
                 ET.SubElement(case, "skipped", {"message": "every test of the layer was skipped"})
             elif outcome == "not-run":
                 counts["skipped"] += 1
-                ET.SubElement(case, "skipped", {"type": "not-run", "message": "no test of the layer was selected"})
+                ET.SubElement(case, "skipped",
+                              {"type": "not-run", "message": "no test of the layer was selected"})
     for element in (suite, root):
         for key, value in counts.items():
             element.set(key, str(value))

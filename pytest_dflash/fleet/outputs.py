@@ -41,7 +41,8 @@ class Outputs:
 
 def write_outputs(summary: Mapping[str, Any], out_dir: Path, *, prometheus: Path | None = None) -> Outputs:
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = Outputs(out_dir / SUMMARY_JSON, out_dir / SUMMARY_HTML, out_dir / JUNIT_XML, [out_dir / PROMETHEUS], [])
+    paths = Outputs(out_dir / SUMMARY_JSON, out_dir / SUMMARY_HTML, out_dir / JUNIT_XML,
+                    [out_dir / PROMETHEUS], [])
     atomic_write(paths.summary_json, json.dumps(summary, indent=1, default=str) + "\n")
     atomic_write(paths.summary_html, render_html(summary))
     atomic_write(paths.junit_xml, render_junit(summary))
@@ -60,9 +61,10 @@ def summarize(inputs: Sequence[LoadedVerdict], out_dir: Path, *, previous_path: 
     """Build the summary, write every output, then record this run's good verdicts in the history."""
     previous = read_summary(previous_path) if previous_path is not None else None
     history = History(history_dir) if history_dir is not None else None
-    summary = build_summary(inputs, previous=previous, previous_source=str(previous_path) if previous_path else None,
-                            history=history, gate_layers=gate_layers, excluded=excluded,
-                            exclude_patterns=exclude_patterns, perf_threshold_pct=perf_threshold_pct)
+    summary = build_summary(inputs, previous=previous,
+                            previous_source=str(previous_path) if previous_path else None, history=history,
+                            gate_layers=gate_layers, excluded=excluded, exclude_patterns=exclude_patterns,
+                            perf_threshold_pct=perf_threshold_pct)
     outputs = write_outputs(summary, out_dir, prometheus=prometheus)
     if history is not None:
         outputs.history = history.record(inputs)
@@ -79,14 +81,16 @@ def headline(summary: Mapping[str, Any]) -> list[str]:
              + (f"; excluded: {', '.join(summary['excluded'])}" if summary.get("excluded") else "")]
     gate = summary.get("gate")
     if gate:
-        verdict = "PASSED" if gate["passed"] else f"FAILED on {', '.join(sorted(gate['failing'])) or 'no hosts'}"
+        verdict = ("PASSED" if gate["passed"]
+                   else f"FAILED on {', '.join(sorted(gate['failing'])) or 'no hosts'}")
         lines.append(f"gate {','.join(gate['layers'])}: {verdict}")
     trend = summary.get("trend")
     if trend:
         previous = trend["previous"].get("finished") or "the previous run"
         if trend["new_failures"]:
             lines.append(f"new failures since {previous}: " + "; ".join(
-                f"{f['host']} ({', '.join(f['layers'])}{': ' + ', '.join(f['diagnosis']) if f['diagnosis'] else ''})"
+                f"{f['host']} "
+                f"({', '.join(f['layers'])}{': ' + ', '.join(f['diagnosis']) if f['diagnosis'] else ''})"
                 for f in trend["new_failures"][:10]) + (" …" if len(trend["new_failures"]) > 10 else ""))
         if trend["fixed"]:
             lines.append("fixed: " + ", ".join(f["host"] for f in trend["fixed"][:20]))
@@ -105,7 +109,8 @@ def headline(summary: Mapping[str, Any]) -> list[str]:
         if changed is None:
             lines.append(f"{name}: {since}; no good verdict on record to compare with")
         elif not changed["count"]:
-            lines.append(f"{name}: {since}; nothing changed since its last good run {changed['since']['run_id']}")
+            lines.append(f"{name}: {since}; nothing changed since its last good run "
+                         f"{changed['since']['run_id']}")
         else:
             parts = [f"{c['key'].rsplit('.', 1)[-1]} {_short(c['before'])} -> {_short(c['after'])}"
                      for c in changed["changes"][:4]]

@@ -46,7 +46,8 @@ METRICS: dict[str, str] = {
     "dflash_host_pass": "1 if the host's verdict is pass (no layer failed or was blocked), else 0",
     "dflash_host_run_timestamp_seconds": "when the run that produced the host's verdict finished (unix time)",
     "dflash_host_run_duration_seconds": "duration of the run that produced the host's verdict",
-    "dflash_host_failing_since_timestamp_seconds": "for a failing host: first run of its current failing streak",
+    "dflash_host_failing_since_timestamp_seconds": "for a failing host: first run of its current failing "
+                                                   "streak",
     "dflash_host_last_good_timestamp_seconds": "when the host last had a passing verdict (unix time)",
     "dflash_host_failed_tests": "failed (or errored) tests of the host",
     "dflash_host_blocked_tests": "tests of the host skipped because a lower layer failed",
@@ -55,8 +56,8 @@ METRICS: dict[str, str] = {
     "dflash_failure_diagnosis": "1 per host, layer and diagnosis id of a failure (diagnosis=\"none\" when no "
                                 "catalog signature matched)",
     "dflash_service_info": "1 per service, with its speculative algorithm and the server version it reported",
-    "dflash_service_ready_seconds": "seconds from launch/attach until the service was ready (greedy + sampled "
-                                    "generation succeeded)",
+    "dflash_service_ready_seconds": "seconds from launch/attach until the service was ready (greedy + "
+                                    "sampled generation succeeded)",
     "dflash_service_accept_length": "mean accept length measured on the service (speculative decoding)",
     "dflash_perf": "a perf-layer number of the host (from the verdict's metrics), by metric name",
 }
@@ -141,7 +142,8 @@ def fleet_metrics(summary: Mapping[str, Any]) -> Exposition:
     out.add("dflash_fleet_hosts", {"verdict": "fail"}, totals.get("fail", 0))
     gate = summary.get("gate")
     if gate:
-        out.add("dflash_fleet_gate_pass", {"layers": ",".join(gate.get("layers", []))}, 1 if gate.get("passed") else 0)
+        out.add("dflash_fleet_gate_pass", {"layers": ",".join(gate.get("layers", []))},
+                1 if gate.get("passed") else 0)
     out.add("dflash_fleet_summary_timestamp_seconds", {}, float(summary.get("generated_ts", 0.0)))
     for name, host in hosts.items():
         base = {"host": name}
@@ -152,7 +154,8 @@ def fleet_metrics(summary: Mapping[str, Any]) -> Exposition:
         last_good = host.get("last_good") or {}
         _maybe(out, "dflash_host_last_good_timestamp_seconds", base, last_good.get("finished_ts"))
         out.add("dflash_host_failed_tests", base, len(host.get("failures", [])))
-        out.add("dflash_host_blocked_tests", base, sum(int(b.get("count", 1)) for b in host.get("blocked", [])))
+        out.add("dflash_host_blocked_tests", base,
+                sum(int(b.get("count", 1)) for b in host.get("blocked", [])))
     for name, host in hosts.items():
         for layer, outcome in host.get("layers", {}).items():
             if outcome != "not-run":
@@ -187,11 +190,12 @@ class PushError(Exception):
 def push(url: str, summary: Mapping[str, Any], *, timeout_s: float = PUSH_TIMEOUT_S) -> str:
     """PUT the fleet summary's metrics to a Pushgateway; returns the group URL pushed to (credentials masked).
 
-    `url` is the gateway (`http://pgw:9091`, job `pytest-dflash`) or a group URL in the Pushgateway's own form,
-    `http://pgw:9091/metrics/job/<job>[/<label>/<value>]...` (one group per shard: `.../shard/2`), optionally
-    with `user:password@` for basic auth. Raises PushError."""
+    `url` is the gateway (`http://pgw:9091`, job `pytest-dflash`) or a group URL in the Pushgateway's own
+    form, `http://pgw:9091/metrics/job/<job>[/<label>/<value>]...` (one group per shard: `.../shard/2`),
+    optionally with `user:password@` for basic auth. Raises PushError."""
     gateway, job, grouping, auth, shown = _push_target(url)
-    handler = default_handler if auth is None else partial(basic_auth_handler, username=auth[0], password=auth[1])
+    handler = (default_handler if auth is None
+               else partial(basic_auth_handler, username=auth[0], password=auth[1]))
     try:
         push_to_gateway(gateway, job=job, registry=fleet_metrics(summary).registry(), grouping_key=grouping,
                         timeout=timeout_s, handler=handler)
@@ -205,7 +209,8 @@ def push(url: str, summary: Mapping[str, Any], *, timeout_s: float = PUSH_TIMEOU
 
 
 def check_push_url(url: str) -> str:
-    """The URL a --prometheus-push value pushes to (credentials masked); raises PushError on a malformed one."""
+    """The URL a --prometheus-push value pushes to (credentials masked); raises PushError on a malformed
+    one."""
     return _push_target(url)[4]
 
 
@@ -227,8 +232,8 @@ def _push_target(url: str) -> tuple[str, str, dict[str, str], tuple[str, str] | 
     job, grouping = PUSH_JOB, {}
     if parts:
         if "metrics" not in parts:
-            raise PushError(f"{url!r}: expected the gateway or .../metrics/job/NAME[/LABEL/VALUE]..., got path "
-                            f"{parsed.path!r}")
+            raise PushError(f"{url!r}: expected the gateway or .../metrics/job/NAME[/LABEL/VALUE]..., got "
+                            f"path {parsed.path!r}")
         at = parts.index("metrics")
         rest = parts[at + 1:]
         if len(rest) < 2 or len(rest) % 2 or rest[0] not in ("job", "job@base64"):

@@ -1,21 +1,21 @@
 """Hosts in parallel inside an xdist worker: which worker owns which host, decided the same way on both sides.
 
 Under `-n N` the plugin runs `--dist loadgroup` (one host = one xdist group = one worker). Plain
-LoadGroupScheduling hands a worker one group at a time, so a worker cannot know its next hosts and readies them
-one after another. HostGroupScheduling instead gives each host group to a fixed owner: with the collected host
-groups sorted by name, host i belongs to worker `gw{i % N}` (N = the workers xdist was asked for). A worker,
-having collected the same items, computes the same list (`owned_hosts`) and pre-flights all of its hosts at once
-before its first test (run/preflight.py), exactly as a run without xdist does.
+LoadGroupScheduling hands a worker one group at a time, so a worker cannot know its next hosts and readies
+them one after another. HostGroupScheduling instead gives each host group to a fixed owner: with the collected
+host groups sorted by name, host i belongs to worker `gw{i % N}` (N = the workers xdist was asked for). A
+worker, having collected the same items, computes the same list (`owned_hosts`) and pre-flights all of its
+hosts at once before its first test (run/preflight.py), exactly as a run without xdist does.
 
 Correctness over parallelism:
 
-* A group whose owner is alive runs only on its owner: another worker running it would start the host's services
-  a second time (its host lock, its ports) while the owner's pre-flight holds them.
+* A group whose owner is alive runs only on its owner: another worker running it would start the host's
+  services a second time (its host lock, its ports) while the owner's pre-flight holds them.
 * A group whose owner is gone (crashed, or never came up) may run on any worker, like plain loadgroup; so may
   groups that are not hosts. Replacement workers (`--maxworkerrestart`) get ids past `gw{N-1}`, own nothing,
   pre-flight nothing and take such orphans as they come.
-* A worker left without runnable work waits (it may still inherit an orphan) and is shut down as soon as the queue
-  is empty, so nothing hangs.
+* A worker left without runnable work waits (it may still inherit an orphan) and is shut down as soon as the
+  queue is empty, so nothing hangs.
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ from xdist.workermanage import WorkerController  # type: ignore[import-untyped]
 
 from pytest_dflash.run.state import DflashRun
 
-OWNED_INPUT = "dflash_host_owners"  # workerinput: the controller schedules hosts by owner (HostGroupScheduling)
+# workerinput: the controller schedules hosts by owner (HostGroupScheduling)
+OWNED_INPUT = "dflash_host_owners"
 _WORKER_ID = re.compile(r"gw(\d+)")
 
 
 def group_of(nodeid: str) -> str:
-    """The xdist group of a node id (`path::test[params]@group` -> `group`), as LoadGroupScheduling splits it."""
+    """The xdist group of a node id (`path::test[params]@group` -> `group`), as LoadGroupScheduling splits
+    it."""
     if nodeid.rfind("@") > nodeid.rfind("]"):  # an "@" inside the params is not a group
         return nodeid.split("@")[-1]
     return nodeid
@@ -57,7 +59,8 @@ def owner_id(host: str, groups: Sequence[str], workers: int) -> str | None:
 
 
 def owned_hosts(nodeids: Iterable[str], hosts: Collection[str], worker_id: str, workers: int) -> list[str]:
-    """The hosts the worker `worker_id` (of `workers`) runs under HostGroupScheduling; [] for a replacement."""
+    """The hosts the worker `worker_id` (of `workers`) runs under HostGroupScheduling; [] for a
+    replacement."""
     match = _WORKER_ID.fullmatch(worker_id)
     if match is None or workers < 1:
         return []
@@ -94,7 +97,8 @@ class HostGroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
     def may_run(self, node: WorkerController, scope: str) -> bool:
         """A host group runs on its owner while the owner lives; anything else on any worker."""
         owner = self.owners.get(scope)
-        return owner is None or owner == node.gateway.id or all(n.gateway.id != owner for n in self.assigned_work)
+        return (owner is None or owner == node.gateway.id
+                or all(n.gateway.id != owner for n in self.assigned_work))
 
     def _assign_work_unit(self, node: WorkerController) -> None:
         if node not in self.registered_collections:
@@ -114,8 +118,8 @@ class HostGroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
 
 
 class HostScheduler:
-    """Controller plugin, registered when the plugin's loadgroup switch is on and hosts are targeted: makes xdist
-    use HostGroupScheduling and tells each worker so (it then pre-flights the hosts it owns)."""
+    """Controller plugin, registered when the plugin's loadgroup switch is on and hosts are targeted: makes
+    xdist use HostGroupScheduling and tells each worker so (it then pre-flights the hosts it owns)."""
 
     def __init__(self, config: pytest.Config, run: DflashRun) -> None:
         self.config = config
@@ -129,8 +133,9 @@ class HostScheduler:
         node.workerinput[OWNED_INPUT] = self.asked_first()
 
     def asked_first(self) -> bool:
-        """Whether xdist will take our scheduler: the nodes are set up before it asks, so look at the hook's order.
-        If another plugin's hook comes first, the workers must not pre-flight by owner (it decides who runs what)."""
+        """Whether xdist will take our scheduler: the nodes are set up before it asks, so look at the hook's
+        order. If another plugin's hook comes first, the workers must not pre-flight by owner (it decides who
+        runs what)."""
         impls = [impl for impl in self.config.hook.pytest_xdist_make_scheduler.get_hookimpls()
                  if not (impl.hookwrapper or impl.wrapper)]
         return bool(impls) and impls[-1].plugin is self  # pluggy calls the last one first
@@ -141,7 +146,8 @@ def worker_hosts(config: pytest.Config, nodeids: Iterable[str], hosts: Collectio
     workerinput = getattr(config, "workerinput", None)
     if not workerinput or not workerinput.get(OWNED_INPUT):
         return None
-    return owned_hosts(nodeids, hosts, str(workerinput.get("workerid", "")), int(workerinput.get("workercount", 0)))
+    return owned_hosts(nodeids, hosts, str(workerinput.get("workerid", "")),
+                       int(workerinput.get("workercount", 0)))
 
 
 __all__ = ["OWNED_INPUT", "HostGroupScheduling", "HostScheduler", "group_of", "host_groups", "owned_hosts",

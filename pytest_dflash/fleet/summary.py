@@ -6,8 +6,8 @@ or the shards of one) -> one summary dict with trend and history (:func:`build_s
 
 The summary holds, per host, the layer matrix, the failures with their diagnoses, blocked roots, services
 (algorithm, version, readiness, accept length) and perf numbers; for a failing host, since when it fails and
-what changed since its last good verdict. `trend` compares with the previous summary: new failures, fixed hosts,
-hosts that disappeared or appeared, perf deltas.
+what changed since its last good verdict. `trend` compares with the previous summary: new failures, fixed
+hosts, hosts that disappeared or appeared, perf deltas.
 
 Its parts: verdicts.py (the input and the last-good history), values.py (timestamps, flattened numbers) and
 trend.py ("what changed", the trend); outputs.py writes the files from it.
@@ -39,12 +39,13 @@ def read_summary(path: Path) -> dict[str, Any]:
         raise FleetInputError(f"{path}: cannot read previous summary: {exc}") from None
     except json.JSONDecodeError as exc:
         raise FleetInputError(f"{path}: not a fleet summary (not JSON: {exc.msg})") from None
-    if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA or not isinstance(data.get("hosts"), dict):
+    if (not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA
+            or not isinstance(data.get("hosts"), dict)):
         raise FleetInputError(f"{path}: not a fleet summary (expected schema {SUMMARY_SCHEMA!r})")
     return data
 
 
-# ---- per-host entries ---------------------------------------------------------------------------------------
+# ---- per-host entries --------------------------------------------------------------------------------------
 
 
 def _service_entry(facts: Mapping[str, Any]) -> dict[str, Any]:
@@ -108,7 +109,8 @@ def host_entry(verdict: LoadedVerdict) -> dict[str, Any]:
         "layers": outcomes,
         "failures": [_failure_entry(f) for f in data.get("failures", []) if isinstance(f, Mapping)],
         "blocked": _blocked_entries([b for b in data.get("blocked", []) if isinstance(b, Mapping)]),
-        "services": {name: _service_entry(facts) for name, facts in sorted((data.get("services") or {}).items())
+        "services": {name: _service_entry(facts)
+                     for name, facts in sorted((data.get("services") or {}).items())
                      if isinstance(facts, Mapping)},
         "metrics": numbers(data.get("metrics") or {}),
         "notes": [str(n) for n in data.get("notes", [])][:20],
@@ -121,7 +123,7 @@ def host_entry(verdict: LoadedVerdict) -> dict[str, Any]:
     }
 
 
-# ---- the summary ---------------------------------------------------------------------------------------------
+# ---- the summary -------------------------------------------------------------------------------------------
 
 
 def missing_verdicts(verdicts: Sequence[LoadedVerdict], excluded: Sequence[str] = ()) -> list[LoadedVerdict]:
@@ -137,12 +139,14 @@ def missing_verdicts(verdicts: Sequence[LoadedVerdict], excluded: Sequence[str] 
         for host in run.get("hosts") or ():
             if (isinstance(host, str) and host not in have
                     and not any(fnmatch.fnmatchcase(host, pattern) for pattern in excluded)):
-                named.setdefault(host, f"run {verdict.run_id}" + (f", shard {run['shard']}" if run.get("shard")
-                                                                  else ""))
+                named.setdefault(host,
+                                 f"run {verdict.run_id}" + (f", shard {run['shard']}" if run.get("shard")
+                                                            else ""))
     return [LoadedVerdict(Path(f"<no verdict for {host}>"), {
         "schema": VERDICT_SCHEMA, "host": host, "verdict": "interrupted", "exit_code": None, "layers": {},
-        "interrupted": f"no verdict for this host among the merged inputs (named by {source}): its shard or run "
-                       "never wrote one", "failures": [], "blocked": [], "services": {}, "metrics": {}, "facts": {},
+        "interrupted": f"no verdict for this host among the merged inputs (named by {source}): its shard or "
+                       "run never wrote one", "failures": [], "blocked": [], "services": {}, "metrics": {},
+        "facts": {},
     }) for host, source in sorted(named.items())]
 
 
@@ -159,14 +163,16 @@ def gate_layers_of(verdicts: Sequence[LoadedVerdict]) -> list[str]:
     seen = {tuple((v.data.get("gate") or {}).get("layers") or ()) for v in verdicts if v.data.get("gate")}
     if len(seen) > 1:
         shown = "; ".join(",".join(layers) or "(none)" for layers in sorted(seen))
-        raise FleetInputError(f"the shards disagree on the gate ({shown}): pass --gate to say which one applies")
+        raise FleetInputError(f"the shards disagree on the gate ({shown}): pass --gate to say which one "
+                              f"applies")
     return list(next(iter(seen))) if seen else []
 
 
 def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, Any] | None = None,
                   previous_source: str | None = None, history: History | None = None,
-                  gate_layers: Sequence[str] = (), excluded: Sequence[str] = (), exclude_patterns: Sequence[str] = (),
-                  perf_threshold_pct: float = 5.0, now: float | None = None) -> dict[str, Any]:
+                  gate_layers: Sequence[str] = (), excluded: Sequence[str] = (),
+                  exclude_patterns: Sequence[str] = (), perf_threshold_pct: float = 5.0,
+                  now: float | None = None) -> dict[str, Any]:
     """`excluded`: the hosts left out of the inputs; `exclude_patterns`: the globs that left them out."""
     now = time.time() if now is None else now
     verdicts = [*verdicts, *missing_verdicts(verdicts, [*excluded, *exclude_patterns])]
@@ -184,15 +190,18 @@ def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, A
             entry["last_good"] = entry["changed"]["since"]
         old = before.get(name) or {}
         if old.get("verdict") == "fail" and old.get("failing_since"):
-            entry["failing_since"], entry["failing_since_ts"] = old["failing_since"], old.get("failing_since_ts")
+            entry["failing_since"], entry["failing_since_ts"] = (old["failing_since"],
+                                                                 old.get("failing_since_ts"))
         else:
             entry["failing_since"], entry["failing_since_ts"] = entry["finished"], entry["finished_ts"]
         if entry["last_good"] is None and old.get("last_good"):
             entry["last_good"] = old["last_good"]
     trend = (build_trend(hosts, previous, source=previous_source, excluded=[*excluded, *exclude_patterns],
-                         threshold_pct=perf_threshold_pct, history_dir=history.root if history is not None else None)
+                         threshold_pct=perf_threshold_pct,
+                         history_dir=history.root if history is not None else None)
              if previous is not None else None)
-    layer_totals = {layer: {o: 0 for o in ("passed", "failed", "blocked", "skipped", "not-run")} for layer in LAYERS}
+    layer_totals = {layer: {o: 0 for o in ("passed", "failed", "blocked", "skipped", "not-run")}
+                    for layer in LAYERS}
     diagnoses: dict[str, dict[str, Any]] = {}
     for name, entry in hosts.items():
         for layer, outcome in entry["layers"].items():

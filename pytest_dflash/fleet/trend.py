@@ -3,11 +3,11 @@
 
 A perf number is a regression only when its change is outside what repeated good runs show (issue 26: a raw
 percentage printed `ready_s 3.975 -> 4.495 (+13.1%)` for noise and taught people to ignore the line):
-- a number with a bootstrap interval in both runs (`<key>.lower` / `<key>.upper`, the perf layer's throughput):
-  worse, and the two intervals do not overlap;
+- a number with a bootstrap interval in both runs (`<key>.lower` / `<key>.upper`, the perf layer's
+  throughput): worse, and the two intervals do not overlap;
 - any other number (readiness time, latency percentiles, accept length): worse than every one of the host's
-  last `HISTORY_WINDOW` good runs (`<history>/<host>/good-runs.json`) by more than `HISTORY_MARGIN`, judged only
-  once `MIN_HISTORY` good runs are on record.
+  last `HISTORY_WINDOW` good runs (`<history>/<host>/good-runs.json`) by more than `HISTORY_MARGIN`, judged
+  only once `MIN_HISTORY` good runs are on record.
 Each change carries the rule that judged it (`rule`), and the terminal line shows it.
 """
 
@@ -26,9 +26,10 @@ FAILING = ("failed", "blocked")
 MAX_CHANGES = 200  # per host, in the summary ("what changed" of a whole package set can be long)
 # Service facts that are measurements of one run, not configuration: never "what changed".
 VOLATILE_SERVICE_KEYS = frozenset({"ready", "accept_length", "provisioned", "ready_s"})
-# Perf numbers where a smaller value is better (latencies, durations); the rest (tokens/s, accept length) grow.
-LOWER_IS_BETTER = ("ttft", "itl", "tpot", "latency", "_ms", "duration", "ready_s", "e2e", "_p50", "_p90", "_p99",
-                   "failed", "error", "inconclusive", "saturated")
+# Perf numbers where a smaller value is better (latencies, durations); the rest (tokens/s, accept length)
+# grow.
+LOWER_IS_BETTER = ("ttft", "itl", "tpot", "latency", "_ms", "duration", "ready_s", "e2e", "_p50",
+                   "_p90", "_p99", "failed", "error", "inconclusive", "saturated")
 GOOD_RUNS = "good-runs.json"  # <history>/<host>/good-runs.json: the numbers of the host's recent good runs
 GOOD_RUNS_KEPT = 20
 GOOD_VERDICTS = ("pass", "partial")  # runs whose numbers join the spread
@@ -85,13 +86,15 @@ def what_changed(good: Mapping[str, Any], current: Mapping[str, Any]) -> dict[st
                             "before": good_services.get(key), "after": now_services.get(key)})
     for key in ("profile", "connection"):
         if good.get(key) != current.get(key):
-            changes.append({"category": "profile", "key": key, "before": good.get(key), "after": current.get(key)})
+            changes.append({"category": "profile", "key": key, "before": good.get(key),
+                            "after": current.get(key)})
     note = None
     if basis == "services" and (good_facts or now_facts):
         side = "the last good verdict" if not good_facts else "this verdict"
         note = f"{side} has no env/facts snapshot: only services and profile compared"
     elif basis == "services":
-        note = "no env/facts snapshot in either verdict (run the env layer): only services and profile compared"
+        note = ("no env/facts snapshot in either verdict (run the env layer): only services and profile "
+                "compared")
     return {
         "since": {"run_id": good.get("run_id"), "finished": good.get("finished"),
                   "finished_ts": parse_time(good.get("finished"))},
@@ -102,7 +105,7 @@ def what_changed(good: Mapping[str, Any], current: Mapping[str, Any]) -> dict[st
     }
 
 
-# ---- trend vs the previous summary ---------------------------------------------------------------------------
+# ---- trend vs the previous summary -------------------------------------------------------------------------
 
 
 def lower_is_better(metric: str) -> bool:
@@ -113,8 +116,8 @@ def lower_is_better(metric: str) -> bool:
 def perf_deltas(before: Mapping[str, float], after: Mapping[str, float], threshold_pct: float,
                 history: Sequence[Mapping[str, float]] = ()) -> dict[str, Any]:
     """Changes of the numbers both runs have. `significant`: |change| >= threshold_pct (shown in the tables);
-    `regression`: worse beyond the run-to-run spread (`rule` says by which rule); `history`: the numbers of the
-    host's recent good runs, newest last."""
+    `regression`: worse beyond the run-to-run spread (`rule` says by which rule); `history`: the numbers of
+    the host's recent good runs, newest last."""
     deltas: dict[str, Any] = {}
     for key in sorted(set(before) & set(after)):
         if key.endswith(NOT_TRENDED):
@@ -172,13 +175,14 @@ def judge_change(key: str, before: Mapping[str, float], after: Mapping[str, floa
 
 
 def trend_line(change: Mapping[str, Any]) -> str:
-    """`local service:ddtree.ready_s 3.97 -> 8.1 (+104.0%), outside the last 5 good runs' range 3.6-4.5 by > 25%`"""
+    """`local service:ddtree.ready_s 3.97 -> 8.1 (+104.0%), outside the last 5 good runs' range 3.6-4.5
+    by > 25%`"""
     pct = f" ({change['pct']:+.1f}%)" if change.get("pct") is not None else ""
     rule = f", {change['rule']}" if change.get("rule") else ""
     return f"{change['host']} {change['metric']} {change['previous']:g} -> {change['current']:g}{pct}{rule}"
 
 
-# ---- the history of good runs' numbers -------------------------------------------------------------------------
+# ---- the history of good runs' numbers ---------------------------------------------------------------------
 
 
 def good_runs_path(root: Path, host: str) -> Path:
@@ -201,7 +205,8 @@ def read_good_runs(root: Path, host: str) -> list[dict[str, Any]]:
 def history_numbers(root: Path | None, host: str) -> list[dict[str, float]]:
     if root is None:
         return []
-    return [{k: float(v) for k, v in run["numbers"].items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return [{k: float(v) for k, v in run["numbers"].items()
+             if isinstance(v, int | float) and not isinstance(v, bool)}
             for run in read_good_runs(root, host)]
 
 
@@ -217,21 +222,23 @@ def record_good_runs(root: Path, hosts: Mapping[str, Mapping[str, Any]]) -> list
         if entry.get("verdict") not in GOOD_VERDICTS:
             continue
         runs = read_good_runs(root, name)
-        if any(r.get("run_id") == entry.get("run_id") and r.get("finished") == entry.get("finished") for r in runs):
+        if any(r.get("run_id") == entry.get("run_id") and r.get("finished") == entry.get("finished")
+               for r in runs):
             continue
         runs.append({"run_id": entry.get("run_id"), "finished": entry.get("finished"),
                      "finished_ts": entry.get("finished_ts"), "numbers": host_numbers(entry)})
         runs.sort(key=lambda r: r.get("finished_ts") or 0.0)
         path = good_runs_path(root, name)
-        atomic_write(path, json.dumps({"host": name, "runs": runs[-GOOD_RUNS_KEPT:]}, indent=1) + "\n", sync=False)
+        atomic_write(path, json.dumps({"host": name, "runs": runs[-GOOD_RUNS_KEPT:]}, indent=1) + "\n",
+                     sync=False)
         written.append(path)
     return written
 
 
-RULE = ("a number with a bootstrap interval in both runs regresses when it is worse, the intervals do not overlap "
-        "and the change reaches the perf threshold; "
-        f"any other number when it is worse than each of the host's last {HISTORY_WINDOW} good runs by more than "
-        f"{round(HISTORY_MARGIN * 100)}% (judged from {MIN_HISTORY} good runs on)")
+RULE = ("a number with a bootstrap interval in both runs regresses when it is worse, the intervals do not "
+        "overlap and the change reaches the perf threshold; "
+        f"any other number when it is worse than each of the host's last {HISTORY_WINDOW} good runs by more "
+        f"than {round(HISTORY_MARGIN * 100)}% (judged from {MIN_HISTORY} good runs on)")
 
 
 def _bad_layers(layers: Mapping[str, str]) -> set[str]:
@@ -239,7 +246,8 @@ def _bad_layers(layers: Mapping[str, str]) -> set[str]:
 
 
 def build_trend(hosts: Mapping[str, dict[str, Any]], previous: Mapping[str, Any], *, source: str | None,
-                excluded: Sequence[str], threshold_pct: float, history_dir: Path | None = None) -> dict[str, Any]:
+                excluded: Sequence[str], threshold_pct: float,
+                history_dir: Path | None = None) -> dict[str, Any]:
     """`excluded`: host names or globs left out on purpose (they did not disappear); `history_dir`: where each
     host's good-runs.json is (the run-to-run spread of its numbers)."""
     before: Mapping[str, Mapping[str, Any]] = previous.get("hosts", {})
@@ -269,11 +277,13 @@ def build_trend(hosts: Mapping[str, dict[str, Any]], previous: Mapping[str, Any]
         deltas = perf_deltas(host_numbers(old), host_numbers(entry), threshold_pct,
                              history_numbers(history_dir, name))
         entry["perf_delta"] = deltas
-        perf.extend({"host": name, "metric": key, **delta} for key, delta in deltas.items() if delta["significant"])
+        perf.extend({"host": name, "metric": key, **delta} for key, delta in deltas.items()
+                    if delta["significant"])
     perf.sort(key=lambda d: (not d["regression"], -abs(d["pct"] or 0.0), d["host"], d["metric"]))
     return {
-        "previous": {"source": source, "generated": previous.get("generated"), "finished": _last_finished(previous),
-                     "run_ids": previous.get("run_ids", []), "hosts": len(before)},
+        "previous": {"source": source, "generated": previous.get("generated"),
+                     "finished": _last_finished(previous), "run_ids": previous.get("run_ids", []),
+                     "hosts": len(before)},
         "new_failures": new_failures,
         "fixed": fixed,
         "still_failing": still_failing,
@@ -287,7 +297,8 @@ def build_trend(hosts: Mapping[str, dict[str, Any]], previous: Mapping[str, Any]
 
 
 def _last_finished(summary: Mapping[str, Any]) -> str | None:
-    """When the newest run of a summary finished (what "since the previous run" means), else when it was made."""
+    """When the newest run of a summary finished (what "since the previous run" means), else when it was
+    made."""
     runs = [r for r in summary.get("runs", []) if isinstance(r, Mapping) and parse_time(r.get("finished"))]
     if not runs:
         return summary.get("generated")

@@ -27,7 +27,8 @@ def iso(ts: float) -> str:
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested objects -> {"a.b.c": scalar}; a list of scalars stays one value, a list of objects is indexed."""
+    """Nested objects -> {"a.b.c": scalar}; a list of scalars stays one value, a list of objects is
+    indexed."""
     out: dict[str, Any] = {}
     if isinstance(value, Mapping):
         for key, item in value.items():
@@ -57,5 +58,6 @@ def host_numbers(entry: Mapping[str, Any]) -> dict[str, float]:
 
 
 def safe_name(name: str) -> str:
-    """`name` with every character but letters, digits and `-_.` replaced by `_` (history folders, anchors)."""
+    """`name` with every character but letters, digits and `-_.` replaced by `_` (history folders,
+    anchors)."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

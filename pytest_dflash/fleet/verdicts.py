@@ -81,7 +81,8 @@ def read_verdict(path: Path) -> dict[str, Any]:
             f"{path}: not a pytest-dflash verdict (not JSON: {exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict) or data.get("schema") != VERDICT_SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise FleetInputError(f"{path}: not a pytest-dflash verdict (schema {found!r}, expected {VERDICT_SCHEMA!r})")
+        raise FleetInputError(f"{path}: not a pytest-dflash verdict (schema {found!r}, expected "
+                              f"{VERDICT_SCHEMA!r})")
     problems = []
     if not isinstance(data.get("host"), str) or not data["host"]:
         problems.append("'host' must be a non-empty string")
@@ -106,8 +107,9 @@ _TALLY_KEYS = ("passed", "failed", "blocked", "skipped")
 
 
 def inconsistency(data: Mapping[str, Any]) -> str | None:
-    """Why a verdict file contradicts itself (None: it does not). A merge trusts no 'pass' that its own layers,
-    failures, completeness or exit code deny: such a file was edited, damaged or written by a broken tool."""
+    """Why a verdict file contradicts itself (None: it does not). A merge trusts no 'pass' that its own
+    layers, failures, completeness or exit code deny: such a file was edited, damaged or written by a broken
+    tool."""
     verdict = data["verdict"]
     outcomes: dict[str, str] = {}
     for layer, body in data["layers"].items():
@@ -122,14 +124,16 @@ def inconsistency(data: Mapping[str, Any]) -> str | None:
         outcomes[layer] = outcome
     bad_layers = [layer for layer, outcome in outcomes.items() if outcome in ("failed", "blocked")]
     interrupted, partial = data.get("interrupted"), data.get("partial") or []
-    failures, blocked, foreign = data.get("failures") or [], data.get("blocked") or [], data.get("foreign") or []
+    failures, blocked, foreign = (data.get("failures") or [], data.get("blocked") or [],
+                                  data.get("foreign") or [])
     exit_code = data.get("exit_code")
     if bool(interrupted) != (verdict == "interrupted"):
         return f"'verdict' is {verdict!r} but 'interrupted' is {interrupted!r}"
     if exit_code is None and verdict != "interrupted":
         return f"'verdict' is {verdict!r} but 'exit_code' is null (a run that never finished)"
     if "complete" in data and data["complete"] != (not interrupted and not partial):
-        return f"'complete' is {data['complete']!r} but 'interrupted' is {interrupted!r} and 'partial' {partial!r}"
+        return (f"'complete' is {data['complete']!r} but 'interrupted' is {interrupted!r} "
+                f"and 'partial' {partial!r}")
     if verdict == "pass":
         if bad_layers:
             return f"'verdict' is 'pass' but layer {bad_layers[0]!r} {outcomes[bad_layers[0]]}"
@@ -140,7 +144,8 @@ def inconsistency(data: Mapping[str, Any]) -> str | None:
         if data.get("tests_verdict", "pass") != "pass":
             return f"'verdict' is 'pass' but 'tests_verdict' is {data.get('tests_verdict')!r}"
         if exit_code not in (0, 1):
-            return f"'verdict' is 'pass' but the run exited {exit_code!r} (0, or 1 for another host's failure)"
+            return (f"'verdict' is 'pass' but the run exited {exit_code!r} "
+                    f"(0, or 1 for another host's failure)")
     elif verdict == "fail":
         if not (bad_layers or failures or blocked or foreign):
             return "'verdict' is 'fail' but no layer failed or was blocked and no test failed"
@@ -177,7 +182,8 @@ def load_verdicts(inputs: Iterable[str | Path], *, latest: bool = False,
             raise FleetInputError(
                 f"conflicting verdicts for host {loaded.host!r}: {other.path} (run {other.run_id}, finished "
                 f"{other.data.get('finished')}) and {loaded.path} (run {loaded.run_id}, finished "
-                f"{loaded.data.get('finished')})" + ("" if latest else "; pass --latest to keep the newer one"))
+                f"{loaded.data.get('finished')})" + (""
+                                                     if latest else "; pass --latest to keep the newer one"))
         by_host[loaded.host] = newer
     return [by_host[name] for name in sorted(by_host)], sorted(excluded)
 
@@ -220,7 +226,8 @@ class History:
             path = self.path(verdict.host)
             current = self.last_good(verdict.host)
             if current is not None:
-                if current.get("run_id") == verdict.run_id and current.get("finished") == verdict.data.get("finished"):
+                if (current.get("run_id") == verdict.run_id
+                        and current.get("finished") == verdict.data.get("finished")):
                     continue
                 stored = parse_time(current.get("finished"))
                 if stored is not None and (verdict.finished_ts or 0.0) < stored:

@@ -28,8 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--dataset", default=None, metavar="PATH",
-                    help="send these prompts (cycled, in a seeded order) instead of synthetic words: JSONL of "
-                         "{\"prompt\"} / {\"category\", \"prompt\"} per line, or ShareGPT's JSON list of "
+                    help="send these prompts (cycled, in a seeded order) instead of synthetic words: JSONL "
+                         "of {\"prompt\"} / {\"category\", \"prompt\"} per line, or ShareGPT's JSON list of "
                          "{\"conversations\"} (the first human turn); 'builtin' = the shipped prompt set")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=0.0)
@@ -48,11 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{ap.prog}: error: --dataset: {exc}", file=sys.stderr)
             return 2
         a.dataset = str(dataset_path(a.dataset).resolve())
-    spec = LoadSpec(endpoint=a.endpoint, model=a.model, concurrency=a.concurrency, request_rate=a.request_rate,
-                    num_requests=a.num_requests, duration_s=a.duration, warmup_requests=a.warmup,
-                    prompt_len=a.prompt_len, output_len=a.output_len, dataset=a.dataset, seed=a.seed,
-                    temperature=a.temperature, request_timeout_s=a.request_timeout,
-                    server_accept_length=a.server_accept_length, client_procs=a.client_procs)
+    spec = LoadSpec(endpoint=a.endpoint, model=a.model, concurrency=a.concurrency,
+                    request_rate=a.request_rate, num_requests=a.num_requests, duration_s=a.duration,
+                    warmup_requests=a.warmup, prompt_len=a.prompt_len, output_len=a.output_len,
+                    dataset=a.dataset, seed=a.seed, temperature=a.temperature,
+                    request_timeout_s=a.request_timeout, server_accept_length=a.server_accept_length,
+                    client_procs=a.client_procs)
     if spec.client_procs > 1:
         result = run_load_procs(a.base_url, spec, stamped=not a.stock_httpx)
     else:

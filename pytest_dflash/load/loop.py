@@ -81,7 +81,8 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
     ``share`` is set by :mod:`.procs` in each of its processes.
     """
     if spec.client_procs > 1 and share is None:
-        raise ValueError(f"run_load_async runs one event loop: use run_load for client_procs={spec.client_procs}")
+        raise ValueError(f"run_load_async runs one event loop: use run_load for "
+                         f"client_procs={spec.client_procs}")
     base_url = base_url.rstrip("/")
     workload = Workload(spec)
     path = ENDPOINT_PATHS[spec.endpoint]
@@ -100,9 +101,11 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
 
     monitor = Monitor(progress=_want_progress(progress), total=spec.num_requests, duration_s=spec.duration_s)
     start_wall = end_wall = time.time()
-    async with make_client(base_url, limit=limit, timeout=timeout, headers=headers, stamped=stamped) as client:
+    async with make_client(base_url, limit=limit, timeout=timeout, headers=headers,
+                           stamped=stamped) as client:
         t0_ns = time.perf_counter_ns() if share is None else share.t0_ns
-        # Request i is process i % step's: warm-up ids 0..W-1, then measured ids W, W+1, ... (one process: all).
+        # Request i is process i % step's: warm-up ids 0..W-1, then measured ids W, W+1, ...
+        # (one process: all).
         warm_ids = iter(range(own, spec.warmup_requests, step))
         next_id = spec.warmup_requests + own
 
@@ -128,7 +131,8 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
                 async with asyncio.timeout_at(deadline):
                     await run()
             except TimeoutError:
-                notes.append(f"run deadline ({spec.deadline_s():.0f} s) reached: in-flight requests cancelled")
+                notes.append(f"run deadline ({spec.deadline_s():.0f} s) reached: "
+                             f"in-flight requests cancelled")
 
         monitor.start()
         reporter = (loop.create_task(_report_so_far(monitor, so_far, so_far_every_s))

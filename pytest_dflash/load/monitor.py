@@ -74,8 +74,8 @@ class Monitor:
         else:
             frac = 0.0
         bar = "#" * int(frac * 30)
-        sys.stderr.write(f"\r[{bar:<30}] {done} req  {elapsed:6.1f} s  {toks / max(elapsed, 1e-9):10,.0f} tok/s"
-                         f"  errors {errs}  ")
+        sys.stderr.write(f"\r[{bar:<30}] {done} req  {elapsed:6.1f} s  {toks / max(elapsed, 1e-9):10,.0f} "
+                         f"tok/s  errors {errs}  ")
         sys.stderr.flush()
 
     async def stop(self) -> None:
@@ -99,7 +99,8 @@ def set_none(fut: asyncio.Future[None]) -> None:
 
 
 def saturation_of(spec: LoadSpec, mon: Monitor, schedule_lags_ms: list[float]) -> Saturation:
-    """Was the client the bottleneck of this one-loop run? Loop lag, loop CPU and open-loop send lag vs the spec."""
+    """Was the client the bottleneck of this one-loop run? Loop lag, loop CPU and open-loop send lag vs the
+    spec."""
     lags = np.asarray(mon.lags_ms or [0.0])
     p50, p99 = (float(x) for x in np.percentile(lags, [50, 99]))
     sat = Saturation(loop_lag_p50_ms=p50, loop_lag_p99_ms=p99, loop_lag_max_ms=float(lags.max()),

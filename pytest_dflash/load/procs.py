@@ -166,7 +166,8 @@ class _Pool:
             raise
 
     def gather(self, kind: str, timeout_s: float) -> list[Any]:
-        """One ``kind`` message from every process within ``timeout_s``; a death or an error ends it at once."""
+        """One ``kind`` message from every process within ``timeout_s``; a death or an error ends it at
+        once."""
         got: dict[int, Any] = {}
         deadline = time.monotonic() + timeout_s
         while len(got) < self.n:
@@ -174,8 +175,8 @@ class _Pool:
             left = deadline - time.monotonic()
             if left <= 0:
                 late = ", ".join(str(k + 1) for k in waiting)
-                raise ClientProcessError(f"load client process(es) {late} of {self.n} sent no {kind!r} within "
-                                         f"{timeout_s:.0f} s ({self.phase})")
+                raise ClientProcessError(f"load client process(es) {late} of {self.n} sent no {kind!r} "
+                                         f"within {timeout_s:.0f} s ({self.phase})")
             handles: list[Any] = [self.conns[k] for k in waiting] + [self.procs[k].sentinel for k in waiting]
             ready = multiprocessing.connection.wait(handles, timeout=min(left, 1.0))
             for k in waiting:
@@ -214,8 +215,9 @@ class _Pool:
         tail = _tail(stderr)
         hint = ""
         if self.phase == "start-up" and not tail:
-            hint = (" (its start-up traceback is on this process's stderr; a script that runs client processes "
-                    "must guard its entry point with `if __name__ == \"__main__\":`, multiprocessing's spawn rule)")
+            hint = (" (its start-up traceback is on this process's stderr; a script that runs client "
+                    "processes must guard its entry point with `if __name__ == \"__main__\":`, "
+                    "multiprocessing's spawn rule)")
         return ClientProcessError(f"load client process {k + 1} of {self.n} (pid {proc.pid}) died during "
                                   f"{self.phase}: {_exit_text(proc.exitcode)}"
                                   + (f"; stderr: {tail}" if tail else f"; nothing on its stderr{hint}"))
@@ -246,7 +248,8 @@ class _Pool:
 
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    """While the run lasts, SIGTERM raises in the main thread (so the children are stopped), then is re-raised."""
+    """While the run lasts, SIGTERM raises in the main thread (so the children are stopped), then is
+    re-raised."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
         yield
@@ -273,7 +276,8 @@ def _sigterm_raises() -> Iterator[None]:
 def run_load_procs(base_url: str, spec: LoadSpec, *, headers: Mapping[str, str] | None = None,
                    keep_token_times: bool = False, stamped: bool = True,
                    start_timeout_s: float = START_TIMEOUT_S) -> LoadResult:
-    """Run ``spec`` over ``spec.client_procs`` processes and merge their records into one :class:`LoadResult`."""
+    """Run ``spec`` over ``spec.client_procs`` processes and merge their records into one
+    :class:`LoadResult`."""
     base_url = base_url.rstrip("/")
     n = spec.client_procs
     notes: list[str] = []
@@ -301,9 +305,10 @@ def run_load_procs(base_url: str, spec: LoadSpec, *, headers: Mapping[str, str] 
     return merge_results(base_url, spec, parts, server_accept_length=server_acc, notes=notes)
 
 
-def merge_results(base_url: str, spec: LoadSpec, parts: list[LoadResult], *, server_accept_length: float | None,
-                  notes: list[str] | None = None) -> LoadResult:
-    """One run's result from its processes' parts: records by index, one run's aggregates, the worst saturation."""
+def merge_results(base_url: str, spec: LoadSpec, parts: list[LoadResult], *,
+                  server_accept_length: float | None, notes: list[str] | None = None) -> LoadResult:
+    """One run's result from its processes' parts: records by index, one run's aggregates, the worst
+    saturation."""
     records = sorted((r for part in parts for r in part.records), key=lambda r: r.index)
     out_notes = list(notes or [])
     for k, part in enumerate(parts):
@@ -318,7 +323,8 @@ def merge_results(base_url: str, spec: LoadSpec, parts: list[LoadResult], *, ser
 
 
 def merge_saturation(parts: list[Saturation]) -> Saturation:
-    """The run's saturation: each rule was applied per process (one loop each); any saturated process saturates it."""
+    """The run's saturation: each rule was applied per process (one loop each); any saturated process
+    saturates it."""
     n = len(parts)
     sat = Saturation(processes=n)
     if not parts:

@@ -28,7 +28,8 @@ async def flush_cache(base_url: str, *, headers: Mapping[str, str] | None = None
 
 @contextlib.asynccontextmanager
 async def _total_time(what: str, timeout_s: float) -> AsyncIterator[None]:
-    """`timeout_s` of total time for `what`; running out of it is an httpx.ReadTimeout naming the call and limit."""
+    """`timeout_s` of total time for `what`; running out of it is an httpx.ReadTimeout naming the call and
+    limit."""
     try:
         async with asyncio.timeout(timeout_s):
             yield
@@ -40,8 +41,8 @@ async def server_accept_length(base_url: str, *, headers: Mapping[str, str] | No
                                timeout_s: float = 30.0) -> float | None:
     """``internal_states[0].avg_spec_accept_length`` from /server_info (old: /get_server_info).
 
-    It is cumulative since the server started or since the last successful /flush_cache. Bounded by `timeout_s`
-    of total time (httpx.ReadTimeout), not only per read.
+    It is cumulative since the server started or since the last successful /flush_cache. Bounded by
+    `timeout_s` of total time (httpx.ReadTimeout), not only per read.
     """
     async with _total_time("GET /server_info", timeout_s), httpx.AsyncClient(
             base_url=base_url, timeout=timeout_s, headers=dict(headers or {}), trust_env=False) as client:

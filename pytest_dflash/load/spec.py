@@ -96,7 +96,8 @@ class LoadSpec:
     warmup_requests: int = 0
     prompt_len: int | LengthDist = 128  # synthetic prompts: words ≈ tokens
     output_len: int | LengthDist = 128
-    dataset: str | None = None  # JSONL {"prompt", "category"?, "output_len"?} / ShareGPT / "builtin" (workload.py)
+    # JSONL {"prompt", "category"?, "output_len"?} / ShareGPT / "builtin" (workload.py)
+    dataset: str | None = None
     seed: int = 0
     temperature: float = 0.0
     top_p: float | None = None
@@ -133,8 +134,8 @@ class LoadSpec:
             raise ValueError(f"LoadSpec.client_procs must be >= 1, got {self.client_procs}")
         cap = self.effective_concurrency()
         if cap is not None and self.client_procs > cap:
-            raise ValueError(f"LoadSpec.client_procs ({self.client_procs}) > concurrency ({cap}): every client "
-                             "process needs at least one request in flight")
+            raise ValueError(f"LoadSpec.client_procs ({self.client_procs}) > concurrency ({cap}): every "
+                             "client process needs at least one request in flight")
         as_dist(self.prompt_len)
         as_dist(self.output_len)
 

@@ -47,7 +47,8 @@ def _split_event(block: bytes) -> bytes | None:
         if line.startswith(b"data:"):
             value = line[5:]
             parts.append(value[1:] if value.startswith(b" ") else value)
-        elif line and not line.startswith(b":") and b":" not in line and line not in (b"event", b"id", b"retry"):
+        elif (line and not line.startswith(b":") and b":" not in line
+              and line not in (b"event", b"id", b"retry")):
             raise _Fail(ErrorKind.MALFORMED, f"not an SSE line: {_excerpt(line, 120)!r}")
     if not parts:
         return None
@@ -118,7 +119,8 @@ async def _stream(client: httpx.AsyncClient, path: str, endpoint: str, body: byt
                 excerpt += part
                 if len(excerpt) >= 2000:
                     break
-            raise _Fail(ErrorKind.HTTP_STATUS, resp.reason_phrase or "error", resp.status_code, _excerpt(excerpt))
+            raise _Fail(ErrorKind.HTTP_STATUS, resp.reason_phrase or "error", resp.status_code,
+                        _excerpt(excerpt))
         encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
         chunks = resp.aiter_bytes() if encoded else resp.aiter_raw()
         if endpoint == "generate":

@@ -94,7 +94,8 @@ def _expire(fut: asyncio.Future[None]) -> None:
 class Connection:
     """One HTTP/1.1 connection: corked request writes, stamped reads."""
 
-    def __init__(self, transport: asyncio.Transport, protocol: _Protocol, origin: tuple[str, str, int]) -> None:
+    def __init__(self, transport: asyncio.Transport, protocol: _Protocol,
+                 origin: tuple[str, str, int]) -> None:
         self.transport = transport
         self.p = protocol
         self.origin = origin
@@ -368,7 +369,8 @@ class _H1Transport(httpx.AsyncBaseTransport):
         self._all.add(conn)
         return conn
 
-    async def _response(self, conn: Connection, request: httpx.Request, timeout: float | None) -> httpx.Response:
+    async def _response(self, conn: Connection, request: httpx.Request,
+                        timeout: float | None) -> httpx.Response:
         buf = b""
         while True:
             data = await conn.read(request, timeout)
@@ -409,7 +411,8 @@ class _H1Transport(httpx.AsyncBaseTransport):
                 try:
                     length = int(value)
                 except ValueError:
-                    raise httpx.RemoteProtocolError(f"bad content-length {value!r}", request=request) from None
+                    raise httpx.RemoteProtocolError(f"bad content-length {value!r}",
+                                                    request=request) from None
                 framing = "length"
             elif lname == b"connection":
                 v = value.lower()
@@ -423,7 +426,8 @@ class _H1Transport(httpx.AsyncBaseTransport):
             keep = False
         stream = _Body(self, conn, request, buf, conn.last_read_ns, framing, length, keep, timeout)
         return httpx.Response(status, headers=headers, stream=stream,
-                              extensions={"http_version": parts[0], "reason_phrase": parts[2] if len(parts) > 2
+                              extensions={"http_version": parts[0],
+                                          "reason_phrase": parts[2] if len(parts) > 2
                                           else b"", "network_stream": conn})
 
     def _release(self, conn: Connection) -> None:

@@ -1,7 +1,7 @@
 """Request building: request *i* of a :class:`~pytest_dflash.load.spec.LoadSpec` → prompt, lengths
 and body bytes, deterministic for a seed and independent of scheduling: synthetic words (the default, for
-throughput-only runs), or a prompt dataset — JSONL, ShareGPT, or the set shipped in pytest_dflash/data/prompts.jsonl
-(``builtin``), shuffled by the seed and cycled."""
+throughput-only runs), or a prompt dataset — JSONL, ShareGPT, or the set shipped in
+pytest_dflash/data/prompts.jsonl (``builtin``), shuffled by the seed and cycled."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ _WORDS: tuple[str, ...] = tuple(_WORDS_TEXT.split())
 
 
 SHIPPED_DATASET = Path(__file__).resolve().parents[1] / "data" / "prompts.jsonl"
-BUILTIN_NAME = "builtin"  # `dataset = "builtin"` / `--dataset builtin`: the prompt set shipped with the plugin
+# `dataset = "builtin"` / `--dataset builtin`: the prompt set shipped with the plugin
+BUILTIN_NAME = "builtin"
 
 
 class DatasetError(ValueError):
@@ -69,7 +70,8 @@ def _first_human_turn(where: str, conversations: Any) -> str | None:
 
 
 def dataset_entry(where: str, obj: Any) -> DatasetPrompt | None:
-    """One JSONL line or one list item: {"prompt", "category"?, "output_len"?} or ShareGPT {"conversations"}."""
+    """One JSONL line or one list item: {"prompt", "category"?, "output_len"?} or ShareGPT
+    {"conversations"}."""
     if not isinstance(obj, dict):
         raise DatasetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     if "prompt" in obj:
@@ -81,11 +83,13 @@ def dataset_entry(where: str, obj: Any) -> DatasetPrompt | None:
         if out is not None and (isinstance(out, bool) or not isinstance(out, int) or out < 1):
             raise DatasetError(f'{where}: "output_len" is not a positive integer')
         return DatasetPrompt(prompt, category, out)
-    if "conversations" in obj:  # ShareGPT: the first human turn is the prompt (entries without one are skipped)
+    # ShareGPT: the first human turn is the prompt (entries without one are skipped)
+    if "conversations" in obj:
         text = _first_human_turn(where, obj["conversations"])
         return DatasetPrompt(text) if text and text.strip() else None
     raise DatasetError(f'{where}: unknown format: expected {{"prompt": ...}} (JSONL) or ShareGPT\'s '
-                       f'{{"conversations": [{{"from": "human", "value": ...}}]}}, got keys {sorted(obj)[:6]}')
+                       f'{{"conversations": [{{"from": "human", "value": ...}}]}}, '
+                       f'got keys {sorted(obj)[:6]}')
 
 
 @functools.lru_cache(maxsize=8)
@@ -123,10 +127,12 @@ def _load_cached(path: str, _mtime_ns: int, _size: int) -> tuple[DatasetPrompt, 
 
 
 def load_dataset(path: str | Path) -> list[DatasetPrompt]:
-    """A prompt dataset: JSONL of {"prompt", "category"?, "output_len"?} (or ShareGPT objects) per line, or ShareGPT's
-    JSON list of {"conversations": [{"from": "human", "value": ...}, ...]} (the first human turn is the prompt).
+    """A prompt dataset: JSONL of {"prompt", "category"?, "output_len"?} (or ShareGPT objects) per line, or
+    ShareGPT's JSON list of {"conversations": [{"from": "human", "value": ...}, ...]} (the first human turn is
+    the prompt).
 
-    ``builtin`` is the shipped set (SHIPPED_DATASET). Raises DatasetError, one line naming the file and line/item.
+    ``builtin`` is the shipped set (SHIPPED_DATASET). Raises DatasetError, one line naming the file and
+    line/item.
     """
     resolved = dataset_path(path)
     try:
@@ -139,8 +145,8 @@ def load_dataset(path: str | Path) -> list[DatasetPrompt]:
 
 
 def sample_by_category(prompts: Sequence[DatasetPrompt], total: int, *, seed: int = 0) -> list[DatasetPrompt]:
-    """A seeded sample of at most `total` prompts spread evenly over the categories (sorted; the first ones get
-    the remainder), in category order. Uncategorised prompts count as one category, "uncategorised"."""
+    """A seeded sample of at most `total` prompts spread evenly over the categories (sorted; the first ones
+    get the remainder), in category order. Uncategorised prompts count as one category, "uncategorised"."""
     groups: dict[str, list[DatasetPrompt]] = {}
     for p in prompts:
         groups.setdefault(p.category or "uncategorised", []).append(p)

@@ -1,4 +1,5 @@
-"""``python -m pytest_dflash.refserver [flags]``: start the reference host, as ``python -m sglang.launch_server``.
+"""``python -m pytest_dflash.refserver [flags]``: start the reference host, as
+``python -m sglang.launch_server``.
 
 The import order is SGLang's, so faults that break an import break it at the same point: the
 server-args module (xgrammar) before flags are parsed, the HTTP server module (soundfile) after.

@@ -12,7 +12,8 @@ __all__ = ["avail_mem_gb", "gpu_step_seconds", "weights_gb"]
 
 
 def gpu_step_seconds(step_ms: float, draft_ms: float | None, algorithm: str) -> float:
-    """Floor of one scheduler iteration under the GPU cost model: a target pass, plus a draft pass if speculative."""
+    """Floor of one scheduler iteration under the GPU cost model: a target pass, plus a draft pass if
+    speculative."""
     if step_ms <= 0:
         return 0.0
     draft = step_ms / 8 if draft_ms is None else draft_ms
@@ -33,5 +34,6 @@ def avail_mem_gb() -> float:
 
 def weights_gb(model: TinyLM) -> float:
     """The model's weights in GiB: "mem usage" at load and memory_usage.weight in /server_info."""
-    tensors = [model.embed, model.unembed, model.bigram, *(w for layer in model.layers for w in layer.values())]
+    tensors = [model.embed, model.unembed, model.bigram,
+               *(w for layer in model.layers for w in layer.values())]
     return sum(t.numel() * t.element_size() for t in tensors) / 2**30

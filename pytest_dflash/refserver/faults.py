@@ -157,7 +157,8 @@ def path_without(module: str) -> list[str]:
 def kill_process_tree(*, include_parent: bool) -> None:
     """SGLang's last words before it SIGKILLs itself (shell status 137, systemd status=9/KILL)."""
     pid = os.getpid()
-    logger.info("kill_process_tree called: parent_pid=%d, include_parent=%s, pid=%d", pid, include_parent, pid)
+    logger.info("kill_process_tree called: parent_pid=%d, include_parent=%s, pid=%d", pid,
+                include_parent, pid)
     if include_parent:
         kill_self()
 
@@ -170,10 +171,10 @@ def kill_self() -> None:
 
 
 def scheduler_segfaulted(child_pid: int, seconds_until_death: float) -> None:
-    """A scheduler child killed by SIGSEGV while serving (H200 run 4): SGLang's watchdog (utils/watchdog.py) names
-    the child and its exit code, then the main process kills its own tree (SIGKILL, no traceback)."""
-    logger.error("Subprocess scheduler_0 (pid=%d) crashed with exit code -11. Triggering SIGQUIT for cleanup...",
-                 child_pid)
+    """A scheduler child killed by SIGSEGV while serving (H200 run 4): SGLang's watchdog (utils/watchdog.py)
+    names the child and its exit code, then the main process kills its own tree (SIGKILL, no traceback)."""
+    logger.error("Subprocess scheduler_0 (pid=%d) crashed with exit code -11. Triggering SIGQUIT for "
+                 "cleanup...", child_pid)
     scheduler_died_at_runtime(seconds_until_death)
 
 

@@ -163,7 +163,8 @@ class RefServerProcess:
                 return self.port
             self._check_alive("waiting for the port")
             if time.monotonic() > deadline:
-                raise RefServerTimeout(f"no 'Uvicorn running on' line after {timeout_s or self.timeout_s:g} s")
+                raise RefServerTimeout(f"no 'Uvicorn running on' line after "
+                                       f"{timeout_s or self.timeout_s:g} s")
             time.sleep(0.05)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:

@@ -25,7 +25,8 @@ def setup_logging(level: str) -> logging.Logger:
 
 
 def uvicorn_log_config(level: str) -> dict[str, Any]:
-    """uvicorn's loggers with SGLang's formats: ``[ts] INFO:     127.0.0.1:PORT - "GET / HTTP/1.1" 200 OK``."""
+    """uvicorn's loggers with SGLang's formats:
+    ``[ts] INFO:     127.0.0.1:PORT - "GET / HTTP/1.1" 200 OK``."""
     return {
         "version": 1,
         "disable_existing_loggers": False,

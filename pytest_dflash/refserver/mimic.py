@@ -1,17 +1,19 @@
 """``--mimic-version X``: the refserver speaks what a later SGLang release changed (docs/sglang-versions.md).
 
-The refserver copies SGLang 0.5.17. Each difference of a later release the plugin can observe is a pure function
-here, so routes.py, state.py and __main__.py need one call each (the hooks are listed in docs/refserver.md):
+The refserver copies SGLang 0.5.17. Each difference of a later release the plugin can observe is a pure
+function here, so routes.py, state.py and __main__.py need one call each (the hooks are listed in
+docs/refserver.md):
 
   * flags: a flag the release removed is refused as SGLang's argparse refuses it (exit 2, "error: unrecognized
     arguments: ..."); a deprecated alias it still takes logs SGLang's own warning line;
-  * ``meta_info``: 0.5.21 dropped ``spec_accepted_drafts``, ``spec_proposed_drafts`` and ``spec_accept_histogram``;
+  * ``meta_info``: 0.5.21 dropped ``spec_accepted_drafts``, ``spec_proposed_drafts`` and
+    ``spec_accept_histogram``;
   * ``/server_info``: ``version``; ``launch_command`` (0.5.20+); ``"frontend": "python"`` (0.5.21+);
   * ``/model_info``: ``served_model_name`` (0.5.18+);
   * routes: ``GET /ready`` (0.5.20+); ``GET /get_load`` gone (0.5.21+).
 
-Read from the sglang wheels 0.5.17 to 0.5.23 (tests/data/sglang-versions/releases.toml). Standard library only:
-the refserver imports nothing of the plugin.
+Read from the sglang wheels 0.5.17 to 0.5.23 (tests/data/sglang-versions/releases.toml). Standard library
+only: the refserver imports nothing of the plugin.
 """
 
 from __future__ import annotations
@@ -53,10 +55,11 @@ class Mimic:
     def at_least(self, version: str) -> bool:
         return _key(self.version) >= _key(version)
 
-    # ---- flags ---------------------------------------------------------------------------------------------------
+    # ---- flags ---------------------------------------------------------------------------------------------
 
     def unrecognized(self, argv: Sequence[str]) -> list[str]:
-        """The tokens argparse of this release leaves over: each removed flag and the value that follows it."""
+        """The tokens argparse of this release leaves over: each removed flag and the value that follows
+        it."""
         left: list[str] = []
         tokens = list(argv)
         for index, token in enumerate(tokens):
@@ -73,7 +76,7 @@ class Mimic:
                 for flag, (removed_in, new) in REMOVED.items()
                 if any(t.split("=", 1)[0] == flag for t in argv) and not self.at_least(removed_in)]
 
-    # ---- what the server answers ----------------------------------------------------------------------------------
+    # ---- what the server answers ---------------------------------------------------------------------------
 
     def meta_info(self, meta: dict[str, Any]) -> dict[str, Any]:
         """A generation's meta_info as this release sends it (in place, and returned)."""
@@ -110,7 +113,8 @@ def _exit_like_argparse(prog: str, left: Sequence[str]) -> NoReturn:
 
 
 def split_argv(argv: Sequence[str], *, prog: str = "launch_server.py") -> tuple[Mimic, list[str]]:
-    """Take ``--mimic-version X`` out of `argv`; a flag the release removed exits 2 as SGLang's parser does."""
+    """Take ``--mimic-version X`` out of `argv`; a flag the release removed exits 2 as SGLang's parser
+    does."""
     rest: list[str] = []
     version = MIRRORED
     tokens = list(argv)

@@ -97,8 +97,8 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
             return openai_error("messages must be a list of objects.")
         prompt = state.tokenizer.encode(apply_chat_template(messages))
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        return await _complete(state, request, {**body, "max_tokens": max_tokens}, [prompt], chat=True, hang=hang,
-                               default_max=None)  # fmt: skip
+        return await _complete(state, request, {**body, "max_tokens": max_tokens}, [prompt], chat=True,
+                               hang=hang, default_max=None)  # fmt: skip
 
 
 async def _complete(
@@ -134,7 +134,8 @@ async def _complete(
     except BadRequest as e:
         return openai_error(str(e))
     top = top_n if want_logprobs else -1
-    batch = state.new_batch(all_prompts, all_params, hang=hang, top_logprobs_num=top, stream=bool(body.get("stream")))
+    batch = state.new_batch(all_prompts, all_params, hang=hang, top_logprobs_num=top,
+                            stream=bool(body.get("stream")))
     meta = {
         "id": uuid.uuid4().hex,
         "created": int(time.time()),
@@ -153,7 +154,8 @@ async def _complete(
         text = state.text_of(gen, gen.last, final=True)
         choice: dict[str, Any] = {"index": i}
         if chat:
-            choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+            choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None,
+                                 "tool_calls": None}
         else:
             choice["text"] = text
         choice["logprobs"] = _logprobs(state, gen, chat) if want_logprobs else None
@@ -177,8 +179,8 @@ async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> Asy
     truncate = "truncated-stream" in state.faults
 
     def event(choices: list[dict[str, Any]], usage: object = None, with_usage_key: bool = not chat) -> str:
-        chunk: dict[str, Any] = {"id": meta["id"], "object": obj, "created": meta["created"], "model": meta["model"],
-                                 "choices": choices}  # fmt: skip
+        chunk: dict[str, Any] = {"id": meta["id"], "object": obj, "created": meta["created"],
+                                 "model": meta["model"], "choices": choices}  # fmt: skip
         if with_usage_key or usage is not None:
             chunk["usage"] = usage
         payload = dumps(chunk)
@@ -216,7 +218,8 @@ async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> Asy
 
 def _chunk_choice(i: int, delta: object, reason: str | None, matched: object, chat: bool) -> dict[str, Any]:
     if chat:
-        return {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason, "matched_stop": matched}
+        return {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason,
+                "matched_stop": matched}
     return {"index": i, "text": delta, "logprobs": None, "finish_reason": reason, "matched_stop": matched}
 
 
@@ -262,7 +265,8 @@ def _logprobs(state: ServerState, gen: Gen, chat: bool) -> dict[str, Any]:
                 "token": piece(tok),
                 "logprob": lp,
                 "bytes": list(piece(tok).encode()),
-                "top_logprobs": [{"token": piece(t), "logprob": v, "bytes": list(piece(t).encode())} for v, t in top],
+                "top_logprobs": [{"token": piece(t), "logprob": v, "bytes": list(piece(t).encode())}
+                                 for v, t in top],
             }
             for lp, tok, top in gen.logprobs
         ]

@@ -52,7 +52,8 @@ def parse_sampling_params(raw: object, *, context_length: int, prompt_len: int) 
     if not isinstance(min_p, number) or not 0.0 <= min_p <= 1.0:
         raise BadRequest(f"min_p must be in [0, 1], got {min_p}.")
     if isinstance(temperature, number) and 0 <= temperature < SAMPLING_EPS:
-        top_k = 1  # SGLang rewrites greedy to top_k=1 before verifying, so top_k=0 at temperature 0 is accepted
+        # SGLang rewrites greedy to top_k=1 before verifying, so top_k=0 at temperature 0 is accepted
+        top_k = 1
     if not isinstance(top_k, int) or (top_k < 1 and top_k != -1):
         raise BadRequest(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
     if max_new is not None and (not isinstance(max_new, int) or max_new < 0):
@@ -61,7 +62,8 @@ def parse_sampling_params(raw: object, *, context_length: int, prompt_len: int) 
         raise BadRequest(f"n must be at least 1, got {n}.")
     if prompt_len >= context_length:
         raise BadRequest(
-            f"The input ({prompt_len} tokens) is longer than the model's context length ({context_length} tokens)."
+            f"The input ({prompt_len} tokens) is longer than the model's context length ({context_length} "
+            f"tokens)."
         )
     asked = raw.get("max_new_tokens")  # SGLang checks the total only when max_new_tokens was given
     if asked is not None and asked + prompt_len >= context_length:

@@ -66,7 +66,8 @@ def build_app(state: ServerState) -> FastAPI:
         response = await call_next(request)
         rkey = (path, request.method, response.status_code)
         state.metrics.http_responses[rkey] = state.metrics.http_responses.get(rkey, 0) + 1
-        if path in GENERATION_PATHS and response.status_code == 200 and not request.headers.get(WARMUP_HEADER):
+        if (path in GENERATION_PATHS and response.status_code == 200
+                and not request.headers.get(WARMUP_HEADER)):
             state.completed_generations += 1
             if "oom-kill" in state.faults and state.completed_generations >= state.faults.value("oom-kill"):
                 state.being_killed = True
@@ -209,10 +210,12 @@ def build_app(state: ServerState) -> FastAPI:
             return error_json(str(e))
         except (ValueError, TypeError) as e:
             return error_json(f"Invalid request: {e}")
-        batch = state.new_batch(prompts, params, hang=hang, top_logprobs_num=top_n, stream=bool(body.get("stream")))
+        batch = state.new_batch(prompts, params, hang=hang, top_logprobs_num=top_n,
+                                stream=bool(body.get("stream")))
         if body.get("stream"):
             batch.streaming = True
-            return StreamingResponse(_generate_stream(state, batch, single, top_n >= 0), media_type="text/event-stream")
+            return StreamingResponse(_generate_stream(state, batch, single, top_n >= 0),
+                                     media_type="text/event-stream")
         await batch.wait()
         results = [
             {
@@ -232,7 +235,8 @@ def build_app(state: ServerState) -> FastAPI:
     return app
 
 
-def _generate_inputs(state: ServerState, body: dict[str, Any]) -> tuple[list[list[int]], list[SamplingParams], bool]:
+def _generate_inputs(state: ServerState,
+                     body: dict[str, Any]) -> tuple[list[list[int]], list[SamplingParams], bool]:
     """Prompts and sampling params of a native /generate body (single, batch, or n > 1)."""
     if body.get("text") is not None:
         texts = body["text"]
@@ -263,7 +267,8 @@ def _generate_inputs(state: ServerState, body: dict[str, Any]) -> tuple[list[lis
     return out_prompts, out_params, single and len(out_prompts) == 1
 
 
-async def _generate_stream(state: ServerState, batch: Batch, single: bool, logprobs: bool) -> AsyncIterator[str]:
+async def _generate_stream(state: ServerState, batch: Batch, single: bool,
+                           logprobs: bool) -> AsyncIterator[str]:
     """/generate SSE: cumulative text and ids per step, the full meta_info at the end, then [DONE]."""
     truncate = "truncated-stream" in state.faults
     try:

@@ -25,7 +25,14 @@ import numpy as np
 
 from pytest_dflash.refserver import faults
 from pytest_dflash.refserver.model import ByteTokenizer
-from pytest_dflash.refserver.spec import Engine, SamplingParams, Sequence, SpecStats, finished_by_eos, log_softmax
+from pytest_dflash.refserver.spec import (
+    Engine,
+    SamplingParams,
+    Sequence,
+    SpecStats,
+    finished_by_eos,
+    log_softmax,
+)
 
 __all__ = ["Output", "Request", "Scheduler", "SpecTotals"]
 
@@ -190,7 +197,8 @@ class Scheduler(threading.Thread):
         }
 
     def busy_rids(self) -> list[str]:
-        return [r.rid for r in (*self.running, *self.parked, *self.waiting) if r.log_metrics and not r.aborted]
+        return [r.rid for r in (*self.running, *self.parked, *self.waiting)
+                if r.log_metrics and not r.aborted]
 
     # --- the loop ---------------------------------------------------------------------------------
 
@@ -221,9 +229,10 @@ class Scheduler(threading.Thread):
                     time.sleep(step - spent)
 
     def wedge(self) -> None:
-        """The wedge fault: from the next iteration on, the scheduler never steps again (a deadlocked collective
-        or a GPU that stopped answering): requests already running and every new one wait forever, no output
-        leaves, /health_generate times out (503), /metrics counters stop moving; the HTTP process still answers."""
+        """The wedge fault: from the next iteration on, the scheduler never steps again (a deadlocked
+        collective or a GPU that stopped answering): requests already running and every new one wait forever,
+        no output leaves, /health_generate times out (503), /metrics counters stop moving; the HTTP process
+        still answers."""
         self.wedged = True  # silent, as a real wedge is (SGLang's watchdog would speak only after 300 s)
 
     def _wedge(self) -> None:
@@ -273,7 +282,8 @@ class Scheduler(threading.Thread):
             return
         running_before = len(self.running)
         if self.token_delay_s:
-            time.sleep(self.token_delay_s)  # token-delay: the prefill batch costs a token's time before its tokens
+            # token-delay: the prefill batch costs a token's time before its tokens
+            time.sleep(self.token_delay_s)
         for req in new:
             self._maybe_sampling_kernel(req.params)
             req.seq, first = self.engine.start(req.prompt, req.params, req.seed)
@@ -282,9 +292,10 @@ class Scheduler(threading.Thread):
         now = time.monotonic()
         n_tokens = sum(len(r.prompt) for r in new)
         logger.info(
-            "Prefill batch, #new-seq: %d, #new-token: %d, #cached-token: 0, token usage: 0.00, #running-req: %d, "
-            "#queue-req: %d, #pending-token: 0, cuda graph: False, input throughput (token/s): %.2f",
-            len(new), n_tokens, running_before, len(self.waiting), n_tokens / max(now - self._last_prefill, 1e-6),
+            "Prefill batch, #new-seq: %d, #new-token: %d, #cached-token: 0, token usage: 0.00, #running-req: "
+            "%d, #queue-req: %d, #pending-token: 0, cuda graph: False, input throughput (token/s): %.2f",
+            len(new), n_tokens, running_before, len(self.waiting),
+            n_tokens / max(now - self._last_prefill, 1e-6),
         )  # fmt: skip
         self._last_prefill = now
 
@@ -292,7 +303,8 @@ class Scheduler(threading.Thread):
         """One step for every running request."""
         commit_lens = []
         self._step_tokens = 0
-        delayed: list[tuple[Request, list[int], list[np.ndarray]]] = []  # token-delay: emitted after the delay
+        # token-delay: emitted after the delay
+        delayed: list[tuple[Request, list[int], list[np.ndarray]]] = []
         for req in list(self.running):
             if req.aborted:
                 self.running.remove(req)
@@ -315,9 +327,11 @@ class Scheduler(threading.Thread):
                 self._emit(req, tokens, rows)
         if self.engine.algorithm == "DDTREE" and not self._ddtree_verified and commit_lens:
             # the ddtree-v2 port logs its first verify step once, one length per request of the batch (H200:
-            # [1] on a random draft, [16] = the whole block on the lossy tree, [5, 5] for two requests at once)
+            # [1] on a random draft, [16] = the whole block on the lossy tree, [5, 5] for two requests at
+            # once)
             self._ddtree_verified = True
-            logger.info("DDTREE v2 verify completed. first commit_lens=[%s]", ", ".join(map(str, commit_lens)))
+            logger.info("DDTREE v2 verify completed. first commit_lens=[%s]",
+                        ", ".join(map(str, commit_lens)))
         self._window.steps += 1
         if self._window.steps >= self.decode_log_interval:
             self._log_decode()
@@ -356,8 +370,8 @@ class Scheduler(threading.Thread):
                 top = np.argsort(-lp, kind="stable")[: req.top_logprobs_num]
                 req.logprobs.append((float(lp[tok]), tok, [(float(lp[t]), int(t)) for t in top]))
         if req.stream or finish is not None:
-            out = Output(list(seq.output), kept, finish, list(req.logprobs), _copy(seq.stats), req.prefill_finished,
-                         req.first_token_time)  # fmt: skip
+            out = Output(list(seq.output), kept, finish, list(req.logprobs), _copy(seq.stats),
+                         req.prefill_finished, req.first_token_time)  # fmt: skip
             req.deliver(out)
         if finish is not None:
             if req in self.running:
@@ -370,7 +384,8 @@ class Scheduler(threading.Thread):
         params, tok = seq.params, seq.output[-1]
         if len(seq.output) >= params.max_new_tokens:
             return {"type": "length", "length": params.max_new_tokens}
-        # SGLang checks stop_token_ids together with EOS, so ignore_eos disables both (stop strings still apply).
+        # SGLang checks stop_token_ids together with EOS, so ignore_eos disables both (stop strings still
+        # apply).
         if not params.ignore_eos and (tok in params.stop_token_ids or finished_by_eos(tok, params)):
             return {"type": "stop", "matched": tok}
         if params.stop:

@@ -62,8 +62,9 @@ def launch_server(args: ServerArgs) -> None:
     torch.set_num_threads(1)  # a shared 2-core machine: one core for the model is plenty
     if (args.speculative_algorithm or "NONE") == "DDTREE" and args.grammar_backend != "none":
         # as the ddtree-v2 port does (recorded on the H200), before the server_args line
-        logger.info("DDTREE does not support grammar-constrained decoding; setting --grammar-backend none (was %r) "
-                    "so such requests are rejected instead of crashing the scheduler.", args.grammar_backend)
+        logger.info("DDTREE does not support grammar-constrained decoding; setting --grammar-backend none "
+                    "(was %r) so such requests are rejected instead of crashing the scheduler.",
+                    args.grammar_backend)
         args.grammar_backend = "none"
     for line in args.adjustments:
         logger.warning(line)
@@ -80,17 +81,18 @@ def launch_server(args: ServerArgs) -> None:
     algo = args.speculative_algorithm or "NONE"
     active = faults.active()
     if algo in ("DFLASH", "DDTREE"):
-        # DDTREE drafts with the DFLASH draft runner too (real SGLang logs this line for both), then logs its worker
+        # DDTREE drafts with the DFLASH draft runner too (real SGLang logs this line for both), then logs
+        # its worker
         logger.info(
-            "Initialized DFLASH draft runner. attention_backend=%s, model=EarlyExitDraftModel, block_size=%d, "
-            "draft_window_size=None, compact_cache=False",
+            "Initialized DFLASH draft runner. attention_backend=%s, model=EarlyExitDraftModel, "
+            "block_size=%d, draft_window_size=None, compact_cache=False",
             args.attention_backend, args.block_size,
         )  # fmt: skip
         if algo == "DDTREE":
             budget = args.ddtree_budget
             logger.info(
-                "Initialized DDTREE v2 worker. block_size=%d, tree_budget=%d, max_tree_nodes=%d, prune=False, "
-                "tree_attention=False, cpu_build=False, cpu_follow=False, graph_buckets=[%d]",
+                "Initialized DDTREE v2 worker. block_size=%d, tree_budget=%d, max_tree_nodes=%d, "
+                "prune=False, tree_attention=False, cpu_build=False, cpu_follow=False, graph_buckets=[%d]",
                 args.block_size, budget, budget + 1, budget + 1,
             )  # fmt: skip
         if "greedy-fallback" in active:
@@ -152,17 +154,18 @@ def launch_server(args: ServerArgs) -> None:
 
 
 def _allocate_kv_pools(args: ServerArgs, algo: str) -> float:
-    """SGLang 0.5.17's KV-pool lines, at the same moment (after the weights, before the CUDA graphs and the port):
-    the target's pool (its 'KV Cache is allocated' line comes from the scheduler, where scheduler-crash fails),
-    then the draft's for DFLASH/DDTREE, each closed by 'Memory pool end'. Returns the seconds it took."""
+    """SGLang 0.5.17's KV-pool lines, at the same moment (after the weights, before the CUDA graphs and the
+    port): the target's pool (its 'KV Cache is allocated' line comes from the scheduler, where scheduler-crash
+    fails), then the draft's for DFLASH/DDTREE, each closed by 'Memory pool end'. Returns the seconds it
+    took."""
     started = time.monotonic()
     logger.info("Memory pool end. avail mem=%.2f GB", avail_mem_gb())
     if algo in ("DFLASH", "DDTREE"):
         assert args.max_running_requests is not None
         tokens = args.max_running_requests * args.effective_context_length
         size = tokens * 2 / 2**30  # bf16, one value per token: the refserver's draft keeps no real pool
-        logger.info("KV Cache is allocated. dtype: torch.bfloat16, #tokens: %d, K size: %.2f GB, V size: %.2f GB",
-                    tokens, size, size)
+        logger.info("KV Cache is allocated. dtype: torch.bfloat16, #tokens: %d, K size: %.2f GB, "
+                    "V size: %.2f GB", tokens, size, size)
         logger.info("Memory pool end. avail mem=%.2f GB", avail_mem_gb())
     return time.monotonic() - started
 
@@ -172,16 +175,17 @@ def _capture_cuda_graphs(args: ServerArgs, seconds: float) -> float:
     fault makes the capture take `seconds`, as up to 185 s did on the H200); with --disable-cuda-graph its
     'Disable prefill CUDA graph' line instead. Returns the seconds it took."""
     if args.disable_cuda_graph:
-        logger.info("Disable prefill CUDA graph because cuda_graph_config resolved prefill.backend='disabled' "
-                    "(e.g. via --cuda-graph-backend-prefill=disabled or auto-disable rules).")
+        logger.info("Disable prefill CUDA graph because cuda_graph_config resolved "
+                    "prefill.backend='disabled' (e.g. via --cuda-graph-backend-prefill=disabled or "
+                    "auto-disable rules).")
         return 0.0
     started = time.monotonic()
     logger.info("Capture target prefill CUDA graph begin. backend=breakable, num_tokens=[4, 8, 12, 16], "
                 "avail mem=%.2f GB", avail_mem_gb())
     time.sleep(seconds)
     elapsed = time.monotonic() - started
-    logger.info("Capture target prefill CUDA graph end. elapsed=%.2f s, mem usage=0.00 GB, avail mem=%.2f GB.",
-                elapsed, avail_mem_gb())
+    logger.info("Capture target prefill CUDA graph end. elapsed=%.2f s, mem usage=0.00 GB, "
+                "avail mem=%.2f GB.", elapsed, avail_mem_gb())
     return elapsed
 
 
@@ -192,7 +196,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
     without it uvicorn's separate head and body writes meet the client's delayed ACK (40 ms per JSON answer).
     uvicorn's own bind (SGLang's) goes through getaddrinfo and gets the same.
     """
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                         socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     return sock
@@ -224,10 +229,12 @@ async def _warmup(server: _Server, state: ServerState) -> None:
     headers = {"Content-Type": "application/json", WARMUP_HEADER: "1"}
     if state.args.api_key:
         headers["Authorization"] = f"Bearer {state.args.api_key}"
-    body = dumps({"text": "The capital city of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 8}})
+    body = dumps({"text": "The capital city of France is",
+                  "sampling_params": {"temperature": 0, "max_new_tokens": 8}})
 
     def call() -> None:
-        urllib.request.urlopen(urllib.request.Request(f"{base}/model_info", headers=headers), timeout=30).read()
+        urllib.request.urlopen(urllib.request.Request(f"{base}/model_info", headers=headers),
+                               timeout=30).read()
         req = urllib.request.Request(f"{base}/generate", data=body.encode(), headers=headers, method="POST")
         urllib.request.urlopen(req, timeout=3600).read()
 
@@ -246,11 +253,13 @@ async def _scheduler_segv_after(seconds: float, state: ServerState) -> None:
     while not state.ready:
         await asyncio.sleep(0.05)
     await asyncio.sleep(seconds)
-    # The refserver's scheduler is a thread: the pid SGLang would name is its child's; this one is its own + 1.
+    # The refserver's scheduler is a thread: the pid SGLang would name is its child's; this one is its
+    # own + 1.
     faults.scheduler_segfaulted(os.getpid() + 1, 0.2)
 
 
 async def _crash_after(seconds: float) -> None:
     """The crash-after fault: an exception nobody catches ends the main process (exit status 1)."""
     await asyncio.sleep(seconds)
-    raise RuntimeError(f"TokenizerManager event loop died: lost the scheduler after {seconds:g} s (crash-after)")
+    raise RuntimeError(f"TokenizerManager event loop died: lost the scheduler after {seconds:g} s "
+                       f"(crash-after)")

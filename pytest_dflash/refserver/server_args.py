@@ -172,7 +172,7 @@ def _handle_speculative(server_args: ServerArgs) -> None:
     ):
         raise ValueError(
             "Both --speculative-num-draft-tokens and --speculative-dflash-block-size are set but they "
-            "differ. For DFLASH they must match. "
+            f"differ. For DFLASH they must match. "
             f"speculative_num_draft_tokens={server_args.speculative_num_draft_tokens}, "
             f"speculative_dflash_block_size={server_args.speculative_dflash_block_size}."
         )
@@ -201,24 +201,26 @@ def _handle_speculative(server_args: ServerArgs) -> None:
         if algo in ("DFLASH", "DDTREE") and draft_backend not in DFLASH_DRAFT_BACKENDS:
             # SGLang 0.5.17 (arg_groups/speculative_hook.py): the draft runs on another backend, said once
             server_args.adjustments.append(
-                f"DFLASH draft worker only supports attention_backend in {DFLASH_DRAFT_BACKENDS} for now, but got "
-                f"{draft_backend!r}. Falling back to 'flashinfer'.")
+                f"DFLASH draft worker only supports attention_backend in {DFLASH_DRAFT_BACKENDS} for now, "
+                f"but got {draft_backend!r}. Falling back to 'flashinfer'.")
             draft_backend = "flashinfer"
         server_args.speculative_draft_attention_backend = draft_backend
     server_args.speculative_num_draft_tokens = block or DEFAULT_BLOCK_SIZE
     if server_args.speculative_num_draft_tokens < 2:
-        raise ValueError(f"{algo} needs a block of at least 2 tokens, got {server_args.speculative_num_draft_tokens}.")
+        raise ValueError(f"{algo} needs a block of at least 2 tokens, got "
+                         f"{server_args.speculative_num_draft_tokens}.")
     if algo == "DDTREE":
         if server_args.page_size != 1:
             raise ValueError("DDTREE speculative decoding requires --page-size 1.")
         server_args.speculative_ddtree_budget = server_args.speculative_ddtree_budget or DEFAULT_DDTREE_BUDGET
         if server_args.speculative_ddtree_budget < 1:
-            raise ValueError(f"--speculative-ddtree-budget must be >= 1, got {server_args.speculative_ddtree_budget}.")
+            raise ValueError(f"--speculative-ddtree-budget must be >= 1, got "
+                             f"{server_args.speculative_ddtree_budget}.")
     if server_args.max_running_requests is None:
         server_args.max_running_requests = 48
         server_args.adjustments.append(
-            "Max running requests is reset to 48 for speculative decoding. You can override this by explicitly "
-            "setting --max-running-requests.")
+            "Max running requests is reset to 48 for speculative decoding. You can override this by "
+            "explicitly setting --max-running-requests.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,16 +238,20 @@ def build_parser() -> argparse.ArgumentParser:
     a("--random-seed", type=int, default=None, help="seeds unseeded sampled requests")
     a("--model-seed", type=int, default=0, help="refserver only: seeds the model weights")
     a("--gpu-step-ms", type=float, default=0.0,
-      help="refserver only: emulate a GPU's cost model — a scheduler iteration (one decode or verify pass for "
-           "every running request) takes at least this long whatever the batch size; 0 = CPU speed")
+      help="refserver only: emulate a GPU's cost model — a scheduler iteration (one decode or verify pass "
+           "for every running request) takes at least this long whatever the batch size; 0 = CPU speed")
     a("--gpu-draft-ms", type=float, default=None,
       help="refserver only: the drafter's pass in that model (default: --gpu-step-ms / 8)")
     a("--speculative-algorithm", type=str.upper, choices=SPECULATIVE_ALGORITHMS, default=None)
     a("--speculative-draft-model-path", default=None, help="accepted; the drafter is built in")
-    a("--speculative-num-draft-tokens", type=int, default=None, help=f"block size, default {DEFAULT_BLOCK_SIZE}")
-    a("--speculative-dflash-block-size", type=int, default=None, help="alias of --speculative-num-draft-tokens")
-    a("--speculative-ddtree-budget", type=int, default=None, help=f"tree nodes, default {DEFAULT_DDTREE_BUDGET}")
-    a("--speculative-num-steps", type=int, default=None, help="EAGLE/EAGLE3/STANDALONE: draft steps (default 3)")
+    a("--speculative-num-draft-tokens", type=int, default=None,
+      help=f"block size, default {DEFAULT_BLOCK_SIZE}")
+    a("--speculative-dflash-block-size", type=int, default=None,
+      help="alias of --speculative-num-draft-tokens")
+    a("--speculative-ddtree-budget", type=int, default=None,
+      help=f"tree nodes, default {DEFAULT_DDTREE_BUDGET}")
+    a("--speculative-num-steps", type=int, default=None,
+      help="EAGLE/EAGLE3/STANDALONE: draft steps (default 3)")
     a("--speculative-eagle-topk", type=int, default=None,
       help="EAGLE/EAGLE3/STANDALONE: candidates per step (1: a chain; default 1)")
     a("--speculative-draft-attention-backend", choices=ATTENTION_BACKENDS, default=None)

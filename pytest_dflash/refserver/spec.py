@@ -184,8 +184,9 @@ class Engine:
         logits = self.target.forward([pending, *tokens], seq.cache, [-1, *parents])
         path, emitted = self._walk(logits, tokens, parents, seq)
         seq.cache.keep(path)
-        # proposed = block_size - 1 per verify step for DDTREE too, whatever the tree budget: the real ddtree-v2
-        # port counts it so (H200: spec_proposed_drafts 150 = 10 verify steps x 15 at budget 32; accept rate 4/15)
+        # proposed = block_size - 1 per verify step for DDTREE too, whatever the tree budget: the real
+        # ddtree-v2 port counts it so (H200: spec_proposed_drafts 150 = 10 verify steps x 15 at budget 32;
+        # accept rate 4/15)
         proposed = len(tokens) if self.algorithm in DRAFT_HEAD_ALGORITHMS else self.block_size - 1
         seq.stats.record(accepted=len(path) - 1, proposed=proposed)
         return Step(emitted, [logits[row] for row in path])

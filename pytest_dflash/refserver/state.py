@@ -168,12 +168,14 @@ class ServerState:
         if final and isinstance(matched, int) and matched and ids:
             ids = ids[:-1]
         skip = gen.req.params.skip_special_tokens
-        text = self.tokenizer.decode(ids, skip_special_tokens=skip) if final else self.tokenizer.decode_complete(ids)
+        text = (self.tokenizer.decode(ids, skip_special_tokens=skip) if final
+                else self.tokenizer.decode_complete(ids))
         if final and isinstance(matched, str) and (pos := text.find(matched)) != -1:
             text = text[:pos]
         return text
 
-    def meta_info(self, gen: Gen, out: Output, *, final: bool, logprobs: bool, stream: bool = False) -> dict[str, Any]:
+    def meta_info(self, gen: Gen, out: Output, *, final: bool, logprobs: bool,
+                  stream: bool = False) -> dict[str, Any]:
         """meta_info in the field order of the recorded SGLang 0.5.17 responses (streamed ones too)."""
         stats = out.stats
         meta: dict[str, Any] = {
@@ -208,7 +210,8 @@ class ServerState:
         meta["e2e_latency"] = now - gen.received
         if self.spec and stats.verify_ct > 0:
             meta.update(
-                spec_accept_rate=stats.accepted_drafts / stats.proposed_drafts if stats.proposed_drafts else 0.0,
+                spec_accept_rate=(stats.accepted_drafts / stats.proposed_drafts if stats.proposed_drafts
+                                  else 0.0),
                 spec_accept_length=len(out.output_ids) / stats.verify_ct,
                 spec_num_correct_drafts=stats.accepted_drafts,
                 spec_num_proposed_drafts=stats.proposed_drafts,

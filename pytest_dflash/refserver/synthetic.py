@@ -82,7 +82,8 @@ class Server:
         self.tokens_total = 0  # every token written, recorded or not (GET /counters)
         self.spec_tokens = 0
         self.spec_verify = 0
-        self.prompts: list[str] = []  # --record-prompts: every generation request's prompt text (GET /prompts)
+        # --record-prompts: every generation request's prompt text (GET /prompts)
+        self.prompts: list[str] = []
         self.connections: set[Conn] = set()
 
     def encoded(self, endpoint: str, n: int) -> Encoded:
@@ -154,13 +155,15 @@ class Conn(asyncio.Protocol):
                keep_alive: bool) -> None:
         srv = self.server
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions", "/generate"):
-            endpoint = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(path, "generate")
+            endpoint = {"/v1/chat/completions": "chat",
+                        "/v1/completions": "completions"}.get(path, "generate")
             try:
                 req = json.loads(body) if body else {}
                 if not isinstance(req, dict):
                     raise ValueError("body is not an object")
             except ValueError as exc:
-                self._send(json_response(400, {"object": "error", "message": f"bad JSON: {exc}", "code": 400}))
+                self._send(json_response(400,
+                                         {"object": "error", "message": f"bad JSON: {exc}", "code": 400}))
                 return
             self._generation(endpoint, req, t_read, keep_alive)
             return

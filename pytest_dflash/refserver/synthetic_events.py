@@ -174,7 +174,8 @@ def json_response(status: int, obj: Any, *, keep_alive: bool = True) -> bytes:
 
 
 def prompt_text(endpoint: str, req: dict[str, Any]) -> str:
-    """The request's prompt: chat messages' contents joined by spaces, the completion prompt, or /generate text."""
+    """The request's prompt: chat messages' contents joined by spaces, the completion prompt, or /generate
+    text."""
     if endpoint == "chat":
         msgs = req.get("messages") or []
         return " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))

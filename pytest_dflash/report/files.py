@@ -9,8 +9,8 @@ from pathlib import Path
 
 
 def atomic_write(path: Path, text: str, *, sync: bool = True) -> None:
-    """Replace `path` atomically: a temp file in the same folder (not matching *.prom / *.json), optional fsync,
-    chmod 0644, rename."""
+    """Replace `path` atomically: a temp file in the same folder (not matching *.prom / *.json), optional
+    fsync, chmod 0644, rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

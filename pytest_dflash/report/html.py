@@ -30,8 +30,9 @@ SKIP_CSS = (".logwrapper:has(.dflash-skip-reason){max-height:none;overflow:visib
             ".logwrapper:has(.dflash-skip-reason) .logexpander{display:none}"
             ".logwrapper:has(.dflash-skip-reason) .log{top:0;height:auto;min-height:0;padding:4px 0}")
 COLUMNS = (("host", "Host"), ("layer", "Layer"), ("service", "Service"), ("diagnosis", "Diagnosis"))
-# Where a version seen on a host comes from, first found wins: (verdict fact, field); SGLang from /server_info.
-# The env layer exports "torch" (torch's own facts, GPU hosts) and "serving_stack" (installed distributions).
+# Where a version seen on a host comes from, first found wins: (verdict fact, field); SGLang from
+# /server_info. The env layer exports "torch" (torch's own facts, GPU hosts) and "serving_stack" (installed
+# distributions).
 VERSION_FACTS = {
     "torch": (("torch", "version"), ("serving_stack", "torch")),
     "FlashInfer": (("serving_stack", "flashinfer-python"), ("serving_stack", "flashinfer_python"),
@@ -49,13 +50,15 @@ class HtmlHooks:
 
     def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:
         """A skip's log block: the reason as a sentence with where it was raised, not the tuple's repr."""
-        if report.skipped and isinstance(report.longrepr, tuple | list) and len(report.longrepr) == 3 and data:
+        if (report.skipped and isinstance(report.longrepr, tuple | list) and len(report.longrepr) == 3
+                and data):
             path, line, reason = report.longrepr
             sentence = html.escape(redact(skip_sentence(str(path), line, str(reason))))
             data[0] = f'<span class="dflash-skip-reason">{sentence}</span>\n'
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    def pytest_runtest_makereport(self, item: pytest.Item,
+                                  call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
         report: pytest.TestReport = yield
         if not report.failed:
             return report
@@ -64,15 +67,18 @@ class HtmlHooks:
         for title, body in report.sections:
             if title == "dflash diagnosis":
                 box = (f'<div style="border-left:4px solid #c62828;padding:6px 10px;background:#fff3f3">'
-                       f"<b>dflash diagnosis</b><pre style=\"white-space:pre-wrap\">{html.escape(body)}</pre></div>")
+                       f"<b>dflash diagnosis</b><pre "
+                       f"style=\"white-space:pre-wrap\">{html.escape(body)}</pre></div>")
                 report.extras = [*getattr(report, "extras", []), extras.html(box)]  # type: ignore[attr-defined]
         return report
 
     def pytest_html_results_table_header(self, cells: list[str]) -> None:
         at = _after_test_column(cells, "testId")
-        cells[at:at] = [f'<th class="sortable" data-column-type="{key}">{title}</th>' for key, title in COLUMNS]
+        cells[at:at] = [f'<th class="sortable" data-column-type="{key}">{title}</th>'
+                        for key, title in COLUMNS]
 
-    def pytest_html_results_table_row(self, report: pytest.TestReport | pytest.CollectReport, cells: list[str]) -> None:
+    def pytest_html_results_table_row(self, report: pytest.TestReport | pytest.CollectReport,
+                                      cells: list[str]) -> None:
         properties = getattr(report, "user_properties", ())  # a collection error's row has none
         info = next((v for k, v in properties if k == "dflash" and isinstance(v, dict)), {})
         diagnoses = [d for d in info.get("diagnosis") or () if isinstance(d, dict)]
@@ -84,7 +90,8 @@ class HtmlHooks:
                           "; ".join(f"[{d.get('id', '')}] {d.get('title', '')}" for d in diagnoses)),
         }
         at = _after_test_column(cells, "col-testId")
-        cells[at:at] = [f'<td class="col-{key}"{_title(values[key][1])}>{html.escape(redact(values[key][0]))}</td>'
+        cells[at:at] = [f'<td class="col-{key}"{_title(values[key][1])}>'
+                        f'{html.escape(redact(values[key][0]))}</td>'
                         for key, _ in COLUMNS]
 
     def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str]) -> None:
@@ -104,16 +111,19 @@ class HtmlHooks:
                 for outcome in verdict.layer_outcomes().values()
             )
             colour = COLOURS["passed" if verdict.verdict == "pass" else "failed"]
-            rows.append(f'<tr><td>{html.escape(name)}</td><td style="color:{colour}"><b>{verdict.verdict.upper()}'
+            rows.append(f'<tr><td>{html.escape(name)}</td><td '
+                        f'style="color:{colour}"><b>{verdict.verdict.upper()}'
                         f"</b></td>{cells}</tr>")
             for failure in verdict.failures:
                 diagnosis = "; ".join(f"[{d['id']}] {d['title']}" for d in failure.get("diagnosis", [])[:2])
-                rows.append(f'<tr><td></td><td colspan="{len(LAYERS) + 1}">FAILED {html.escape(failure["test"])}: '
+                rows.append(f'<tr><td></td><td colspan="{len(LAYERS) + 1}">FAILED '
+                            f'{html.escape(failure["test"])}: '
                             f"{html.escape(diagnosis or failure['message'])}</td></tr>")
         style = ("<style>table.dflash-verdict{border-collapse:collapse;margin-bottom:1em}"
                  "table.dflash-verdict th,table.dflash-verdict td{border:1px solid #ddd;padding:3px 8px;"
                  "text-align:left}" + SKIP_CSS + "</style>")
-        prefix.append(f'{style}<h2>dflash verdict</h2><table class="dflash-verdict"><tr><th>host</th><th>verdict</th>'
+        prefix.append(f'{style}<h2>dflash verdict</h2><table '
+                      f'class="dflash-verdict"><tr><th>host</th><th>verdict</th>'
                       f"{head}</tr>{''.join(rows)}</table>")
         prefix.append(cold_start_section(builder))
 
@@ -133,11 +143,13 @@ class HtmlHooks:
         metadata["dflash run id"] = builder.run_id
         for name, versions in versions_seen(builder).items():
             metadata[name] = redact(versions)
-        for host, verdict in sorted(builder.hosts.items()):  # the served speculation of each speculative service
+        # the served speculation of each speculative service
+        for host, verdict in sorted(builder.hosts.items()):
             for service, facts in sorted(verdict.services.items()):
                 if isinstance(facts.get("speculation"), dict):
                     metadata[f"speculation {host}/{service}"] = redact(", ".join(
-                        f"{key.removeprefix('speculative_')}={value}" for key, value in facts["speculation"].items()))
+                        f"{key.removeprefix('speculative_')}={value}"
+                        for key, value in facts["speculation"].items()))
 
 
 def run_title(builder: VerdictBuilder) -> str:
@@ -167,7 +179,8 @@ def skip_sentence(path: str, line: int | None, reason: str) -> str:
         if marker in path:
             where = path[path.index(marker) + 1:]
             break
-    line_text = f", line {line}" if isinstance(line, int) else ""  # 1-based, as pytest's SKIPPED line prints it
+    # 1-based, as pytest's SKIPPED line prints it
+    line_text = f", line {line}" if isinstance(line, int) else ""
     return f"{reason} ({where}{line_text})"
 
 
@@ -197,7 +210,8 @@ def cold_start_table(ready: dict[str, Any]) -> str:
     rows = {svc: {phase: (start, end) for phase, start, end in cold_start_phases(facts)}
             for svc, facts in ready.items()}
     columns = [p for p in [*PHASES, "other"] if any(p in phases for phases in rows.values())]
-    head = "".join(f"<th>{html.escape(PHASES.get(p, ('other readiness checks', ''))[0])}</th>" for p in columns)
+    head = "".join(f"<th>{html.escape(PHASES.get(p, ('other readiness checks', ''))[0])}</th>"
+                   for p in columns)
     body = []
     for svc, phases in rows.items():
         cells = []
@@ -215,8 +229,8 @@ def cold_start_table(ready: dict[str, Any]) -> str:
 
 
 def versions_seen(builder: VerdictBuilder) -> dict[str, str]:
-    """{'SGLang': '0.5.17', 'torch': '2.9.1+cu129 (gpu-a), 2.8.0 (gpu-b)', …}: each version the run saw, naming
-    the hosts only when they differ; a version nobody reported is left out."""
+    """{'SGLang': '0.5.17', 'torch': '2.9.1+cu129 (gpu-a), 2.8.0 (gpu-b)', …}: each version the run saw,
+    naming the hosts only when they differ; a version nobody reported is left out."""
     seen: dict[str, dict[str, set[str]]] = {}
     for host, verdict in sorted(builder.hosts.items()):
         for facts in verdict.services.values():
@@ -233,7 +247,8 @@ def versions_seen(builder: VerdictBuilder) -> dict[str, str]:
         if len(versions) == 1:
             out[name] = next(iter(versions))
         else:
-            out[name] = ", ".join(f"{v} ({', '.join(sorted(hosts))})" for v, hosts in sorted(versions.items()))
+            out[name] = ", ".join(f"{v} ({', '.join(sorted(hosts))})"
+                                  for v, hosts in sorted(versions.items()))
     return out
 
 

@@ -172,7 +172,8 @@ def latency_cdf_svg(series: Mapping[str, Sequence[float]], *, title: str = "Late
             pts.append(f"{x:.1f},{c.py(j / n):.1f}")
             pts.append(f"{x:.1f},{c.py((j + 1) / n):.1f}")
         color = PALETTE[i % len(PALETTE)]
-        c.parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{" ".join(pts)}"/>')
+        c.parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
+                       f'points="{" ".join(pts)}"/>')
         p50 = vals[min(n - 1, int(0.5 * n))]
         p99 = vals[min(n - 1, int(0.99 * n))]
         names.append(f"{name} p50 {_fmt(p50)} p99 {_fmt(p99)}")
@@ -243,11 +244,12 @@ def plots_for_result(result: LoadResult, *, bin_s: float | None = None) -> dict[
                                         "e2e": [r.e2e_ms for r in ok if r.e2e_ms is not None]},
                                        title="Latency CDF (TTFT, end to end)"),
         "tokens_over_time": tokens_over_time_svg(tokens_over_time(ok, bin_s=bin_s)),
-        "accept_length": accept_length_histogram_svg([r.accept_length for r in ok if r.accept_length is not None]),
+        "accept_length": accept_length_histogram_svg([r.accept_length for r in ok
+                                                      if r.accept_length is not None]),
     }
 
 
-# ---- cold start -----------------------------------------------------------------------------------------------
+# ---- cold start --------------------------------------------------------------------------------------------
 
 # A service's start-up phases, in order: the name of the moment each one ENDS (the keys of ready["phases"], in
 # seconds from the start of the wait), what happens until then, and its colour.
@@ -302,8 +304,9 @@ def _phase_style(name: str) -> tuple[str, str]:
 def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, title: str = "Cold start",
                             width: int = 900) -> str | None:
     """One host's services side by side on one clock (seconds from the first wait's start; each service's bar
-    starts where its own wait began, `waited_from`), each bar cut into its phases, coloured, with a tooltip per
-    phase and the total at its end. `services`: {name: the verdict's ready dict}. None when none has one."""
+    starts where its own wait began, `waited_from`), each bar cut into its phases, coloured, with a tooltip
+    per phase and the total at its end. `services`: {name: the verdict's ready dict}. None when none has
+    one."""
     rows: list[tuple[str, float, list[tuple[str, float, float]]]] = []
     starts = [w for r in services.values() if (w := _seconds(r.get("waited_from"))) is not None]
     t0 = min(starts) if starts else 0.0
@@ -316,7 +319,8 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
     if not rows:
         return None
     label_w, row_h, top = 150, 26, 34
-    legend_names = [p for p in [*PHASES, "other"] if any(p == ph for _, _, phases in rows for ph, _, _ in phases)]
+    legend_names = [p for p in [*PHASES, "other"]
+                    if any(p == ph for _, _, phases in rows for ph, _, _ in phases)]
     legend_names += sorted({ph for _, _, phases in rows for ph, _, _ in phases} - set(legend_names))
     height = top + row_h * len(rows) + 40 + 18 * ((len(legend_names) + 2) // 3)
     c = _Canvas(title, "", "", width, height)
@@ -329,10 +333,12 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
 
     axis_y = top + row_h * len(rows) + 4
     for t in ticks:
-        c.parts.append(f'<line x1="{px(t):.1f}" y1="{top - 4}" x2="{px(t):.1f}" y2="{axis_y}" stroke="#eee"/>')
-        c.parts.append(f'<text x="{px(t):.1f}" y="{axis_y + 14}" text-anchor="middle">{escape(_fmt(t))}</text>')
-    c.parts.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{axis_y + 30}" text-anchor="middle">seconds since the first '
-                   "service's wait began</text>")
+        c.parts.append(f'<line x1="{px(t):.1f}" y1="{top - 4}" x2="{px(t):.1f}" y2="{axis_y}" '
+                       f'stroke="#eee"/>')
+        c.parts.append(f'<text x="{px(t):.1f}" y="{axis_y + 14}" '
+                       f'text-anchor="middle">{escape(_fmt(t))}</text>')
+    c.parts.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{axis_y + 30}" text-anchor="middle">seconds since the '
+                   "first service's wait began</text>")
     for i, (name, offset, phases) in enumerate(rows):
         y = top + i * row_h
         c.parts.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end" class="dflash-service">'
@@ -340,9 +346,9 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
         for phase, start, end in phases:
             label, colour = _phase_style(phase)
             x, w = px(offset + start), max(px(offset + end) - px(offset + start), 1.0)
-            c.parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 8}" fill="{colour}" '
-                           f'data-phase="{escape(phase)}"><title>{escape(name)}: {escape(label)} '
-                           f"{start:.1f}–{end:.1f} s ({end - start:.1f} s)</title></rect>")
+            c.parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 8}" '
+                           f'fill="{colour}" data-phase="{escape(phase)}"><title>{escape(name)}: '
+                           f"{escape(label)} {start:.1f}–{end:.1f} s ({end - start:.1f} s)</title></rect>")
         total = phases[-1][2]
         c.parts.append(f'<text x="{px(offset + total) + 4:.1f}" y="{y + 15}">{total:.1f} s</text>')
     ly = axis_y + 46
@@ -377,10 +383,12 @@ def readiness_spread_svg(ready_s: Mapping[str, Mapping[str, float]], *, title: s
     ticks = _log_ticks(c.xlo, c.xhi)[2] if log else _linear_ticks(c.xlo, c.xhi)[2]
     axis_y = top + row_h * len(rows) + 2
     for t in ticks:
-        c.parts.append(f'<line x1="{c.px(t):.1f}" y1="{top - 4}" x2="{c.px(t):.1f}" y2="{axis_y}" stroke="#eee"/>')
-        c.parts.append(f'<text x="{c.px(t):.1f}" y="{axis_y + 14}" text-anchor="middle">{escape(_fmt(t))}</text>')
-    c.parts.append(f'<text x="{(c.x0 + c.x1) / 2:.1f}" y="{axis_y + 32}" text-anchor="middle">seconds until ready'
-                   f"{' (log scale)' if log else ''}</text>")
+        c.parts.append(f'<line x1="{c.px(t):.1f}" y1="{top - 4}" x2="{c.px(t):.1f}" y2="{axis_y}" '
+                       f'stroke="#eee"/>')
+        c.parts.append(f'<text x="{c.px(t):.1f}" y="{axis_y + 14}" '
+                       f'text-anchor="middle">{escape(_fmt(t))}</text>')
+    c.parts.append(f'<text x="{(c.x0 + c.x1) / 2:.1f}" y="{axis_y + 32}" text-anchor="middle">seconds until '
+                   f"ready{' (log scale)' if log else ''}</text>")
     for i, (name, hosts) in enumerate(sorted(rows.items())):
         y = top + i * row_h + row_h / 2
         ordered = sorted(hosts.values())
@@ -388,14 +396,14 @@ def readiness_spread_svg(ready_s: Mapping[str, Mapping[str, float]], *, title: s
         median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
         slowest = max(hosts, key=lambda h: hosts[h])
         c.parts.append(f'<text x="{label_w - 8}" y="{y + 4:.1f}" text-anchor="end">{escape(name)}</text>')
-        c.parts.append(f'<line x1="{c.px(ordered[0]):.1f}" y1="{y:.1f}" x2="{c.px(ordered[-1]):.1f}" y2="{y:.1f}" '
-                       'stroke="#bbb" stroke-width="2"/>')
+        c.parts.append(f'<line x1="{c.px(ordered[0]):.1f}" y1="{y:.1f}" x2="{c.px(ordered[-1]):.1f}" '
+                       f'y2="{y:.1f}" stroke="#bbb" stroke-width="2"/>')
         for host, value in sorted(hosts.items()):
             c.parts.append(f'<circle cx="{c.px(value):.1f}" cy="{y:.1f}" r="4" fill="{PALETTE[0]}" '
                            f'fill-opacity="0.6"><title>{escape(host)}: {value:.1f} s</title></circle>')
         mx = c.px(median)
-        c.parts.append(f'<line x1="{mx:.1f}" y1="{y - 9:.1f}" x2="{mx:.1f}" y2="{y + 9:.1f}" stroke="{PALETTE[1]}" '
-                       'stroke-width="2"/>')
+        c.parts.append(f'<line x1="{mx:.1f}" y1="{y - 9:.1f}" x2="{mx:.1f}" y2="{y + 9:.1f}" '
+                       f'stroke="{PALETTE[1]}" stroke-width="2"/>')
         summary = (f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}: min {_fmt(ordered[0])}, median "
                    f"{_fmt(median)}, max {_fmt(ordered[-1])} s ({slowest})")
         c.parts.append(f'<text x="{c.x1 + 10}" y="{y + 4:.1f}">{escape(summary)}</text>')

@@ -1,21 +1,22 @@
-"""Progress lines (``[dflash] …``) on the terminal a person watches: with ``-n N``, without it, and with ``-q``.
+"""Progress lines (``[dflash] …``) on the terminal a person watches: with ``-n N``, without it, and with
+``-q``.
 
 What is said: every progress callable of the run (``DflashRun.progress``) takes a ``str``. Two ``str``
 subclasses carry the kind: a :class:`~pytest_dflash.services.events.Heartbeat` repeats a state ("waiting 40s
-in sampled phase: …", a perf run's "so far" line); a :class:`~pytest_dflash.services.events.ServiceEvent` says a
-service was started / became ready / failed and moves the fleet counts (hosts ready / failed / pending). Every
-other line is an event. Being ``str``, they pass through every ``Callable[[str], None]`` unchanged.
+in sampled phase: …", a perf run's "so far" line); a :class:`~pytest_dflash.services.events.ServiceEvent` says
+a service was started / became ready / failed and moves the fleet counts (hosts ready / failed / pending).
+Every other line is an event. Being ``str``, they pass through every ``Callable[[str], None]`` unchanged.
 
-How it is shown (:class:`Terminal`): heartbeats at most one per service (the text before the first ``": "``) per
-:data:`HEARTBEAT_EVERY_S`; with ``-q`` none at all, only events and the fleet counts when they change. Without
-``-n`` and with a terminal on stdout, heartbeats rewrite one live status line (the terminal reporter's
+How it is shown (:class:`Terminal`): heartbeats at most one per service (the text before the first ``": "``)
+per :data:`HEARTBEAT_EVERY_S`; with ``-q`` none at all, only events and the fleet counts when they change.
+Without ``-n`` and with a terminal on stdout, heartbeats rewrite one live status line (the terminal reporter's
 ``rewrite``); otherwise every line is a plain line (as logs and CI want).
 
 Under xdist (:class:`ProgressChannel` in a worker): a worker's stdout never reaches the controller, and
 xdist has no channel for a plugin's own messages: its controller takes only the events it knows
-(``WorkerController.process_from_remote`` raises ``ValueError("unknown event")`` for any other name, xdist 3.x)
-and ``workeroutput`` arrives only when the worker is done. So each worker appends JSON lines to one file per
-run, ``<state_root()>/progress/<run id>.jsonl`` (the run id the controller hands its workers; one
+(``WorkerController.process_from_remote`` raises ``ValueError("unknown event")`` for any other name, xdist
+3.x) and ``workeroutput`` arrives only when the worker is done. So each worker appends JSON lines to one file
+per run, ``<state_root()>/progress/<run id>.jsonl`` (the run id the controller hands its workers; one
 ``os.write`` per ``O_APPEND`` line of at most ~1.2 KB, so lines of several workers never interleave), and a
 controller thread (:class:`_Tail`) tails it every 0.25 s and prints through the terminal reporter. The file is
 bounded (:data:`MAX_FILE_BYTES`: heartbeats are dropped past it, events past twice it), the thread is stopped
@@ -58,7 +59,8 @@ PREFIX = "[dflash] "
 
 @dataclass(frozen=True)
 class Line:
-    """One progress line as it travels: its kind, its text (already scrubbed) and the fleet state it reports."""
+    """One progress line as it travels: its kind, its text (already scrubbed) and the fleet state it
+    reports."""
 
     text: str
     heartbeat: bool = False
@@ -83,8 +85,8 @@ class Line:
 
 def classify(message: str) -> Line:
     fleet = (message.host, message.service, message.state) if isinstance(message, ServiceEvent) else None
-    return Line(text=scrub(str(message), LINE_BYTES, "progress line"), heartbeat=isinstance(message, Heartbeat),
-                fleet=fleet)
+    return Line(text=scrub(str(message), LINE_BYTES, "progress line"),
+                heartbeat=isinstance(message, Heartbeat), fleet=fleet)
 
 
 class _Fleet:
@@ -171,7 +173,8 @@ class Terminal:
 
 
 def _newline(reporter: Any) -> None:
-    """Start on a fresh line: also after xdist's progress ("s   [100%]"), which ensure_newline does not know of."""
+    """Start on a fresh line: also after xdist's progress ("s   [100%]"), which ensure_newline does not know
+    of."""
     reporter.ensure_newline()
     if getattr(reporter._tw, "width_of_current_line", 0):
         reporter.write("\n")
@@ -198,7 +201,8 @@ class _FileWriter:
                 if size > (MAX_FILE_BYTES if line.heartbeat else 2 * MAX_FILE_BYTES):
                     if not self._full and not line.heartbeat:
                         self._full = True
-                        os.write(self._fd, Line(f"progress file full ({size:,} bytes): later lines dropped").to_json())
+                        os.write(self._fd,
+                                 Line(f"progress file full ({size:,} bytes): later lines dropped").to_json())
                     return
                 os.write(self._fd, line.to_json())
             except OSError:
@@ -313,7 +317,8 @@ class ProgressChannel:
         return {"dflash_progress": str(self.path)} if self._tail is not None else {}
 
     def stop(self) -> None:
-        """Session end: the tail's last read, the file removed, what is queued written, the live line ended."""
+        """Session end: the tail's last read, the file removed, what is queued written, the live line
+        ended."""
         if self._tail is not None:
             self._tail.stop()
             self._tail = None

@@ -27,7 +27,8 @@ from pytest_dflash.scrub.redact import redact
 FOREIGN_SHOWN = 20  # problems outside the dflash tests listed by name (the count is always exact)
 
 
-SELECTION_OUTPUT = "dflash_selection"  # an xdist worker's Selection, sent to the controller in its workeroutput
+# an xdist worker's Selection, sent to the controller in its workeroutput
+SELECTION_OUTPUT = "dflash_selection"
 
 
 @dataclass
@@ -39,7 +40,8 @@ class Selection:
     deselected: dict[str, list[str]] = field(default_factory=dict)
 
     def as_output(self) -> dict[str, Any]:
-        return {"selected": dict(self.selected), "deselected": {h: list(ids) for h, ids in self.deselected.items()}}
+        return {"selected": dict(self.selected),
+                "deselected": {h: list(ids) for h, ids in self.deselected.items()}}
 
     def merge(self, output: Any) -> None:
         """Fold in a worker's `as_output()` (every worker collects the same tests: a union, not a sum)."""
@@ -102,8 +104,8 @@ class SelectionRecorder:
 
 class VerdictCollector:
     """Folds every test report into the host verdicts (controller side; also without xdist), and watches what
-    the reports alone would not show: tests selected but never finished (per host), tests deselected, collection
-    errors, crashed workers, internal errors and failures of tests without a dflash fixture."""
+    the reports alone would not show: tests selected but never finished (per host), tests deselected,
+    collection errors, crashed workers, internal errors and failures of tests without a dflash fixture."""
 
     def __init__(self, config: pytest.Config, builder: VerdictBuilder) -> None:
         self.config = config
@@ -112,7 +114,8 @@ class VerdictCollector:
         self.started: dict[str, None] = {}
         self.finished: set[str] = set()
         self.foreign: list[str] = []
-        self.broken: list[str] = []  # what makes the whole run not whole: crashes, collection / internal errors
+        # what makes the whole run not whole: crashes, collection / internal errors
+        self.broken: list[str] = []
         self.worker_selection = Selection()
         self.layers: set[str] = set()
         self.suites: set[str] = set()
@@ -156,8 +159,9 @@ class VerdictCollector:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
-        self.broken.append(f"an xdist worker crashed while running {crashitem} (an infrastructure failure: the run "
-                           "is not whole, even where xdist ran the rest of its tests on another worker)")
+        self.broken.append(f"an xdist worker crashed while running {crashitem} (an infrastructure failure: "
+                           "the run is not whole, even where xdist ran the rest of its tests on another "
+                           "worker)")
 
     def pytest_internalerror(self, excrepr: Any, excinfo: Any) -> None:
         self.broken.append(f"internal error: {redact(str(excrepr).strip().splitlines()[-1][:300])}")
@@ -166,12 +170,13 @@ class VerdictCollector:
         self.expected.update(dict.fromkeys(ids))
 
     def selection(self) -> Selection | None:
-        """Each host's selected and deselected tests: this process's own collection, or the workers' (None when
-        no worker lived to send its own: then only the run as a whole can be judged)."""
+        """Each host's selected and deselected tests: this process's own collection, or the workers' (None
+        when no worker lived to send its own: then only the run as a whole can be judged)."""
         own = self.config.stash.get(SELECTION_KEY, None)
         if own is not None:
             return own
-        return self.worker_selection if self.worker_selection.selected or self.worker_selection.deselected else None
+        return (self.worker_selection if self.worker_selection.selected or self.worker_selection.deselected
+                else None)
 
     def status(self, session: pytest.Session) -> RunStatus:
         """Judge the run's completeness at session end: the run's own, then each host's."""
@@ -180,11 +185,11 @@ class VerdictCollector:
         reasons = []
         running = [nodeid for nodeid in self.started if nodeid not in self.finished]
         if interrupts.in_teardown():
-            reasons.append(f"interrupted: {interrupts.received()} arrived while the run stopped what it started "
-                           "(that teardown was finished first)")
+            reasons.append(f"interrupted: {interrupts.received()} arrived while the run stopped what it "
+                           "started (that teardown was finished first)")
         elif interrupts.lost():
-            reasons.append(f"interrupted: {interrupts.received()} was received, but its KeyboardInterrupt was lost "
-                           "(raised inside a finalizer) and the run went on")
+            reasons.append(f"interrupted: {interrupts.received()} was received, but its KeyboardInterrupt "
+                           "was lost (raised inside a finalizer) and the run went on")
         if session.shouldstop:
             reasons.append(f"stopped early: {session.shouldstop}")
         elif session.shouldfail:
@@ -198,12 +203,14 @@ class VerdictCollector:
         selection = self.selection()
         hosts: dict[str, HostStatus] = {}
         for name in run.profiles:
-            ids = [nodeid for nodeid, host in (selection.selected.items() if selection else ()) if host == name]
+            ids = [nodeid for nodeid, host in (selection.selected.items() if selection else ())
+                   if host == name]
             lost = tuple(nodeid for nodeid in ids if nodeid not in self.finished)
             hosts[name] = HostStatus(selected=len(ids), finished=len(ids) - len(lost), lost=lost,
                                      deselected=len(selection.deselected.get(name, ())) if selection else 0)
         attributed = set(selection.selected) if selection else set()
-        missing = [nodeid for nodeid in self.expected if nodeid not in self.finished and nodeid not in attributed]
+        missing = [nodeid for nodeid in self.expected
+                   if nodeid not in self.finished and nodeid not in attributed]
         if missing:
             where = f"in progress: {', '.join(running[:3])}" if running else f"first not run: {missing[0]}"
             reasons.append(f"{len(missing)} of {len(self.expected)} collected tests never finished ({where})")
@@ -222,9 +229,9 @@ class VerdictCollector:
             "collected": len(self.expected),
             "finished": len(self.expected.keys() & self.finished),
         }
-        return RunStatus(interrupted="; ".join(reasons) or None, partial=tuple(partial), foreign=tuple(foreign),
-                         selection=selection_facts, hosts=hosts, named_hosts=self.builder.status.named_hosts,
-                         shard=self.builder.status.shard)
+        return RunStatus(interrupted="; ".join(reasons) or None, partial=tuple(partial),
+                         foreign=tuple(foreign), selection=selection_facts, hosts=hosts,
+                         named_hosts=self.builder.status.named_hosts, shard=self.builder.status.shard)
 
 
 # pytest's own exit codes that say the run as a whole did not work (1 is a test's business; 0 needs no reason)
@@ -296,11 +303,13 @@ def available_suites(seen: set[str], config: pytest.Config) -> set[str]:
         path = Path(str(arg).split("::", 1)[0])
         for candidate in (path, *path.parents):
             if candidate.name == "suites":
-                roots.add(candidate if candidate.is_absolute() else Path(str(config.invocation_params.dir)) / candidate)
+                roots.add(candidate
+                          if candidate.is_absolute() else Path(str(config.invocation_params.dir)) / candidate)
     found = set()
     for root in roots:
         if root.is_dir():
-            found |= {child.name for child in root.iterdir() if child.is_dir() and any(child.glob("test_*.py"))}
+            found |= {child.name for child in root.iterdir()
+                      if child.is_dir() and any(child.glob("test_*.py"))}
     return found | seen
 
 
@@ -322,7 +331,8 @@ def narrowed_by(config: pytest.Config, suites: set[str], available: set[str]) ->
         reasons.append(f"selected by node id ({len(named)})")
     # smoke is a designed slice through every layer; anything else short of every suite is a subset
     if suites and "smoke" not in suites and available and not (available - {"smoke"}) <= suites:
-        reasons.append(f"a subset of the suites ({', '.join(sorted(suites))} of {', '.join(sorted(available))})")
+        reasons.append(f"a subset of the suites ({', '.join(sorted(suites))} of "
+                       f"{', '.join(sorted(available))})")
     return reasons
 
 
@@ -332,7 +342,8 @@ def writes_verdicts(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and not config.getoption("collectonly", False)
 
 
-def start(config: pytest.Config, builder: VerdictBuilder, report_dir: Path, profiles: Mapping[str, Any]) -> None:
+def start(config: pytest.Config, builder: VerdictBuilder, report_dir: Path,
+          profiles: Mapping[str, Any]) -> None:
     """Controller, in pytest_configure before anything can block or fail (discovery of attached servers,
     readiness, collection): every host the run names gets a verdict file that says 'interrupted' until the run
     ends, so a run killed at any phase never leaves an older 'pass' standing."""
@@ -374,7 +385,8 @@ def finish(session: pytest.Session, collector: VerdictCollector) -> None:
     if gate is not None and session.exitstatus in (0, 1):
         session.exitstatus = 0 if gate["passed"] else 1
     if session.exitstatus == 0 and "interrupted" in verdicts:
-        session.exitstatus = pytest.ExitCode.INTERRUPTED  # e.g. a crashed worker whose tests ran again elsewhere
+        # e.g. a crashed worker whose tests ran again elsewhere
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
     elif session.exitstatus == 0 and gate is None and "fail" in verdicts:
         session.exitstatus = 1  # e.g. a host whose tests were all skipped as blocked
     if interrupts.lost() and session.exitstatus in (0, 1):
@@ -392,7 +404,8 @@ def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     gate_layers = config.stash.get(GATE_KEY, [])
     if gate_layers:
         gate = builder.gate(gate_layers)
-        terminalreporter.write_line(f"gate {','.join(gate_layers)}: {'PASSED' if gate['passed'] else 'FAILED'}")
+        terminalreporter.write_line(f"gate {','.join(gate_layers)}: "
+                                    f"{'PASSED' if gate['passed'] else 'FAILED'}")
         for reason in gate["refused"]:
             terminalreporter.write_line(f"  gate refused: {reason}")
     for path in config.stash.get(REPORTED_KEY, []):

@@ -1,7 +1,8 @@
 """The first thing a run does (a `tryfirst` pytest_configure, before every other plugin's and conftest's, any
-of which can block, fail or be killed): load the targets, and give every host the run names a verdict file that
-says 'interrupted' until the run ends. A usage error in the targets gives the hosts it names such a verdict too.
-Registered through pytest_dflash.plugin.pytest_plugins; the rest of the run is configured by the plugin."""
+of which can block, fail or be killed): load the targets, and give every host the run names a verdict file
+that says 'interrupted' until the run ends. A usage error in the targets gives the hosts it names such a
+verdict too. Registered through pytest_dflash.plugin.pytest_plugins; the rest of the run is configured by the
+plugin."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def pytest_configure(config: pytest.Config) -> None:
         profiles = load_targets(config)
     except pytest.UsageError as exc:
         if writes:
-            report_session.refuse(config, builder, options.report_dir(config), named_despite_errors(config), exc)
+            report_session.refuse(config, builder, options.report_dir(config),
+                                  named_despite_errors(config), exc)
         raise
     config.stash[TARGETS_KEY] = profiles
     if profiles:

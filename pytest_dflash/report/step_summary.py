@@ -1,8 +1,9 @@
-"""GitHub Actions job summary: when $GITHUB_STEP_SUMMARY is set, the controller appends a Markdown verdict table
-at session end (one row per host: verdict, each layer's outcome, the first failure and its diagnosis id).
+"""GitHub Actions job summary: when $GITHUB_STEP_SUMMARY is set, the controller appends a Markdown verdict
+table at session end (one row per host: verdict, each layer's outcome, the first failure and its diagnosis
+id).
 
-Redacted like the verdict and bounded (SUMMARY_BYTES; GitHub takes 1 MiB per step): failing hosts come first, so
-a cut fleet table still shows them, and a cut says how many hosts it left out."""
+Redacted like the verdict and bounded (SUMMARY_BYTES; GitHub takes 1 MiB per step): failing hosts come first,
+so a cut fleet table still shows them, and a cut says how many hosts it left out."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def append(config: pytest.Config, builder: VerdictBuilder, gate: Mapping[str, An
     except OSError as exc:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(f"dflash: ${ENV} {target}: cannot append the verdict table: {exc.strerror or exc}")
+            reporter.write_line(f"dflash: ${ENV} {target}: cannot append the verdict table: "
+                                f"{exc.strerror or exc}")
 
 
 def markdown(builder: VerdictBuilder, gate: Mapping[str, Any] | None = None) -> str:
@@ -64,7 +66,8 @@ def markdown(builder: VerdictBuilder, gate: Mapping[str, Any] | None = None) -> 
         row = _row(name, verdict, verdict.final_verdict(status)) + "\n"
         if nbytes(text) + nbytes(row) > SUMMARY_BYTES - 256:
             left = len(hosts) - index
-            text += f"\n… {left} more host(s) left out: cap {SUMMARY_BYTES // KB} KB (see the verdict files)\n"
+            text += (f"\n… {left} more host(s) left out: cap {SUMMARY_BYTES // KB} KB "
+                     f"(see the verdict files)\n")
             break
         text += row
     return text + "\n"
@@ -78,7 +81,8 @@ def _row(name: str, verdict: HostVerdict, final: str) -> str:
         failure = f"`{_code(str(first.get('test', '')))}`: {_cell(str(first.get('message', '')))}"
         diagnosis = ", ".join(f"`{_code(str(d.get('id', '')))}`" for d in (first.get("diagnosis") or [])[:3]
                               if isinstance(d, dict))
-    cells = [_cell(name), MARKS.get(final, final), *(MARKS.get(o, o) for o in outcomes.values()), failure, diagnosis]
+    cells = [_cell(name), MARKS.get(final, final), *(MARKS.get(o, o) for o in outcomes.values()), failure,
+             diagnosis]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -94,5 +98,6 @@ def _cell(text: str) -> str:
 
 
 def _code(text: str) -> str:
-    """Text for inside `backticks` (a code span takes no escapes but a table's pipe): no backticks of its own."""
+    """Text for inside `backticks` (a code span takes no escapes but a table's pipe): no backticks of its
+    own."""
     return _flat(text).replace("`", "'").replace("|", "\\|")

@@ -12,19 +12,20 @@ diagnoses, service facts). `VerdictBuilder` folds them into one verdict per host
 A host's verdict is computed from what pytest collected, reported, deselected and lost for that host, and
 from what happened to the run as a whole — never from which options were given:
 
-    verdict = interrupted  the run was not whole: stopped early (Ctrl-C, SIGTERM, -x/--maxfail), an xdist worker
-                           crashed (even when its tests ran again elsewhere), a collection or internal error, a
-                           usage error, nothing collected, a test of this host selected at collection that never
-                           finished, or the run never wrote its final verdict (killed: the file written at start)
+    verdict = interrupted  the run was not whole: stopped early (Ctrl-C, SIGTERM, -x/--maxfail), an xdist
+                           worker crashed (even when its tests ran again elsewhere), a collection or internal
+                           error, a usage error, nothing collected, a test of this host selected at collection
+                           that never finished, or the run never wrote its final verdict (killed: the file
+                           written at start)
             = fail         a layer failed or was blocked, or a test outside the dflash tests failed
             = partial      nothing failed, but not everything ran: tests of this host were deselected (by any
-                           means: -k, -m, --lf, --sw, --deselect, a conftest, a plugin), the run named node ids or a
-                           subset of the suites, or no test of this host passed at all
-            = pass         every test selected for the host at collection finished and passed (or was skipped for
-                           a stated reason other than a blocked layer), and none of the above happened
+                           means: -k, -m, --lf, --sw, --deselect, a conftest, a plugin), the run named node
+                           ids or a subset of the suites, or no test of this host passed at all
+            = pass         every test selected for the host at collection finished and passed (or was skipped
+                           for a stated reason other than a blocked layer), and none of the above happened
 
-Every host the run names (--host, --attach, --fleet, this shard's share) gets a verdict, also one with no report.
-Exit codes are documented in docs/gating.md.
+Every host the run names (--host, --attach, --fleet, this shard's share) gets a verdict, also one with no
+report. Exit codes are documented in docs/gating.md.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ OUTCOMES = ("passed", "failed", "blocked", "skipped", "not-run")
 VERDICTS = ("pass", "fail", "partial", "interrupted")
 LOST_SHOWN = 20  # lost test ids listed in a verdict (the count is always exact)
 SUBSET = "a subset of the suites"  # the one narrowing a gate may accept: a gate is about layers, not suites
-NEVER_FINISHED = ("the run that wrote this file never finished (killed by SIGKILL, an OOM kill, os._exit or a "
-                  "pytest-timeout thread kill?): this is the file written when it started")
+NEVER_FINISHED = ("the run that wrote this file never finished (killed by SIGKILL, an OOM kill, os._exit or "
+                  "a pytest-timeout thread kill?): this is the file written when it started")
 
 
 @dataclass
@@ -97,8 +98,8 @@ class HostVerdict:
         host = status.hosts.get(self.host)
         if host is None or not host.lost:
             return None
-        return (f"{len(host.lost)} of {host.selected} test(s) of this host selected at collection never finished "
-                f"(first: {host.lost[0]})")
+        return (f"{len(host.lost)} of {host.selected} test(s) of this host selected at collection never "
+                f"finished (first: {host.lost[0]})")
 
     def interrupted_reason(self, status: RunStatus) -> str | None:
         """Why this host's run was not whole (the run's reason, then this host's lost tests), or None."""
@@ -181,10 +182,10 @@ class HostStatus:
 
 @dataclass
 class RunStatus:
-    """Was the run whole? `interrupted`: why the whole run is not (None: it is); `partial`: how the whole run was
-    narrowed (node ids, a subset of the suites); `foreign`: failures no dflash test reported (tests without a
-    dflash fixture); `hosts`: each host's own counts (deselected, lost); `named_hosts`: every host the run
-    named before --shard took its share, and `shard` that share ("2/8")."""
+    """Was the run whole? `interrupted`: why the whole run is not (None: it is); `partial`: how the whole run
+    was narrowed (node ids, a subset of the suites); `foreign`: failures no dflash test reported (tests
+    without a dflash fixture); `hosts`: each host's own counts (deselected, lost); `named_hosts`: every host
+    the run named before --shard took its share, and `shard` that share ("2/8")."""
 
     interrupted: str | None = None
     partial: tuple[str, ...] = ()
@@ -252,14 +253,17 @@ class VerdictBuilder:
         tests) and each layer passed on every host (skips count as not passed)."""
         wanted = list(layers)
         per_host = {
-            name: {layer: v.layer_outcomes()[layer] for layer in wanted} for name, v in sorted(self.hosts.items())
+            name: {layer: v.layer_outcomes()[layer] for layer in wanted}
+            for name, v in sorted(self.hosts.items())
         }
         refused = [f"the run was interrupted: {self.status.interrupted}"] if self.status.interrupted else []
         refused += [f"outside the dflash tests: {problem}" for problem in self.status.foreign]
-        refused += [f"the run was narrowed: {why}" for why in self.status.partial if not why.startswith(SUBSET)]
+        refused += [f"the run was narrowed: {why}" for why in self.status.partial
+                    if not why.startswith(SUBSET)]
         for name, host in sorted(self.status.hosts.items()):
             if host.lost:
-                refused.append(f"{name}: {len(host.lost)} selected test(s) never finished (first: {host.lost[0]})")
+                refused.append(f"{name}: {len(host.lost)} selected test(s) never finished (first: "
+                               f"{host.lost[0]})")
             if host.deselected:
                 refused.append(f"{name}: {host.deselected} test(s) deselected after collection")
         ok = (bool(per_host) and not refused
@@ -283,15 +287,16 @@ class VerdictBuilder:
         return written
 
     def write_started(self, directory: Path, hosts: Iterable[str], reason: str = NEVER_FINISHED) -> None:
-        """Before anything can block or fail: an 'interrupted' verdict per host, replaced at the end. A run killed
-        outright (SIGKILL, os._exit), or one ended by a usage error (`reason`), then leaves a verdict that says
-        so, never an older passing one."""
+        """Before anything can block or fail: an 'interrupted' verdict per host, replaced at the end. A run
+        killed outright (SIGKILL, os._exit), or one ended by a usage error (`reason`), then leaves a verdict
+        that says so, never an older passing one."""
         directory.mkdir(parents=True, exist_ok=True)
         status = RunStatus(interrupted=reason, selection=self.status.selection,
                            named_hosts=self.status.named_hosts, shard=self.status.shard)
         for name in hosts:
-            payload = HostVerdict(name).as_dict(run_id=self.run_id, started=self.started, finished=self.started,
-                                                exit_code=None, gate=None, status=status)
+            payload = HostVerdict(name).as_dict(run_id=self.run_id, started=self.started,
+                                                finished=self.started, exit_code=None, gate=None,
+                                                status=status)
             atomic_write(directory / f"{_safe(name)}.verdict.json", json.dumps(payload, indent=2) + "\n")
 
 

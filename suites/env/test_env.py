@@ -36,7 +36,8 @@ pytestmark = pytest.mark.env
 
 
 def test_service_python_is_the_profiles(dflash_gpu: GpuHost) -> None:
-    """The probes run the profile's python; a service that runs another interpreter would not be the one probed."""
+    """The probes run the profile's python; a service that runs another interpreter would not be the one
+    probed."""
     service_python_is_the_profiles(dflash_gpu)
 
 
@@ -72,8 +73,8 @@ def test_installed_versions_satisfy_requirements(dflash_gpu: GpuHost) -> None:
 
 
 def test_service_flags_exist_in_installed_sglang(dflash_gpu: GpuHost) -> None:
-    """Each SGLang service's command uses only flags the installed sglang still has; a removed (renamed) flag is
-    named with its replacement before the server starts (docs/sglang-versions.md)."""
+    """Each SGLang service's command uses only flags the installed sglang still has; a removed (renamed) flag
+    is named with its replacement before the server starts (docs/sglang-versions.md)."""
     service_flags_exist_in_installed_sglang(dflash_gpu)
 
 
@@ -88,7 +89,8 @@ def test_flashinfer_companions_match(dflash_gpu: GpuHost) -> None:
 
 
 def test_flashinfer_toolkit_supports_gpu_arch(dflash_gpu: GpuHost) -> None:
-    """The CUDA toolkit FlashInfer's JIT resolves (CUDA_HOME, `which nvcc`, /usr/local/cuda) can target every GPU.
+    """The CUDA toolkit FlashInfer's JIT resolves (CUDA_HOME, `which nvcc`, /usr/local/cuda) can target every
+    GPU.
 
     FlashInfer <= 0.7.0 needs nvcc >= 12.9 for any SM 12.x GPU and otherwise drops the GPU and fails
     with the misleading "FlashInfer requires GPUs with sm75 or higher" (seed 000/004).
@@ -118,5 +120,6 @@ def test_sgl_kernel_has_build_for_gpu_arch(dflash_gpu: GpuHost) -> None:
 
 def test_serving_stack_matches_baseline(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
     """With --env-baseline: torch, sglang, sglang-kernel, flashinfer*, xgrammar, transformers, triton,
-    nvidia-* CUDA libraries and the driver equal the known-good snapshot. Always records this host's snapshot."""
+    nvidia-* CUDA libraries and the driver equal the known-good snapshot. Always records this host's
+    snapshot."""
     serving_stack_matches_baseline(dflash_gpu, request)

@@ -107,12 +107,14 @@ def test_concurrent_sampled_requests_complete(dflash_service: ServiceHandle,
 
 @pytest.mark.parametrize("api", APIS)
 def test_bad_parameters_get_4xx(dflash_service: ServiceHandle, api: Api) -> None:
-    """Invalid sampling values, a prompt over the context, a chat without messages: 4xx, never 5xx or a crash."""
+    """Invalid sampling values, a prompt over the context, a chat without messages: 4xx, never 5xx or a
+    crash."""
     bad_parameters(dflash_service, api)
 
 
 @pytest.mark.parametrize("api", APIS)
 def test_sampling_varies_with_seed(dflash_service: ServiceHandle, api: Api) -> None:
-    """Greedy-fallback detection: at temperature 1 different seeds must give different outputs (beyond token 1)."""
+    """Greedy-fallback detection: at temperature 1 different seeds must give different outputs (beyond
+    token 1)."""
     use_api(dflash_service, api)
     sampling_varies_with_seed(dflash_service, api)

@@ -26,21 +26,25 @@ pytestmark = [pytest.mark.kernels, pytest.mark.timeout(3600)]
 
 
 def test_flashinfer_sampling_builds_cold(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
-    """FlashInfer's sampling module (sampling.cu, renorm.cu, binding) compiles and links from an empty cache."""
+    """FlashInfer's sampling module (sampling.cu, renorm.cu, binding) compiles and links from an empty
+    cache."""
     builds_cold(dflash_gpu, "sampling", request)
 
 
-def test_flashinfer_sampling_respects_top_k_top_p(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
+def test_flashinfer_sampling_respects_top_k_top_p(dflash_gpu: GpuHost,
+                                                  request: pytest.FixtureRequest) -> None:
     """top_k_top_p_sampling_from_probs draws only from the top-k then top-p set, with its frequencies."""
     sampling_respects_top_k_top_p(dflash_gpu, request)
 
 
 def test_flashinfer_decode_attention_builds_cold(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
-    """FlashInfer's single-decode attention module (fp16, head_dim 128) compiles and links from an empty cache."""
+    """FlashInfer's single-decode attention module (fp16, head_dim 128) compiles and links from an empty
+    cache."""
     builds_cold(dflash_gpu, "decode", request)
 
 
-def test_flashinfer_decode_attention_matches_sdpa(dflash_gpu: GpuHost, request: pytest.FixtureRequest) -> None:
+def test_flashinfer_decode_attention_matches_sdpa(dflash_gpu: GpuHost,
+                                                  request: pytest.FixtureRequest) -> None:
     """single_decode_with_kv_cache (GQA 32/8 heads, 1024 tokens) equals torch scaled_dot_product_attention."""
     decode_attention_matches_sdpa(dflash_gpu, request)
 

@@ -21,9 +21,11 @@ pytestmark = pytest.mark.perf
 @pytest.mark.dflash_services(speculative=True)
 def test_accept_length(dflash_service: ServiceHandle, dflash_layer_options: LayerOptions,
                        dflash_run_cache: dict[tuple[str, ...], Any]) -> None:
-    """Per-request accept length from meta_info (else /server_info after /flush_cache) on everyday prompts; >= 1.
+    """Per-request accept length from meta_info (else /server_info after /flush_cache) on everyday prompts;
+    >= 1.
 
-    The /flush_cache goes to a server this run did not start only with --allow-state-changes (else: skipped)."""
+    The /flush_cache goes to a server this run did not start only with --allow-state-changes (else:
+    skipped)."""
     accept_length(dflash_service, dflash_layer_options, dflash_run_cache)
 
 
@@ -31,6 +33,7 @@ def test_accept_length(dflash_service: ServiceHandle, dflash_layer_options: Laye
 def test_ddtree_accepts_at_least_dflash(dflash_service: ServiceHandle, dflash_layer_options: LayerOptions,
                                         dflash_run_cache: dict[tuple[str, ...], Any],
                                         request: pytest.FixtureRequest) -> None:
-    """DDTREE's mean accept length >= ratio x DFLASH's on the same prompts (--ddtree-accept-ratio, default 1)."""
+    """DDTREE's mean accept length >= ratio x DFLASH's on the same prompts (--ddtree-accept-ratio,
+    default 1)."""
     ddtree_accepts_at_least_dflash(dflash_service, dflash_layer_options, dflash_run_cache,
                                                  request.node)

@@ -36,5 +36,6 @@ def test_greedy_parity_concurrent(dflash_pair: Pair, dflash_layer_options: Layer
 
 def test_distribution_parity(dflash_pair: Pair, dflash_layer_options: LayerOptions,
                              dflash_run_cache: dict[tuple[str, ...], Any]) -> None:
-    """Sampled: the first K tokens follow the reference's distribution (chi-square test; too few samples fail)."""
+    """Sampled: the first K tokens follow the reference's distribution (chi-square test; too few samples
+    fail)."""
     distribution_parity(dflash_pair, dflash_layer_options, dflash_run_cache)

@@ -21,13 +21,15 @@ pytestmark = pytest.mark.perf
 
 
 def test_throughput_and_latency_floors(dflash_service: ServiceHandle, dflash_perf: PerfLayer) -> None:
-    """No request fails; output tok/s >= its floor, TTFT/ITL percentiles <= their ceilings ([floors.SERVICE])."""
+    """No request fails; output tok/s >= its floor, TTFT/ITL percentiles <= their ceilings
+    ([floors.SERVICE])."""
     dflash_perf.floors_of(dflash_service)
 
 
 @pytest.mark.dflash_services(speculative=True)
 def test_accept_length(dflash_service: ServiceHandle, dflash_perf: PerfLayer) -> None:
-    """Per-request accept length (native /generate meta_info) >= its floor; server-side /server_info alongside."""
+    """Per-request accept length (native /generate meta_info) >= its floor; server-side /server_info
+    alongside."""
     if not dflash_service.native:
         pytest.skip("accept length needs SGLang's native /generate meta_info")
     dflash_perf.accept_length_of(dflash_service)
@@ -39,5 +41,6 @@ def test_speedup(dflash_service: ServiceHandle, dflash_perf: PerfLayer) -> None:
 
 
 def test_no_regression_from_baseline(dflash_service: ServiceHandle, dflash_perf: PerfLayer) -> None:
-    """Not worse than the recorded baseline by more than regression_pct; --update-baseline records a good run."""
+    """Not worse than the recorded baseline by more than regression_pct; --update-baseline records a good
+    run."""
     dflash_perf.baseline_of(dflash_service)

@@ -42,8 +42,8 @@ def test_serves_the_profiles_algorithm(dflash_service: ServiceHandle) -> None:
 
 
 def test_serves_the_profiles_speculation(dflash_service: ServiceHandle) -> None:
-    """/server_info's speculation (a verdict fact) is what the command asks for (algorithm, draft tokens) and the
-    log shows no greedy-verification fallback; other settings SGLang changed quietly become notes."""
+    """/server_info's speculation (a verdict fact) is what the command asks for (algorithm, draft tokens) and
+    the log shows no greedy-verification fallback; other settings SGLang changed quietly become notes."""
     serves_the_profiles_speculation(dflash_service)
 
 

@@ -49,19 +49,22 @@ def test_service_ready(dflash_service_raw: ServiceHandle) -> None:
 
 @pytest.mark.service
 def test_serves_the_profiles_algorithm(dflash_service: ServiceHandle) -> None:
-    """/server_info speculative_algorithm is the profile's algorithm (a DFLASH unit serving plain decoding fails)."""
+    """/server_info speculative_algorithm is the profile's algorithm (a DFLASH unit serving plain decoding
+    fails)."""
     serves_the_profiles_algorithm(dflash_service)
 
 
 @pytest.mark.service
 def test_serves_one_consistent_model(dflash_service: ServiceHandle) -> None:
-    """/v1/models, /model_info and /server_info name one model, the profile's `model` when set (no generation)."""
+    """/v1/models, /model_info and /server_info name one model, the profile's `model` when set (no
+    generation)."""
     serves_one_consistent_model(dflash_service)
 
 
 @pytest.mark.service
 def test_serves_the_profiles_speculation(dflash_service: ServiceHandle) -> None:
-    """The served speculation (/server_info, the log) is the command's: algorithm, draft tokens, no greedy fallback."""
+    """The served speculation (/server_info, the log) is the command's: algorithm, draft tokens, no greedy
+    fallback."""
     serves_the_profiles_speculation(dflash_service)
 
 
@@ -85,27 +88,31 @@ def test_streamed_generation(dflash_service: ServiceHandle) -> None:
 
 @pytest.mark.generation
 def test_sampling_varies_with_seed(dflash_service: ServiceHandle) -> None:
-    """At temperature 1 different seeds give different outputs beyond token 1 (a greedy-fallback verifier fails)."""
+    """At temperature 1 different seeds give different outputs beyond token 1 (a greedy-fallback verifier
+    fails)."""
     sampling_varies_with_seed(dflash_service)
 
 
 @pytest.mark.parity
-def test_greedy_parity(dflash_pair: tuple[ServiceHandle, ServiceHandle], dflash_layer_options: LayerOptions) -> None:
-    """The smoke prompts are token-identical to the reference, or diverge at ties (at most max_tie_rate of them)."""
+def test_greedy_parity(dflash_pair: tuple[ServiceHandle, ServiceHandle],
+                       dflash_layer_options: LayerOptions) -> None:
+    """The smoke prompts are token-identical to the reference, or diverge at ties (at most max_tie_rate of
+    them)."""
     check_slice(*dflash_pair, SMOKE_PROMPTS, dflash_layer_options)
 
 
 @pytest.mark.perf
 @pytest.mark.dflash_services(speculative=True)
 def test_accept_length(dflash_service: ServiceHandle, dflash_layer_options: LayerOptions) -> None:
-    """Drafts are really accepted: accept length on the smoke prompts >= [floors.SERVICE] accept_length, else >= 1.1
-    (>= 1 for a profile's declared unaccepted_draft)."""
+    """Drafts are really accepted: accept length on the smoke prompts >= [floors.SERVICE] accept_length, else
+    >= 1.1 (>= 1 for a profile's declared unaccepted_draft)."""
     quick_accept_length(dflash_service, SMOKE_PROMPTS, dflash_layer_options)
 
 
 @pytest.mark.perf
 def test_per_token_latency(dflash_service: ServiceHandle, dflash_perf: PerfLayer) -> None:
-    """One streamed request: time per output token under a sanity ceiling (--tpot-ceiling-ms, default 250 ms)."""
+    """One streamed request: time per output token under a sanity ceiling (--tpot-ceiling-ms, default
+    250 ms)."""
     dflash_perf.token_latency_of(dflash_service)
 
 

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.services.phases import describe_in_progress, parse_startup, phase_offsets, to_unix, utc_offset_for
+from pytest_dflash.services.phases import (
+    describe_in_progress,
+    parse_startup,
+    phase_offsets,
+    to_unix,
+    utc_offset_for,
+)
 
 DATA = Path(__file__).parents[1] / "data"
 H200 = DATA / "sglang-0.5.17-h200" / "logs"

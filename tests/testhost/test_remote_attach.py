@@ -15,7 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from remote_helpers import GUEST_PYTHON, UNIT_DIR, Guest, RefUnit, SuiteRun, render_unit, unit_name, write_profile
+from remote_helpers import (
+    GUEST_PYTHON,
+    UNIT_DIR,
+    Guest,
+    RefUnit,
+    SuiteRun,
+    render_unit,
+    unit_name,
+    write_profile,
+)
 from testhost import TestHost
 
 from pytest_dflash.config.loader import load_profile

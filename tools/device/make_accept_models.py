@@ -20,10 +20,10 @@ How it works (by construction, not by training):
   ``[bonus, MASK, MASK, ...]`` and reads its hidden states through the TARGET's lm_head
   (sglang/srt/speculative/dflash_worker_v2.py, sglang/srt/models/dflash.py). With zero output projections the
   draft's hidden state at every MASK position is ``rmsnorm(embed[MASK])``, and ``embed[MASK]`` is put in the
-  (e0, e1) plane: the draft proposes A and B at every position with nearly equal probability (A slightly ahead),
-  and every other token at logit exactly 0.
-    - DFLASH (one linear chain of the draft's argmax, "A A A ..."): after a B the target wants A (accepted), then
-      B (rejected): 2 tokens per verify step in steady state.
+  (e0, e1) plane: the draft proposes A and B at every position with nearly equal probability (A slightly
+  ahead), and every other token at logit exactly 0.
+    - DFLASH (one linear chain of the draft's argmax, "A A A ..."): after a B the target wants A (accepted),
+      then B (rejected): 2 tokens per verify step in steady state.
     - DDTREE (best-first tree over the draft's top-k per depth): the balanced A/B binary tree holds the
       alternating path down to depth ~log2(budget): budget 8 -> ~3, 32 -> ~5, 64 -> ~6 tokens per step.
     - mode constant: draft and target agree on A everywhere: both accept the whole block (16 per step).
@@ -50,15 +50,19 @@ VOCAB = 1024
 HIDDEN, INTER, LAYERS, HEADS, KV, HEAD_DIM = 256, 512, 4, 4, 2, 64
 DRAFT_LAYERS, BLOCK = 2, 16
 TARGET_LAYER_IDS = [1, 2]
-TEXT = """The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step.
+TEXT = """The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a \
+single step.
 Speculative decoding uses a small draft model to propose several tokens, and the large \
 target model verifies them in one pass.
-Block diffusion drafters propose a whole block of tokens at once, conditioned on hidden states from the target model.
+Block diffusion drafters propose a whole block of tokens at once, conditioned on hidden states \
+from the target model.
 The server answers requests over HTTP with JSON bodies. It streams tokens with server sent events when asked.
-Hello world! How are you today? I am fine, thank you. What is the capital of France? Paris is the capital of France.
+Hello world! How are you today? I am fine, thank you. What is the capital of France? \
+Paris is the capital of France.
 Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 100 1000. Code: def f(x): return x * 2  # comment
 Once upon a time there was a small model that learned to write stories about foxes, dogs, cats and birds.
-The weather is sunny and warm, the sky is blue, and the river flows quietly past the old mill near the village.
+The weather is sunny and warm, the sky is blue, and the river flows quietly past the old mill \
+near the village.
 """
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
 TARGET_LOGIT = 8.0   # the target's logit of its successor token
@@ -99,7 +103,8 @@ def weights(mode: str, ids: dict[str, int], a: int, b: int) -> tuple[dict, dict,
 
     # Hidden state after the final RMSNorm of (e0 + noise): 16 * (e0 + noise) / sqrt(1 + |noise|^2).
     # Noise: per-dim std s over the HIDDEN-2 free dims. Pick |noise|^2 = 1 (s = 1/sqrt(254)): the successor's
-    # logit is 16*beta/sqrt(2) = TARGET_LOGIT -> beta; other logits: 16/sqrt(2) * (W_j . noise) ~ N(0, NOISE_RMS).
+    # logit is 16*beta/sqrt(2) = TARGET_LOGIT -> beta; other logits: 16/sqrt(2) * (W_j . noise)
+    # ~ N(0, NOISE_RMS).
     free = HIDDEN - 2
     s_noise = 1.0 / math.sqrt(free)
     beta = TARGET_LOGIT * math.sqrt(2) / 16.0
@@ -111,7 +116,8 @@ def weights(mode: str, ids: dict[str, int], a: int, b: int) -> tuple[dict, dict,
     if mode == "alternate":
         emb[a, 0] = 0.0
         emb[a, 1] = 1.0
-    # MASK in the (e0, e1) plane, no noise: the draft's logits are 16*beta*(cos, sin) for A, B and 0 elsewhere.
+    # MASK in the (e0, e1) plane, no noise: the draft's logits are 16*beta*(cos, sin) for A, B and 0
+    # elsewhere.
     if mode == "alternate":
         # 16*beta*(cos t - sin t) = DRAFT_GAP
         r = 16.0 * beta
@@ -191,7 +197,8 @@ def check(tw: dict, ids: dict, info: dict, prompt_last: list[int], ddtree_src: s
     utils = load_ddtree_utils(ddtree_src)
     out = {"successor_of": {str(t): int(succ[t]) for t in sorted({info["A"], info["B"], *prompt_last})},
            "min_greedy_margin": round(margin, 3), "p_successor_t1_mean": round(float(p_succ.mean()), 3),
-           "draft_top": [[int(i), round(float(v), 3)] for v, i in zip(dtop.values, dtop.indices, strict=True)],
+           "draft_top": [[int(i), round(float(v), 3)]
+                         for v, i in zip(dtop.values, dtop.indices, strict=True)],
            "ddtree_sim": "port's _build_single_tree" if utils else "own best-first"}
 
     def gen(last: int, n: int) -> list[int]:
@@ -280,7 +287,8 @@ def main() -> int:
     a, b = tok.token_to_id("Ġfox"), tok.token_to_id("Ġdog")
     assert a is not None and b is not None, "tokenizer lost ' fox' / ' dog'"
     chat_template = ("{% for message in messages %}"
-                     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+                     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+                     "'\\n' }}"
                      "{% endfor %}"
                      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
     tok_cfg = {
@@ -288,8 +296,9 @@ def main() -> int:
         "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None,
         "model_max_length": 4096, "clean_up_tokenization_spaces": False, "add_bos_token": False,
         "chat_template": chat_template,
-        "added_tokens_decoder": {str(ids[s]): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
-                                                "single_word": False, "special": True} for s in SPECIALS},
+        "added_tokens_decoder": {str(ids[s]): {"content": s, "lstrip": False, "normalized": False,
+                                               "rstrip": False, "single_word": False, "special": True}
+                                 for s in SPECIALS},
     }
     write_json(os.path.join(tgt, "tokenizer_config.json"), tok_cfg)
     write_json(os.path.join(tgt, "special_tokens_map.json"),
@@ -299,13 +308,14 @@ def main() -> int:
                   rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=False, tie_word_embeddings=False)
     tcfg = dict(common, architectures=["Qwen3ForCausalLM"], model_type="qwen3", num_hidden_layers=LAYERS,
                 bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], torch_dtype="bfloat16",
-                use_sliding_window=False, sliding_window=None, max_window_layers=LAYERS, attention_dropout=0.0,
-                initializer_range=0.02, use_cache=True)
+                use_sliding_window=False, sliding_window=None, max_window_layers=LAYERS,
+                attention_dropout=0.0, initializer_range=0.02, use_cache=True)
     write_json(os.path.join(tgt, "config.json"), tcfg)
     write_json(os.path.join(tgt, "generation_config.json"),
                {"bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]})
-    dcfg = dict(common, architectures=["DFlashDraftModel"], model_type="qwen3", num_hidden_layers=DRAFT_LAYERS,
-                torch_dtype="bfloat16", block_size=BLOCK, num_target_layers=LAYERS,
+    dcfg = dict(common, architectures=["DFlashDraftModel"], model_type="qwen3",
+                num_hidden_layers=DRAFT_LAYERS, torch_dtype="bfloat16", block_size=BLOCK,
+                num_target_layers=LAYERS,
                 dflash_config={"target_layer_ids": TARGET_LAYER_IDS, "mask_token_id": ids["<|MASK|>"]},
                 auto_map={"AutoModel": "dflash.DFlashDraftModel"})
     write_json(os.path.join(drf, "config.json"), dcfg)

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A SEPARATE copy of the DDTree-overlaid SGLang tree with a lossy verify step (a fault, for the parity suite).
+"""A SEPARATE copy of the DDTree-overlaid SGLang tree with a lossy verify step (a fault, for the parity
+suite).
 
     python3 make_lossy_tree.py [--src /tmp/site_ddtree] [--dst /tmp/site_ddtree_lossy] [--selftest]
 
@@ -30,9 +31,11 @@ ANCHOR = """            target_predict = torch.argmax(
             ).view(bs, q_len)
 """
 FAULT = (
-    "            # LOSSY FAULT (pytest-dflash issue 16; a test tree only): accept each node's best draft child\n"
+    "            # LOSSY FAULT (pytest-dflash issue 16; a test tree only): accept each node's best draft "
+    "child\n"
     "            # without checking it against the target's argmax.\n"
-    "            _first_child = torch.full_like(parents, q_len).scatter_reduce_(1, parents[:, 1:].clamp(min=0), "
+    "            _first_child = torch.full_like(parents, q_len).scatter_reduce_(1, "
+    "parents[:, 1:].clamp(min=0), "
     "torch.arange(1, q_len, device=parents.device).expand(bs, -1).contiguous(), reduce=\"amin\")\n"
     "            target_predict = torch.where(_first_child < q_len, draft_tokens.gather(1, "
     "_first_child.clamp(max=q_len - 1)), target_predict)\n"
@@ -107,7 +110,8 @@ def main() -> int:
         sys.exit(f"BUG: {src_file} changed")
     with tempfile.TemporaryDirectory() as tmp:
         py_compile.compile(dst_file, cfile=os.path.join(tmp, "x.pyc"), doraise=True)
-    print(f"lossy tree: {args.dst} ({REL} patched: accept the draft's best child unchecked); {args.src} unchanged")
+    print(f"lossy tree: {args.dst} ({REL} patched: accept the draft's best child unchecked); {args.src} "
+          f"unchanged")
     if args.selftest:
         selftest(args.src)
     return 0

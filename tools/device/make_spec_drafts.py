@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Tiny EAGLE3 and STANDALONE drafts for the tiny Qwen3 target of .sglang-stage/make_models.py (issue 25 item 4).
+"""Tiny EAGLE3 and STANDALONE drafts for the tiny Qwen3 target of .sglang-stage/make_models.py (issue 25 item
+4).
 
     python3 make_spec_drafts.py TARGET_DIR OUTDIR [--draft-vocab N] [--standalone-layers K]
                                 [--check [--sglang-src SITE]]
@@ -10,45 +11,46 @@ torch and safetensors only (the same as make_accept_models.py); runs on the CPU 
 
 eagle3/ -- a one-layer EAGLE-3 draft head, random weights, in SGLang 0.5.17's EAGLE-3 checkpoint format
     (sglang/srt/models/llama_eagle3.py, ``LlamaForCausalLMEagle3``; the format of the public EAGLE-3 heads):
-    * config: ``architectures = ["LlamaForCausalLMEagle3"]``, ``model_type = "llama"``, the target's hidden size,
-      heads, head_dim, rope and vocab; ``num_hidden_layers = 1``; ``draft_vocab_size`` (a reduced draft vocabulary,
-      as the public heads have); ``eagle_config.eagle_aux_hidden_state_layer_ids``.
-    * weights: ``fc.weight`` [hidden, 3*hidden] over the three captured target hidden states; ``midlayer.*`` (the
-      legacy name load_weights maps to ``layers.0``: ``hidden_norm``, ``input_layernorm``,
-      ``post_attention_layernorm``, q/k/v_proj over 2*hidden -- the embedding and the fc output concatenated --,
-      o_proj, gate/up/down_proj); ``norm.weight``; ``lm_head.weight`` [draft_vocab, hidden]; ``d2t`` (int64, draft
-      id -> target id minus draft id: load_weights makes ``hot_token_id = d2t + arange``) and ``t2d`` (bool over the
-      target vocab; load_weights skips it). No ``embed_tokens``: the EAGLE worker gives the draft the TARGET's
-      embedding (``set_embed``, speculative/eagle_worker_v2.py ``init_lm_head``); the head stays the draft's own
-      because ``draft_vocab_size`` is set (``load_lm_head_from_target`` is False).
-    * Which targets capture: Qwen3ForCausalLM has ``set_eagle3_layers_to_capture`` in 0.5.17 (models/qwen3.py), so
-      the Qwen3 target serves EAGLE3 as is. Its default capture layers are ``[2, n//2, n-3]``, which for the
-      4-layer target is [2, 2, 1]: only TWO distinct states are captured (qwen2.py's ``if i in layers_to_capture``),
-      while fc expects three -- a shape error at the first draft step. The config therefore names the layers:
-      ``eagle_aux_hidden_state_layer_ids = [0, 1, 2]`` (SGLang captures the input of layer id+1, i.e. the outputs
-      of target layers 0, 1 and 2: low, mid, high), read by
+    * config: ``architectures = ["LlamaForCausalLMEagle3"]``, ``model_type = "llama"``, the target's hidden
+      size, heads, head_dim, rope and vocab; ``num_hidden_layers = 1``; ``draft_vocab_size`` (a reduced draft
+      vocabulary, as the public heads have); ``eagle_config.eagle_aux_hidden_state_layer_ids``.
+    * weights: ``fc.weight`` [hidden, 3*hidden] over the three captured target hidden states; ``midlayer.*``
+      (the legacy name load_weights maps to ``layers.0``: ``hidden_norm``, ``input_layernorm``,
+      ``post_attention_layernorm``, q/k/v_proj over 2*hidden -- the embedding and the fc output concatenated
+      --, o_proj, gate/up/down_proj); ``norm.weight``; ``lm_head.weight`` [draft_vocab, hidden]; ``d2t``
+      (int64, draft id -> target id minus draft id: load_weights makes ``hot_token_id = d2t + arange``) and
+      ``t2d`` (bool over the target vocab; load_weights skips it). No ``embed_tokens``: the EAGLE worker gives
+      the draft the TARGET's embedding (``set_embed``, speculative/eagle_worker_v2.py ``init_lm_head``); the
+      head stays the draft's own because ``draft_vocab_size`` is set (``load_lm_head_from_target`` is False).
+    * Which targets capture: Qwen3ForCausalLM has ``set_eagle3_layers_to_capture`` in 0.5.17
+      (models/qwen3.py), so the Qwen3 target serves EAGLE3 as is. Its default capture layers are
+      ``[2, n//2, n-3]``, which for the 4-layer target is [2, 2, 1]: only TWO distinct states are captured
+      (qwen2.py's ``if i in layers_to_capture``), while fc expects three -- a shape error at the first draft
+      step. The config therefore names the layers: ``eagle_aux_hidden_state_layer_ids = [0, 1, 2]`` (SGLang
+      captures the input of layer id+1, i.e. the outputs of target layers 0, 1 and 2: low, mid, high), read by
       model_executor/model_runner_components/spec_aux_hidden_state.py.
     * Random weights: the target rejects almost every draft token (accept length ~1.0). The profile declares
       ``unaccepted_draft``: the service proves that EAGLE3 loads, captures, drafts and verifies losslessly.
 
-standalone/ -- a draft of the target's own architecture and tokenizer for ``--speculative-algorithm STANDALONE``
-    (speculative/standalone_worker_v2.py: a separate model with its OWN embedding and head; it checks that vocab
-    size and tokenizer vocab equal the target's). By default it is an exact copy of the target's weights and
-    tokenizer: the "perfect draft" control. That is legitimate for STANDALONE (any model of the same vocabulary
-    may draft) and it makes the drafts really accepted: with greedy verification every draft token is the
-    target's own argmax, so the accept length is num_steps + 1 up to bf16 ties between the draft's decode and the
-    target's verify forward. So the profile does NOT declare ``unaccepted_draft`` for it, and the default
-    accept-length floor applies. A truncated copy (``--standalone-layers K`` < the target's layers: the first K
-    layers, the target's embedding, norm and head) is a smaller draft but, on a random target, an unaccepted one.
+standalone/ -- a draft of the target's own architecture and tokenizer for
+    ``--speculative-algorithm STANDALONE`` (speculative/standalone_worker_v2.py: a separate model with its OWN
+    embedding and head; it checks that vocab size and tokenizer vocab equal the target's). By default it is an
+    exact copy of the target's weights and tokenizer: the "perfect draft" control. That is legitimate for
+    STANDALONE (any model of the same vocabulary may draft) and it makes the drafts really accepted: with
+    greedy verification every draft token is the target's own argmax, so the accept length is num_steps + 1 up
+    to bf16 ties between the draft's decode and the target's verify forward. So the profile does NOT declare
+    ``unaccepted_draft`` for it, and the default accept-length floor applies. A truncated copy
+    (``--standalone-layers K`` < the target's layers: the first K layers, the target's embedding, norm and
+    head) is a smaller draft but, on a random target, an unaccepted one.
 
---check checks shapes, the d2t/t2d maps, and the STANDALONE vocabulary and tokenizer. With --sglang-src SITE (an
-unpacked .sglang-stage/site.tar.xz) it also runs SGLang's OWN code on the CPU, without importing SGLang (its
-imports need CUDA kernels and cp312 builds): ``LlamaForCausalLMEagle3.load_weights`` from
+--check checks shapes, the d2t/t2d maps, and the STANDALONE vocabulary and tokenizer. With --sglang-src SITE
+(an unpacked .sglang-stage/site.tar.xz) it also runs SGLang's OWN code on the CPU, without importing SGLang
+(its imports need CUDA kernels and cp312 builds): ``LlamaForCausalLMEagle3.load_weights`` from
 sglang/srt/models/llama_eagle3.py against the parameters its ``__init__`` creates for this config (transcribed
-below: the names and shapes of ``EAGLE3_PARAMS``), with weight loaders that check each (shard's) shape -- every
-parameter but the embedding (the target's) must be loaded, since load_weights silently skips a name it does not
-know --, and ``Qwen3ForCausalLM.set_eagle3_layers_to_capture`` from models/qwen3.py with qwen2.py's capture loop,
-for the configured layer ids, which must capture as many states as fc reads.
+below: the names and shapes of ``EAGLE3_PARAMS``), with weight loaders that check each (shard's) shape --
+every parameter but the embedding (the target's) must be loaded, since load_weights silently skips a name it
+does not know --, and ``Qwen3ForCausalLM.set_eagle3_layers_to_capture`` from models/qwen3.py with qwen2.py's
+capture loop, for the configured layer ids, which must capture as many states as fc reads.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ from safetensors.torch import load_file, save_file
 
 SEED = 2525
 AUX_LAYER_IDS = [0, 1, 2]      # target layers whose outputs the EAGLE-3 head reads (low, mid, high)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json")
 
 
 def read_json(path: str) -> dict:
@@ -90,7 +93,8 @@ def eagle3(target: str, out: str, draft_vocab: int) -> dict:
     if not 0 < draft_vocab <= vocab:
         raise SystemExit(f"--draft-vocab {draft_vocab}: must be in 1..{vocab} (the target's vocab_size)")
     if max(AUX_LAYER_IDS) >= tcfg["num_hidden_layers"]:
-        raise SystemExit(f"the target has {tcfg['num_hidden_layers']} layers; the head reads layers {AUX_LAYER_IDS}")
+        raise SystemExit(f"the target has {tcfg['num_hidden_layers']} layers; the head reads layers "
+                         f"{AUX_LAYER_IDS}")
     os.makedirs(out, exist_ok=True)
     g = torch.Generator().manual_seed(SEED)
 
@@ -102,9 +106,10 @@ def eagle3(target: str, out: str, draft_vocab: int) -> dict:
 
     cfg = {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "vocab_size": vocab, "draft_vocab_size": draft_vocab, "hidden_size": hidden, "target_hidden_size": hidden,
-        "intermediate_size": inter, "num_hidden_layers": 1, "num_attention_heads": heads,
-        "num_key_value_heads": kv, "head_dim": head_dim, "hidden_act": tcfg.get("hidden_act", "silu"),
+        "vocab_size": vocab, "draft_vocab_size": draft_vocab, "hidden_size": hidden,
+        "target_hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": 1,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
+        "hidden_act": tcfg.get("hidden_act", "silu"),
         "max_position_embeddings": tcfg["max_position_embeddings"], "rms_norm_eps": tcfg["rms_norm_eps"],
         "rope_theta": tcfg["rope_theta"], "rope_scaling": None, "attention_bias": False, "mlp_bias": False,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": tcfg.get("bos_token_id"),
@@ -126,7 +131,8 @@ def eagle3(target: str, out: str, draft_vocab: int) -> dict:
         "norm.weight": ones(hidden),
         "lm_head.weight": rnd(draft_vocab, hidden, std=0.5),
     }
-    hot = torch.sort(torch.randperm(vocab, generator=g)[:draft_vocab]).values  # draft id i -> target id hot[i]
+    # draft id i -> target id hot[i]
+    hot = torch.sort(torch.randperm(vocab, generator=g)[:draft_vocab]).values
     if draft_vocab < vocab:
         w["d2t"] = hot - torch.arange(draft_vocab)
         t2d = torch.zeros(vocab, dtype=torch.bool)
@@ -198,18 +204,20 @@ def check(target: str, out: str) -> list[str]:
 def eagle3_params(cfg: dict) -> dict[str, tuple[int, ...]]:
     """The parameters LlamaForCausalLMEagle3.__init__ (SGLang 0.5.17) creates for `cfg`, as named_parameters()
     names them: LlamaModel (embed_tokens, fc, layers.0 with qkv_proj over 2*hidden, gate_up_proj, hidden_norm;
-    norm) and the draft's own lm_head (draft_vocab_size rows; no fc_norm / input_norm: the config asks for none)."""
+    norm) and the draft's own lm_head (draft_vocab_size rows; no fc_norm / input_norm: the config asks for
+    none)."""
     h, i, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     aux = len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     layer = "model.layers.0."
     return {
-        "model.embed_tokens.weight": (cfg["vocab_size"], h), "model.fc.weight": (h, cfg["target_hidden_size"] * aux),
+        "model.embed_tokens.weight": (cfg["vocab_size"], h),
+        "model.fc.weight": (h, cfg["target_hidden_size"] * aux),
         layer + "self_attn.qkv_proj.weight": ((heads + 2 * kv) * hd, 2 * h),
-        layer + "self_attn.o_proj.weight": (h, heads * hd),
-        layer + "mlp.gate_up_proj.weight": (2 * i, h), layer + "mlp.down_proj.weight": (h, i),
-        layer + "input_layernorm.weight": (h,), layer + "post_attention_layernorm.weight": (h,),
-        layer + "hidden_norm.weight": (h,), "model.norm.weight": (h,), "lm_head.weight": (cfg["draft_vocab_size"], h),
+        layer + "self_attn.o_proj.weight": (h, heads * hd), layer + "mlp.gate_up_proj.weight": (2 * i, h),
+        layer + "mlp.down_proj.weight": (h, i), layer + "input_layernorm.weight": (h,),
+        layer + "post_attention_layernorm.weight": (h,), layer + "hidden_norm.weight": (h,),
+        "model.norm.weight": (h,), "lm_head.weight": (cfg["draft_vocab_size"], h),
     }
 
 
@@ -221,13 +229,15 @@ def _method(path: str, cls: str, name: str, namespace: dict):
     tree = ast.parse(read_text(path), path)
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
     fn = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    ns = {"torch": torch, **{k: getattr(typing, k) for k in ("Iterable", "Tuple", "List", "Optional")}, **namespace}
+    ns = {"torch": torch, **{k: getattr(typing, k) for k in ("Iterable", "Tuple", "List", "Optional")},
+          **namespace}
     exec(compile(ast.Module(body=[fn], type_ignores=[]), path, "exec"), ns)
     return ns[name]
 
 
 def check_with_sglang(site: str, target: str, out: str) -> list[str]:
-    """SGLang 0.5.17's own load_weights and capture-layer code run on the EAGLE-3 head (see the module doc)."""
+    """SGLang 0.5.17's own load_weights and capture-layer code run on the EAGLE-3 head (see the module
+    doc)."""
     import types
 
     problems: list[str] = []
@@ -266,7 +276,8 @@ def check_with_sglang(site: str, target: str, out: str) -> list[str]:
         if name == "model.embed_tokens.weight":
             continue  # the target's embedding (EAGLE worker set_embed)
         if loaded.get(name) != want:
-            problems.append(f"{name}: loaded {sorted(map(str, loaded.get(name, ())))}, needs {sorted(map(str, want))}")
+            problems.append(f"{name}: loaded {sorted(map(str, loaded.get(name, ())))}, needs "
+                            f"{sorted(map(str, want))}")
     if cfg["draft_vocab_size"] < cfg["vocab_size"]:
         hot = model.hot_token_id
         if hot is None or hot.shape[0] != cfg["draft_vocab_size"] or int(hot.max()) >= tcfg["vocab_size"]:
@@ -277,14 +288,15 @@ def check_with_sglang(site: str, target: str, out: str) -> list[str]:
     capture = _method(os.path.join(src, "qwen3.py"), "Qwen3ForCausalLM", "set_eagle3_layers_to_capture", {})
     reads = len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     for ids, must in ((cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"], True), (None, False)):
-        fake = types.SimpleNamespace(pp_group=types.SimpleNamespace(is_last_rank=True), model=types.SimpleNamespace(),
+        fake = types.SimpleNamespace(pp_group=types.SimpleNamespace(is_last_rank=True),
+                                     model=types.SimpleNamespace(),
                                      config=types.SimpleNamespace(num_hidden_layers=tcfg["num_hidden_layers"]))
         capture(fake, ids)
         n = sum(1 for i in range(tcfg["num_hidden_layers"]) if i in fake.model.layers_to_capture)
         fits = n * tcfg["hidden_size"] == shapes["model.fc.weight"][1]
-        print(json.dumps({"eagle_aux_hidden_state_layer_ids": ids, "layers_to_capture": fake.model.layers_to_capture,
-                          "captured_states": n, "fc_reads": reads,
-                          "fits": fits}), file=sys.stderr)
+        print(json.dumps({"eagle_aux_hidden_state_layer_ids": ids,
+                          "layers_to_capture": fake.model.layers_to_capture, "captured_states": n,
+                          "fc_reads": reads, "fits": fits}), file=sys.stderr)
         if must and not fits:
             problems.append(f"the target captures {n} hidden states for layer ids {ids}; fc reads "
                             f"{shapes['model.fc.weight'][1] // tcfg['hidden_size']}")
@@ -296,18 +308,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("target", help="the target model directory (make_models.py's OUTDIR/target)")
     ap.add_argument("outdir", help="writes OUTDIR/eagle3 and OUTDIR/standalone")
     ap.add_argument("--draft-vocab", type=int, default=512,
-                    help="the EAGLE-3 head's reduced vocabulary (default 512 of the target's 1024, with d2t/t2d); "
-                         "the target's vocab_size: a full head, no d2t/t2d")
+                    help="the EAGLE-3 head's reduced vocabulary (default 512 of the target's 1024, with "
+                         "d2t/t2d); the target's vocab_size: a full head, no d2t/t2d")
     ap.add_argument("--standalone-layers", type=int, default=None,
                     help="layers of the STANDALONE draft (default: all: an exact copy, the perfect draft)")
-    ap.add_argument("--check", action="store_true", help="check the outputs' shapes, maps, vocab and tokenizer")
+    ap.add_argument("--check", action="store_true",
+                    help="check the outputs' shapes, maps, vocab and tokenizer")
     ap.add_argument("--sglang-src", default=None,
-                    help="with --check: an unpacked SGLang site (sglang/srt/models/...): run its load_weights and "
-                         "capture-layer code on the EAGLE-3 head")
+                    help="with --check: an unpacked SGLang site (sglang/srt/models/...): run its "
+                         "load_weights and capture-layer code on the EAGLE-3 head")
     args = ap.parse_args(argv)
     torch.manual_seed(SEED)
     info = {"eagle3": eagle3(args.target, os.path.join(args.outdir, "eagle3"), args.draft_vocab),
-            "standalone": standalone(args.target, os.path.join(args.outdir, "standalone"), args.standalone_layers)}
+            "standalone": standalone(args.target, os.path.join(args.outdir, "standalone"),
+                                     args.standalone_layers)}
     if args.check:
         info["problems"] = check(args.target, args.outdir)
         if args.sglang_src:

@@ -66,8 +66,8 @@ def main() -> int:
 
     def probe(name: str, path: str, body: dict | None = None, timeout: float = 120.0):
         code, out, dt = call(args.base, path, body, timeout)
-        rec["probes"].append({"name": name, "path": path, "body": body, "status": code, "seconds": round(dt, 3),
-                              "response": out})
+        rec["probes"].append({"name": name, "path": path, "body": body, "status": code,
+                              "seconds": round(dt, 3), "response": out})
         return code, out
 
     ready = False
@@ -84,7 +84,8 @@ def main() -> int:
     ok = False
     if ready:
         prompt = "The quick brown fox"
-        g1 = probe("greedy", "/generate", {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 48}},
+        g1 = probe("greedy", "/generate",
+                   {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 48}},
                    timeout=max(30.0, args.wait - (time.time() - t0)))
         rec["greedy_s"] = round(time.time() - t0, 1)
         s1 = probe("sampled", "/generate", {"text": prompt, "sampling_params": {
@@ -99,15 +100,17 @@ def main() -> int:
         ok = g1[0] == 200 and s1[0] == 200
         try:
             info = rec["probes"][3]["response"]
-            rec["server_info"] = {k: info.get(k) for k in ("speculative_algorithm", "speculative_num_draft_tokens",
-                                                          "speculative_ddtree_budget", "attention_backend",
-                                                          "disable_cuda_graph", "disable_overlap_schedule",
-                                                          "version")} if isinstance(info, dict) else None
+            rec["server_info"] = {k: info.get(k)
+                                  for k in ("speculative_algorithm", "speculative_num_draft_tokens",
+                                           "speculative_ddtree_budget", "attention_backend",
+                                           "disable_cuda_graph", "disable_overlap_schedule",
+                                           "version")} if isinstance(info, dict) else None
         except (IndexError, AttributeError):
             pass
         try:
             a, b = rec["probes"][0]["response"], rec["probes"][2]["response"]
-            rec["greedy_deterministic"] = a.get("output_ids", a.get("text")) == b.get("output_ids", b.get("text"))
+            rec["greedy_deterministic"] = (a.get("output_ids", a.get("text"))
+                                           == b.get("output_ids", b.get("text")))
             rec["greedy_meta"] = {k: v for k, v in a.get("meta_info", {}).items() if k.startswith("spec") or
                                   k in ("completion_tokens", "finish_reason")}
         except AttributeError:
@@ -116,8 +119,9 @@ def main() -> int:
     rec["total_s"] = round(time.time() - t0, 1)
     with open(args.out, "w") as f:
         json.dump(rec, f, indent=1, default=str)
-    print(json.dumps({k: rec.get(k) for k in ("label", "ok", "http_up_s", "greedy_s", "sampled_s", "died_at_s",
-                                              "greedy_deterministic", "greedy_meta", "server_info")}, default=str))
+    print(json.dumps({k: rec.get(k) for k in ("label", "ok", "http_up_s", "greedy_s", "sampled_s",
+                                              "died_at_s", "greedy_deterministic", "greedy_meta",
+                                              "server_info")}, default=str))
     return 0 if ok else 1
 
 

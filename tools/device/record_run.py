@@ -5,9 +5,10 @@
 
 EXTRACTED_CALL_DIR holds what run_real_ddtree.sh returned, unpacked: `<run>/` (pytest.log, verdicts, junit,
 fleet summary, perf/, the profile as run, server-digest.txt) and `dflash-state-<run>/logs/` (one log per
-service). Server logs lose their `GET` probe lines (health, metrics, model info: thousands per run) and keep at
-most 40 batch lines and 40 POST lines each (the first 20 and the last 20); every other line — start-up,
-`Initialized DDTREE v2 worker`, verify lines, warnings, tracebacks, shutdown — is kept. Nothing else is edited.
+service). Server logs lose their `GET` probe lines (health, metrics, model info: thousands per run) and keep
+at most 40 batch lines and 40 POST lines each (the first 20 and the last 20); every other line — start-up,
+`Initialized DDTREE v2 worker`, verify lines, warnings, tracebacks, shutdown — is kept. Nothing else is
+edited.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ CAP = 40
 
 
 def trim_log(lines: list[str]) -> list[str]:
-    """Drop GET probe lines; keep the first and last CAP/2 of batch lines and of POST lines (a marker between)."""
+    """Drop GET probe lines; keep the first and last CAP/2 of batch lines and of POST lines (a marker
+    between)."""
     kept = [line for line in lines if not GET.search(line)]
     for pattern, what in ((BATCH, "batch"), (POST, "POST")):
         hits = [i for i, line in enumerate(kept) if pattern.search(line)]

@@ -13,7 +13,12 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.layers.gpu.checks import chain_failure, chain_result, installed_versions, requirement_issues
+from pytest_dflash.layers.gpu.checks import (
+    chain_failure,
+    chain_result,
+    installed_versions,
+    requirement_issues,
+)
 from pytest_dflash.layers.gpu.layer import REQUIRERS
 from pytest_dflash.layers.gpu.packages import kernel_torch_issue
 

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 from gpu_data import REPO, load
 
-from pytest_dflash.layers.gpu.checks import installed_versions, pip_check_issues, pip_conflicts, requirement_issues
+from pytest_dflash.layers.gpu.checks import (
+    installed_versions,
+    pip_check_issues,
+    pip_conflicts,
+    requirement_issues,
+)
 from pytest_dflash.layers.gpu.packages import (
     KERNEL_TORCH,
     check_requirements,

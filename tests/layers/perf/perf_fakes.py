@@ -9,7 +9,15 @@ import numpy as np
 
 from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.settings import PerfSettings
-from pytest_dflash.load import ErrorKind, LoadResult, LoadSpec, RequestError, RequestRecord, Saturation, aggregate
+from pytest_dflash.load import (
+    ErrorKind,
+    LoadResult,
+    LoadSpec,
+    RequestError,
+    RequestRecord,
+    Saturation,
+    aggregate,
+)
 
 
 def fake_result(*, n: int = 40, tokens: int = 32, e2e_ms: float = 100.0, ttft_ms: float = 40.0, verify: int | None = 7,
