@@ -259,7 +259,7 @@ def junit_user_properties(properties: Iterable[tuple[str, object]]) -> list[tupl
 
 
 def _secrets(handles: list[ServiceHandle]) -> tuple[str, ...]:
-    return tuple(h.client.api_key for h in handles if h._client is not None and h.client.api_key)
+    return tuple(key for h in handles if (key := h.api_key_in_use))
 
 
 def _concise(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> str:

@@ -69,7 +69,7 @@ def gather(
 ) -> Evidence:
     """Collect evidence for a failed test that used `handles` on `host`."""
     evidence = Evidence()
-    secrets = tuple(h.client.api_key for h in handles if h._client is not None and h.client.api_key)
+    secrets = tuple(key for h in handles if (key := h.api_key_in_use))
 
     def clean(text: str, limit: int, what: str, keep: Keep = "both") -> str:
         return scrub(text, limit, what, keep=keep, extra=secrets)
