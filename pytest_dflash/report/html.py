@@ -205,13 +205,12 @@ def cold_start_section(builder: VerdictBuilder) -> str:
 def cold_start_table(ready: dict[str, Any]) -> str:
     """The timeline's numbers as columns: one row per service, one column per phase (its duration, and when it
     ended from the start of that service's wait), then the total; a phase a service never logged is blank."""
-    from pytest_dflash.report.plots import PHASES, cold_start_phases
+    from pytest_dflash.report.plots import cold_start_phases, phase_order, phase_style
 
     rows = {svc: {phase: (start, end) for phase, start, end in cold_start_phases(facts)}
             for svc, facts in ready.items()}
-    columns = [p for p in [*PHASES, "other"] if any(p in phases for phases in rows.values())]
-    head = "".join(f"<th>{html.escape(PHASES.get(p, ('other readiness checks', ''))[0])}</th>"
-                   for p in columns)
+    columns = phase_order(phase for phases in rows.values() for phase in phases)
+    head = "".join(f"<th>{html.escape(phase_style(p)[0])}</th>" for p in columns)
     body = []
     for svc, phases in rows.items():
         cells = []

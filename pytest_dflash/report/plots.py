@@ -16,7 +16,7 @@ readers) that can be embedded in HTML as is or written to a ``.svg`` file.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 from xml.sax.saxutils import escape
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from pytest_dflash.load import LoadResult
 
 __all__ = ["accept_length_histogram_svg", "cold_start_phases", "cold_start_timeline_svg", "latency_cdf_svg",
-           "plots_for_result", "readiness_spread_svg", "tokens_over_time_svg"]
+           "phase_order", "phase_style", "plots_for_result", "readiness_spread_svg", "tokens_over_time_svg"]
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 _W, _H = 640, 360
@@ -295,7 +295,16 @@ def cold_start_phases(ready: Mapping[str, object]) -> list[tuple[str, float, flo
     return out
 
 
-def _phase_style(name: str) -> tuple[str, str]:
+def phase_order(names: Iterable[str]) -> list[str]:
+    """The phases among `names` in start-up order ("other" after the known ones), then any a version logs that
+    this table does not know, sorted: the legend's order and the HTML table's columns."""
+    seen = set(names)
+    known = [p for p in [*PHASES, "other"] if p in seen]
+    return known + sorted(seen - set(known))
+
+
+def phase_style(name: str) -> tuple[str, str]:
+    """A phase's (label, colour) in the timeline and the table."""
     if name == "other":
         return _OTHER
     return PHASES.get(name, (name.replace("_", " "), "#bcbd22"))
@@ -319,9 +328,7 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
     if not rows:
         return None
     label_w, row_h, top = 150, 26, 34
-    legend_names = [p for p in [*PHASES, "other"]
-                    if any(p == ph for _, _, phases in rows for ph, _, _ in phases)]
-    legend_names += sorted({ph for _, _, phases in rows for ph, _, _ in phases} - set(legend_names))
+    legend_names = phase_order(ph for _, _, phases in rows for ph, _, _ in phases)
     height = top + row_h * len(rows) + 40 + 18 * ((len(legend_names) + 2) // 3)
     c = _Canvas(title, "", "", width, height)
     span = max(offset + phases[-1][2] for _, offset, phases in rows) or 1.0
@@ -344,7 +351,7 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
         c.parts.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end" class="dflash-service">'
                        f"{escape(name)}</text>")
         for phase, start, end in phases:
-            label, colour = _phase_style(phase)
+            label, colour = phase_style(phase)
             x, w = px(offset + start), max(px(offset + end) - px(offset + start), 1.0)
             c.parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 8}" '
                            f'fill="{colour}" data-phase="{escape(phase)}"><title>{escape(name)}: '
@@ -353,7 +360,7 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
         c.parts.append(f'<text x="{px(offset + total) + 4:.1f}" y="{y + 15}">{total:.1f} s</text>')
     ly = axis_y + 46
     for j, phase in enumerate(legend_names):
-        label, colour = _phase_style(phase)
+        label, colour = phase_style(phase)
         lx = 10 + (j % 3) * (width // 3)
         yy = ly + (j // 3) * 18
         c.parts.append(f'<rect x="{lx}" y="{yy - 9}" width="12" height="10" fill="{colour}"/>'
