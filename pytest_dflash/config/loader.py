@@ -11,6 +11,7 @@ config/schema.py and `pytest-dflash check` follow; tests/config/test_schema.py h
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import tomllib
@@ -108,21 +109,9 @@ def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None
     floors_table = root.sub("floors")
     perf_table = root.sub("perf")
     root.done()
-    return HostProfile(
-        name=profile.name,
-        source=profile.source,
-        connection=profile.connection,
-        python=profile.python,
+    return dataclasses.replace(
+        profile,
         services=services,
-        gpus=profile.gpus,
-        provision=profile.provision,
-        ssh_config=profile.ssh_config,
-        ssh_identity_file=profile.ssh_identity_file,
-        cuda_home=profile.cuda_home,
-        command_timeout_s=profile.command_timeout_s,
-        connect_timeout_s=profile.connect_timeout_s,
-        become=profile.become,
-        become_user=profile.become_user,
         parity=parse_parity(parity_table, services, source.parent) if parity_table else None,
         floors=parse_floors(floors_table, services) if floors_table else {},
         perf=parse_perf(perf_table, services, source.parent) if perf_table else {},
