@@ -4,6 +4,7 @@ also cap the suites run from this clone (their readiness budgets are minutes); t
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +23,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SELF_TEST_TIMEOUT_S))
+
+
+@pytest.fixture
+def own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Markers, locks and logs of this test's runs in a folder of its own: a marker another run left behind (one
+    killed by a timeout, its orphan reaped only by the next run on that host) must not pass for this run's."""
+    monkeypatch.setenv("DFLASH_STATE_DIR", str(tmp_path / "dflash-state"))

@@ -19,12 +19,8 @@ from pytest_dflash.config.paths import state_root
 from pytest_dflash.refserver.launch import RefServerProcess
 from pytest_dflash.services.process import pid_alive
 
-
-@pytest.fixture(autouse=True)
-def own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Markers, locks and logs of this test's runs in a folder of its own: a marker another run left behind (one
-    killed by a timeout, its orphan reaped only by the next run on that host) must not pass for this run's."""
-    monkeypatch.setenv("DFLASH_STATE_DIR", str(tmp_path / "dflash-state"))
+# every run here keeps its markers apart (tests/conftest.py own_state_dir)
+pytestmark = pytest.mark.usefixtures("own_state_dir")
 
 
 def pytest_cmd(*args: str) -> list[str]:

@@ -165,13 +165,6 @@ def markers(host: str) -> list[dict[str, object]]:
     return [json.loads(p.read_text()) for p in folder.glob(f"{host}.*.json")] if folder.is_dir() else []
 
 
-@pytest.fixture
-def own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Markers, locks and logs of this test's runs in a folder of its own: a marker another run left behind (one
-    killed by a timeout, its orphan reaped only by the next run on that host) must not pass for this run's."""
-    monkeypatch.setenv("DFLASH_STATE_DIR", str(tmp_path / "dflash-state"))
-
-
 @pytest.mark.usefixtures("own_state_dir")
 def test_ctrl_c_during_the_workers_preflight_stops_every_service(pytester: pytest.Pytester) -> None:
     """All four hosts' services are started at once (two per worker) and none gets ready for 120 s; Ctrl-C (SIGINT
