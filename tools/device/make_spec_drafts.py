@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Tiny EAGLE3 and STANDALONE drafts for the tiny Qwen3 target of .sglang-stage/make_models.py (issue 25 item
+"""Tiny EAGLE, EAGLE3 and STANDALONE drafts for the tiny Qwen3 target of .sglang-stage/make_models.py (issue 25 item
 4).
 
     python3 make_spec_drafts.py TARGET_DIR OUTDIR [--draft-vocab N] [--standalone-layers K]
                                 [--check [--sglang-src SITE]]
-        -> OUTDIR/eagle3, OUTDIR/standalone        (on the device: /tmp/models/target /tmp/models)
+        -> OUTDIR/eagle, OUTDIR/eagle3, OUTDIR/standalone   (on the device: /tmp/models/target /tmp/models)
 
 Generated from the target's config, weights and tokenizer; nothing downloaded; deterministic (seeded). Needs
 torch and safetensors only (the same as make_accept_models.py); runs on the CPU in a second.
@@ -31,6 +31,20 @@ eagle3/ -- a one-layer EAGLE-3 draft head, random weights, in SGLang 0.5.17's EA
       model_executor/model_runner_components/spec_aux_hidden_state.py.
     * Random weights: the target rejects almost every draft token (accept length ~1.0). The profile declares
       ``unaccepted_draft``: the service proves that EAGLE3 loads, captures, drafts and verifies losslessly.
+
+eagle/ -- a one-layer EAGLE (v1) draft head, random weights, in SGLang 0.5.17's EAGLE checkpoint format
+    (sglang/srt/models/llama_eagle.py, ``LlamaForCausalLMEagle``; the format of the public EAGLE-1/2 heads):
+    * config: ``architectures = ["LlamaForCausalLMEagle"]``, ``model_type = "llama"``, the target's hidden size,
+      heads, head_dim, rope and vocab; ``num_hidden_layers = 1``; no draft vocabulary of its own.
+    * weights, named as the checkpoint names them (load_weights prefixes ``model.`` to every name but
+      ``lm_head``, then LlamaForCausalLM.load_weights stacks q/k/v and gate/up): ``fc.weight`` [hidden,
+      2*hidden] and ``fc.bias`` over the token's embedding concatenated with the target's last hidden state;
+      ``layers.0.*`` (q/k/v/o_proj, gate/up/down_proj, ``post_attention_layernorm``: layer 0 of an EAGLE head has
+      NO ``input_layernorm``, SGLang replaces it by the identity); no final norm (LlamaModel of llama_eagle.py
+      returns ``hidden_states + residual``); ``embed_tokens.weight`` and ``lm_head.weight`` are replaced by the
+      TARGET's (eagle_worker_v2.py ``init_lm_head``: ``set_embed_and_head`` for every EAGLE that is not EAGLE3),
+      so the checkpoint carries the embedding only to match the public heads and no head at all.
+    * Random weights: accept length ~1.0; the profile declares ``unaccepted_draft``.
 
 standalone/ -- a draft of the target's own architecture and tokenizer for
     ``--speculative-algorithm STANDALONE`` (speculative/standalone_worker_v2.py: a separate model with its OWN
@@ -143,6 +157,44 @@ def eagle3(target: str, out: str, draft_vocab: int) -> dict:
             "tensors": sorted(w), "hot_token_ids_head": hot[:8].tolist() if draft_vocab < vocab else None}
 
 
+def eagle(target: str, out: str) -> dict:
+    tcfg = read_json(os.path.join(target, "config.json"))
+    vocab, hidden, inter = tcfg["vocab_size"], tcfg["hidden_size"], tcfg["intermediate_size"]
+    heads, kv = tcfg["num_attention_heads"], tcfg["num_key_value_heads"]
+    head_dim = tcfg.get("head_dim") or hidden // heads
+    os.makedirs(out, exist_ok=True)
+    g = torch.Generator().manual_seed(SEED + 1)
+
+    def rnd(*shape, std=0.02):
+        return (torch.randn(*shape, generator=g) * std).to(torch.bfloat16)
+
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle"], "model_type": "llama", "vocab_size": vocab,
+        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": 1,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
+        "hidden_act": tcfg.get("hidden_act", "silu"),
+        "max_position_embeddings": tcfg["max_position_embeddings"], "rms_norm_eps": tcfg["rms_norm_eps"],
+        "rope_theta": tcfg["rope_theta"], "rope_scaling": None, "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": tcfg.get("bos_token_id"),
+        "eos_token_id": tcfg.get("eos_token_id"), "pretraining_tp": 1, "use_cache": True,
+    }
+    write_json(os.path.join(out, "config.json"), cfg)
+    p = "layers.0."
+    w = {
+        "embed_tokens.weight": rnd(vocab, hidden),
+        "fc.weight": rnd(hidden, 2 * hidden), "fc.bias": torch.zeros(hidden, dtype=torch.bfloat16),
+        p + "post_attention_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+        p + "self_attn.q_proj.weight": rnd(heads * head_dim, hidden),
+        p + "self_attn.k_proj.weight": rnd(kv * head_dim, hidden),
+        p + "self_attn.v_proj.weight": rnd(kv * head_dim, hidden),
+        p + "self_attn.o_proj.weight": rnd(hidden, heads * head_dim),
+        p + "mlp.gate_proj.weight": rnd(inter, hidden), p + "mlp.up_proj.weight": rnd(inter, hidden),
+        p + "mlp.down_proj.weight": rnd(hidden, inter),
+    }
+    save_file(w, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    return {"dir": out, "tensors": sorted(w)}
+
+
 def standalone(target: str, out: str, layers: int | None) -> dict:
     tcfg = read_json(os.path.join(target, "config.json"))
     n = tcfg["num_hidden_layers"]
@@ -187,6 +239,7 @@ def check(target: str, out: str) -> list[str]:
             problems.append("d2t does not map draft ids to distinct target ids")
         if int(ew["t2d"].sum()) != ecfg["draft_vocab_size"] or not bool(ew["t2d"][hot].all()):
             problems.append("t2d does not mark exactly the hot target ids")
+    problems += check_eagle(tcfg, out)
     scfg = read_json(os.path.join(out, "standalone", "config.json"))
     if scfg["vocab_size"] != tcfg["vocab_size"]:
         problems.append("standalone vocab_size differs from the target's (STANDALONE refuses it)")
@@ -198,6 +251,61 @@ def check(target: str, out: str) -> list[str]:
     exact = set(sw) == set(tw) and all(torch.equal(sw[k], tw[k]) for k in tw)
     if scfg["num_hidden_layers"] == tcfg["num_hidden_layers"] and not exact:
         problems.append("standalone is not an exact copy of the target")
+    return problems
+
+
+def eagle_params(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """The parameters LlamaForCausalLMEagle.__init__ (SGLang 0.5.17, llama_eagle.py) creates for `cfg`, as
+    named_parameters() names them (layer 0 has no input_layernorm, the model no final norm)."""
+    h, i, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    layer = "model.layers.0."
+    return {
+        "model.embed_tokens.weight": (cfg["vocab_size"], h), "model.fc.weight": (h, 2 * h), "model.fc.bias": (h,),
+        layer + "self_attn.qkv_proj.weight": ((heads + 2 * kv) * hd, h),
+        layer + "self_attn.o_proj.weight": (h, heads * hd), layer + "mlp.gate_up_proj.weight": (2 * i, h),
+        layer + "mlp.down_proj.weight": (h, i), layer + "post_attention_layernorm.weight": (h,),
+        "lm_head.weight": (cfg["vocab_size"], h),
+    }
+
+
+# checkpoint name part -> (stacked parameter part, shard): LlamaForCausalLM.load_weights' stacking
+# (model_loader/auto_loader.py STANDARD_GATE_UP_MAPPING)
+STACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def check_eagle(tcfg: dict, out: str) -> list[str]:
+    """The EAGLE (v1) head against the parameters SGLang creates for it: every checkpoint name, once
+    `model.`-prefixed and stacked, is a parameter with a fitting shape, and every parameter but the shared
+    embedding and head is loaded."""
+    problems: list[str] = []
+    cfg = read_json(os.path.join(out, "eagle", "config.json"))
+    if cfg["hidden_size"] != tcfg["hidden_size"] or cfg["vocab_size"] != tcfg["vocab_size"]:
+        problems.append("eagle head: hidden_size / vocab_size differ from the target's (shared embed and head)")
+    params = eagle_params(cfg)
+    h, hd, heads, kv, inter = (cfg["hidden_size"], cfg["head_dim"], cfg["num_attention_heads"],
+                               cfg["num_key_value_heads"], cfg["intermediate_size"])
+    shard_rows = {"q": heads * hd, "k": kv * hd, "v": kv * hd, 0: inter, 1: inter}
+    loaded: dict[str, set] = {}
+    for name, tensor in load_file(os.path.join(out, "eagle", "model.safetensors")).items():
+        full = name if "lm_head" in name else "model." + name
+        part = next((p for p in STACKED if f".{p}." in full), None)
+        if part is not None:
+            stacked, shard = STACKED[part]
+            full = full.replace(part, stacked)
+            want = (shard_rows[shard], params.get(full, (0, 0))[1])
+        else:
+            shard, want = None, params.get(full)
+        if full not in params:
+            problems.append(f"eagle head: {name} is no parameter of LlamaForCausalLMEagle (load_weights skips it)")
+        elif tuple(tensor.shape) != want:
+            problems.append(f"eagle head: {name} has shape {tuple(tensor.shape)}, expected {want}")
+        loaded.setdefault(full, set()).add(shard)
+    for name in params:
+        want = {"q", "k", "v"} if "qkv_proj" in name else {0, 1} if "gate_up_proj" in name else {None}
+        if name not in ("model.embed_tokens.weight", "lm_head.weight") and loaded.get(name) != want:
+            problems.append(f"eagle head: {name} not fully loaded ({sorted(map(str, loaded.get(name, ())))})")
     return problems
 
 
@@ -306,7 +414,7 @@ def check_with_sglang(site: str, target: str, out: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", help="the target model directory (make_models.py's OUTDIR/target)")
-    ap.add_argument("outdir", help="writes OUTDIR/eagle3 and OUTDIR/standalone")
+    ap.add_argument("outdir", help="writes OUTDIR/eagle, OUTDIR/eagle3 and OUTDIR/standalone")
     ap.add_argument("--draft-vocab", type=int, default=512,
                     help="the EAGLE-3 head's reduced vocabulary (default 512 of the target's 1024, with "
                          "d2t/t2d); the target's vocab_size: a full head, no d2t/t2d")
@@ -319,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                          "load_weights and capture-layer code on the EAGLE-3 head")
     args = ap.parse_args(argv)
     torch.manual_seed(SEED)
-    info = {"eagle3": eagle3(args.target, os.path.join(args.outdir, "eagle3"), args.draft_vocab),
+    info = {"eagle": eagle(args.target, os.path.join(args.outdir, "eagle")),
+            "eagle3": eagle3(args.target, os.path.join(args.outdir, "eagle3"), args.draft_vocab),
             "standalone": standalone(args.target, os.path.join(args.outdir, "standalone"),
                                      args.standalone_layers)}
     if args.check:

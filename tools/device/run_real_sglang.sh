@@ -3,8 +3,8 @@
 # (tools/device/h200.toml), then the suites against it. Outputs go to $OUT. See docs/real-sglang.md.
 # Needs, carried along (git-ignored): .sglang-stage/ (site.tar.xz: sglang 0.5.17 + deps for cp312, and
 # make_models.py, staged from PyPI on a machine with network) and .device/wheels/ (pytest-testinfra).
-# DRAFTS=1 (the default when $PROFILE serves /tmp/models/eagle3 or /tmp/models/standalone, e.g. h200-eagle3.toml)
-# also builds the EAGLE-3 head and the STANDALONE draft from the target (tools/device/make_spec_drafts.py).
+# DRAFTS=1 (the default when $PROFILE serves /tmp/models/eagle, eagle3 or standalone, e.g. h200-eagle3.toml)
+# also builds the EAGLE and EAGLE-3 heads and the STANDALONE draft from the target (tools/device/make_spec_drafts.py).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 echo "[dev] unpacked at $(el)s"
 PYTHONPATH=/tmp/site python3 .sglang-stage/make_models.py /tmp/models > "$OUT/models.txt" 2>&1 || { cat "$OUT/models.txt"; exit 1; }
 echo "[dev] models at $(el)s"
-DRAFTS=${DRAFTS:-$(grep -qE '/tmp/models/(eagle3|standalone)' "${PROFILE:-tools/device/h200.toml}" && echo 1 || echo 0)}
+DRAFTS=${DRAFTS:-$(grep -qE '/tmp/models/(eagle|eagle3|standalone)' "${PROFILE:-tools/device/h200.toml}" && echo 1 || echo 0)}
 if [ "$DRAFTS" = 1 ]; then
     PYTHONPATH=/tmp/site python3 tools/device/make_spec_drafts.py /tmp/models/target /tmp/models --check \
         --sglang-src /tmp/site > "$OUT/drafts.txt" 2>&1 || { cat "$OUT/drafts.txt"; exit 1; }
