@@ -68,3 +68,40 @@ def test_a_standalone_server_that_drafts_another_block_fails_and_sglangs_own_adj
     wrong = {**asked, "speculative_num_draft_tokens": 8}
     findings = compare(wrong, _served_by_sglang_0_5_17(wrong), RESET + "\n" + ADJUSTED, algorithm="STANDALONE")
     assert findings.failures == [] and any("(topk 1: SGLang uses num_steps + 1)" in n for n in findings.notes)
+
+
+EAGLE_NGRAM = Path(__file__).parents[2] / "tools" / "device" / "h200-eagle-ngram.toml"
+OVERLAP = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200-overlap"
+
+
+def test_the_eagle_ngram_profile_declares_its_random_eagle_head_and_asks_what_sglang_serves() -> None:
+    """tools/device/h200-eagle-ngram.toml: EAGLE (v1, a small top-k tree: 3 steps, topk 2, 6 draft tokens) is
+    served as asked by the eagle-family rules; its random head is declared, NGRAM's real drafts are not."""
+    profile = load_profile(EAGLE_NGRAM)
+    services = profile.services
+    assert {name: s.algorithm for name, s in services.items()} == {
+        "plain": "NONE", "eagle": "EAGLE", "ngram": "NGRAM"}
+    assert services["eagle"].unaccepted_draft and services["ngram"].unaccepted_draft is None
+    assert profile.parity is not None and profile.parity.compare == ("eagle", "ngram")
+    asked = requested_speculation(services["eagle"].command)
+    assert (asked["speculative_algorithm"], asked["speculative_num_steps"], asked["speculative_eagle_topk"],
+            asked["speculative_num_draft_tokens"]) == ("EAGLE", 3, 2, 6)
+    findings = compare(asked, _served_by_sglang_0_5_17(asked), RESET, algorithm="EAGLE")
+    assert findings.failures == []
+    assert [n.split(";")[0] for n in findings.notes] == [
+        "max_running_requests was reset for speculative decoding (set --max-running-requests to choose it)"]
+
+
+def test_the_ngram_service_asks_what_a_real_ngram_server_served() -> None:
+    """The NGRAM flags are those real SGLang 0.5.17 served on the H200 (tests/data/sglang-0.5.17-h200-overlap/):
+    its recorded /server_info and log give no failure, and a server drafting another number of tokens fails."""
+    import json
+
+    served = json.loads((OVERLAP / "cold.verdict.json").read_text())["services"]["ngram"]["speculation"]
+    log = (OVERLAP / "cold.ngram.server.log").read_text()
+    asked = requested_speculation(load_profile(EAGLE_NGRAM).services["ngram"].command)
+    findings = compare(asked, served, log, algorithm="NGRAM")
+    assert findings.failures == []
+    assert any(n.startswith("max_running_requests was reset") for n in findings.notes)
+    findings = compare(asked, {**served, "speculative_num_draft_tokens": 12}, log, algorithm="NGRAM")
+    assert findings.failures == ["--speculative-num-draft-tokens 8 asked, /server_info speculative_num_draft_tokens = 12"]
