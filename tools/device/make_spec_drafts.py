@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Tiny EAGLE, EAGLE3 and STANDALONE drafts for the tiny Qwen3 target of .sglang-stage/make_models.py (issue 25 item
-4).
+"""Tiny EAGLE, EAGLE3 and STANDALONE drafts for the tiny Qwen3 target of .sglang-stage/make_models.py (issue
+25 item 4).
 
     python3 make_spec_drafts.py TARGET_DIR OUTDIR [--draft-vocab N] [--standalone-layers K]
                                 [--check [--sglang-src SITE]]
@@ -34,16 +34,17 @@ eagle3/ -- a one-layer EAGLE-3 draft head, random weights, in SGLang 0.5.17's EA
 
 eagle/ -- a one-layer EAGLE (v1) draft head, random weights, in SGLang 0.5.17's EAGLE checkpoint format
     (sglang/srt/models/llama_eagle.py, ``LlamaForCausalLMEagle``; the format of the public EAGLE-1/2 heads):
-    * config: ``architectures = ["LlamaForCausalLMEagle"]``, ``model_type = "llama"``, the target's hidden size,
-      heads, head_dim, rope and vocab; ``num_hidden_layers = 1``; no draft vocabulary of its own.
+    * config: ``architectures = ["LlamaForCausalLMEagle"]``, ``model_type = "llama"``, the target's hidden
+      size, heads, head_dim, rope and vocab; ``num_hidden_layers = 1``; no draft vocabulary of its own.
     * weights, named as the checkpoint names them (load_weights prefixes ``model.`` to every name but
       ``lm_head``, then LlamaForCausalLM.load_weights stacks q/k/v and gate/up): ``fc.weight`` [hidden,
       2*hidden] and ``fc.bias`` over the token's embedding concatenated with the target's last hidden state;
-      ``layers.0.*`` (q/k/v/o_proj, gate/up/down_proj, ``post_attention_layernorm``: layer 0 of an EAGLE head has
-      NO ``input_layernorm``, SGLang replaces it by the identity); no final norm (LlamaModel of llama_eagle.py
-      returns ``hidden_states + residual``); ``embed_tokens.weight`` and ``lm_head.weight`` are replaced by the
-      TARGET's (eagle_worker_v2.py ``init_lm_head``: ``set_embed_and_head`` for every EAGLE that is not EAGLE3),
-      so the checkpoint carries the embedding only to match the public heads and no head at all.
+      ``layers.0.*`` (q/k/v/o_proj, gate/up/down_proj, ``post_attention_layernorm``: layer 0 of an EAGLE head
+      has NO ``input_layernorm``, SGLang replaces it by the identity); no final norm (LlamaModel of
+      llama_eagle.py returns ``hidden_states + residual``); ``embed_tokens.weight`` and ``lm_head.weight`` are
+      replaced by the TARGET's (eagle_worker_v2.py ``init_lm_head``: ``set_embed_and_head`` for every EAGLE
+      that is not EAGLE3), so the checkpoint carries the embedding only to match the public heads and no
+      head at all.
     * Random weights: accept length ~1.0; the profile declares ``unaccepted_draft``.
 
 standalone/ -- a draft of the target's own architecture and tokenizer for
@@ -261,7 +262,8 @@ def eagle_params(cfg: dict) -> dict[str, tuple[int, ...]]:
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     layer = "model.layers.0."
     return {
-        "model.embed_tokens.weight": (cfg["vocab_size"], h), "model.fc.weight": (h, 2 * h), "model.fc.bias": (h,),
+        "model.embed_tokens.weight": (cfg["vocab_size"], h), "model.fc.weight": (h, 2 * h),
+        "model.fc.bias": (h,),
         layer + "self_attn.qkv_proj.weight": ((heads + 2 * kv) * hd, h),
         layer + "self_attn.o_proj.weight": (h, heads * hd), layer + "mlp.gate_up_proj.weight": (2 * i, h),
         layer + "mlp.down_proj.weight": (h, i), layer + "post_attention_layernorm.weight": (h,),
@@ -282,10 +284,11 @@ def check_eagle(tcfg: dict, out: str) -> list[str]:
     problems: list[str] = []
     cfg = read_json(os.path.join(out, "eagle", "config.json"))
     if cfg["hidden_size"] != tcfg["hidden_size"] or cfg["vocab_size"] != tcfg["vocab_size"]:
-        problems.append("eagle head: hidden_size / vocab_size differ from the target's (shared embed and head)")
+        problems.append("eagle head: hidden_size / vocab_size differ from the target's "
+                        "(shared embed and head)")
     params = eagle_params(cfg)
-    h, hd, heads, kv, inter = (cfg["hidden_size"], cfg["head_dim"], cfg["num_attention_heads"],
-                               cfg["num_key_value_heads"], cfg["intermediate_size"])
+    hd, heads, kv, inter = (cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+                            cfg["intermediate_size"])
     shard_rows = {"q": heads * hd, "k": kv * hd, "v": kv * hd, 0: inter, 1: inter}
     loaded: dict[str, set] = {}
     for name, tensor in load_file(os.path.join(out, "eagle", "model.safetensors")).items():
@@ -298,14 +301,16 @@ def check_eagle(tcfg: dict, out: str) -> list[str]:
         else:
             shard, want = None, params.get(full)
         if full not in params:
-            problems.append(f"eagle head: {name} is no parameter of LlamaForCausalLMEagle (load_weights skips it)")
+            problems.append(f"eagle head: {name} is no parameter of LlamaForCausalLMEagle "
+                            "(load_weights skips it)")
         elif tuple(tensor.shape) != want:
             problems.append(f"eagle head: {name} has shape {tuple(tensor.shape)}, expected {want}")
         loaded.setdefault(full, set()).add(shard)
     for name in params:
         want = {"q", "k", "v"} if "qkv_proj" in name else {0, 1} if "gate_up_proj" in name else {None}
         if name not in ("model.embed_tokens.weight", "lm_head.weight") and loaded.get(name) != want:
-            problems.append(f"eagle head: {name} not fully loaded ({sorted(map(str, loaded.get(name, ())))})")
+            problems.append(f"eagle head: {name} not fully loaded "
+                            f"({sorted(map(str, loaded.get(name, ())))})")
     return problems
 
 
