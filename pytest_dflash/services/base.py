@@ -2,7 +2,8 @@
 offers a manager (`ServiceHost`), and what a service kind is (`Kind`: services/registry.py lists them).
 
 The run (run/state.py) knows managers through `ServiceManager` only: what differs between kinds is a member
-of it (`attach`, `provisionable`, `native_api`) or of the kind (`Kind.reap`), never an `isinstance`.
+of it (`attach`, `provisionable`, `native_api`) or of the kind (`Kind.reap`, `Kind.table`), never an
+`isinstance` on a kind's class.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
+from pytest_dflash.config.tables.kinds import KindTable
 from pytest_dflash.errors import Death
 from pytest_dflash.hostaccess.transport import Transport
 from pytest_dflash.services.derive import PlainTarget
@@ -144,12 +146,19 @@ class Kind:
     leftovers of a dead run of that kind are cleared before provisioning (`reap`: the host and its profile's
     services of this kind, possibly none; returns what was done); and how a non-speculative twin of one of its
     services is derived for parity's tie triage (`derive_plain`; raises services.derive.PlainUnavailable;
-    None: it cannot be). One file per kind defines its `KIND`."""
+    None: it cannot be); and what a profile may say about a service of the kind (`table`: its own keys and
+    rules, registered with the kind; None: only the keys every kind shares). One file per kind defines its
+    `KIND`."""
 
     name: str
     make: Callable[[ServiceSpec, ServiceHost], ServiceManager]
     reap: Callable[[ServiceHost, list[ServiceSpec]], list[str]] | None = None
     derive_plain: Callable[[ServiceSpec, PlainTarget], ServiceSpec] | None = None
+    table: KindTable | None = None
+
+    def __post_init__(self) -> None:
+        if self.table is not None and self.table.name != self.name:
+            raise ValueError(f"service kind {self.name!r} has the profile table of {self.table.name!r}")
 
 
 def death_from_returncode(returncode: int) -> Death:

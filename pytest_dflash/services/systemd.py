@@ -6,6 +6,9 @@ reloads. A unit left behind by a killed run still carries its marker; `reap_stal
 
 State is read with one `systemctl show` call. Death is judged from ActiveState/Result/ExecMain*,
 never from `is-active` (which says "active" for a process about to crash).
+
+A systemd service's profile table names its unit (`unit = "x.service"`, `TABLE`); the default kind on an ssh://
+host.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pytest_dflash.config.placeholders import render
-from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.config.profiles import HostProfile, ServiceSpec
+from pytest_dflash.config.tables.kinds import KindTable
+from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import Transport, journal_since
 from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
@@ -271,4 +277,19 @@ def _derive_plain(reference: ServiceSpec, target: PlainTarget) -> ServiceSpec:
                        model=reference.model)
 
 
-KIND = Kind("systemd", make=_make, reap=_reap, derive_plain=_derive_plain)
+def _read_table(table: Table, spec: ServiceSpec, host: HostProfile, profile_dir: Path) -> ServiceSpec:
+    """A systemd service names its unit; its other keys are every kind's (`template` renders the unit)."""
+    if not spec.unit:
+        raise table.fail("unit", "missing required key for kind = \"systemd\" (expected a unit name)")
+    if not spec.unit.endswith(".service") or "/" in spec.unit:
+        raise table.fail("unit", f"expected a unit name like 'sglang-dflash.service', got {spec.unit!r}")
+    return spec  # a local systemd is allowed too (the controller runs on the GPU host itself)
+
+
+def _default_for(host: HostProfile) -> bool:
+    """The kind of a service whose table names none, on a host reached over ssh."""
+    return bool(host.connection) and not host.is_local
+
+
+TABLE = KindTable("systemd", read=_read_table, default_for=_default_for, schema={"required": ["unit"]})
+KIND = Kind("systemd", make=_make, reap=_reap, derive_plain=_derive_plain, table=TABLE)
