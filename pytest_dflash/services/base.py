@@ -3,13 +3,14 @@ offers a manager (`ServiceHost`), and what a service kind is (`Kind`: services/r
 
 The run (run/state.py) knows managers through `ServiceManager` only: what differs between kinds is a member
 of it (`attach`, `provisionable`, `native_api`) or of the kind (`Kind.reap`, `Kind.table`), never an
-`isinstance` on a kind's class.
+`isinstance` on a kind's class. The GPU layers ask for optional abilities (`RunsProbes`, `LaunchesOnHost`),
+never for a kind.
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -112,6 +113,28 @@ class RunsProbes(Protocol):
 
     def run_probe(self, source: str, args: Sequence[str] = (), *,
                   timeout_s: float | None = None) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class LaunchEnvironment:
+    """How a service's server is launched on its host, which the env / kernels probes reproduce: its command
+    line (empty when unknown), environment and user."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    user: str | None
+    source: str  # where argv / env were read from, for messages
+
+
+@runtime_checkable
+class LaunchesOnHost(Protocol):
+    """A manager whose server runs in an environment the GPU layers can read (a command line, a unit): they
+    ask for this, never for a kind. A manager without it (attached by URL) has no environment to probe."""
+
+    def launch_environment(self, *, live: bool) -> LaunchEnvironment:
+        """The service's launch environment. `live`: the run changes nothing on the host (attach mode), so
+        what is installed there is read first (an installed unit), else what this run would launch."""
+        ...
 
 
 class ServiceHost(Protocol):

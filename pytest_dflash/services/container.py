@@ -34,7 +34,7 @@ from pytest_dflash.config.tables.kinds import KindTable
 from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, CommandResult, Transport, parse_probe_output
-from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
+from pytest_dflash.services.base import Kind, LaunchEnvironment, LogMark, ServiceHost, ServiceState
 from pytest_dflash.services.process import pid_alive
 
 RUN_LABEL = "pytest-dflash.run"
@@ -382,6 +382,11 @@ class ContainerService:
         if first and first[0].startswith("/") and "python" in os.path.basename(first[0]):
             return first[0]
         return "python3"
+
+    def launch_environment(self, *, live: bool) -> LaunchEnvironment:
+        """The profile's env and no command line: the probes run inside the container (`run_probe`), in its
+        image's environment."""
+        return LaunchEnvironment((), dict(self.spec.env), None, "profile env (probes run in the container)")
 
     def run_probe(self, source: str, args: Sequence[str] = (), *,
                   timeout_s: float | None = None) -> dict[str, Any]:

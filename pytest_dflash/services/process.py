@@ -26,7 +26,14 @@ from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.config.tables.kinds import KindTable
 from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.errors import ServiceError
-from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState, death_from_returncode
+from pytest_dflash.services.base import (
+    Kind,
+    LaunchEnvironment,
+    LogMark,
+    ServiceHost,
+    ServiceState,
+    death_from_returncode,
+)
 from pytest_dflash.services.derive import PlainTarget, PlainUnavailable, strip_speculative_args, with_port
 
 
@@ -228,6 +235,11 @@ class ProcessService:
             return ""
         text = data.decode(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
+
+    def launch_environment(self, *, live: bool) -> LaunchEnvironment:
+        """The profile's command ({python} filled in) and env: what this run starts, or would."""
+        argv = tuple(part.replace("{python}", self.python) for part in self.spec.command)
+        return LaunchEnvironment(argv, dict(self.spec.env), None, "profile command")
 
     def describe(self) -> dict[str, str]:
         info = {"kind": "process", "command": " ".join(self._command) or " ".join(self.spec.command),

@@ -8,7 +8,10 @@ State is read with one `systemctl show` call. Death is judged from ActiveState/R
 never from `is-active` (which says "active" for a process about to crash).
 
 A systemd service's profile table names its unit (`unit = "x.service"`, `TABLE`); the default kind on an ssh://
-host.
+host. The GPU layers see its launch environment through `launch_environment`: the live unit's ExecStart /
+Environment= / User= (`systemctl show`, read-only) in attach mode, else the rendered template. systemd gives a
+unit a minimal PATH unless its Environment= sets one, and FlashInfer finds nvcc and ninja through PATH, so the
+environment carries that PATH too.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import shlex
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,9 +28,9 @@ from pytest_dflash.config.placeholders import render
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.config.tables.kinds import KindTable
 from pytest_dflash.config.tables.reader import Table
-from pytest_dflash.errors import Death, ServiceError, TransportError
+from pytest_dflash.errors import Death, DflashError, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import Transport, journal_since
-from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
+from pytest_dflash.services.base import Kind, LaunchEnvironment, LogMark, ServiceHost, ServiceState
 from pytest_dflash.services.derive import PlainTarget, PlainUnavailable, strip_speculative_text, with_port
 
 UNIT_DIR = "/etc/systemd/system"
@@ -41,6 +44,50 @@ DESCRIBE_PROPERTIES = (*SHOW_PROPERTIES, "Restart", "ExecStart", "Environment", 
 # ExecMainCode is a CLD_* value from waitid(2).
 CLD_KILLED, CLD_DUMPED = 2, 3
 SIGNAL_NAMES = {1: "HUP", 2: "INT", 3: "QUIT", 6: "ABRT", 9: "KILL", 11: "SEGV", 15: "TERM"}
+# The PATH systemd gives a unit whose Environment= sets none.
+SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+
+
+def parse_unit(text: str) -> dict[str, list[str]]:
+    """A unit file's [Service] keys -> values (repeated keys kept in order; line continuations joined)."""
+    joined = text.replace("\\\n", " ")
+    section = ""
+    out: dict[str, list[str]] = {}
+    for raw in joined.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        if section == "Service" and "=" in line:
+            key, value = line.split("=", 1)
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def parse_environment(values: Iterable[str]) -> dict[str, str]:
+    """systemd Environment= values ('A=1 "B=two words"') -> {'A': '1', 'B': 'two words'}."""
+    env: dict[str, str] = {}
+    for value in values:
+        for item in shlex.split(value):
+            if "=" in item:
+                key, val = item.split("=", 1)
+                env[key] = val
+    return env
+
+
+def parse_exec_start(value: str) -> list[str]:
+    """ExecStart as written in a unit ('-/usr/bin/x a b') or as `systemctl show` prints it
+    ('{ path=/usr/bin/x ; argv[]=/usr/bin/x a b ; ignore_errors=no ; ... }') -> argv."""
+    value = value.strip()
+    if value.startswith("{") and "argv[]=" in value:
+        inner = value.split("argv[]=", 1)[1]
+        return shlex.split(inner.split(" ; ", 1)[0])
+    argv = shlex.split(value)
+    if argv:
+        argv[0] = argv[0].lstrip("-@:+!")
+    return argv
 
 
 def parse_show(text: str) -> dict[str, str]:
@@ -218,6 +265,34 @@ class SystemdService:
             f"journalctl -u {shlex.quote(self.unit)}{since} -n {int(lines)} --no-pager 2>&1", timeout_s=20
         )
         return result.stdout
+
+    def launch_environment(self, *, live: bool) -> LaunchEnvironment:
+        """The installed unit's (`live`, when it is loaded), else the rendered template's, else the profile's
+        env with systemd's default PATH and no command line."""
+        if live and self.spec.unit:
+            result = self.transport.run("systemctl show -p LoadState,ExecStart,Environment,User %s",
+                                        self.unit, timeout_s=15)
+            props = parse_show(result.stdout) if result.ok else {}
+            if props.get("LoadState") == "loaded":
+                env = parse_environment([props.get("Environment", "")])
+                env.setdefault("PATH", SYSTEMD_DEFAULT_PATH)
+                exec_start = parse_exec_start(props.get("ExecStart", ""))
+                return LaunchEnvironment(tuple(exec_start), env, props.get("User") or None,
+                                         f"live unit {self.unit}")
+        if self.spec.template is not None:
+            try:
+                keys = parse_unit(self.render_unit())
+            except DflashError:
+                pass
+            else:
+                env = parse_environment(keys.get("Environment", []))
+                env.setdefault("PATH", SYSTEMD_DEFAULT_PATH)
+                argv = parse_exec_start(keys["ExecStart"][-1]) if keys.get("ExecStart") else []
+                return LaunchEnvironment(tuple(argv), env, keys["User"][-1] if keys.get("User") else None,
+                                         f"template {self.spec.template.name}")
+        env = dict(self.spec.env)
+        env.setdefault("PATH", SYSTEMD_DEFAULT_PATH)
+        return LaunchEnvironment((), env, None, "profile env only (unit not installed, no template)")
 
     def describe(self) -> dict[str, str]:
         try:
