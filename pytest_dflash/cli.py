@@ -47,6 +47,7 @@ from pytest_dflash.fleet import outputs as fleet_outputs
 from pytest_dflash.fleet import prometheus
 from pytest_dflash.fleet import summary as fleet_summary
 from pytest_dflash.fleet import verdicts as fleet_verdicts
+from pytest_dflash.services import registry  # noqa: F401 - the service kinds: check and schema read their tables
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_OUTPUT = 0, 1, 2, 3
 EXIT_USAGE = 4  # check: a bad profile or inventory, as pytest exits on one

@@ -22,7 +22,6 @@ AUTO = "AUTO"
 DEFAULT_CONNECT_TIMEOUT_S = 4.0
 
 ProvisionMode = Literal["never", "allowed", "always"]
-ServiceKind = Literal["systemd", "process", "external", "container"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class ServiceSpec:
     """One inference service on a host: how to reach it and, optionally, how to start it."""
 
     name: str
-    kind: ServiceKind
+    kind: str  # a registered kind's name (services/registry.py; its table: config/tables/kinds.py)
     url: str  # may contain {port} until a port is allocated
     algorithm: str
     unit: str | None = None
@@ -75,6 +74,9 @@ class ServiceSpec:
     # A draft that knowingly cannot be accepted (a random-weight test draft): why. Lowers the default
     # accept-length minimum (1.1) to 1 token per verify step (layers/parity/acceptance.py).
     unaccepted_draft: str | None = None
+    # What a kind's own keys say where no field above holds it: set by the kind's table (`KindTable.read`),
+    # read by its manager; its shape is the kind's business (None for the built-in kinds).
+    settings: Any = None
 
     @property
     def speculative(self) -> bool:

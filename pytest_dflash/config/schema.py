@@ -2,8 +2,9 @@
 `pytest-dflash schema > dflash-profile.schema.json`.
 
 The validator (`config/loader.py` and its tables in `config/tables/`) is the authority; this schema is built
-from their constants (algorithms, service kinds, provision modes, floor keys, perf endpoints) and describes
-every key they accept, so an editor completes `hosts/*.toml` and flags most mistakes while typing. What a
+from their constants (algorithms, provision modes, floor keys, perf endpoints) and the registered service
+kinds' tables (config/tables/kinds.py: their names, own keys and rules), and describes every key they accept,
+so an editor completes `hosts/*.toml` and flags most mistakes while typing. What a
 schema cannot say — a [parity] or [floors] entry naming a service of *this* host, `{port}` only for process
 services, the default `kind` depending on the connection, template files existing — stays with the validator.
 
@@ -16,14 +17,15 @@ fails that test.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pytest_dflash.config.durations import MAX_SECONDS
 from pytest_dflash.config.profiles import ALGORITHMS, AUTO
 from pytest_dflash.config.tables.floors import FLOOR_KEYS, LATENCY_FLOOR
 from pytest_dflash.config.tables.host import BECOME_USER, PROVISION_MODES
+from pytest_dflash.config.tables.kinds import KindTable, kind_tables
 from pytest_dflash.config.tables.perf import PERF_ENDPOINTS
-from pytest_dflash.config.tables.services import CONTAINER_ENGINES, CONTAINER_KEYS, SERVICE_KINDS
 
 SCHEMA_ID = "https://pytest-dflash.invalid/schemas/host-profile.schema.json"
 SERVICE_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
@@ -49,6 +51,57 @@ def _algorithm(*, auto: bool) -> dict[str, Any]:
         "description": "speculative algorithm" + (" (auto: read from /server_info)" if auto else ""),
         "type": "string",
         "anyOf": [{"enum": list(names)}, {"pattern": "^(" + "|".join(_any_case(w) for w in words) + ")$"}],
+    }
+
+
+def _is_kind(names: list[str]) -> dict[str, Any]:
+    """A JSON Schema condition: the service's `kind` is one of `names`."""
+    kind = {"const": names[0]} if len(names) == 1 else {"enum": names}
+    return {"required": ["kind"], "properties": {"kind": kind}}
+
+
+def _service(kinds: Mapping[str, KindTable]) -> dict[str, Any]:
+    """A [services.NAME] table: every kind's keys, each kind's own (unknown on the others), and its rules."""
+    auto = [name for name, kind in kinds.items() if kind.auto_algorithm]
+    rules: list[dict[str, Any]] = [
+        {"if": _is_kind(auto),
+         "else": {"required": ["algorithm"], "properties": {"algorithm": _algorithm(auto=False)}}},
+    ]
+    for name, kind in kinds.items():
+        rule: dict[str, Any] = {"if": _is_kind([name])}
+        if kind.schema:
+            rule["then"] = dict(kind.schema)
+        if kind.keys:
+            rule["else"] = {"properties": dict.fromkeys(kind.keys, False)}
+        if len(rule) > 1:
+            rules.append(rule)
+    return {
+        "description": "one inference service of the host",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "kind": {"enum": list(kinds),
+                     "description": "default: systemd for ssh:// hosts, process for local://"},
+            "algorithm": _algorithm(auto=bool(auto)),
+            "unit": {"type": "string", "pattern": r"^[^/]+\.service$"},
+            "template": {"type": "string", "description": "unit template, relative to the profile"},
+            "command": {"$ref": "#/$defs/strings"},
+            "url": {"type": "string", "pattern": HTTP_URL,
+                    "description": "http(s) URL; {port} and {address} are filled in"},
+            "port": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 65535}, {"const": "auto"}]},
+            "env": {"$ref": "#/$defs/text_map"},
+            "vars": {"$ref": "#/$defs/text_map"},
+            "gpus": {"$ref": "#/$defs/gpus"},
+            "ready_timeout": {"$ref": "#/$defs/duration"},
+            "sampled_timeout": {"$ref": "#/$defs/duration"},
+            "api_key_env": {"type": "string"},
+            "model": {"type": "string"},
+            "unaccepted_draft": {"type": "string", "minLength": 1,
+                                 "description": "why this speculative service's draft cannot be accepted"},
+            # each kind's own keys
+            **{key: value for kind in kinds.values() for key, value in kind.keys.items()},
+        },
+        "allOf": rules,
     }
 
 
@@ -91,67 +144,7 @@ def _defs() -> dict[str, Any]:
                                 "description": "with become = true: the user sudo runs those commands as"},
             },
         },
-        "service": {
-            "description": "one inference service of the host",
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "kind": {"enum": list(SERVICE_KINDS),
-                         "description": "default: systemd for ssh:// hosts, process for local://"},
-                "algorithm": _algorithm(auto=True),
-                "unit": {"type": "string", "pattern": r"^[^/]+\.service$"},
-                "template": {"type": "string", "description": "unit template, relative to the profile"},
-                "command": {"$ref": "#/$defs/strings"},
-                "url": {"type": "string", "pattern": HTTP_URL,
-                        "description": "http(s) URL; {port} and {address} are filled in"},
-                "port": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 65535}, {"const": "auto"}]},
-                "env": {"$ref": "#/$defs/text_map"},
-                "vars": {"$ref": "#/$defs/text_map"},
-                "gpus": {"$ref": "#/$defs/gpus"},
-                "ready_timeout": {"$ref": "#/$defs/duration"},
-                "sampled_timeout": {"$ref": "#/$defs/duration"},
-                "api_key_env": {"type": "string"},
-                "model": {"type": "string"},
-                "unaccepted_draft": {"type": "string", "minLength": 1,
-                                     "description": "why this speculative service's draft cannot be "
-                                                    "accepted"},
-                "log_command": {"type": "string",
-                                "description": "external: a command printing its log ({since})"},
-                "log_file": {"type": "string", "pattern": "^/",
-                             "description": "external: a log file on the host"},
-                # kind = "container" (docker / podman)
-                "engine": {"enum": list(CONTAINER_ENGINES), "default": "docker"},
-                "runtime": {"type": "string"},
-                "container": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
-                "label": {"type": "string", "pattern": r"^[A-Za-z0-9_.\-/]+=\S*$"},
-                "image": {"type": "string"},
-                "args": {"$ref": "#/$defs/strings"},
-                "devices": {"$ref": "#/$defs/strings"},
-                "mounts": {"type": "array", "items": {"type": "string", "pattern": ":"}},
-                "network": {"type": "string"},
-                "ipc": {"type": "string"},
-                "shm_size": {"type": "string"},
-                "restart": {"type": "string", "pattern": r"^(no|always|unless-stopped|on-failure(:\d+)?)$"},
-                "memory": {"type": "string"},
-                "ulimits": {"type": "array",
-                            "items": {"type": "string", "pattern": r"^[a-z]+=-?\d+(:-?\d+)?$"}},
-                "run_args": {"$ref": "#/$defs/strings"},
-                "stop_timeout": {"$ref": "#/$defs/duration"},
-            },
-            "allOf": [
-                {"if": {"required": ["kind"], "properties": {"kind": {"const": "external"}}},
-                 "else": {"required": ["algorithm"], "properties": {"algorithm": _algorithm(auto=False)}}},
-                {"if": {"required": ["kind"], "properties": {"kind": {"const": "external"}}},
-                 "else": {"properties": {"log_command": False, "log_file": False}}},
-                {"if": {"required": ["kind"], "properties": {"kind": {"const": "container"}}},
-                 "then": {"properties": {"gpus": {"anyOf": [{"$ref": "#/$defs/gpus"}, {"const": "all"}]}}},
-                 "else": {"properties": dict.fromkeys(CONTAINER_KEYS, False)}},
-                {"if": {"required": ["kind"], "properties": {"kind": {"const": "systemd"}}},
-                 "then": {"required": ["unit"]}},
-                {"if": {"required": ["kind"], "properties": {"kind": {"const": "process"}}},
-                 "then": {"required": ["command"]}},
-            ],
-        },
+        "service": _service(kind_tables()),
         "parity": {
             "type": "object",
             "required": ["reference"],

@@ -2,18 +2,21 @@
 offers a manager (`ServiceHost`), and what a service kind is (`Kind`: services/registry.py lists them).
 
 The run (run/state.py) knows managers through `ServiceManager` only: what differs between kinds is a member
-of it (`attach`, `provisionable`, `native_api`) or of the kind (`Kind.reap`), never an `isinstance`.
+of it (`attach`, `provisionable`, `native_api`) or of the kind (`Kind.reap`, `Kind.table`), never an
+`isinstance` on a kind's class. The GPU layers ask for optional abilities (`RunsProbes`, `LaunchesOnHost`),
+never for a kind.
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
+from pytest_dflash.config.tables.kinds import KindTable
 from pytest_dflash.errors import Death
 from pytest_dflash.hostaccess.transport import Transport
 from pytest_dflash.services.derive import PlainTarget
@@ -112,6 +115,28 @@ class RunsProbes(Protocol):
                   timeout_s: float | None = None) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True)
+class LaunchEnvironment:
+    """How a service's server is launched on its host, which the env / kernels probes reproduce: its command
+    line (empty when unknown), environment and user."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    user: str | None
+    source: str  # where argv / env were read from, for messages
+
+
+@runtime_checkable
+class LaunchesOnHost(Protocol):
+    """A manager whose server runs in an environment the GPU layers can read (a command line, a unit): they
+    ask for this, never for a kind. A manager without it (attached by URL) has no environment to probe."""
+
+    def launch_environment(self, *, live: bool) -> LaunchEnvironment:
+        """The service's launch environment. `live`: the run changes nothing on the host (attach mode), so
+        what is installed there is read first (an installed unit), else what this run would launch."""
+        ...
+
+
 class ServiceHost(Protocol):
     """What a host under test offers the managers of its services (run/state.py's HostContext is one)."""
 
@@ -144,12 +169,19 @@ class Kind:
     leftovers of a dead run of that kind are cleared before provisioning (`reap`: the host and its profile's
     services of this kind, possibly none; returns what was done); and how a non-speculative twin of one of its
     services is derived for parity's tie triage (`derive_plain`; raises services.derive.PlainUnavailable;
-    None: it cannot be). One file per kind defines its `KIND`."""
+    None: it cannot be); and what a profile may say about a service of the kind (`table`: its own keys and
+    rules, registered with the kind; None: only the keys every kind shares). One file per kind defines its
+    `KIND`."""
 
     name: str
     make: Callable[[ServiceSpec, ServiceHost], ServiceManager]
     reap: Callable[[ServiceHost, list[ServiceSpec]], list[str]] | None = None
     derive_plain: Callable[[ServiceSpec, PlainTarget], ServiceSpec] | None = None
+    table: KindTable | None = None
+
+    def __post_init__(self) -> None:
+        if self.table is not None and self.table.name != self.name:
+            raise ValueError(f"service kind {self.name!r} has the profile table of {self.table.name!r}")
 
 
 def death_from_returncode(returncode: int) -> Death:

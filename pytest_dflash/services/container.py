@@ -9,6 +9,9 @@ container without the label (this tool did not create it).
 
 State is one `inspect` call: Status, ExitCode, OOMKilled, RestartCount, health, StartedAt. An exited
 or restarting container is dead (with how it ended); a RestartCount that grows is a restart loop.
+
+A container service's profile table has the container keys (`CONTAINER_KEYS`, read into a `ContainerSpec`
+by `TABLE`) and may say `gpus = "all"`; they are unknown keys on a service of another kind.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ import shlex
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from pytest_dflash.config.placeholders import render
-from pytest_dflash.config.profiles import ContainerSpec, ServiceSpec
+from pytest_dflash.config.profiles import ContainerSpec, HostProfile, ServiceSpec
+from pytest_dflash.config.tables.kinds import KindTable
+from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, CommandResult, Transport, parse_probe_output
-from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
+from pytest_dflash.services.base import Kind, LaunchEnvironment, LogMark, ServiceHost, ServiceState
 from pytest_dflash.services.process import pid_alive
 
 RUN_LABEL = "pytest-dflash.run"
@@ -42,6 +48,27 @@ DESCRIBE_FORMAT = ("{{.Config.Image}}\t{{json .HostConfig.RestartPolicy}}\t{{.Ho
                    "{{json .Config.Cmd}}")
 SIGNAL_NAMES = {1: "HUP", 2: "INT", 3: "QUIT", 6: "ABRT", 9: "KILL", 11: "SEGV", 15: "TERM"}
 NOT_FOUND = ("no such container", "no such object", "not found")
+CONTAINER_ENGINES = ("docker", "podman")
+# The container keys of a [services.NAME] table with kind = "container" (docs/profiles.md), and their JSON
+# Schema (config/schema.py's $defs: strings, duration).
+CONTAINER_KEYS: dict[str, Any] = {
+    "engine": {"enum": list(CONTAINER_ENGINES), "default": "docker"},
+    "runtime": {"type": "string"},
+    "container": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+    "label": {"type": "string", "pattern": r"^[A-Za-z0-9_.\-/]+=\S*$"},
+    "image": {"type": "string"},
+    "args": {"$ref": "#/$defs/strings"},
+    "devices": {"$ref": "#/$defs/strings"},
+    "mounts": {"type": "array", "items": {"type": "string", "pattern": ":"}},
+    "network": {"type": "string"},
+    "ipc": {"type": "string"},
+    "shm_size": {"type": "string"},
+    "restart": {"type": "string", "pattern": r"^(no|always|unless-stopped|on-failure(:\d+)?)$"},
+    "memory": {"type": "string"},
+    "ulimits": {"type": "array", "items": {"type": "string", "pattern": r"^[a-z]+=-?\d+(:-?\d+)?$"}},
+    "run_args": {"$ref": "#/$defs/strings"},
+    "stop_timeout": {"$ref": "#/$defs/duration"},
+}
 
 
 def engine_prefix(container: ContainerSpec) -> str:
@@ -356,6 +383,11 @@ class ContainerService:
             return first[0]
         return "python3"
 
+    def launch_environment(self, *, live: bool) -> LaunchEnvironment:
+        """The profile's env and no command line: the probes run inside the container (`run_probe`), in its
+        image's environment."""
+        return LaunchEnvironment((), dict(self.spec.env), None, "profile env (probes run in the container)")
+
     def run_probe(self, source: str, args: Sequence[str] = (), *,
                   timeout_s: float | None = None) -> dict[str, Any]:
         """Run a read-only probe in the service's own environment (its image's python, the container's env).
@@ -457,4 +489,51 @@ def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
     return notes
 
 
-KIND = Kind("container", make=_make, reap=_reap)
+def _read_table(table: Table, spec: ServiceSpec, host: HostProfile, profile_dir: Path) -> ServiceSpec:
+    """The container keys, as the service's `ContainerSpec`; `gpus` (indices, or "all") is its `--gpus`."""
+    engine = table.choice("engine", CONTAINER_ENGINES, "docker")
+    name = table.get("container", str)
+    label = table.get("label", str)
+    if label is not None and not re.fullmatch(r"[A-Za-z0-9_.\-/]+=\S*", label):
+        raise table.fail("label", f'expected "key=value", got {label!r}')
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise table.fail("container", f"expected a container name ([A-Za-z0-9][A-Za-z0-9_.-]*), got {name!r}")
+    restart = table.get("restart", str)
+    if restart is not None and not re.fullmatch(r"no|always|unless-stopped|on-failure(:\d+)?", restart):
+        raise table.fail("restart", f"expected no, on-failure[:N], always or unless-stopped, got {restart!r}")
+    ulimits = table.str_list("ulimits")
+    for item in ulimits:
+        if not re.fullmatch(r"[a-z]+=-?\d+(:-?\d+)?", item):
+            raise table.fail("ulimits", f'expected items like "nofile=1024:1024", got {item!r}')
+    mounts = table.str_list("mounts")
+    for item in mounts:
+        if ":" not in item:
+            raise table.fail("mounts", f'expected items like "/host/dir:/container/dir[:ro]", got {item!r}')
+    gpus = "all" if table.raw("gpus") == "all" else None
+    if spec.gpus:
+        gpus = "device=" + ",".join(str(g) for g in spec.gpus)
+    container = ContainerSpec(
+        engine=engine or "docker",
+        runtime=table.get("runtime", str),
+        name=name,
+        label=label,
+        image=table.get("image", str),
+        args=table.str_list("args"),
+        gpus=gpus,
+        devices=table.str_list("devices"),
+        mounts=mounts,
+        network=table.get("network", str),
+        ipc=table.get("ipc", str),
+        shm_size=table.get("shm_size", str),
+        restart=restart,
+        memory=table.get("memory", str),
+        ulimits=ulimits,
+        run_args=table.str_list("run_args"),
+        stop_timeout_s=table.duration("stop_timeout", 30.0),
+    )
+    return replace(spec, container=container)
+
+
+TABLE = KindTable("container", read=_read_table, keys=CONTAINER_KEYS, all_gpus=True,
+                  schema={"properties": {"gpus": {"anyOf": [{"$ref": "#/$defs/gpus"}, {"const": "all"}]}}})
+KIND = Kind("container", make=_make, reap=_reap, table=TABLE)

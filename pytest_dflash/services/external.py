@@ -7,7 +7,9 @@ Its log comes from where the profile says, through the host's (read-only in atta
 deadline, and is used for evidence, diagnosis and redaction like a journal:
 `log_command = "kubectl logs deploy/sglang --since-time={since}"` ({since}: RFC 3339 UTC, {since_unix}:
 seconds, {lines}: the tail length; only the last `lines` lines are kept), or `log_file = "/var/log/x.log"`
-(read from the byte offset the test started at). Neither: no logs.
+(read from the byte offset the test started at). Neither: no logs. Those two keys are its profile table's own
+(`TABLE`; on another kind's service they are refused: that service has its own log), and its `algorithm` may
+be left out or "auto" (read from /server_info before collection, run/discovery.py).
 """
 
 from __future__ import annotations
@@ -16,14 +18,22 @@ import dataclasses
 import shlex
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from pytest_dflash.config.placeholders import render
-from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.config.profiles import HostProfile, ServiceSpec
+from pytest_dflash.config.tables.kinds import KindTable
+from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.errors import DflashError
 from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, Transport
 from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
 
 LOG_COMMAND_TIMEOUT_S = 30.0
+# Its profile table's own keys, and their JSON Schema.
+LOG_KEYS = {
+    "log_command": {"type": "string", "description": "external: a command printing its log ({since})"},
+    "log_file": {"type": "string", "pattern": "^/", "description": "external: a log file on the host"},
+}
 
 
 @dataclass
@@ -133,4 +143,20 @@ def _make(spec: ServiceSpec, host: ServiceHost) -> ExternalService:
     return ExternalService(spec, Transport(local, read_only=True))
 
 
-KIND = Kind("external", make=_make)
+def _read_table(table: Table, spec: ServiceSpec, host: HostProfile, profile_dir: Path) -> ServiceSpec:
+    """Where its log is read: `log_command` or `log_file` (an absolute path), through the host's
+    connection."""
+    log_command = table.get("log_command", str)
+    log_file = table.get("log_file", str)
+    if log_command and log_file:
+        raise table.fail("log_file", "give log_command or log_file, not both")
+    if log_file and not log_file.startswith("/"):
+        raise table.fail("log_file", f"expected an absolute path on the host, got {log_file!r}")
+    if (log_command or log_file) and host.connection is None:
+        raise table.fail("log_command" if log_command else "log_file", "needs host access (a connection)")
+    return dataclasses.replace(spec, log_command=log_command, log_file=log_file)
+
+
+TABLE = KindTable("external", read=_read_table, keys=LOG_KEYS, elsewhere="a {kind} service has its own log",
+                  auto_algorithm=True)
+KIND = Kind("external", make=_make, table=TABLE)

@@ -22,9 +22,18 @@ from typing import Any
 
 from pytest_dflash.config.paths import state_root
 from pytest_dflash.config.placeholders import render
-from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.config.profiles import HostProfile, ServiceSpec
+from pytest_dflash.config.tables.kinds import KindTable
+from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.errors import ServiceError
-from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState, death_from_returncode
+from pytest_dflash.services.base import (
+    Kind,
+    LaunchEnvironment,
+    LogMark,
+    ServiceHost,
+    ServiceState,
+    death_from_returncode,
+)
 from pytest_dflash.services.derive import PlainTarget, PlainUnavailable, strip_speculative_args, with_port
 
 
@@ -227,6 +236,11 @@ class ProcessService:
         text = data.decode(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
 
+    def launch_environment(self, *, live: bool) -> LaunchEnvironment:
+        """The profile's command ({python} filled in) and env: what this run starts, or would."""
+        argv = tuple(part.replace("{python}", self.python) for part in self.spec.command)
+        return LaunchEnvironment(argv, dict(self.spec.env), None, "profile command")
+
     def describe(self) -> dict[str, str]:
         info = {"kind": "process", "command": " ".join(self._command) or " ".join(self.spec.command),
                 "log": str(self.log_path), "url": self.url}
@@ -283,4 +297,20 @@ def _derive_plain(reference: ServiceSpec, target: PlainTarget) -> ServiceSpec:
                        model=reference.model)
 
 
-KIND = Kind("process", make=_make, reap=_reap, derive_plain=_derive_plain)
+def _read_table(table: Table, spec: ServiceSpec, host: HostProfile, profile_dir: Path) -> ServiceSpec:
+    """A process service has a command, run on this machine (the only kind that gets an automatic port)."""
+    if not spec.command:
+        raise table.fail("command", 'missing required key for kind = "process" (expected a list of strings)')
+    if host.connection and not host.is_local:
+        raise table.fail("kind", 'kind = "process" runs on this machine; use "systemd" for a remote host')
+    return spec
+
+
+def _default_for(host: HostProfile) -> bool:
+    """The kind of a service whose table names none, on this machine (local://, or no connection)."""
+    return not (host.connection and not host.is_local)
+
+
+TABLE = KindTable("process", read=_read_table, default_for=_default_for, auto_port=True,
+                  schema={"required": ["command"]})
+KIND = Kind("process", make=_make, reap=_reap, derive_plain=_derive_plain, table=TABLE)

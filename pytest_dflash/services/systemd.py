@@ -6,6 +6,12 @@ reloads. A unit left behind by a killed run still carries its marker; `reap_stal
 
 State is read with one `systemctl show` call. Death is judged from ActiveState/Result/ExecMain*,
 never from `is-active` (which says "active" for a process about to crash).
+
+A systemd service's profile table names its unit (`unit = "x.service"`, `TABLE`); the default kind on an ssh://
+host. The GPU layers see its launch environment through `launch_environment`: the live unit's ExecStart /
+Environment= / User= (`systemctl show`, read-only) in attach mode, else the rendered template. systemd gives a
+unit a minimal PATH unless its Environment= sets one, and FlashInfer finds nvcc and ninja through PATH, so the
+environment carries that PATH too.
 """
 
 from __future__ import annotations
@@ -14,14 +20,17 @@ import os
 import shlex
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pytest_dflash.config.placeholders import render
-from pytest_dflash.config.profiles import ServiceSpec
-from pytest_dflash.errors import Death, ServiceError, TransportError
+from pytest_dflash.config.profiles import HostProfile, ServiceSpec
+from pytest_dflash.config.tables.kinds import KindTable
+from pytest_dflash.config.tables.reader import Table
+from pytest_dflash.errors import Death, DflashError, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import Transport, journal_since
-from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
+from pytest_dflash.services.base import Kind, LaunchEnvironment, LogMark, ServiceHost, ServiceState
 from pytest_dflash.services.derive import PlainTarget, PlainUnavailable, strip_speculative_text, with_port
 
 UNIT_DIR = "/etc/systemd/system"
@@ -35,6 +44,50 @@ DESCRIBE_PROPERTIES = (*SHOW_PROPERTIES, "Restart", "ExecStart", "Environment", 
 # ExecMainCode is a CLD_* value from waitid(2).
 CLD_KILLED, CLD_DUMPED = 2, 3
 SIGNAL_NAMES = {1: "HUP", 2: "INT", 3: "QUIT", 6: "ABRT", 9: "KILL", 11: "SEGV", 15: "TERM"}
+# The PATH systemd gives a unit whose Environment= sets none.
+SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+
+
+def parse_unit(text: str) -> dict[str, list[str]]:
+    """A unit file's [Service] keys -> values (repeated keys kept in order; line continuations joined)."""
+    joined = text.replace("\\\n", " ")
+    section = ""
+    out: dict[str, list[str]] = {}
+    for raw in joined.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        if section == "Service" and "=" in line:
+            key, value = line.split("=", 1)
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def parse_environment(values: Iterable[str]) -> dict[str, str]:
+    """systemd Environment= values ('A=1 "B=two words"') -> {'A': '1', 'B': 'two words'}."""
+    env: dict[str, str] = {}
+    for value in values:
+        for item in shlex.split(value):
+            if "=" in item:
+                key, val = item.split("=", 1)
+                env[key] = val
+    return env
+
+
+def parse_exec_start(value: str) -> list[str]:
+    """ExecStart as written in a unit ('-/usr/bin/x a b') or as `systemctl show` prints it
+    ('{ path=/usr/bin/x ; argv[]=/usr/bin/x a b ; ignore_errors=no ; ... }') -> argv."""
+    value = value.strip()
+    if value.startswith("{") and "argv[]=" in value:
+        inner = value.split("argv[]=", 1)[1]
+        return shlex.split(inner.split(" ; ", 1)[0])
+    argv = shlex.split(value)
+    if argv:
+        argv[0] = argv[0].lstrip("-@:+!")
+    return argv
 
 
 def parse_show(text: str) -> dict[str, str]:
@@ -213,6 +266,34 @@ class SystemdService:
         )
         return result.stdout
 
+    def launch_environment(self, *, live: bool) -> LaunchEnvironment:
+        """The installed unit's (`live`, when it is loaded), else the rendered template's, else the profile's
+        env with systemd's default PATH and no command line."""
+        if live and self.spec.unit:
+            result = self.transport.run("systemctl show -p LoadState,ExecStart,Environment,User %s",
+                                        self.unit, timeout_s=15)
+            props = parse_show(result.stdout) if result.ok else {}
+            if props.get("LoadState") == "loaded":
+                env = parse_environment([props.get("Environment", "")])
+                env.setdefault("PATH", SYSTEMD_DEFAULT_PATH)
+                exec_start = parse_exec_start(props.get("ExecStart", ""))
+                return LaunchEnvironment(tuple(exec_start), env, props.get("User") or None,
+                                         f"live unit {self.unit}")
+        if self.spec.template is not None:
+            try:
+                keys = parse_unit(self.render_unit())
+            except DflashError:
+                pass
+            else:
+                env = parse_environment(keys.get("Environment", []))
+                env.setdefault("PATH", SYSTEMD_DEFAULT_PATH)
+                argv = parse_exec_start(keys["ExecStart"][-1]) if keys.get("ExecStart") else []
+                return LaunchEnvironment(tuple(argv), env, keys["User"][-1] if keys.get("User") else None,
+                                         f"template {self.spec.template.name}")
+        env = dict(self.spec.env)
+        env.setdefault("PATH", SYSTEMD_DEFAULT_PATH)
+        return LaunchEnvironment((), env, None, "profile env only (unit not installed, no template)")
+
     def describe(self) -> dict[str, str]:
         try:
             props = self.properties(DESCRIBE_PROPERTIES)
@@ -271,4 +352,19 @@ def _derive_plain(reference: ServiceSpec, target: PlainTarget) -> ServiceSpec:
                        model=reference.model)
 
 
-KIND = Kind("systemd", make=_make, reap=_reap, derive_plain=_derive_plain)
+def _read_table(table: Table, spec: ServiceSpec, host: HostProfile, profile_dir: Path) -> ServiceSpec:
+    """A systemd service names its unit; its other keys are every kind's (`template` renders the unit)."""
+    if not spec.unit:
+        raise table.fail("unit", "missing required key for kind = \"systemd\" (expected a unit name)")
+    if not spec.unit.endswith(".service") or "/" in spec.unit:
+        raise table.fail("unit", f"expected a unit name like 'sglang-dflash.service', got {spec.unit!r}")
+    return spec  # a local systemd is allowed too (the controller runs on the GPU host itself)
+
+
+def _default_for(host: HostProfile) -> bool:
+    """The kind of a service whose table names none, on a host reached over ssh."""
+    return bool(host.connection) and not host.is_local
+
+
+TABLE = KindTable("systemd", read=_read_table, default_for=_default_for, schema={"required": ["unit"]})
+KIND = Kind("systemd", make=_make, reap=_reap, derive_plain=_derive_plain, table=TABLE)

@@ -81,7 +81,7 @@ def _schema_keys(*refs: str) -> set[str]:
 def test_the_schema_knows_exactly_the_validators_keys(table: tuple[str, ...], schema_path: tuple[str, ...]) -> None:
     import copy
 
-    from pytest_dflash.config.tables.services import CONTAINER_KEYS
+    from pytest_dflash.services.container import CONTAINER_KEYS
 
     schema = _schema_keys(*schema_path)
     if table == ("services", "a"):  # a systemd service: the container keys are unknown keys there

@@ -1,21 +1,20 @@
-"""[services.NAME]: one inference service of a host (kind, URL, unit, command, container), as a
-`ServiceSpec`."""
+"""[services.NAME]: one inference service of a host (kind, URL, port, algorithm, how it is launched), as a
+`ServiceSpec`.
+
+The keys every kind shares are read here; the kind's own keys and its rules (a systemd service names its unit,
+a process service has a command, a container service has the container keys, ...) are read by the kind's
+table (config/tables/kinds.py), defined in the kind's file under services/ and registered by
+services/registry.py.
+"""
 
 from __future__ import annotations
 
-import re
-from dataclasses import replace
 from pathlib import Path
 
-from pytest_dflash.config.profiles import ALGORITHMS, AUTO, ContainerSpec, HostProfile, ServiceSpec
+from pytest_dflash.config.profiles import ALGORITHMS, AUTO, HostProfile, ServiceSpec
+from pytest_dflash.config.tables.kinds import KindTable, kind_tables
 from pytest_dflash.config.tables.reader import Table, describe, parse_url
 from pytest_dflash.scrub.redact import redact_url
-
-SERVICE_KINDS = ("systemd", "process", "external", "container")
-CONTAINER_ENGINES = ("docker", "podman")
-# The container keys of a [services.NAME] table with kind = "container" (docs/profiles.md).
-CONTAINER_KEYS = ("engine", "runtime", "container", "label", "image", "args", "devices", "mounts", "network",
-                  "ipc", "shm_size", "restart", "memory", "ulimits", "run_args", "stop_timeout")
 
 
 def _url_host(address: str) -> str:
@@ -37,13 +36,22 @@ def check_url(table: Table, name: str, url: str) -> str:
     return url.rstrip("/")
 
 
+def _kind(table: Table, host: HostProfile) -> KindTable:
+    """The service's kind: `kind`, else the first registered kind that is the default on this host."""
+    tables = kind_tables()
+    default = next((name for name, kind in tables.items() if kind.default_for(host)), None)
+    name = table.choice("kind", tuple(tables), default)
+    if name is None:
+        raise table.fail("kind", f"missing required key (expected one of {', '.join(tables)})")
+    return tables[name]
+
+
 def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path) -> ServiceSpec:
-    kind = table.choice("kind", SERVICE_KINDS,
-                        "systemd" if host.connection and not host.is_local else "process")
-    assert kind is not None
-    algorithm = table.get("algorithm", str, required=kind != "external") or AUTO
-    if algorithm.upper() not in ALGORITHMS and not (kind == "external" and algorithm.upper() == AUTO):
-        allowed = ", ".join(ALGORITHMS) + (" (or auto: read from /server_info)" if kind == "external" else "")
+    kind = _kind(table, host)
+    algorithm = table.get("algorithm", str, required=not kind.auto_algorithm) or AUTO
+    if algorithm.upper() not in ALGORITHMS and not (kind.auto_algorithm and algorithm.upper() == AUTO):
+        auto = " (or auto: read from /server_info)" if kind.auto_algorithm else ""
+        allowed = ", ".join(ALGORITHMS) + auto
         raise table.fail("algorithm", f"expected one of {allowed}, got {algorithm!r}")
     unit = table.get("unit", str)
     template_raw = table.get("template", str)
@@ -69,39 +77,14 @@ def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path)
         if not (host.address or host.is_local):
             raise table.fail("url", "{address} needs an ssh:// or local:// connection")
         url = url.replace("{address}", _url_host(host.address) if host.address else "127.0.0.1")
-    if kind == "systemd":
-        if not unit:
-            raise table.fail("unit", "missing required key for kind = \"systemd\" (expected a unit name)")
-        if not unit.endswith(".service") or "/" in unit:
-            raise table.fail("unit", f"expected a unit name like 'sglang-dflash.service', got {unit!r}")
-        if host.is_local and host.connection:
-            pass  # a local systemd is allowed (the controller runs on the GPU host itself)
-    if kind == "process":
-        if not command:
-            raise table.fail("command",
-                             'missing required key for kind = "process" (expected a list of strings)')
-        if host.connection and not host.is_local:
-            raise table.fail("kind", 'kind = "process" runs on this machine; use "systemd" for a remote host')
     template = None
     if template_raw:
         template = (profile_dir / template_raw).resolve()
         if not template.is_file():
             raise table.fail("template", f"expected a unit template file, {template} does not exist")
-    container = _container(table, kind) if kind == "container" else None
-    gpus = () if container is not None and table.raw("gpus") == "all" else table.int_list("gpus")
-    if container is not None and gpus:
-        container = replace(container, gpus="device=" + ",".join(str(g) for g in gpus))
-    log_command = table.get("log_command", str)
-    log_file = table.get("log_file", str)
-    if (log_command or log_file) and kind != "external":
-        key = "log_command" if log_command else "log_file"
-        raise table.fail(key, f'only for kind = "external" (a {kind} service has its own log)')
-    if log_command and log_file:
-        raise table.fail("log_file", "give log_command or log_file, not both")
-    if log_file and not log_file.startswith("/"):
-        raise table.fail("log_file", f"expected an absolute path on the host, got {log_file!r}")
-    if (log_command or log_file) and host.connection is None:
-        raise table.fail("log_command" if log_command else "log_file", "needs host access (a connection)")
+    # `gpus = "all"` is for a kind that says so; its table reads the "all"
+    gpus = () if kind.all_gpus and table.raw("gpus") == "all" else table.int_list("gpus")
+    _refuse_other_kinds_keys(table, kind)
     unaccepted_draft = table.get("unaccepted_draft", str)
     if unaccepted_draft is not None and algorithm.upper() in ("NONE", AUTO):
         raise table.fail("unaccepted_draft",
@@ -111,12 +94,9 @@ def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path)
         raise table.fail("unaccepted_draft",
                          "expected the reason why this service's draft cannot be accepted "
                          "(a non-empty string)")
-    needs_port = any("{port}" in part for part in (url, *command))
-    if port_value is None and needs_port and kind != "process":
-        raise table.fail("port", "expected a fixed port: only process services get an automatic one")
     spec = ServiceSpec(
         name=name,
-        kind=kind,  # type: ignore[arg-type]
+        kind=kind.name,
         url=url,
         algorithm=algorithm.upper(),
         unit=unit,
@@ -130,51 +110,26 @@ def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path)
         sampled_timeout_s=table.duration("sampled_timeout", 300.0),
         api_key_env=table.get("api_key_env", str),
         model=table.get("model", str),
-        container=container,
-        log_command=log_command,
-        log_file=log_file,
         unaccepted_draft=unaccepted_draft,
     )
+    spec = kind.read(table, spec, host, profile_dir)
+    needs_port = any("{port}" in part for part in (spec.url, *spec.command))
+    if spec.port is None and needs_port and not kind.auto_port:
+        automatic = " or ".join(other.name for other in kind_tables().values() if other.auto_port)
+        raise table.fail("port",
+                         f"expected a fixed port: only {automatic or 'no'} services get an automatic one")
     table.done()
     return spec
 
 
-def _container(table: Table, kind: str) -> ContainerSpec:
-    """The container keys of a kind = "container" service (the other kinds reject them as unknown keys)."""
-    engine = table.choice("engine", CONTAINER_ENGINES, "docker")
-    name = table.get("container", str)
-    label = table.get("label", str)
-    if label is not None and not re.fullmatch(r"[A-Za-z0-9_.\-/]+=\S*", label):
-        raise table.fail("label", f'expected "key=value", got {label!r}')
-    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise table.fail("container", f"expected a container name ([A-Za-z0-9][A-Za-z0-9_.-]*), got {name!r}")
-    restart = table.get("restart", str)
-    if restart is not None and not re.fullmatch(r"no|always|unless-stopped|on-failure(:\d+)?", restart):
-        raise table.fail("restart", f"expected no, on-failure[:N], always or unless-stopped, got {restart!r}")
-    ulimits = table.str_list("ulimits")
-    for item in ulimits:
-        if not re.fullmatch(r"[a-z]+=-?\d+(:-?\d+)?", item):
-            raise table.fail("ulimits", f'expected items like "nofile=1024:1024", got {item!r}')
-    mounts = table.str_list("mounts")
-    for item in mounts:
-        if ":" not in item:
-            raise table.fail("mounts", f'expected items like "/host/dir:/container/dir[:ro]", got {item!r}')
-    return ContainerSpec(
-        engine=engine or "docker",
-        runtime=table.get("runtime", str),
-        name=name,
-        label=label,
-        image=table.get("image", str),
-        args=table.str_list("args"),
-        gpus="all" if table.raw("gpus") == "all" else None,
-        devices=table.str_list("devices"),
-        mounts=mounts,
-        network=table.get("network", str),
-        ipc=table.get("ipc", str),
-        shm_size=table.get("shm_size", str),
-        restart=restart,
-        memory=table.get("memory", str),
-        ulimits=ulimits,
-        run_args=table.str_list("run_args"),
-        stop_timeout_s=table.duration("stop_timeout", 30.0),
-    )
+def _refuse_other_kinds_keys(table: Table, kind: KindTable) -> None:
+    """A key of another kind's own, given here: 'only for kind = ...' where that kind says why; else it stays
+    an unknown key (`Table.done`)."""
+    for other in kind_tables().values():
+        if other is kind or other.elsewhere is None:
+            continue
+        for key in other.keys:
+            if table.raw(key) is not None:
+                why = other.elsewhere.format(kind=kind.name)
+                raise table.fail(key, f'only for kind = "{other.name}" ({why})')
+

@@ -1,14 +1,13 @@
 """The serving import chains a service depends on, derived from the command it runs.
 
-A service whose command (or unit ExecStart) runs `-m sglang.launch_server` / `sglang serve` needs
-SGLang's chain; one running `-m pytest_dflash.refserver` needs the reference server's. Each chain
-is imported in its own fresh interpreter by the import_chain probe, so one broken package cannot
+A service whose command (or unit ExecStart, read by services/systemd.py) runs `-m sglang.launch_server` /
+`sglang serve` needs SGLang's chain; one running `-m pytest_dflash.refserver` needs the reference server's.
+Each chain is imported in its own fresh interpreter by the import_chain probe, so one broken package cannot
 hide another.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -67,44 +66,3 @@ def chains_for(commands: Iterable[Sequence[str]]) -> list[Chain]:
             seen.setdefault(chain.name, chain)
     return list(seen.values())
 
-
-def parse_unit(text: str) -> dict[str, list[str]]:
-    """A unit file's [Service] keys -> values (repeated keys kept in order; line continuations joined)."""
-    joined = text.replace("\\\n", " ")
-    section = ""
-    out: dict[str, list[str]] = {}
-    for raw in joined.splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            section = line[1:-1]
-            continue
-        if section == "Service" and "=" in line:
-            key, value = line.split("=", 1)
-            out.setdefault(key.strip(), []).append(value.strip())
-    return out
-
-
-def parse_environment(values: Iterable[str]) -> dict[str, str]:
-    """systemd Environment= values ('A=1 "B=two words"') -> {'A': '1', 'B': 'two words'}."""
-    env: dict[str, str] = {}
-    for value in values:
-        for item in shlex.split(value):
-            if "=" in item:
-                key, val = item.split("=", 1)
-                env[key] = val
-    return env
-
-
-def parse_exec_start(value: str) -> list[str]:
-    """ExecStart as written in a unit ('-/usr/bin/x a b') or as `systemctl show` prints it
-    ('{ path=/usr/bin/x ; argv[]=/usr/bin/x a b ; ignore_errors=no ; ... }') -> argv."""
-    value = value.strip()
-    if value.startswith("{") and "argv[]=" in value:
-        inner = value.split("argv[]=", 1)[1]
-        return shlex.split(inner.split(" ; ", 1)[0])
-    argv = shlex.split(value)
-    if argv:
-        argv[0] = argv[0].lstrip("-@:+!")
-    return argv

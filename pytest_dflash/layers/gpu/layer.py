@@ -141,11 +141,11 @@ class GpuHost:
 
     @cached_property
     def groups(self) -> list[ProbeGroup]:
-        """Host services grouped by environment; each container service a group of its own (its image,
-        its env)."""
-        on_host = [v for v in self.views if v.kind != "container"]
-        in_containers = [g for v in self.views if v.kind == "container" for g in probe_groups([v])]
-        return (probe_groups(on_host) if on_host else []) + in_containers
+        """Host services grouped by environment; each service whose probes run in its own environment (a
+        container's: its image, its env) a group of its own."""
+        on_host = [v for v in self.views if not v.own_environment]
+        in_their_own = [g for v in self.views if v.own_environment for g in probe_groups([v])]
+        return (probe_groups(on_host) if on_host else []) + in_their_own
 
     def group_key(self, probe: str, group: ProbeGroup) -> str:
         return probe if len(self.groups) == 1 else f"{probe}.{group.label}"

@@ -1,17 +1,11 @@
-"""Which import chains a service needs, from its command line or its unit file."""
+"""Which import chains a service needs, from its command line or its unit file (read by services/systemd.py)."""
 
 from __future__ import annotations
 
 from gpu_data import REPO
 
-from pytest_dflash.layers.gpu.chains import (
-    ALL_CHAINS,
-    chains_for,
-    entrypoint,
-    parse_environment,
-    parse_exec_start,
-    parse_unit,
-)
+from pytest_dflash.layers.gpu.chains import ALL_CHAINS, chains_for, entrypoint
+from pytest_dflash.services.systemd import parse_environment, parse_exec_start, parse_unit
 
 
 def test_entrypoints() -> None:
