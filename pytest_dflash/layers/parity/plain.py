@@ -22,10 +22,11 @@ def plain_service(reference: ServiceHandle, *, port: int | None = None) -> Servi
     spec = host.profile.parity
     if spec is not None and spec.plain:
         return host.service(spec.plain)
-    if not reference.spec.speculative and reference.spec.kind != "external":
+    # NONE, not "not speculative": an attached server whose algorithm is still unknown (AUTO) is no plain one
+    if reference.spec.algorithm == "NONE":
         return reference
     for name, service in host.profile.services.items():
-        if not service.speculative and service.kind != "external":
+        if service.algorithm == "NONE":
             return host.service(name)
     derived = f"{reference.name}-plain"
     if derived in host.services:

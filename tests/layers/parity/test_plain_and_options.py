@@ -146,3 +146,20 @@ def test_provisioning_without_a_free_gpu_derives_nothing() -> None:
     with pytest.raises(PlainUnavailable, match="no free GPU for a plain server beside dflash"):
         plain_service(ct200.service("dflash"))
     assert "dflash-plain" not in ct200.services and not ct200.notes
+
+
+def test_an_attached_server_is_plain_when_its_algorithm_is_none_not_while_it_is_unknown(tmp_path: Path) -> None:
+    """Any kind may be the plain server, an attached one too, if its algorithm is NONE; an attached server whose
+    algorithm is still unknown (auto, not read from /server_info) is none."""
+    for algorithm, plain in (("NONE", "base"), ("auto", None)):
+        path = tmp_path / f"attached-{algorithm}.toml"
+        path.write_text(f'[host]\nname = "attached-{algorithm}"\nconnection = "local://"\n\n'
+                        '[services.dflash]\nkind = "external"\nurl = "http://127.0.0.1:30000"\nalgorithm = "DFLASH"\n\n'
+                        f'[services.base]\nkind = "external"\nurl = "http://127.0.0.1:30001"\nalgorithm = "{algorithm}"\n')
+        profile = load_profile(path)
+        host = DflashRun({profile.name: profile}, RunOptions(), "r1").host(profile.name)
+        if plain:
+            assert plain_service(host.service("dflash")).name == plain
+        else:
+            with pytest.raises(PlainUnavailable, match="no plain"):
+                plain_service(host.service("dflash"))
