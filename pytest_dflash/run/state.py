@@ -48,7 +48,7 @@ from pytest_dflash.services.events import Progress, ServiceEvent
 from pytest_dflash.services.liveness import death_after_readiness
 from pytest_dflash.services.readiness import ReadinessWatcher
 from pytest_dflash.services.registry import make_manager, reap_leftovers
-from pytest_dflash.services.speculation import served_speculation
+from pytest_dflash.services.speculation import served_speculation, shown_launch_command
 from pytest_dflash.services.startup import ReadyReport
 from pytest_dflash.services.stuck import judge_lost_request
 
@@ -184,6 +184,9 @@ class ServiceHandle:
             "model": info.get("model_path"),
             "num_draft_tokens": info.get("speculative_num_draft_tokens"),
             "speculation": served_speculation(info) or None,  # what /server_info says is speculated, and how
+            # SGLang 0.5.20+: how it was started (secrets masked, capped); 0.5.21+: which frontend serves it
+            "launch_command": shown_launch_command(info),
+            "frontend": info.get("frontend"),
             "provisioned": self.manager.provisioned,
             "ready": self.ready.as_dict() if self.ready else None,
         }
