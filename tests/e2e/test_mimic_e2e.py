@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from e2e_helpers import toml_list
+from e2e_helpers import toml_list, write_profile
 from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.refserver.launch import RefServerProcess
@@ -101,3 +101,33 @@ def test_a_server_not_started_from_its_profiles_command_fails(run_suite, tmp_pat
     assert any("the running server was started without --mem-fraction-static; the profile's command has "
                "--mem-fraction-static 0.8" in n for n in notes), notes
     assert not any("--api-key" in n for n in notes), notes  # a secret (masked, or $KEY) is never compared
+
+
+BYPASS_ENV = 'env = { SGLANG_DIAG_BYPASS_HEALTH_GENERATE = "1" }'
+
+
+@pytest.mark.parametrize("fault", ["wedge=3", ""], ids=["wedged", "healthy"])
+def test_with_the_health_bypass_a_wedged_engine_is_still_stuck(run_suite, tmp_path: Path, fault: str) -> None:  # type: ignore[no-untyped-def]
+    """SGLang 0.5.19+ with SGLANG_DIAG_BYPASS_HEALTH_GENERATE=1 in the profile's env: /health_generate answers 200
+    on a wedged engine. The service is still judged stuck (from /metrics and a streamed probe, the evidence saying
+    why /health_generate was not asked); the same server without the wedge passes smoke and the service layer,
+    whose /health_generate check notes that its 200 proves no generation."""
+    args = ["--mimic-version", "0.5.19", *(["--inject", fault] if fault else [])]
+    profile = write_profile(tmp_path, "sick", {"plain": ("NONE", args)}, service_extra={"plain": BYPASS_ENV})
+    result = run_suite("smoke" if fault else ["smoke", "service"], "--host", str(profile), "--request-timeout=3s")
+    assert_no_crash(result)
+    data = verdict(run_suite.reports, "sick")
+    if not fault:
+        assert data["tests_verdict"] == "pass", result.stdout.str()[-3000:]
+        assert any(n.startswith("sick/plain: its /health_generate 200 proves no generation: "
+                                "SGLANG_DIAG_BYPASS_HEALTH_GENERATE=1") for n in data["notes"]), data["notes"]
+        return
+    assert result.ret == 1
+    failures = [f for f in data["failures"] if f.get("services") == ["plain"]]
+    assert len(failures) == 1, data["failures"]
+    assert "engine-stuck" in [d.get("id") for d in failures[0]["diagnosis"]], failures[0]
+    text = result.stdout.str()
+    assert "is stuck: POST " in text, text[-4000:]
+    assert ("/health_generate not asked: SGLANG_DIAG_BYPASS_HEALTH_GENERATE=1 in the profile's env of sick/plain: "
+            "SGLang 0.5.19+ then answers /health and /health_generate 200 without a generation") in text, text[-4000:]
+    assert all("is stuck" in b["message"] for b in data["blocked"] if b.get("services") == ["plain"]), data["blocked"]

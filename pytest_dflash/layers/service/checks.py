@@ -66,7 +66,8 @@ def stays_up(service: ServiceHandle, seconds: float = STAY_UP_S) -> None:
 
 
 def health_answers(service: ServiceHandle) -> None:
-    """/v1/models lists a model; on SGLang's native API /health_generate answers 200."""
+    """/v1/models lists a model; on SGLang's native API /health_generate answers 200 (with
+    SGLANG_DIAG_BYPASS_HEALTH_GENERATE set that 200 is no generation: a note says so)."""
     __tracebackhide__ = True
     if not service.client.models():
         _fail(f"{service.label}: /v1/models lists no model")
@@ -74,6 +75,9 @@ def health_answers(service: ServiceHandle) -> None:
         status = service.client.health_generate(timeout_s=30)
         if status != 200:
             _fail(f"{service.label}: /health_generate answered {status} after readiness")
+        if bypassed := service.health_bypassed:
+            service.host.notes.append(f"{service.label}: its /health_generate 200 proves no generation: "
+                                      f"{bypassed}")
 
 
 def served_models(service: ServiceHandle) -> dict[str, Any]:
