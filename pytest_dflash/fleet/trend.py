@@ -60,8 +60,8 @@ def _service_config(data: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(facts, Mapping):
             continue
         for key, value in flatten({k: v for k, v in facts.items() if k not in VOLATILE_SERVICE_KEYS}).items():
-            if key == "url" and facts.get("provisioned"):
-                continue  # provisioned services get a free port each run
+            if key in ("url", "launch_command") and facts.get("provisioned"):
+                continue  # provisioned services get a free port each run (in their URL and their command)
             out[f"services.{name}.{key}"] = value
     return out
 

@@ -8,9 +8,14 @@ docs/refserver.md):
     arguments: ..."); a deprecated alias it still takes logs SGLang's own warning line;
   * ``meta_info``: 0.5.21 dropped ``spec_accepted_drafts``, ``spec_proposed_drafts`` and
     ``spec_accept_histogram``;
-  * ``/server_info``: ``version``; ``launch_command`` (0.5.20+); ``"frontend": "python"`` (0.5.21+);
+  * ``/server_info``: ``version``; ``launch_command`` (0.5.20+: the arguments joined by spaces, without the
+    program, as ``server_args._launch_command = " ".join(argv)`` of ``sys.argv[1:]``); ``"frontend":
+    "python"`` (0.5.21+);
   * ``/model_info``: ``served_model_name`` (0.5.18+);
-  * routes: ``GET /ready`` (0.5.20+); ``GET /get_load`` gone (0.5.21+).
+  * routes: ``GET /ready`` (0.5.20+); ``GET /get_load`` gone (0.5.21+); ``GET /ping`` 200 only while
+    healthy (0.5.23+; 200 always before);
+  * ``SGLANG_DIAG_BYPASS_HEALTH_GENERATE`` (0.5.19+): ``/health`` and ``/health_generate`` answer 200
+    without a generation once the server is up.
 
 Read from the sglang wheels 0.5.17 to 0.5.23 (tests/data/sglang-versions/releases.toml). Standard library
 only: the refserver imports nothing of the plugin.
@@ -19,7 +24,7 @@ only: the refserver imports nothing of the plugin.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -35,6 +40,8 @@ REMOVED = {
     "--cuda-graph-max-bs": ("0.5.20", "--cuda-graph-max-bs-decode"),
 }
 META_ALIASES = ("spec_accepted_drafts", "spec_proposed_drafts", "spec_accept_histogram")
+BYPASS_ENV = "SGLANG_DIAG_BYPASS_HEALTH_GENERATE"  # 0.5.19 sglang/srt/environ.py:331, EnvBool(False)
+_ENV_TRUE = ("true", "1", "yes", "y")  # EnvBool.parse (environ.py:143): value.lower(); anything else is false
 
 
 def _key(version: str) -> tuple[int, ...]:
@@ -88,7 +95,7 @@ class Mimic:
     def server_info(self, info: dict[str, Any], argv: Sequence[str]) -> dict[str, Any]:
         info["version"] = self.version
         if self.at_least("0.5.20"):
-            info["launch_command"] = " ".join(["python3", "-m", "sglang.launch_server", *argv])
+            info["launch_command"] = " ".join(argv)  # sys.argv[1:]: no program (0.5.20 server_args.py:736)
         if self.at_least("0.5.21"):
             info["frontend"] = "python"
         return info
@@ -97,6 +104,16 @@ class Mimic:
         if self.at_least("0.5.18"):
             info["served_model_name"] = served_model_name
         return info
+
+    def health_bypassed(self, environ: Mapping[str, str]) -> bool:
+        """0.5.19+ with SGLANG_DIAG_BYPASS_HEALTH_GENERATE true: /health and /health_generate answer 200
+        without a generation once the server is up (0.5.19 http_server.py:680)."""
+        return self.at_least("0.5.19") and environ.get(BYPASS_ENV, "").lower() in _ENV_TRUE
+
+    def ping_tells_health(self) -> bool:
+        """0.5.23+: GET /ping is 200 only while healthy (not shutting down, not marked unhealthy), paused or
+        not; before, 200 always (0.5.23 http_server.py:2190)."""
+        return self.at_least("0.5.23")
 
     def has_route(self, path: str) -> bool:
         """Whether this release serves `path` (only the routes that changed are judged)."""

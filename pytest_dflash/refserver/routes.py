@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 import uuid
@@ -55,7 +56,9 @@ def build_app(state: ServerState) -> FastAPI:
     @app.middleware("http")
     async def outer(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         path = request.url.path
-        open_path = request.method == "OPTIONS" or path.startswith(("/health", "/metrics"))
+        # SGLang's auth (utils/auth.py) always lets health, readiness (0.5.20+) and metrics through
+        open_path = request.method == "OPTIONS" or path.startswith(
+            ("/health", "/metrics", "/ready") if args.mimic.has_route("/ready") else ("/health", "/metrics"))
         authorized = request.headers.get("authorization") == f"Bearer {args.api_key}"
         if args.api_key is not None and not open_path and not authorized:
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
@@ -83,6 +86,8 @@ def build_app(state: ServerState) -> FastAPI:
             return Response(status_code=503)
         if not state.ready:
             return Response(status_code=503)
+        if args.mimic.health_bypassed(os.environ):  # 0.5.19+: "Let an external E2E driver establish ..."
+            return Response(status_code=200)
         params = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=1)
         batch = state.new_batch([[0]], [params], log_metrics=False)
         tic = time.time()
@@ -90,9 +95,11 @@ def build_app(state: ServerState) -> FastAPI:
             while time.time() < tic + state.health_timeout:
                 await asyncio.sleep(0.02)
                 if state.last_receive > tic:
+                    state.unhealthy = False  # SGLang: server_status = ServerStatus.Up
                     return Response(status_code=200)
         finally:
             batch.abort()
+        state.unhealthy = True  # SGLang: server_status = ServerStatus.UnHealthy (GET /ready 503 until a 200)
         logger.error(
             "Health check failed. Server couldn't get a response from detokenizer for last %g seconds. "
             "tic start time: %s. last_heartbeat time: %s",
@@ -155,11 +162,36 @@ def build_app(state: ServerState) -> FastAPI:
             }, mimic.split_argv(sys.argv[1:])[1])  # the command line less --mimic-version
         )
 
-    async def ready() -> Response:
-        return Response(status_code=200 if state.ready and not state.gracefully_exit else 503)
+    def healthy() -> bool:  # SGLang 0.5.23 TokenizerManager.is_healthy
+        return state.ready and not state.gracefully_exit and not state.unhealthy
+
+    async def ready() -> Response:  # SGLang's is_ready: healthy and not paused
+        return Response(status_code=200 if healthy() and not state.scheduler.paused else 503)
 
     if args.mimic.has_route("/ready"):  # 0.5.20 added it
         app.get("/ready")(ready)
+
+    @app.get("/ping")
+    async def ping() -> Response:
+        """SageMaker's health check: the HTTP server answers (0.5.23: and is healthy, paused or not)."""
+        return Response(status_code=200 if healthy() or not args.mimic.ping_tells_health() else 503)
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> Response:
+        """SGLang's pause, modes in_place and retract: generation stops until /continue_generation; requests
+        in flight wait. Mode abort (SGLang's default: every request aborted) is not mimicked: 400."""
+        body = await request.json() if await request.body() else {}
+        mode = body.get("mode", "abort") if isinstance(body, dict) else "abort"
+        if mode not in ("in_place", "retract"):
+            return error_json(f"refserver: pause_generation mode {mode!r} is not mimicked (use in_place or "
+                              "retract)")
+        state.scheduler.pause()
+        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> Response:
+        state.scheduler.resume()
+        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
 
     async def get_load() -> Response:
         logger.info("Endpoint '/get_load' is deprecated and will be removed in a future version. "

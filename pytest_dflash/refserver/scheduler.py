@@ -138,6 +138,7 @@ class Scheduler(threading.Thread):
         self.slow_factor = active.values.get("slow-decode", 1.0)
         self.token_delay_s = active.values.get("token-delay", 0.0)  # a step costs this per token it commits
         self.wedged = False  # the wedge fault: the loop stops stepping for good (HTTP stays up)
+        self.paused = False  # POST /pause_generation (in_place / retract) until POST /continue_generation
         self._step_tokens = 0  # the most tokens one sequence committed in the last step
         # GPU cost model (--gpu-step-ms): on a GPU one pass costs about the same for 1 or 64 tokens and
         # for 1 or many sequences (memory-bound), which is what makes speculative decoding pay off.
@@ -218,7 +219,12 @@ class Scheduler(threading.Thread):
             if self.wedged:
                 self._wedge()
                 continue
+            if self.paused:  # requests stay where they are, new ones queue; nothing is stepped
+                self._drain_inbox(block=True)
+                continue
             self._drain_inbox(block=not self.running and not self.waiting)
+            if self.paused:  # paused while the loop waited for work
+                continue
             started = time.monotonic()
             self._admit()
             if self.running:
@@ -234,6 +240,17 @@ class Scheduler(threading.Thread):
         no output leaves, /health_generate times out (503), /metrics counters stop moving; the HTTP process
         still answers."""
         self.wedged = True  # silent, as a real wedge is (SGLang's watchdog would speak only after 300 s)
+
+    def pause(self) -> None:
+        """SGLang's in-place (or retract) pause: no inference until resume(); the requests keep their state
+        (a retracted one is recomputed on resume in SGLang: the same tokens come out). gen_throughput is
+        zeroed at once, as SGLang's pause_generation does for dashboards."""
+        self.paused = True
+        self.last_gen_throughput = 0.0
+
+    def resume(self) -> None:
+        self.paused = False
+        self.inbox.put(None)  # wake the loop
 
     def _wedge(self) -> None:
         while not self._stopping:  # in-process use only ends it (shutdown); the server never does

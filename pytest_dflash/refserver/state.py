@@ -92,6 +92,7 @@ class ServerState:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ready = False  # set by the warm-up; /health_generate is 503 before
         self.gracefully_exit = False
+        self.unhealthy = False  # a health check failed (SGLang: ServerStatus.UnHealthy) until one succeeds
         self.created = int(time.time())
         self.startup_seconds: dict[str, float] = {}
         self.generation_requests = 0  # the hang fault counts these

@@ -143,13 +143,17 @@ class HtmlHooks:
         metadata["dflash run id"] = builder.run_id
         for name, versions in versions_seen(builder).items():
             metadata[name] = redact(versions)
-        # the served speculation of each speculative service
+        # the served speculation of each speculative service, and how the server says it was started
         for host, verdict in sorted(builder.hosts.items()):
             for service, facts in sorted(verdict.services.items()):
                 if isinstance(facts.get("speculation"), dict):
                     metadata[f"speculation {host}/{service}"] = redact(", ".join(
                         f"{key.removeprefix('speculative_')}={value}"
                         for key, value in facts["speculation"].items()))
+                if isinstance(facts.get("launch_command"), str):
+                    metadata[f"launch command {host}/{service}"] = redact(facts["launch_command"])
+                if isinstance(facts.get("frontend"), str):
+                    metadata[f"frontend {host}/{service}"] = redact(facts["frontend"])
 
 
 def run_title(builder: VerdictBuilder) -> str:

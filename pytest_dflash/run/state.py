@@ -45,10 +45,11 @@ from pytest_dflash.run.blocking import Failure, LayerBook
 from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
 from pytest_dflash.services.base import LogMark, ServiceManager
 from pytest_dflash.services.events import Progress, ServiceEvent
+from pytest_dflash.services.health import health_bypass
 from pytest_dflash.services.liveness import death_after_readiness
 from pytest_dflash.services.readiness import ReadinessWatcher
 from pytest_dflash.services.registry import make_manager, reap_leftovers
-from pytest_dflash.services.speculation import served_speculation
+from pytest_dflash.services.speculation import served_speculation, shown_launch_command
 from pytest_dflash.services.startup import ReadyReport
 from pytest_dflash.services.stuck import judge_lost_request
 
@@ -144,7 +145,8 @@ class ServiceHandle:
             if self.failure is not None:
                 return ""
             stuck, said = judge_lost_request(self.client, error, label=self.label, native=self.native,
-                                             request_timeout_s=request_timeout)
+                                             request_timeout_s=request_timeout,
+                                             health_bypassed=self.health_bypassed, version=self.version)
             if stuck is None:
                 return said
             self.failure = stuck
@@ -157,6 +159,16 @@ class ServiceHandle:
             return f"the service is {stuck.what}: {said}; every later test of this service is blocked"
         finally:
             self._stuck_lock.release()
+
+    @property
+    def health_bypassed(self) -> str | None:
+        """Why this service's /health_generate proves nothing (SGLANG_DIAG_BYPASS_HEALTH_GENERATE set in the
+        environment it was started with, as far as the plugin sees it: the profile's env, and for a process
+        this run starts, this run's own environment, which it inherits); None where it proves output."""
+        bypass = health_bypass(self.spec.env, where=f"the profile's env of {self.label}")
+        if bypass is None and self.spec.kind == "process" and self.manager.provisioned:
+            bypass = health_bypass(os.environ, where="this run's environment (the process inherits it)")
+        return bypass
 
     @property
     def native(self) -> bool:
@@ -184,6 +196,9 @@ class ServiceHandle:
             "model": info.get("model_path"),
             "num_draft_tokens": info.get("speculative_num_draft_tokens"),
             "speculation": served_speculation(info) or None,  # what /server_info says is speculated, and how
+            # SGLang 0.5.20+: how it was started (secrets masked, capped); 0.5.21+: which frontend serves it
+            "launch_command": shown_launch_command(info),
+            "frontend": info.get("frontend"),
             "provisioned": self.manager.provisioned,
             "ready": self.ready.as_dict() if self.ready else None,
         }
@@ -309,6 +324,7 @@ class ServiceHandle:
             log_lines=self.host.run.options.journal_lines, progress=progress,
             log_mark=self.started_mark, request_timeout_s=self.host.run.options.request_timeout_s,
             abandoned=lambda: self.host.run.cleaning, on_settled=self.settle,
+            health_bypassed=self.health_bypassed,
         )
         return watcher.wait()
 

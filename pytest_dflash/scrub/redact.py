@@ -22,10 +22,11 @@ from __future__ import annotations
 import functools
 import re
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["MASK", "is_secret", "mask_url_passwords", "one_line", "redact", "redact_mapping_value",
-           "redact_url", "remember", "secret_kind"]
+__all__ = ["MASK", "is_secret", "mask_url_passwords", "one_line", "redact", "redact_argv",
+           "redact_mapping_value", "redact_url", "remember", "secret_kind"]
 
 MASK = "***REDACTED***"
 
@@ -208,6 +209,43 @@ def redact_url(url: str) -> str:
         user = userinfo.partition(":")[0]
         url = urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{hostport}"))
     return redact(url)
+
+
+# A command-line flag whose name ENDS in one of these words (`--api-key`, `--admin-api-key`, `--hf-token`,
+# `--watermark-key`, `--ssl-keyfile-password`): its value is a secret. The last word, not any substring:
+# sglang 0.5.23's `--tokenizer-path`, `--ssl-keyfile`, `--speculative-token-map` name paths and
+# `--max-prefill-tokens`, `--bucket-inter-token-latency` numbers (tests/data/sglang-versions/
+# secretish-flags-0.5.23.toml lists all 33 of its flags that hold key / token / secret / password).
+_SECRET_FLAG_ENDS = frozenset({"key", "keys", "apikey", "token", "secret", "secrets", "password", "passwd",
+                               "credential", "credentials"})
+
+
+def _secret_flag(flag: str) -> bool:
+    return flag.startswith("-") and re.split(r"[-_.]+", flag.lstrip("-").lower())[-1] in _SECRET_FLAG_ENDS
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """A command line as it may be shown: the value of every flag whose name says secret (`--api-key K`,
+    `--api-key=K`, `--admin-api-key K`, `--hf-token T`, any `*-key` / `*-token` / `*-secret` / `*-password`
+    flag) masked, unless it says there is none (a number, `None`, SGLang's own `<redacted>`); then every
+    token through `redact` (URL passwords, key shapes, the run's known secrets)."""
+    out: list[str] = []
+    secret_next = False
+    for token in argv:
+        if secret_next and not token.startswith("--"):
+            secret_next = False
+            if not _says_no_secret(token, "token"):
+                out.append(MASK)
+                continue
+        secret_next = False
+        flag, eq, value = token.partition("=")
+        if _secret_flag(flag):
+            if not eq:
+                secret_next = True
+            elif not _says_no_secret(value, "token"):
+                token = f"{flag}={MASK}"
+        out.append(redact(token))
+    return out
 
 
 def mask_url_passwords(text: str) -> str:

@@ -14,6 +14,12 @@ accepted and not answered is bounded by the request timeout; only the first samp
 the longer cold-JIT budget, and only while the server keeps answering HTTP and its scheduler is busy
 (`/health_generate` not 200: a JIT blocks the scheduler; a stuck request does not).
 
+Two later SGLang releases change what the health routes say (services/health.py): with
+SGLANG_DIAG_BYPASS_HEALTH_GENERATE set (0.5.19+) /health_generate answers 200 without a generation, so the
+"scheduler is free" check is not made (the sampled request then has its whole cold-JIT budget, and the
+failure says why); and a wait that stalls asks GET /ready (0.5.20+: 503 = paused, shutting down or unhealthy;
+no generation) for its evidence. Ready is still a real greedy and a real sampled generation.
+
 This module holds the wait loop (`ReadinessWatcher`); its probes are in services/liveness.py, what it
 reports and the start-up log it reads meanwhile in services/startup.py.
 """
@@ -38,6 +44,7 @@ from pytest_dflash.errors import (
 )
 from pytest_dflash.services.base import LogMark, ServiceManager, ServiceState
 from pytest_dflash.services.events import Heartbeat, Progress
+from pytest_dflash.services.health import ask_ready
 from pytest_dflash.services.liveness import (
     HEALTH_PATH,
     LIVENESS_EVERY_S,
@@ -107,7 +114,11 @@ class ReadinessWatcher:
     # called once when the service's GPU memory is settled (StartupWatch): a neighbour on its GPU may start
     on_settled: Callable[[str], None] | None = None
     progress_every_s: float = PROGRESS_EVERY_S
+    # why /health_generate proves nothing here (SGLANG_DIAG_BYPASS_HEALTH_GENERATE in the service's
+    # environment: services/health.py); None: it proves output got through the scheduler
+    health_bypassed: str | None = None
     _base_restarts: int | None = None
+    _version: str | None = None  # /server_info version, once read
 
     def _check_abandoned(self, phase: str, started: float) -> None:
         if self.abandoned is not None and self.abandoned():
@@ -166,7 +177,8 @@ class ReadinessWatcher:
             if dropped_at is not None and now - dropped_at > DEATH_GRACE_S:
                 dropped_at = None  # the drop was not followed by death: retry the request below
             if now > deadline:
-                raise ServiceNotReady(self.service.name, now - started, f"{phase} phase: {problem}",
+                raise ServiceNotReady(self.service.name, now - started,
+                                      f"{phase} phase: {problem}{self._ready_said(phase)}",
                                       self.service.logs_since(self.log_mark, self.log_lines))
             if now >= next_progress:
                 extra = f"; request in flight for {format_seconds(in_flight.age)}" if in_flight else ""
@@ -247,7 +259,8 @@ class ReadinessWatcher:
             self._check_abandoned(phase, started)
             now = time.monotonic()
             if now > deadline:
-                raise ServiceNotReady(self.service.name, now - started, f"{phase} phase: {problem}")
+                raise ServiceNotReady(self.service.name, now - started,
+                                      f"{phase} phase: {problem}{self._ready_said(phase)}")
             if now >= next_progress:
                 extra = f"; {request} in flight for {format_seconds(in_flight.age)}" if in_flight else ""
                 alive = (f"; it answered HTTP {format_seconds(now - live.answered_at)} ago"
@@ -306,10 +319,12 @@ class ReadinessWatcher:
                                 self.service.name, now - started,
                                 f"sampled phase: {request} not answered after "
                                 f"{format_seconds(in_flight.age)} while {HEALTH_PATH} answers 200: the "
-                                "scheduler is free, so this is not a JIT compiling: the request is stuck")
+                                "scheduler is free, so this is not a JIT compiling: the request is stuck"
+                                + self._ready_said(phase))
                         if free_at is None:
                             scheduler = None
-                    if scheduler is None and now >= next_scheduler_check and self.native:
+                    if (scheduler is None and now >= next_scheduler_check and self.native
+                            and not self.health_bypassed):  # bypassed: its 200 says nothing of the scheduler
                         scheduler = InFlight.status(self.client, HEALTH_PATH, LIVENESS_TIMEOUT_S + 1)
                         next_scheduler_check = now + SCHEDULER_CHECK_EVERY_S
                 in_flight.wait(self.poll_s)
@@ -384,9 +399,11 @@ class ReadinessWatcher:
         report.http_s = now - started
         if self.native is None:
             try:
-                self.native = self.client.server_info(timeout_s=5) is not None
+                info = self.client.server_info(timeout_s=5)
             except ApiError:
-                self.native = False
+                info = None
+            self.native = info is not None
+            self._version = str(info["version"]) if info and info.get("version") else None
         if self.native:
             return "warmup", f"{HEALTH_PATH} not answered yet"
         return "greedy", "greedy generation not answered yet"
@@ -413,9 +430,20 @@ class ReadinessWatcher:
         budget = (f"the first sampled request's cold-JIT budget, sampled_timeout {limit:g}s"
                   if phase == "sampled" and limit > self.request_timeout_s
                   else f"--request-timeout {limit:g}s")
+        bypassed = (f"; {HEALTH_PATH} was not asked whether the scheduler is free: {self.health_bypassed}"
+                    if phase == "sampled" and self.health_bypassed and self.native else "")
         return ServiceNotReady(self.service.name, time.monotonic() - started,
                                f"{phase} phase: {request} accepted and not answered for "
-                               f"{format_seconds(age)} ({budget}); the server still answers HTTP")
+                               f"{format_seconds(age)} ({budget}); the server still answers HTTP{bypassed}"
+                               f"{self._ready_said(phase)}")
+
+    def _ready_said(self, phase: str) -> str:
+        """'; GET /ready: 503 (...)' for a wait that stalls after the server answered HTTP (SGLang 0.5.20+:
+        no generation; paused, shutting down or unhealthy), else ''."""
+        if phase == "http" or self.native is False:
+            return ""
+        answer = ask_ready(self.client, self._version)
+        return f"; {answer.describe()}" if answer is not None else ""
 
     def _refused_within(self, seconds: float, phase: str, request: str, answer: str,
                         live: HttpLiveness) -> None:

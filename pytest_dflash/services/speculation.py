@@ -14,6 +14,14 @@ argmax. Three sources are compared:
 `compare` (with the profile's `[perf]` concurrency) sorts the differences into failures (the served
 speculation is not the one asked for: algorithm, number of draft tokens / block size, greedy-verification
 fallback) and notes (everything else).
+
+SGLang 0.5.20+ also says how it was started: `/server_info` `launch_command`, the launcher's arguments joined
+by spaces (`server_args._launch_command = " ".join(argv)` with `argv = sys.argv[1:]`, 0.5.20
+`sglang/srt/server_args.py:736`; 0.5.23 masks only `--watermark-config`, `server_args.py:717`, so an
+`--api-key` in it is in clear). `launch_argv` reads it back; without a command in the profile (attached by
+URL, a unit attached without a template) it is what was requested; with one, `launch_drift` compares the two
+(a speculative flag that differs: the unit is stale or was edited, a failure; any other flag: a note), and
+`shown_launch_command` is the fact the verdict records (secrets masked, length capped).
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from pytest_dflash.scrub.bounds import KB, scrub
+from pytest_dflash.scrub.redact import MASK, redact_argv
 
 # /server_info key -> the flags that ask for it (the first one is named in messages)
 FLAGS: dict[str, tuple[str, ...]] = {
@@ -42,6 +53,10 @@ INTEGERS = ("speculative_num_draft_tokens", "speculative_num_steps", "speculativ
 BINDING = ("speculative_algorithm", "speculative_num_draft_tokens")
 # topk 1: num_draft_tokens := num_steps + 1 (SGLang's rule)
 TOPK_ONE_ADJUSTS = ("EAGLE", "EAGLE3", "STANDALONE")
+# The speculation itself: the launch command and the profile's command must agree on these (launch_drift).
+SPECULATIVE = ("speculative_algorithm", "speculative_num_draft_tokens", "speculative_num_steps",
+               "speculative_eagle_topk")
+LAUNCH_COMMAND_BYTES = 2 * KB  # the launch command as a fact of the verdict: SGLang's own has no limit
 SERVED_KEYS = (*FLAGS, "speculative_draft_model_path", "speculative_ddtree_budget",
                "speculative_dflash_block_size", "speculative_use_rejection_sampling", "disaggregation_mode")
 
@@ -212,14 +227,109 @@ def compare(requested: Mapping[str, Any], served: Mapping[str, Any], log: str = 
     return findings
 
 
+def launch_argv(server_info: Mapping[str, Any] | None) -> list[str] | None:
+    """/server_info `launch_command` (SGLang 0.5.20+) split back into its arguments; None where the server
+    does not say it (older releases; an `Engine` built in-process says `None`). SGLang joins them with
+    spaces and no quoting, so a value holding a space comes back as two arguments."""
+    raw = (server_info or {}).get("launch_command")
+    if not isinstance(raw, str) or not raw.strip():
+        return None
+    return raw.split()
+
+
+def shown_launch_command(server_info: Mapping[str, Any] | None) -> str | None:
+    """The launch command as the verdict records it: secret flag values masked (`--api-key`, any `*-key`,
+    `*-token`, `*-secret`, `*-password`), URL passwords masked, cut to LAUNCH_COMMAND_BYTES."""
+    argv = launch_argv(server_info)
+    if argv is None:
+        return None
+    return scrub(" ".join(redact_argv(argv)), LAUNCH_COMMAND_BYTES, "launch command")
+
+
+def command_flags(command: Sequence[str]) -> dict[str, str | None]:
+    """`--flag` -> its value (the arguments up to the next `--flag`, joined by spaces; None for a switch), as
+    argparse reads a command line: what comes before the first flag (the program) is left out, and a flag
+    given twice keeps its last value."""
+    out: dict[str, str | None] = {}
+    flag: str | None = None
+    for arg in command:
+        if arg.startswith("--"):
+            name, has_value, inline = arg.partition("=")
+            flag = None if has_value else name
+            out[name] = inline if has_value else None
+        elif flag is not None:
+            out[flag] = arg if out[flag] is None else f"{out[flag]} {arg}"
+    return out
+
+
+def _placeholder(value: Any) -> bool:
+    return isinstance(value, str) and "{" in value  # {port}, {model}: filled in at start, not comparable
+
+
+def _secret(value: Any) -> bool:
+    """A masked secret, or a reference to one ($API_KEY): not a setting to compare."""
+    return isinstance(value, str) and (MASK in value or value.startswith("$"))
+
+
+def _with(flag: str, value: Any) -> str:
+    """'with --flag 8', 'with --switch', 'without --flag' (False: not given; None or True: a switch)."""
+    if value is False:
+        return f"without {flag}"
+    return f"with {flag}" if value is None or value is True else f"with {flag} {value}"
+
+
+def _flag_of(key: str, command: Sequence[str]) -> str:
+    """The flag `command` sets `key` with (`--speculative-dflash-block-size` or another of FLAGS[key]); the
+    first of FLAGS[key] where it sets none."""
+    given = {arg.partition("=")[0] for arg in command}
+    return next((flag for flag in FLAGS[key] if flag in given), FLAGS[key][0])
+
+
+def _has(flag: str, value: Any) -> str:
+    return f"no {flag}" if value is False else _with(flag, value).removeprefix("with ")
+
+
+def launch_drift(profile_command: Sequence[str], launch: Sequence[str]) -> Findings:
+    """The profile's command against the running server's launch command: a speculative setting (algorithm,
+    number of draft tokens / block size, steps, topk) they disagree on is a failure (the server was started
+    from another command: a stale or edited unit); any other flag that differs is a note. Values holding a
+    {placeholder} are not compared, nor secrets (masked, or a $reference: never shown)."""
+    findings = Findings()
+    asked, started = requested_speculation(profile_command), requested_speculation(launch)
+    for key in SPECULATIVE:
+        want, got = asked.get(key, False), started.get(key, False)
+        if want == got or _placeholder(want):
+            continue
+        findings.failures.append(
+            f"the running server was started {_with(_flag_of(key, launch), got)}; "
+            + ("the profile's command has " if want is False else "the profile asks for ")
+            + f"{_has(_flag_of(key, profile_command), want)} (it was not started from the profile's command: "
+            "a stale or edited unit, or a server started by hand)")
+    speculative = {flag for key in SPECULATIVE for flag in FLAGS[key]}
+    mine, theirs = command_flags(redact_argv(profile_command)), command_flags(redact_argv(launch))
+    for flag in sorted((set(mine) | set(theirs)) - speculative):
+        want, got = mine.get(flag, False), theirs.get(flag, False)
+        if want == got or _placeholder(want) or _secret(want) or _secret(got):
+            continue
+        findings.notes.append(f"the running server was started {_with(flag, got)}; the profile's command has "
+                              f"{_has(flag, want)}")
+    return findings
+
+
 __all__ = [
     "FLAGS",
+    "LAUNCH_COMMAND_BYTES",
     "LOG_RULES",
+    "SPECULATIVE",
     "Findings",
     "LogRule",
+    "command_flags",
     "compare",
+    "launch_argv",
+    "launch_drift",
     "log_findings",
     "requested_speculation",
     "served_speculation",
     "server_args_from_log",
+    "shown_launch_command",
 ]

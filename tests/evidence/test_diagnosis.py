@@ -13,6 +13,7 @@ import pytest
 
 from pytest_dflash.evidence.diagnosis import default_catalog, diagnose, load_catalog
 from pytest_dflash.layers.gpu.flags import REMOVED_FLAGS
+from pytest_dflash.services.stuck import ServiceStuck
 
 LOGS = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200" / "logs"
 
@@ -167,3 +168,15 @@ def test_every_removed_flag_rejected_by_argparse_is_named(flag: str) -> None:
                                   "--stream-output-x", "--this-flag-does-not-exist"])
 def test_an_unknown_flag_that_no_release_removed_stays_bad_server_arguments(flag: str) -> None:
     assert ids(unrecognized(flag, "1")) == ["bad-server-arguments"]
+
+
+@pytest.mark.parametrize(("not_ready", "expected"), [("paused", "engine-paused"),
+                                                     ("paused or unhealthy", "engine-paused"),
+                                                     ("", "engine-stuck")])
+def test_a_paused_server_is_diagnosed_paused_not_stuck(not_ready: str, expected: str) -> None:
+    """ServiceStuck's own message (services/stuck.py) for a request lost to a paused server (GET /ready 503) and to
+    a wedged one: only the wedge is engine-stuck."""
+    stuck = ServiceStuck("h/dflash", 3.0, "POST /generate timed out", request="POST /generate", got="nothing",
+                         progress="the engine makes no progress at all (GET /ready: 503 ...)", moving=False,
+                         not_ready=not_ready)
+    assert ids(str(stuck))[:1] == [expected], str(stuck)

@@ -7,6 +7,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from support.fleet_helpers import BROKEN, GREEN, SERVICES, make_verdict
 
 from pytest_dflash.cli import main
@@ -277,3 +278,27 @@ def test_a_narrowed_run_that_passed_joins_the_spread_an_interrupted_one_does_not
     (runs,) = [trend.read_good_runs(tmp_path, host) for host in ("gpu-a",)]
     assert [r["numbers"] for r in runs] == [{"perf.dflash.p99_ttft_ms": 50.0, "service:dflash.ready_s": 4.0}]
     assert trend.read_good_runs(tmp_path, "gpu-b") == [] and trend.read_good_runs(tmp_path, "gpu-c") == []
+
+
+@pytest.mark.parametrize("provisioned", [True, False], ids=["provisioned", "attached"])
+def test_a_changed_launch_command_is_what_changed_unless_the_run_started_it(tmp_path: Path,
+                                                                           provisioned: bool) -> None:
+    """SGLang 0.5.20+'s launch command is a fact of each service: an attached server started with other flags is
+    "what changed"; a server this run started gets a free port in its command each run, which is noise."""
+    history = fleet_verdicts.History(tmp_path / "history")
+
+    def launched(port: int, tokens: int) -> dict[str, object]:
+        return {**SERVICES["dflash"], "provisioned": provisioned, "url": f"http://127.0.0.1:{port}",
+                "launch_command": f"--port {port} --speculative-algorithm DFLASH --speculative-num-draft-tokens {tokens}"}
+
+    good = tmp_path / "good"
+    make_verdict(good, "gpu-a", GREEN, run_id="good", finished=T0, services={"dflash": launched(41000, 8)})
+    history.record([fleet_verdicts.LoadedVerdict(p, fleet_verdicts.read_verdict(p)) for p in good.glob("*.json")])
+    bad = make_verdict(tmp_path / "bad", "gpu-a", BROKEN, run_id="bad", finished=T0 + DAY,
+                       services={"dflash": launched(41000 if not provisioned else 42000, 16)})
+    summary = fleet.build_summary([fleet_verdicts.LoadedVerdict(bad, fleet_verdicts.read_verdict(bad))], history=history)
+    changes = summary["hosts"]["gpu-a"]["changed"]["changes"]
+    assert changes == ([] if provisioned else [{
+        "category": "service", "key": "services.dflash.launch_command",
+        "before": "--port 41000 --speculative-algorithm DFLASH --speculative-num-draft-tokens 8",
+        "after": "--port 41000 --speculative-algorithm DFLASH --speculative-num-draft-tokens 16"}])

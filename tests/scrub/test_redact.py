@@ -5,11 +5,12 @@ server_args line SGLang 0.5.17 logged on an H200."""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from pytest_dflash.scrub.redact import MASK, is_secret, redact, redact_mapping_value, remember
+from pytest_dflash.scrub.redact import MASK, is_secret, redact, redact_argv, redact_mapping_value, remember
 
 ROOT = Path(__file__).parents[2]
 RECORDED_LOGS = [
@@ -225,3 +226,31 @@ def test_one_line_escapes_control_characters() -> None:
     from pytest_dflash.scrub.redact import one_line
 
     assert one_line("a\nb\tc\x1b[2J\u2028d é") == "a\\nb\\tc\\x1b[2J\\u2028d é"
+
+
+SECRETISH = tomllib.loads((ROOT / "tests" / "data" / "sglang-versions" / "secretish-flags-0.5.23.toml")
+                          .read_text())["flag"]
+SAMPLE = {"Optional[str]": ["planted-value-1234"], "str": ["planted-value-1234"], "int": ["16384"],
+          "Optional[int]": ["16384"], "float": ["0.5"], "Optional[float]": ["0.5"],
+          "Optional[List[float]]": ["0.1", "0.5"], "Optional[List[str]]": ["planted-a", "planted-b"], "bool": []}
+
+
+@pytest.mark.parametrize("row", SECRETISH, ids=[row["flag"] for row in SECRETISH])
+def test_redact_argv_masks_the_credentials_of_sglang_and_nothing_else(row: dict[str, object]) -> None:
+    """Every sglang 0.5.23 flag whose name holds key / token / secret / password, with a value of its declared
+    type, in both spellings: only --api-key, --admin-api-key and --ssl-keyfile-password lose their value."""
+    flag, values = str(row["flag"]), SAMPLE[str(row["type"])]
+    argv = ["--model-path", "/m", flag, *values, "--port", "30000"]
+    shown = redact_argv(argv)
+    assert shown == (["--model-path", "/m", flag, MASK, "--port", "30000"] if row["secret"] else argv)
+    if values:
+        inline = redact_argv([f"{flag}={values[0]}"])
+        assert inline == [f"{flag}={MASK}" if row["secret"] else f"{flag}={values[0]}"]
+
+
+def test_redact_argv_keeps_what_says_there_is_no_secret_and_masks_urls_and_known_shapes() -> None:
+    argv = ["--api-key", "None", "--hf-token", "hf_abcdefghijklmnopqrstuvwx", "--watermark-config", "<redacted>",
+            "--model-path", "https://user:pw-1234@hub.example/m", "--admin-api-key", "--enable-metrics"]
+    assert redact_argv(argv) == ["--api-key", "None", "--hf-token", MASK, "--watermark-config", "<redacted>",
+                                 "--model-path", f"https://user:{MASK}@hub.example/m", "--admin-api-key",
+                                 "--enable-metrics"]

@@ -22,6 +22,7 @@ from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import ServiceGone, ServiceNotReady
 from pytest_dflash.refserver.launch import RefServerProcess
 from pytest_dflash.services.external import ExternalService
+from pytest_dflash.services.health import BYPASS_ENV, health_bypass
 from pytest_dflash.services.liveness import HttpLiveness
 from pytest_dflash.services.readiness import ReadinessWatcher
 
@@ -30,12 +31,13 @@ GREEDY_REQUEST = "POST /generate (max_new_tokens 8, temperature 0.0)"
 
 
 def watcher(url: str, *, budget_s: float = 60.0, sampled_s: float = 60.0, request_timeout_s: float = 5.0,
-            progress: list[str] | None = None) -> ReadinessWatcher:
+            progress: list[str] | None = None, health_bypassed: str | None = None) -> ReadinessWatcher:
     spec = ServiceSpec(name="svc", kind="external", url=url, algorithm="NONE")
     client = InferenceClient(url, service="svc", timeout=httpx.Timeout(request_timeout_s, connect=5.0))
     return ReadinessWatcher(ExternalService(spec), client, native=None, budget_s=budget_s,
                             sampled_budget_s=sampled_s, request_timeout_s=request_timeout_s,
-                            progress=progress.append if progress is not None else None)
+                            progress=progress.append if progress is not None else None,
+                            health_bypassed=health_bypassed)
 
 
 def free_port() -> int:
@@ -230,3 +232,41 @@ def test_liveness_probe_tells_refused_from_answered(refserver: RefServerProcess)
         assert HttpLiveness(down).probe() == "refused"
     with SilentServer() as silent, InferenceClient(silent.url) as client:
         assert HttpLiveness(client).probe() == "timeout"
+
+
+# ---- later releases: the health bypass (0.5.19+), GET /ready (0.5.20+) --------------------------------
+
+def test_with_the_health_bypass_a_cold_jit_is_not_taken_for_a_stuck_request() -> None:
+    """SGLANG_DIAG_BYPASS_HEALTH_GENERATE=1 (0.5.19+): /health_generate answers 200 while the JIT blocks the
+    scheduler. Not told, readiness calls the compiling request stuck; told, it gives it the cold-JIT budget."""
+    env = {**os.environ, "SGLANG_HEALTH_CHECK_TIMEOUT": "1", BYPASS_ENV: "1"}
+    why = health_bypass(env, where="this run's environment")
+    args = ("--mimic-version", "0.5.19", "--speculative-algorithm", "DFLASH", "--inject", "cold-jit=4")
+    with RefServerProcess(*args, env=env) as server, pytest.raises(ServiceNotReady) as caught:
+        watcher(server.url, request_timeout_s=1.5, sampled_s=30).wait()
+    assert "/health_generate answers 200: the scheduler is free" in str(caught.value)  # the false alarm
+    with RefServerProcess(*args, env=env) as server:
+        report = watcher(server.url, request_timeout_s=1.5, sampled_s=30, health_bypassed=why).wait()
+    assert report.sampled_request_s is not None and report.sampled_request_s > 3
+
+
+def test_a_cold_jit_past_its_budget_under_the_bypass_says_why_health_generate_was_not_asked() -> None:
+    env = {**os.environ, "SGLANG_HEALTH_CHECK_TIMEOUT": "1", BYPASS_ENV: "yes"}
+    why = health_bypass(env, where="this run's environment")
+    args = ("--mimic-version", "0.5.20", "--speculative-algorithm", "DFLASH", "--inject", "cold-jit=5")
+    with RefServerProcess(*args, env=env) as server, pytest.raises(ServiceNotReady) as caught:
+        watcher(server.url, request_timeout_s=1, sampled_s=2, health_bypassed=why).wait()
+    text = str(caught.value)
+    assert "cold-JIT budget, sampled_timeout 2s); the server still answers HTTP; /health_generate was not asked " \
+           f"whether the scheduler is free: {why}; GET /ready: 200 (up, healthy and not paused" in text, text
+
+
+def test_readiness_stalled_on_a_paused_server_says_get_ready_503() -> None:
+    env = {**os.environ, "SGLANG_HEALTH_CHECK_TIMEOUT": "1"}
+    with RefServerProcess("--mimic-version", "0.5.21", env=env) as server:
+        httpx.post(server.url + "/pause_generation", json={"mode": "retract"}, timeout=5).raise_for_status()
+        with pytest.raises(ServiceNotReady) as caught:
+            watcher(server.url, budget_s=4, request_timeout_s=3).wait()
+    assert str(caught.value).endswith("warmup phase: /health_generate answered 503 (warming up); GET /ready: 503 "
+                                      "(not taking new requests: paused by POST /pause_generation, shutting "
+                                      "down, or marked unhealthy by a failed health check)"), str(caught.value)

@@ -66,7 +66,8 @@ def stays_up(service: ServiceHandle, seconds: float = STAY_UP_S) -> None:
 
 
 def health_answers(service: ServiceHandle) -> None:
-    """/v1/models lists a model; on SGLang's native API /health_generate answers 200."""
+    """/v1/models lists a model; on SGLang's native API /health_generate answers 200 (with
+    SGLANG_DIAG_BYPASS_HEALTH_GENERATE set that 200 is no generation: a note says so)."""
     __tracebackhide__ = True
     if not service.client.models():
         _fail(f"{service.label}: /v1/models lists no model")
@@ -74,6 +75,9 @@ def health_answers(service: ServiceHandle) -> None:
         status = service.client.health_generate(timeout_s=30)
         if status != 200:
             _fail(f"{service.label}: /health_generate answered {status} after readiness")
+        if bypassed := service.health_bypassed:
+            service.host.notes.append(f"{service.label}: its /health_generate 200 proves no generation: "
+                                      f"{bypassed}")
 
 
 def served_models(service: ServiceHandle) -> dict[str, Any]:
@@ -128,7 +132,9 @@ def _log_text(service: ServiceHandle, lines: int = 20000) -> str:
 def serves_the_profiles_speculation(service: ServiceHandle) -> speculation.Findings:
     """The speculation /server_info reports (a fact of the verdict) is what the profile's command asks for,
     and the server's log shows no greedy-verification fallback; other quietly changed settings
-    become notes."""
+    become notes. SGLang 0.5.20+ says how it was started (/server_info launch_command): without a command in
+    the profile (attached by URL, a unit without a template) that is what was asked; with one, a speculative
+    flag the two disagree on fails (a stale or edited unit), any other is a note."""
     __tracebackhide__ = True
     if not service.native:
         pytest.skip("needs SGLang's /server_info (not an SGLang server)")
@@ -137,17 +143,28 @@ def serves_the_profiles_speculation(service: ServiceHandle) -> speculation.Findi
     served = speculation.served_speculation(service.server_info)
     if not service.spec.speculative and not served:
         pytest.skip(f"{service.label} does not use speculative decoding")
-    requested = speculation.requested_speculation(service.spec.command)
+    launch = speculation.launch_argv(service.server_info)
+    command = service.spec.command
+    requested = speculation.requested_speculation(command or launch or ())
+    asked = "asked"
+    if not command and launch is not None:
+        asked = "asked (from the server's launch_command)"
+        service.host.notes.append(f"{service.label}: requested: from the server's launch_command (its "
+                                  f"profile has no command): {requested or 'no speculative flags'}")
     algorithm = service.spec.algorithm if service.spec.speculative else None
     concurrency = service.host.profile.perf.get("concurrency")
     findings = speculation.compare(requested, served, _log_text(service), algorithm=algorithm,
                                    perf_concurrency=concurrency if isinstance(concurrency, int) else None)
+    if command and launch is not None:
+        drift = speculation.launch_drift(command, launch)
+        findings.failures[:0] = drift.failures
+        findings.notes += drift.notes
     for note in findings.notes:
         service.host.notes.append(f"{service.label}: {note}")
     if findings.failures:
         _fail(f"{service.label} does not serve the speculation its profile asks for: "
               + "; ".join(findings.failures)
-              + f" (served: {served or 'no speculation'}; asked: {requested or 'no speculative flags'})")
+              + f" (served: {served or 'no speculation'}; {asked}: {requested or 'no speculative flags'})")
     return findings
 
 
