@@ -100,6 +100,21 @@ def write_json(path: str, obj: object) -> None:
         json.dump(obj, f, indent=2)
 
 
+def head_config(tcfg: dict, architecture: str, **extra: object) -> dict:
+    """A one-layer Llama-style draft head's config.json over the target's sizes, rope and vocabulary."""
+    hidden, heads = tcfg["hidden_size"], tcfg["num_attention_heads"]
+    return {
+        "architectures": [architecture], "model_type": "llama", "vocab_size": tcfg["vocab_size"],
+        "hidden_size": hidden, "intermediate_size": tcfg["intermediate_size"], "num_hidden_layers": 1,
+        "num_attention_heads": heads, "num_key_value_heads": tcfg["num_key_value_heads"],
+        "head_dim": tcfg.get("head_dim") or hidden // heads, "hidden_act": tcfg.get("hidden_act", "silu"),
+        "max_position_embeddings": tcfg["max_position_embeddings"], "rms_norm_eps": tcfg["rms_norm_eps"],
+        "rope_theta": tcfg["rope_theta"], "rope_scaling": None, "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": tcfg.get("bos_token_id"),
+        "eos_token_id": tcfg.get("eos_token_id"), "pretraining_tp": 1, "use_cache": True, **extra,
+    }
+
+
 def eagle3(target: str, out: str, draft_vocab: int) -> dict:
     tcfg = read_json(os.path.join(target, "config.json"))
     vocab, hidden, inter = tcfg["vocab_size"], tcfg["hidden_size"], tcfg["intermediate_size"]
@@ -119,18 +134,9 @@ def eagle3(target: str, out: str, draft_vocab: int) -> dict:
     def ones(n):
         return torch.ones(n, dtype=torch.bfloat16)
 
-    cfg = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "vocab_size": vocab, "draft_vocab_size": draft_vocab, "hidden_size": hidden,
-        "target_hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": 1,
-        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
-        "hidden_act": tcfg.get("hidden_act", "silu"),
-        "max_position_embeddings": tcfg["max_position_embeddings"], "rms_norm_eps": tcfg["rms_norm_eps"],
-        "rope_theta": tcfg["rope_theta"], "rope_scaling": None, "attention_bias": False, "mlp_bias": False,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": tcfg.get("bos_token_id"),
-        "eos_token_id": tcfg.get("eos_token_id"), "pretraining_tp": 1, "use_cache": True,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX_LAYER_IDS, "use_aux_hidden_state": True},
-    }
+    cfg = head_config(tcfg, "LlamaForCausalLMEagle3", draft_vocab_size=draft_vocab, target_hidden_size=hidden,
+                      eagle_config={"eagle_aux_hidden_state_layer_ids": AUX_LAYER_IDS,
+                                    "use_aux_hidden_state": True})
     write_json(os.path.join(out, "config.json"), cfg)
     p = "midlayer."
     w = {
@@ -169,16 +175,7 @@ def eagle(target: str, out: str) -> dict:
     def rnd(*shape, std=0.02):
         return (torch.randn(*shape, generator=g) * std).to(torch.bfloat16)
 
-    cfg = {
-        "architectures": ["LlamaForCausalLMEagle"], "model_type": "llama", "vocab_size": vocab,
-        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": 1,
-        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
-        "hidden_act": tcfg.get("hidden_act", "silu"),
-        "max_position_embeddings": tcfg["max_position_embeddings"], "rms_norm_eps": tcfg["rms_norm_eps"],
-        "rope_theta": tcfg["rope_theta"], "rope_scaling": None, "attention_bias": False, "mlp_bias": False,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": tcfg.get("bos_token_id"),
-        "eos_token_id": tcfg.get("eos_token_id"), "pretraining_tp": 1, "use_cache": True,
-    }
+    cfg = head_config(tcfg, "LlamaForCausalLMEagle")
     write_json(os.path.join(out, "config.json"), cfg)
     p = "layers.0."
     w = {
