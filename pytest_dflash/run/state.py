@@ -5,7 +5,7 @@ one `ServiceHandle` per service. Whatever a run provisions is recorded here the 
 started, so `DflashRun.cleanup()` (called at session end, on Ctrl-C, on SIGTERM and at exit) can
 stop it even when readiness failed half way.
 
-Why one file of ~550 lines: `DflashRun`, `HostContext` and `ServiceHandle` refer to each other (a handle reads
+Why one file of ~600 lines: `DflashRun`, `HostContext` and `ServiceHandle` refer to each other (a handle reads
 its host's run options and is started by its host; a host is made and cleaned up by its run), so splitting
 them would need an import cycle. What is not that object graph lives elsewhere: the service kinds in
 services/registry.py, the judgements after readiness in services/liveness.py and services/stuck.py, the

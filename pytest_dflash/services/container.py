@@ -12,6 +12,10 @@ or restarting container is dead (with how it ended); a RestartCount that grows i
 
 A container service's profile table has the container keys (`CONTAINER_KEYS`, read into a `ContainerSpec`
 by `TABLE`) and may say `gpus = "all"`; they are unknown keys on a service of another kind.
+
+Why one file of ~540 lines: a service kind is one file (services/registry.py registers its `KIND`: the
+manager, the reaper of dead runs' containers and the profile table), and the container kind has the most of
+each: sixteen profile keys, two engines, and probes run inside the image.
 """
 
 from __future__ import annotations
