@@ -96,6 +96,7 @@ def test_second_run_with_short_lock_wait_fails_naming_the_owner(testhost: TestHo
 
 IN_FLIGHT = """
 import sys
+import pytest_dflash.services.registry  # registers the service kinds a profile may name
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.hostaccess.transport import Transport
 result = Transport(load_profile(__import__("pathlib").Path(sys.argv[1]))).run("sleep 3.217; echo survived", timeout_s=30)
