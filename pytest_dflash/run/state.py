@@ -163,11 +163,14 @@ class ServiceHandle:
     @property
     def health_bypassed(self) -> str | None:
         """Why this service's /health_generate proves nothing (SGLANG_DIAG_BYPASS_HEALTH_GENERATE set in the
-        environment it was started with, as far as the plugin sees it: the profile's env, and for a process
-        this run starts, this run's own environment, which it inherits); None where it proves output."""
+        environment it was started with, as far as the plugin sees it: the profile's env, and the whole
+        environment this run started it with where its manager says it, `ServiceManager.started_env`); None
+        where it proves output."""
         bypass = health_bypass(self.spec.env, where=f"the profile's env of {self.label}")
-        if bypass is None and self.spec.kind == "process" and self.manager.provisioned:
-            bypass = health_bypass(os.environ, where="this run's environment (the process inherits it)")
+        started = self.manager.started_env
+        if bypass is None and started is not None:
+            bypass = health_bypass(started,
+                                   where="the environment this run started it with (its own, inherited)")
         return bypass
 
     @property

@@ -2,8 +2,8 @@
 offers a manager (`ServiceHost`), and what a service kind is (`Kind`: services/registry.py lists them).
 
 The run (run/state.py) knows managers through `ServiceManager` only: what differs between kinds is a member
-of it (`attach`, `provisionable`, `native_api`) or of the kind (`Kind.reap`, `Kind.table`), never an
-`isinstance` on a kind's class. The GPU layers ask for optional abilities (`RunsProbes`, `LaunchesOnHost`),
+of it (`attach`, `provisionable`, `native_api`, `started_env`) or of the kind (`Kind.reap`, `Kind.table`),
+never an `isinstance` on a kind's class. The GPU layers ask for optional abilities (`RunsProbes`, `LaunchesOnHost`),
 never for a kind.
 """
 
@@ -83,6 +83,13 @@ class ServiceManager(Protocol):
     def native_api(self) -> bool | None:
         """True when the server speaks SGLang's native API by construction; None: ask it (/server_info) once
         it answers HTTP (asking earlier would call a server that is not up yet "not SGLang")."""
+        ...
+
+    @property
+    def started_env(self) -> Mapping[str, str] | None:
+        """The whole environment this run started the server with, where the manager sets it (a local
+        process: this run's own environment, which it inherits, plus the profile's env); None where it does
+        not (a unit, a container, an attached server: only the profile's env is known)."""
         ...
 
     def attach(self) -> str | None:

@@ -27,7 +27,7 @@ import re
 import shlex
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -174,6 +174,10 @@ class ContainerService:
     @property
     def native_api(self) -> bool | None:
         return True  # SGLang (or the refserver) by construction
+
+    @property
+    def started_env(self) -> Mapping[str, str] | None:
+        return None  # the container's environment is its image's and the engine's, not this run's
 
     def attach(self) -> str:
         """Attach mode: the container must be running already (its state is read first); nothing changes."""

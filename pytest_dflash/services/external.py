@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,10 @@ class ExternalService:
     @property
     def native_api(self) -> bool | None:
         return None  # asking before it answers would call a server that is not up yet "not SGLang"
+
+    @property
+    def started_env(self) -> Mapping[str, str] | None:
+        return None  # started elsewhere, by someone else
 
     @property
     def url(self) -> str:

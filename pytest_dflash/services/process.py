@@ -125,6 +125,7 @@ class ProcessService:
     log_dir: Path
     extra_env: Mapping[str, str] = field(default_factory=dict)
     _proc: subprocess.Popen[bytes] | None = None
+    _env: dict[str, str] | None = None  # what start() gave the process
     _port: int | None = None
     _log_path: Path | None = None
     _marker: Path | None = None
@@ -149,6 +150,10 @@ class ProcessService:
     @property
     def native_api(self) -> bool | None:
         return True  # SGLang (or the refserver) by construction
+
+    @property
+    def started_env(self) -> Mapping[str, str] | None:
+        return self._env
 
     def attach(self) -> None:
         """Nothing to read first: a process this run did not start has no state to check."""
@@ -178,7 +183,7 @@ class ProcessService:
             self._command = [render(part, self.values(), where=where) for part in self.spec.command]
         except ValueError as exc:
             raise ServiceError(str(exc)) from None
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env, **self.spec.env}
+        env = self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env, **self.spec.env}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns the descriptor after fork
         try:

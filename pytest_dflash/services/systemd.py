@@ -185,6 +185,10 @@ class SystemdService:
     def native_api(self) -> bool | None:
         return True  # SGLang (or the refserver) by construction
 
+    @property
+    def started_env(self) -> Mapping[str, str] | None:
+        return None  # systemd gives a unit its own environment, not this run's
+
     def values(self) -> dict[str, str]:
         gpus = ",".join(str(g) for g in self.spec.gpus)
         return {"python": self.python, "port": str(self.spec.port or ""), "service": self.name,

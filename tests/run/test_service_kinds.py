@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import jsonschema
@@ -63,6 +63,10 @@ class TinyService:
     @property
     def native_api(self) -> bool | None:
         return True
+
+    @property
+    def started_env(self) -> Mapping[str, str] | None:
+        return None
 
     def attach(self) -> str | None:
         return None
