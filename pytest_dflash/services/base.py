@@ -3,8 +3,8 @@ offers a manager (`ServiceHost`), and what a service kind is (`Kind`: services/r
 
 The run (run/state.py) knows managers through `ServiceManager` only: what differs between kinds is a member
 of it (`attach`, `provisionable`, `native_api`, `started_env`) or of the kind (`Kind.reap`, `Kind.table`),
-never an `isinstance` on a kind's class. The GPU layers ask for optional abilities (`RunsProbes`, `LaunchesOnHost`),
-never for a kind.
+never an `isinstance` on a kind's class. The GPU layers ask for optional abilities (`RunsProbes`,
+`LaunchesOnHost`), never for a kind.
 """
 
 from __future__ import annotations
