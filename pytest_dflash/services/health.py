@@ -19,9 +19,10 @@ readiness wait that stalled.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
 
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.errors import ApiError
@@ -35,9 +36,12 @@ READY_TIMEOUT_S = 2.0  # both routes are flag checks in the HTTP process: no gen
 
 
 def release(version: str | None) -> tuple[int, ...] | None:
-    """'0.5.20' -> (0, 5, 20); '0.5.20.post1', '0.5.21rc0' -> their leading numbers; None if unreadable."""
-    match = re.match(r"\d+(?:\.\d+)*", version or "")
-    return tuple(int(part) for part in match.group().split(".")) if match else None
+    """'0.5.20' -> (0, 5, 20); '0.5.20.post1', '0.5.21rc0' -> their release numbers; None if unreadable (read
+    by packaging, as the env layer reads installed versions)."""
+    try:
+        return Version(version).release if version else None
+    except InvalidVersion:
+        return None
 
 
 def health_bypass(env: Mapping[str, str], *, where: str) -> str | None:
