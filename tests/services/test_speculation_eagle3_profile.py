@@ -10,10 +10,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.services.speculation import compare, requested_speculation
 
 PROFILE = Path(__file__).parents[2] / "tools" / "device" / "h200-eagle3.toml"
+EAGLE_NGRAM = Path(__file__).parents[2] / "tools" / "device" / "h200-eagle-ngram.toml"
 WARNINGS = (Path(__file__).parents[1] / "data" / "sglang-0.5.17-source" / "speculative_warnings.log").read_text()
 RESET = next(line for line in WARNINGS.splitlines() if "Max running requests is reset to 48" in line)
 ADJUSTED = next(line for line in WARNINGS.splitlines() if "is adjusted to" in line)
@@ -33,13 +36,19 @@ def _command(service: str) -> list[str]:
     return command
 
 
-def test_the_profile_loads_with_a_declared_random_eagle3_head_and_an_accepted_standalone_draft() -> None:
-    profile = load_profile(PROFILE)
+@pytest.mark.parametrize(("path", "declared", "accepted"), [
+    (PROFILE, ("eagle3", "EAGLE3"), ("standalone", "STANDALONE")),
+    (EAGLE_NGRAM, ("eagle", "EAGLE"), ("ngram", "NGRAM")),
+])
+def test_each_device_profile_declares_its_random_head_and_not_its_accepted_draft(
+        path: Path, declared: tuple[str, str], accepted: tuple[str, str]) -> None:
+    """Plain beside two speculative services: the random head declared `unaccepted_draft`, the draft that is
+    really accepted (STANDALONE's exact copy, NGRAM's n-grams) not; parity compares both with plain."""
+    profile = load_profile(path)
     services = profile.services
-    assert {name: s.algorithm for name, s in services.items()} == {
-        "plain": "NONE", "eagle3": "EAGLE3", "standalone": "STANDALONE"}
-    assert services["eagle3"].unaccepted_draft and services["standalone"].unaccepted_draft is None
-    assert profile.parity is not None and profile.parity.compare == ("eagle3", "standalone")
+    assert {name: s.algorithm for name, s in services.items()} == {"plain": "NONE", **dict([declared, accepted])}
+    assert services[declared[0]].unaccepted_draft and services[accepted[0]].unaccepted_draft is None
+    assert profile.parity is not None and profile.parity.compare == (declared[0], accepted[0])
     for service in services.values():  # three servers on one GPU: 0.2 each at most, no CUDA graphs
         command = service.command
         assert command[command.index("--mem-fraction-static") + 1] == "0.2" and "--disable-cuda-graph" in command
@@ -70,20 +79,13 @@ def test_a_standalone_server_that_drafts_another_block_fails_and_sglangs_own_adj
     assert findings.failures == [] and any("(topk 1: SGLang uses num_steps + 1)" in n for n in findings.notes)
 
 
-EAGLE_NGRAM = Path(__file__).parents[2] / "tools" / "device" / "h200-eagle-ngram.toml"
 OVERLAP = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200-overlap"
 
 
-def test_the_eagle_ngram_profile_declares_its_random_eagle_head_and_asks_what_sglang_serves() -> None:
+def test_the_eagle_service_asks_what_sglang_serves() -> None:
     """tools/device/h200-eagle-ngram.toml: EAGLE (v1, a small top-k tree: 3 steps, topk 2, 6 draft tokens) is
-    served as asked by the eagle-family rules; its random head is declared, NGRAM's real drafts are not."""
-    profile = load_profile(EAGLE_NGRAM)
-    services = profile.services
-    assert {name: s.algorithm for name, s in services.items()} == {
-        "plain": "NONE", "eagle": "EAGLE", "ngram": "NGRAM"}
-    assert services["eagle"].unaccepted_draft and services["ngram"].unaccepted_draft is None
-    assert profile.parity is not None and profile.parity.compare == ("eagle", "ngram")
-    asked = requested_speculation(services["eagle"].command)
+    served as asked by the eagle-family rules."""
+    asked = requested_speculation(load_profile(EAGLE_NGRAM).services["eagle"].command)
     assert (asked["speculative_algorithm"], asked["speculative_num_steps"], asked["speculative_eagle_topk"],
             asked["speculative_num_draft_tokens"]) == ("EAGLE", 3, 2, 6)
     findings = compare(asked, _served_by_sglang_0_5_17(asked), RESET, algorithm="EAGLE")
