@@ -9,6 +9,7 @@ A scheduler rank `i` runs on visible GPU `base_gpu_id + i * gpu_id_step`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -105,7 +106,7 @@ def parse_layout(argv: Sequence[str]) -> ParallelLayout:
 def _starts_a_server(argv: Sequence[str]) -> bool:
     names = [a.rsplit("/", 1)[-1] for a in argv]
     return (any(a in _SERVER_MODULES for a in argv)
-            or any(n == "sglang" and nxt == "serve" for n, nxt in zip(names, names[1:], strict=False)))
+            or any(n == "sglang" and nxt == "serve" for n, nxt in itertools.pairwise(names)))
 
 
 def visible_devices(env: Mapping[str, str] | None) -> tuple[int, ...] | None:
