@@ -83,10 +83,13 @@ class ServiceCrashed(ServiceError):
     log_tail: str = ""
     phase: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    # a tensor-parallel service: each rank its log names as failed, with its pid and GPU (services/ranks.py)
+    ranks: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         where = f" during {self.phase}" if self.phase else ""
-        return f"service {self.service} died{where}: {self.death.describe()}"
+        named = "".join(f"; {rank}" for rank in self.ranks)
+        return f"service {self.service} died{where}: {self.death.describe()}{named}"
 
 
 @dataclass(eq=False)

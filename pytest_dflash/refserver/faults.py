@@ -103,7 +103,8 @@ def parse_inject(raw: str) -> dict[str, float]:
         except ValueError:
             kind = "an integer" if spec.integer else "a number"
             raise argparse.ArgumentTypeError(f"fault {name}: {text!r} is not {kind}") from None
-        if value < 0 or (spec.integer and not spec.rank and value < 1) or (after_value is not None and after_value < 1):
+        too_low = value < 0 or (spec.integer and not spec.rank and value < 1)
+        if too_low or (after_value is not None and after_value < 1):
             raise argparse.ArgumentTypeError(f"fault {name}: {text!r} is out of range")
         out[name] = value
         if after_value is not None:

@@ -234,7 +234,7 @@ def _allocate_kv_cache(rank: int, oom_rank: int | None) -> None:
     if rank == oom_rank:
         # model_runner.py (init_memory_pool) when this GPU has too little left: another process holds it
         raise RuntimeError("Not enough memory. Please try to increase --mem-fraction-static. Current value: "
-                           "self.server_args.mem_fraction_static=0.85")
+                           "mem_fraction_static=0.85")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -116,6 +116,7 @@ def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path)
         port=port_value,
         ready_timeout_s=table.duration("ready_timeout", 900.0),
         sampled_timeout_s=table.duration("sampled_timeout", 300.0),
+        nccl_init_timeout_s=table.duration("nccl_init_timeout", 120.0),
         api_key_env=table.get("api_key_env", str),
         model=table.get("model", str),
         unaccepted_draft=unaccepted_draft,
