@@ -131,6 +131,6 @@ def test_refused_rank_fault_values() -> None:
 
 
 def test_exited_error_is_raised_for_a_rank_that_fails_while_waiting_ready() -> None:
-    with pytest.raises(RefServerExited, match="Received sigquit from a child process"):
-        with RefServerProcess("--tp-size", "2", "--inject", "rank-crash=0", timeout_s=30):
-            pass
+    with (pytest.raises(RefServerExited, match="Received sigquit from a child process"),
+          RefServerProcess("--tp-size", "2", "--inject", "rank-crash=0", timeout_s=30)):
+        pass
