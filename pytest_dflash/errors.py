@@ -166,3 +166,13 @@ class ApiError(DflashError):
     def dropped(self) -> bool:
         """True when the server closed the connection without answering (it likely died)."""
         return self.status is None
+
+
+class GpuFault(AssertionError):
+    """A host-layer check failed on particular GPUs: it blocks only the services whose `gpus` include one of
+    them (run/blocking.py); services on healthy GPUs go on. `labels` name each GPU (index, bus id, UUID)."""
+
+    def __init__(self, message: str, gpus: tuple[int, ...], labels: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.gpus = gpus
+        self.labels = labels

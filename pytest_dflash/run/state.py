@@ -559,6 +559,11 @@ class DflashRun:
     _cleaned: bool = False
     _on_cleanup: list[Callable[[], None]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # what a failure of one GPU blocks: the services whose profile gives them that GPU
+        self.book.service_gpus.update({(host, name): spec.gpus for host, profile in self.profiles.items()
+                                       for name, spec in profile.services.items()})
+
     @property
     def cleaning(self) -> bool:
         """The run's cleanup has begun: nothing may be started any more."""
