@@ -62,7 +62,8 @@ def profile_gpus_present(gpu: GpuHost) -> None:
     missing = [index for index in gpu.expected_gpus if index not in present]
     if missing:  # the services on the GPUs that are there go on; those on a missing one are blocked
         raise GpuFault(explain(f"GPUs {missing} named in {gpu.host.profile.source} are not on the host "
-                               f"(nvidia-smi lists {present})", "\n".join(g.label for g in gpu.inventory.gpus)),
+                               f"(nvidia-smi lists {present})",
+                               "\n".join(g.label for g in gpu.inventory.gpus)),
                        tuple(missing), tuple(f"GPU {index} (not on the host)" for index in missing))
 
 
