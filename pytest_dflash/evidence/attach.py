@@ -111,6 +111,7 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
         _attach_evidence(item, report, run, host, info, handles)
         if call.excinfo is not None and isinstance(call.excinfo.value, GpuFault):
             run.book.scope_to_gpus(item.nodeid, call.excinfo.value.gpus, call.excinfo.value.labels)
+            info.gpus = list(call.excinfo.value.labels)
         if _junit(item):
             _junit_evidence(report, secrets)
     elif report.skipped:
@@ -417,6 +418,7 @@ def _report_info(host: HostContext, info: ItemInfo, handles: list[ServiceHandle]
         "services": list(info.services),
         "blocked": info.blocked,
         "diagnosis": info.diagnosis,
+        **({"gpus": info.gpus} if info.gpus else {}),
         "service_facts": _changed(host, "service_facts", facts),
         "notes": notes,
         "metrics": _changed(host, "metrics", host.facts.metrics),
