@@ -84,6 +84,7 @@ def gpu_identity_reported(gpu: GpuHost) -> None:
         "driver": inventory.driver, "driver_cuda": inventory.driver_cuda,
         "gpus": [dataclasses.asdict(g) for g in inventory.gpus],  # processes on each GPU included
     })
+    record_gpu_matrix(gpu)
     incomplete = [g.label for g in inventory.gpus
                   if not g.name or g.capability is None or not g.driver or not g.memory_total_mib]
     assert not incomplete, explain(f"nvidia-smi does not report name / compute_cap / driver / memory for "
@@ -129,8 +130,18 @@ def gpu_users(gpu: GpuHost) -> dict[int, list[str]]:
     return out
 
 
+def record_gpu_matrix(gpu: GpuHost) -> None:
+    """The GPU x service matrix of the verdict (facts.export["gpu_matrix"]): every GPU nvidia-smi lists, by
+    index: its label, the services the profile puts on it, and what the host layer found wrong (none yet)."""
+    matrix = gpu.host.facts.export.setdefault("gpu_matrix", {})
+    users = gpu_users(gpu)
+    for found in gpu.inventory.gpus:
+        matrix.setdefault(str(found.index), {"gpu": gpu_label(gpu, found.index),
+                                             "services": users.get(found.index, []), "problems": []})
+
+
 def record_bad_gpus(gpu: GpuHost, bad: dict[int, list[str]], summary: str) -> None:
-    """The GPU x service matrix of the verdict (facts.export["gpu_matrix"]): each bad GPU's finding."""
+    """Each bad GPU's finding, in the verdict's GPU x service matrix (`record_gpu_matrix`)."""
     matrix = gpu.host.facts.export.setdefault("gpu_matrix", {})
     for index, lines in bad.items():
         entry = matrix.setdefault(str(index), {"gpu": gpu_label(gpu, index),

@@ -71,6 +71,11 @@ def test_eight_gpus_are_listed_and_identified(tmp_path: Path) -> None:
     assert gpu.inventory.by_index(5).bus_id == "0000:ab:00.0"
     host.profile_gpus_present(gpu)
     host.gpu_memory_healthy(gpu)
+    host.gpu_identity_reported(gpu)
+    matrix = gpu.host.facts.export["gpu_matrix"]
+    assert sorted(matrix, key=int) == [str(i) for i in range(8)]
+    assert [matrix[str(i)]["services"] for i in (0, 1, 2, 4)] == [["ddtree"], ["dflash"], [], ["kimi"]]
+    assert all(entry["problems"] == [] for entry in matrix.values())
 
 
 def test_an_xid_79_fails_only_the_gpu_it_names(tmp_path: Path) -> None:
