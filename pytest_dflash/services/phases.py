@@ -212,6 +212,14 @@ def phase_offsets(log: StartupLog, *, waited_from: float, utc_offset_s: float,
 
 
 def describe_in_progress(log: StartupLog, *, now: float, waited_from: float, utc_offset_s: float) -> str:
+    """What the start-up is doing now (`_describe_phase`), and at TP > 1 its slowest rank."""
+    doing = _describe_phase(log, now=now, waited_from=waited_from, utc_offset_s=utc_offset_s)
+    if doing and len(log.ranks) > 1 and not any(r.in_nccl_init for r in log.ranks.values()):
+        doing += f"; {describe_ranks(log, now=now, utc_offset_s=utc_offset_s)}"
+    return doing
+
+
+def _describe_phase(log: StartupLog, *, now: float, waited_from: float, utc_offset_s: float) -> str:
     """What the start-up is doing now, for a progress line: 'in CUDA-graph capture for 40s (KV cache allocated
     at 12s)'; '' when the log says nothing yet. `now` and `waited_from` are unix times."""
     if not log.ends or "port_open" in log.ends:

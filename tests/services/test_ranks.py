@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from pytest_dflash.services.phases import describe_ranks, nccl_init_stuck, parse_startup
+from pytest_dflash.services.phases import describe_in_progress, describe_ranks, nccl_init_stuck, parse_startup
 from pytest_dflash.services.ranks import (
     last_rank_lines,
     rank_on_gpu,
@@ -42,6 +42,15 @@ def test_a_rank_in_nccl_init_past_its_budget_is_named() -> None:
     assert [r.label for r in stuck] == ["TP1"] and 129 < longest < 131
     assert nccl_init_stuck(log, now=EPOCH + 60, utc_offset_s=0.0, budget_s=120) == ([], 0.0)
     assert describe_ranks(log, now=EPOCH + 40, utc_offset_s=0.0) == "TP1 in NCCL init for 40.0s (TP0 done)"
+    assert describe_in_progress(log, now=EPOCH + 40, waited_from=EPOCH - 20, utc_offset_s=0.0) == (
+        "TP1 in NCCL init for 40.0s (TP0 done)")
+
+
+def test_a_heartbeat_names_the_slowest_rank() -> None:
+    log = parse_startup(TP_LOG + "[2026-12-04 21:29:50 TP1] Init torch distributed ends. elapsed=2.0 s\n"
+                        "[2026-12-04 21:29:50 TP1] Load weight begin. avail mem=139.13 GB\n")
+    doing = describe_in_progress(log, now=EPOCH + 30, waited_from=EPOCH - 20, utc_offset_s=0.0)
+    assert doing.endswith("; slowest rank TP1: last line 28.0s ago (Load weight begin. avail mem=139.13 GB)")
 
 
 def test_a_ranks_death_is_named_with_its_pid_and_gpu() -> None:
