@@ -75,6 +75,7 @@ from pytest_dflash.layers.gpu.kernels import (
     triton_kernel_compiles_and_runs,
 )
 from pytest_dflash.layers.gpu.layer import GpuHost
+from pytest_dflash.layers.gpu.parallel import service_gpus_match_parallelism
 from pytest_dflash.layers.parity.checks import (
     accept_length,
     ddtree_accepts_at_least_dflash,
@@ -151,6 +152,7 @@ __all__ = [
     "serves_the_profiles_speculation",
     "service_does_not_rely_on_warm_jit_cache",
     "service_flags_exist_in_installed_sglang",
+    "service_gpus_match_parallelism",
     "service_gpus_not_held_by_other_processes",
     "service_python_is_the_profiles",
     "serving_chains_import",

@@ -83,10 +83,13 @@ class ServiceCrashed(ServiceError):
     log_tail: str = ""
     phase: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    # a tensor-parallel service: each rank its log names as failed, with its pid and GPU (services/ranks.py)
+    ranks: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         where = f" during {self.phase}" if self.phase else ""
-        return f"service {self.service} died{where}: {self.death.describe()}"
+        named = "".join(f"; {rank}" for rank in self.ranks)
+        return f"service {self.service} died{where}: {self.death.describe()}{named}"
 
 
 @dataclass(eq=False)
@@ -163,3 +166,13 @@ class ApiError(DflashError):
     def dropped(self) -> bool:
         """True when the server closed the connection without answering (it likely died)."""
         return self.status is None
+
+
+class GpuFault(AssertionError):
+    """A host-layer check failed on particular GPUs: it blocks only the services whose `gpus` include one of
+    them (run/blocking.py); services on healthy GPUs go on. `labels` name each GPU (index, bus id, UUID)."""
+
+    def __init__(self, message: str, gpus: tuple[int, ...], labels: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.gpus = gpus
+        self.labels = labels

@@ -72,6 +72,7 @@ EXPORTED = [
     "serves_the_profiles_speculation",
     "service_does_not_rely_on_warm_jit_cache",
     "service_flags_exist_in_installed_sglang",
+    "service_gpus_match_parallelism",
     "service_gpus_not_held_by_other_processes",
     "service_python_is_the_profiles",
     "serving_chains_import",

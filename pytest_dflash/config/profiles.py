@@ -64,6 +64,9 @@ class ServiceSpec:
     port: int | None = None  # None with "{port}" in url/command = allocate a free one
     ready_timeout_s: float = 900.0
     sampled_timeout_s: float = 300.0
+    # a tensor-parallel start-up: a rank in NCCL init (`Init torch distributed begin.` without `ends`) longer
+    # than this fails the service, naming the rank (docs/profiles.md); real NCCL init takes seconds
+    nccl_init_timeout_s: float = 120.0
     api_key_env: str | None = None
     model: str | None = None
     # AUTO that could not be resolved: why (the service layer fails with it)

@@ -94,6 +94,7 @@ def _service(kinds: Mapping[str, KindTable]) -> dict[str, Any]:
             "gpus": {"$ref": "#/$defs/gpus"},
             "ready_timeout": {"$ref": "#/$defs/duration"},
             "sampled_timeout": {"$ref": "#/$defs/duration"},
+            "nccl_init_timeout": {"$ref": "#/$defs/duration"},
             "api_key_env": {"type": "string"},
             "model": {"type": "string"},
             "unaccepted_draft": {"type": "string", "minLength": 1,

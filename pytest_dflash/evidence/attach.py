@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.errors import DflashError, ServiceCrashed, ServiceRestarted
+from pytest_dflash.errors import DflashError, GpuFault, ServiceCrashed, ServiceRestarted
 from pytest_dflash.evidence.gather import gather
 from pytest_dflash.run.blocking import Failure, is_blocked
 from pytest_dflash.run.collection import ItemInfo
@@ -109,6 +109,9 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
         # Redacted and capped first: the summary a later blocked skip quotes is taken from this text.
         _bound_longrepr(report, secrets)
         _attach_evidence(item, report, run, host, info, handles)
+        if call.excinfo is not None and isinstance(call.excinfo.value, GpuFault):
+            run.book.scope_to_gpus(item.nodeid, call.excinfo.value.gpus, call.excinfo.value.labels)
+            info.gpus = list(call.excinfo.value.labels)
         if _junit(item):
             _junit_evidence(report, secrets)
     elif report.skipped:
@@ -415,6 +418,7 @@ def _report_info(host: HostContext, info: ItemInfo, handles: list[ServiceHandle]
         "services": list(info.services),
         "blocked": info.blocked,
         "diagnosis": info.diagnosis,
+        **({"gpus": info.gpus} if info.gpus else {}),
         "service_facts": _changed(host, "service_facts", facts),
         "notes": notes,
         "metrics": _changed(host, "metrics", host.facts.metrics),

@@ -33,6 +33,7 @@ class FaultSpec:
     value: str  # '' for faults that take no value
     default: float | None
     integer: bool = False
+    rank: bool = False  # VALUE is a TP rank (0 allowed), optionally `@K`: after K user requests (NAME@ = K)
 
 
 FAULTS: dict[str, FaultSpec] = {
@@ -54,6 +55,11 @@ FAULTS: dict[str, FaultSpec] = {
     "cold-jit": FaultSpec("seconds", None),
     "scheduler-crash": FaultSpec("delay_s", 0.0),
     "scheduler-segv": FaultSpec("seconds", None),
+    # tensor-parallel ranks (--tp-size N > 1, refserver/ranks.py)
+    "rank-crash": FaultSpec("rank[@n_requests]", None, integer=True, rank=True),
+    "rank-hang": FaultSpec("rank[@n_requests]", None, integer=True, rank=True),
+    "rank-oom": FaultSpec("rank", None, integer=True, rank=True),
+    "nccl-init-hang": FaultSpec("", 0.0),
 }
 
 
@@ -88,14 +94,21 @@ def parse_inject(raw: str) -> dict[str, float]:
             continue
         if spec.value == "":
             raise argparse.ArgumentTypeError(f"fault {name!r} takes no value")
+        text, has_after, after = text.partition("@") if spec.rank else (text, "", "")
+        if has_after and "@" not in spec.value:
+            raise argparse.ArgumentTypeError(f"fault {name} takes a rank only, not {text}@{after}")
         try:
             value = float(int(text)) if spec.integer else float(text)
+            after_value = float(int(after)) if has_after else None
         except ValueError:
             kind = "an integer" if spec.integer else "a number"
             raise argparse.ArgumentTypeError(f"fault {name}: {text!r} is not {kind}") from None
-        if value < 0 or (spec.integer and value < 1):
+        too_low = value < 0 or (spec.integer and not spec.rank and value < 1)
+        if too_low or (after_value is not None and after_value < 1):
             raise argparse.ArgumentTypeError(f"fault {name}: {text!r} is out of range")
         out[name] = value
+        if after_value is not None:
+            out[f"{name}@"] = after_value
     return out
 
 

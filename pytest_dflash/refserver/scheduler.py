@@ -25,6 +25,7 @@ import numpy as np
 
 from pytest_dflash.refserver import faults
 from pytest_dflash.refserver.model import ByteTokenizer
+from pytest_dflash.refserver.ranks import RankGroup
 from pytest_dflash.refserver.spec import (
     Engine,
     SamplingParams,
@@ -110,8 +111,10 @@ class Scheduler(threading.Thread):
         context_length: int,
         die_on_error: bool = True,
         step_floor_s: float = 0.0,
+        ranks: RankGroup | None = None,
     ) -> None:
         super().__init__(name="scheduler", daemon=True)
+        self.ranks = ranks  # --tp-size > 1: every forward is stepped on every rank (a collective)
         self.die_on_error = die_on_error  # False in-process (tests): keep the error, do not kill the process
         self.error: BaseException | None = None
         self.engine = engine
@@ -228,6 +231,8 @@ class Scheduler(threading.Thread):
             started = time.monotonic()
             self._admit()
             if self.running:
+                if self.ranks is not None:
+                    self.ranks.step()
                 self.run_batch()
                 spent = time.monotonic() - started
                 step = max(spent, self.step_floor_s) * self.slow_factor

@@ -29,6 +29,7 @@ from pytest_dflash.refserver import faults
 from pytest_dflash.refserver.cost_model import avail_mem_gb, gpu_step_seconds, weights_gb
 from pytest_dflash.refserver.logs import setup_logging, uvicorn_log_config
 from pytest_dflash.refserver.model import ModelConfig, TinyLM
+from pytest_dflash.refserver.ranks import RankFaults, RankGroup
 from pytest_dflash.refserver.routes import build_app
 from pytest_dflash.refserver.scheduler import Scheduler
 from pytest_dflash.refserver.server_args import ServerArgs
@@ -70,6 +71,7 @@ def launch_server(args: ServerArgs) -> None:
         logger.warning(line)
     logger.info(args.log_line())
     t0 = time.monotonic()
+    ranks = _start_ranks(args)
     config = ModelConfig(context_length=args.effective_context_length)
     logger.info("Load weight begin. avail mem=%.2f GB", avail_mem_gb())
     target = TinyLM(config, args.model_seed)
@@ -120,6 +122,7 @@ def launch_server(args: ServerArgs) -> None:
             sampling_backend=args.sampling_backend,
             context_length=args.effective_context_length,
             step_floor_s=gpu_step_seconds(args.gpu_step_ms, args.gpu_draft_ms, algo),
+            ranks=ranks,
         )
     except Exception:
         logger.error("Scheduler hit an exception: %s", traceback.format_exc())
@@ -151,6 +154,19 @@ def launch_server(args: ServerArgs) -> None:
         timeout_keep_alive=5,
     )
     asyncio.run(_serve(_Server(uv_config), sock, state))
+
+
+def _start_ranks(args: ServerArgs) -> RankGroup | None:
+    """--tp-size N > 1: N scheduler-rank processes, joined before the weights load (SGLang launches its
+    schedulers first and waits for each to report ready); None on one GPU."""
+    if args.tp_size < 2:
+        return None
+    ranks = RankGroup(args.tp_size, RankFaults.from_active(faults.active()), log_level=args.log_level,
+                      watchdog_timeout_s=args.watchdog_timeout,
+                      on_death=lambda: faults.scheduler_died_at_runtime(1.0))
+    ranks.start()
+    ranks.wait_joined()
+    return ranks
 
 
 def _allocate_kv_pools(args: ServerArgs, algo: str) -> float:

@@ -127,6 +127,14 @@ class ServerArgs:
         self.attention_backend = self.attention_backend or "triton"
         self.grammar_backend = self.grammar_backend or "xgrammar"
         self.page_size = self.page_size or 1
+        if self.tp_size < 1:
+            raise ValueError(f"--tp-size must be >= 1, got {self.tp_size}")
+        for fault in ("rank-crash", "rank-hang", "rank-oom"):
+            if fault in self.inject and int(self.inject[fault]) >= self.tp_size:
+                raise ValueError(f"--inject {fault}={int(self.inject[fault])}: there is no rank "
+                                 f"{int(self.inject[fault])} with --tp-size {self.tp_size}")
+        if "nccl-init-hang" in self.inject and self.tp_size < 2:
+            raise ValueError("--inject nccl-init-hang needs --tp-size 2 or more (one GPU has no NCCL init)")
         self.speculative_algorithm = (self.speculative_algorithm or "NONE").upper()
         if self.speculative_algorithm != "NONE":
             _handle_speculative(self)
@@ -159,7 +167,15 @@ class ServerArgs:
 
 
 def _describe(inject: dict[str, float]) -> list[str]:
-    return [name if value == 0 else f"{name}={value:g}" for name, value in inject.items()]
+    """As written: 'hang', 'slow-load=5', 'rank-crash=1@3' (a rank fault always shows its rank)."""
+    out = []
+    for name, value in inject.items():
+        if name.endswith("@"):
+            continue
+        after = f"@{inject[name + '@']:g}" if name + "@" in inject else ""
+        ranked = FAULTS[name].rank if name in FAULTS else False
+        out.append(name if value == 0 and not ranked else f"{name}={value:g}{after}")
+    return out
 
 
 def _handle_speculative(server_args: ServerArgs) -> None:

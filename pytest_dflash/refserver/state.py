@@ -142,6 +142,8 @@ class ServerState:
         if request.headers.get(WARMUP_HEADER):
             return False
         self.generation_requests += 1
+        if self.scheduler.ranks is not None:
+            self.scheduler.ranks.request_arrived()
         if "wedge" in self.faults and self.generation_requests > int(self.faults.value("wedge")):
             self.scheduler.wedge()
         return "hang" in self.faults and self.generation_requests == int(self.faults.value("hang"))

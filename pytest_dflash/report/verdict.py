@@ -235,6 +235,8 @@ class VerdictBuilder:
         tally = verdict.tally(layer)
         entry = {"test": nodeid, "layer": layer, "services": info.get("services", []), "message": message,
                  "diagnosis": info.get("diagnosis", [])}
+        if info.get("gpus"):  # a host-layer failure of these GPUs only: it blocked the services on them
+            entry["gpus"] = info["gpus"]
         if outcome == "failed":
             tally.failed += 1
             verdict.failures.append({**entry, "phase": when})

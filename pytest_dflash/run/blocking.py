@@ -2,13 +2,16 @@
 
 A failure in a lower layer (the order is config/layers.py) turns that host's higher-layer tests into skips
 that name the root failure, instead of dozens of red tests that all say "connection refused". Host-wide
-layers (host, env, kernels) block everything on the host; service layers block the higher layers of the
-same service only (a dead DFLASH service does not hide a DDTREE result).
+layers (host, env, kernels) block everything on the host, except a host-layer failure of particular GPUs
+(errors.GpuFault: an Xid, ECC, memory held by another process on GPU 4), which blocks only the services whose
+`gpus` include one of them; service layers block the higher layers of the same service only (a dead DFLASH
+service does not hide a DDTREE result).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pytest_dflash.config.layers import HOST_WIDE, rank
@@ -26,11 +29,19 @@ class Failure:
     service: str | None
     test: str
     summary: str
+    # a host-layer failure of particular GPUs (errors.GpuFault): it blocks only the services on them
+    gpus: tuple[int, ...] | None = None
+    gpu_labels: tuple[str, ...] = ()
 
-    def blocks(self, layer: str, services: Iterable[str]) -> bool:
+    def blocks(self, layer: str, services: Iterable[str],
+               service_gpus: Mapping[str, tuple[int, ...]] | None = None) -> bool:
         if rank(self.layer) >= rank(layer):
             # same layer: only a service that died blocks the rest of its own layer
             return False
+        if self.gpus is not None:
+            # a bad GPU: the services that use it (or may: one that names no GPU), never a host-wide check
+            return any(not (service_gpus or {}).get(s) or set((service_gpus or {})[s]) & set(self.gpus)
+                       for s in services)
         if self.layer in HOST_WIDE or self.service is None:
             return True
         return self.service in set(services)
@@ -42,9 +53,17 @@ class LayerBook:
 
     failures: list[Failure] = field(default_factory=list)
     dead: dict[tuple[str, str], Failure] = field(default_factory=dict)
+    # (host, service) -> the GPUs its profile gives it: what a GPU-scoped failure blocks
+    service_gpus: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
 
     def record(self, failure: Failure) -> None:
         self.failures.append(failure)
+
+    def scope_to_gpus(self, test: str, gpus: tuple[int, ...], labels: tuple[str, ...]) -> None:
+        """The failure `test` recorded concerns these GPUs only (errors.GpuFault)."""
+        for i, failure in enumerate(self.failures):
+            if failure.test == test and failure.gpus is None:
+                self.failures[i] = dataclasses.replace(failure, gpus=gpus, gpu_labels=labels)
 
     def record_death(self, failure: Failure) -> None:
         """A service died: every later test that needs it is blocked, whatever its layer."""
@@ -56,14 +75,17 @@ class LayerBook:
             death = self.dead.get((host, service))
             if death is not None:
                 return death
+        gpus = {name: g for (h, name), g in self.service_gpus.items() if h == host}
         for failure in self.failures:
-            if failure.host == host and failure.blocks(layer, services):
+            if failure.host == host and failure.blocks(layer, services, gpus):
                 return failure
         return None
 
 
 def blocked_reason(failure: Failure) -> str:
     where = f"{failure.host}/{failure.service}" if failure.service else failure.host
+    if failure.gpu_labels:
+        where += f" {', '.join(failure.gpu_labels)}"
     return blocked_message(f"{failure.layer} layer failed on {where} ({failure.test}): {failure.summary}")
 
 

@@ -33,6 +33,7 @@ class ItemInfo:
     param: str
     blocked: bool = False
     diagnosis: list[dict[str, str]] = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)  # a host-layer failure of these GPUs only (errors.GpuFault)
 
 
 INFO_KEY = pytest.StashKey[ItemInfo]()

@@ -47,6 +47,7 @@ from pytest_dflash.services.base import LogMark, ServiceManager
 from pytest_dflash.services.events import Progress, ServiceEvent
 from pytest_dflash.services.health import health_bypass
 from pytest_dflash.services.liveness import death_after_readiness
+from pytest_dflash.services.ranks import wedge_at_tp
 from pytest_dflash.services.readiness import ReadinessWatcher
 from pytest_dflash.services.registry import make_manager, reap_leftovers
 from pytest_dflash.services.speculation import served_speculation, shown_launch_command
@@ -149,6 +150,11 @@ class ServiceHandle:
                                              health_bypassed=self.health_bypassed, version=self.version)
             if stuck is None:
                 return said
+            if stuck.moving is False:
+                tp = wedge_at_tp(self.manager, self.host.transport if self.host.has_host_access else None,
+                                 server_info=self.server_info, gpus=self.spec.gpus, since=self.started_mark,
+                                 log_lines=self.host.run.options.journal_lines)
+                stuck.progress += f"; {tp}" if tp else ""
             self.failure = stuck
             test = self.current_test or "?"
             self.failure_reported_by = test
@@ -327,7 +333,8 @@ class ServiceHandle:
             log_lines=self.host.run.options.journal_lines, progress=progress,
             log_mark=self.started_mark, request_timeout_s=self.host.run.options.request_timeout_s,
             abandoned=lambda: self.host.run.cleaning, on_settled=self.settle,
-            health_bypassed=self.health_bypassed,
+            health_bypassed=self.health_bypassed, nccl_init_budget_s=self.spec.nccl_init_timeout_s,
+            gpus=self.spec.gpus,
         )
         return watcher.wait()
 
@@ -337,7 +344,7 @@ class ServiceHandle:
             return None
         return death_after_readiness(self.manager, self.client, label=self.label, since=self.started_mark,
                                      base_restarts=self.base_restarts,
-                                     log_lines=self.host.run.options.journal_lines)
+                                     log_lines=self.host.run.options.journal_lines, gpus=self.spec.gpus)
 
 
 @dataclass
@@ -551,6 +558,11 @@ class DflashRun:
     _cleanup_lock: threading.Lock = field(default_factory=threading.Lock)
     _cleaned: bool = False
     _on_cleanup: list[Callable[[], None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # what a failure of one GPU blocks: the services whose profile gives them that GPU
+        self.book.service_gpus.update({(host, name): spec.gpus for host, profile in self.profiles.items()
+                                       for name, spec in profile.services.items()})
 
     @property
     def cleaning(self) -> bool:

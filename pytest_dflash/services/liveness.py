@@ -20,6 +20,7 @@ from pytest_dflash.errors import (
     TransportError,
 )
 from pytest_dflash.services.base import LogMark, ServiceManager
+from pytest_dflash.services.ranks import ranks_named_in_log
 
 # Over HTTP (no process state): SGLang's HTTP process serves /v1/models itself, so it answers while
 # the scheduler is busy compiling; /health runs a generation through the scheduler (20 s, then 503).
@@ -104,8 +105,8 @@ class HttpLiveness:
 
 
 def death_after_readiness(manager: ServiceManager, client: InferenceClient, *, label: str,
-                          since: LogMark | None, base_restarts: int,
-                          log_lines: int) -> ServiceCrashed | ServiceRestarted | None:
+                          since: LogMark | None, base_restarts: int, log_lines: int,
+                          gpus: tuple[int, ...] = ()) -> ServiceCrashed | ServiceRestarted | None:
     """After a test: did the ready service die or restart (more than `base_restarts`)? One cheap state read;
     one connect for a service attached by URL (a refusal after readiness is conclusive). Its log since
     `since`."""
@@ -124,7 +125,8 @@ def death_after_readiness(manager: ServiceManager, client: InferenceClient, *, l
         return ServiceGone(label, Death(detail=how), seen="connections refused after it had passed readiness")
     if state.death is not None:
         time.sleep(0.2)
-        return ServiceCrashed(label, state.death, manager.logs_since(since, log_lines))
+        log = manager.logs_since(since, log_lines)
+        return ServiceCrashed(label, state.death, log, ranks=tuple(ranks_named_in_log(log, gpus)))
     if state.restarts > base_restarts:
         return ServiceRestarted(label, base_restarts, state.restarts, manager.logs_since(since, log_lines))
     return None

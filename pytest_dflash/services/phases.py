@@ -33,13 +33,17 @@ from dataclasses import dataclass, field
 
 from pytest_dflash.config.durations import format_seconds
 
-__all__ = ["PHASE_NAMES", "StartupLog", "describe_in_progress", "parse_startup", "phase_offsets",
-           "utc_offset_for"]
+__all__ = ["PHASE_NAMES", "RankStartup", "StartupLog", "describe_in_progress", "describe_ranks",
+           "nccl_init_stuck", "parse_startup", "phase_offsets", "utc_offset_for"]
 
 # The ordered phases of ReadyReport.phases: the start-up ones from the log, then the readiness generations.
 PHASE_NAMES = ("process_started", "weights_loaded", "kv_cache_allocated", "cuda_graphs_captured", "port_open",
                "first_greedy", "first_sampled")
-STAMP = re.compile(r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})\] ")
+# A scheduler rank's lines carry its place after the time: "[2026-12-04 21:29:48 TP1] " (SGLang's logger
+# prefix: " DP{d}" " PP{p}" " TP{t}" as the launch has them); the HTTP process's lines carry none.
+STAMP = re.compile(r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})((?: (?:DP|PP|TP|EP)\d+)*)\] ")
+_NCCL_BEGIN = re.compile(r"Init torch distributed begin\.")
+_NCCL_END = re.compile(r"Init torch distributed ends\.")
 _WEIGHTS = re.compile(r"Load weight end\.")
 _POOL = re.compile(r"KV Cache is allocated\.|Memory pool end\.")
 _GRAPH_BEGIN = re.compile(r"Capture .*cuda graph begin", re.IGNORECASE)
@@ -47,6 +51,27 @@ _GRAPH_END = re.compile(r"Capture .*cuda graph end", re.IGNORECASE)
 _SCHEDULER_DONE = re.compile(r"max_total_num_tokens=")
 _PORT = re.compile(r"Uvicorn running on https?://")
 QUARTER_HOUR_S = 900.0
+
+
+@dataclass
+class RankStartup:
+    """One scheduler rank's start-up as its prefixed lines show it."""
+
+    label: str  # "TP1", "PP0 TP3", ...
+    first_line: dt.datetime
+    last_line: dt.datetime
+    last_message: str = ""
+    nccl_begun: dt.datetime | None = None
+    nccl_ended: dt.datetime | None = None
+
+    @property
+    def tp_rank(self) -> int | None:
+        match = re.search(r"TP(\d+)", self.label)
+        return int(match.group(1)) if match else None
+
+    @property
+    def in_nccl_init(self) -> bool:
+        return self.nccl_begun is not None and self.nccl_ended is None
 
 
 @dataclass
@@ -58,6 +83,8 @@ class StartupLog:
     pools_begun: dt.datetime | None = None  # the first pool line (the run may not be over yet)
     last_line: dt.datetime | None = None  # the latest timestamped line
     weights_end: dt.datetime | None = None  # the latest "Load weight end." before the pools
+    # a tensor-parallel launch: each scheduler rank's own start-up ("TP1", "PP0 TP1"), in order of first line
+    ranks: dict[str, RankStartup] = field(default_factory=dict)
 
     @property
     def memory_settled(self) -> bool:
@@ -78,6 +105,11 @@ def parse_startup(text: str) -> StartupLog:
         stamp = dt.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S")
         message = line[match.end():]
         log.last_line = stamp
+        label = match.group(2).strip()
+        if label:
+            _rank_line(log, label, stamp, message)
+            if any(part[2:] != "0" for part in label.split()):
+                continue  # the cold start's phases follow rank 0 (SGLang's TP0), as on one GPU
         ends = log.ends
         if "process_started" not in ends:
             ends["process_started"] = stamp
@@ -110,6 +142,50 @@ def parse_startup(text: str) -> StartupLog:
     return log
 
 
+def _rank_line(log: StartupLog, label: str, stamp: dt.datetime, message: str) -> None:
+    rank = log.ranks.get(label)
+    if rank is None:
+        rank = log.ranks[label] = RankStartup(label, stamp, stamp)
+    rank.last_line, rank.last_message = stamp, message.strip()[:200]
+    if _NCCL_BEGIN.search(message):
+        rank.nccl_begun = rank.nccl_begun or stamp
+    elif _NCCL_END.search(message):
+        rank.nccl_ended = stamp
+
+
+def nccl_init_stuck(log: StartupLog, *, now: float, utc_offset_s: float,
+                    budget_s: float) -> tuple[list[RankStartup], float]:
+    """The ranks still in NCCL init (`Init torch distributed begin.` without its `ends`) for longer than
+    `budget_s` at unix time `now`, and how long the longest has been; ([], 0) when none is over budget."""
+    stuck = [r for r in log.ranks.values() if r.in_nccl_init and r.nccl_begun is not None
+             and now - to_unix(r.nccl_begun, utc_offset_s) > budget_s]
+    if not stuck:
+        return [], 0.0
+    stuck.sort(key=lambda r: (r.tp_rank if r.tp_rank is not None else -1, r.label))
+    longest = max(now - to_unix(r.nccl_begun, utc_offset_s) for r in stuck if r.nccl_begun is not None)
+    return stuck, longest
+
+
+def describe_ranks(log: StartupLog, *, now: float, utc_offset_s: float) -> str:
+    """A tensor-parallel start-up in one clause: 'TP0..TP3 in NCCL init for 40s', 'TP1 still in NCCL init for
+    40s (TP0 done)', or the slowest rank's last step; '' on one GPU."""
+    if not log.ranks:
+        return ""
+    ranks = list(log.ranks.values())
+    waiting = [r for r in ranks if r.in_nccl_init]
+    if waiting:
+        oldest = min(r.nccl_begun for r in waiting if r.nccl_begun is not None)
+        names = ", ".join(r.label for r in waiting)
+        done = [r.label for r in ranks if r.nccl_ended is not None]
+        also = f" ({', '.join(done)} done)" if done else ""
+        return (f"{names} in NCCL init for {format_seconds(max(0.0, now - to_unix(oldest, utc_offset_s)))}"
+                f"{also}")
+    slowest = min(ranks, key=lambda r: r.last_line)
+    return (f"slowest rank {slowest.label}: last line "
+            f"{format_seconds(max(0.0, now - to_unix(slowest.last_line, utc_offset_s)))} ago "
+            f"({slowest.last_message[:80]})")
+
+
 def utc_offset_for(stamp: dt.datetime, seen_at: float) -> float:
     """The log's UTC offset (seconds, a whole quarter hour): `stamp` is a log time read at unix time
     `seen_at`."""
@@ -136,11 +212,21 @@ def phase_offsets(log: StartupLog, *, waited_from: float, utc_offset_s: float,
 
 
 def describe_in_progress(log: StartupLog, *, now: float, waited_from: float, utc_offset_s: float) -> str:
+    """What the start-up is doing now (`_describe_phase`), and at TP > 1 its slowest rank."""
+    doing = _describe_phase(log, now=now, waited_from=waited_from, utc_offset_s=utc_offset_s)
+    if doing and len(log.ranks) > 1 and not any(r.in_nccl_init for r in log.ranks.values()):
+        doing += f"; {describe_ranks(log, now=now, utc_offset_s=utc_offset_s)}"
+    return doing
+
+
+def _describe_phase(log: StartupLog, *, now: float, waited_from: float, utc_offset_s: float) -> str:
     """What the start-up is doing now, for a progress line: 'in CUDA-graph capture for 40s (KV cache allocated
     at 12s)'; '' when the log says nothing yet. `now` and `waited_from` are unix times."""
     if not log.ends or "port_open" in log.ends:
         return ""
     ends = log.ends
+    if any(r.in_nccl_init for r in log.ranks.values()):
+        return describe_ranks(log, now=now, utc_offset_s=utc_offset_s)
 
     def since(stamp: dt.datetime) -> str:
         return format_seconds(max(0.0, now - to_unix(stamp, utc_offset_s)))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.config.parallel import gpu_environment
 from pytest_dflash.config.paths import state_root
 from pytest_dflash.config.placeholders import render
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
@@ -172,8 +173,10 @@ class ProcessService:
         return self._log_path
 
     def values(self) -> dict[str, str]:
+        gpus = ",".join(str(g) for g in self.spec.gpus)
         return {"python": self.python, "port": str(self.port), "service": self.name, "host": self.host,
-                "run_id": self.run_id, **self.spec.vars}
+                "run_id": self.run_id, "gpus": gpus, "gpu": gpus.split(",")[0] if gpus else "",
+                **self.spec.vars}
 
     def start(self) -> None:
         if self._proc is not None:
@@ -183,7 +186,8 @@ class ProcessService:
             self._command = [render(part, self.values(), where=where) for part in self.spec.command]
         except ValueError as exc:
             raise ServiceError(str(exc)) from None
-        env = self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env, **self.spec.env}
+        env = self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env,
+                           **gpu_environment(self.spec.gpus), **self.spec.env}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns the descriptor after fork
         try:
@@ -244,7 +248,8 @@ class ProcessService:
     def launch_environment(self, *, live: bool) -> LaunchEnvironment:
         """The profile's command ({python} filled in) and env: what this run starts, or would."""
         argv = tuple(part.replace("{python}", self.python) for part in self.spec.command)
-        return LaunchEnvironment(argv, dict(self.spec.env), None, "profile command")
+        return LaunchEnvironment(argv, {**gpu_environment(self.spec.gpus), **self.spec.env}, None,
+                                 "profile command")
 
     def describe(self) -> dict[str, str]:
         info = {"kind": "process", "command": " ".join(self._command) or " ".join(self.spec.command),

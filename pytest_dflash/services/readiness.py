@@ -53,6 +53,8 @@ from pytest_dflash.services.liveness import (
     HttpLiveness,
     InFlight,
 )
+from pytest_dflash.services.phases import nccl_init_stuck
+from pytest_dflash.services.ranks import rank_on_gpu, ranks_named_in_log
 from pytest_dflash.services.startup import ReadyReport, StartupWatch, finish_phases
 
 POLL_S = 0.25
@@ -117,6 +119,9 @@ class ReadinessWatcher:
     # why /health_generate proves nothing here (SGLANG_DIAG_BYPASS_HEALTH_GENERATE in the service's
     # environment: services/health.py); None: it proves output got through the scheduler
     health_bypassed: str | None = None
+    # a tensor-parallel start-up: a rank in NCCL init longer than this fails the wait, naming it and its GPU
+    nccl_init_budget_s: float = 120.0
+    gpus: tuple[int, ...] = ()  # the service's GPUs: rank i runs on gpus[i]
     _base_restarts: int | None = None
     _version: str | None = None  # /server_info version, once read
 
@@ -132,9 +137,9 @@ class ReadinessWatcher:
         if state.death is not None:
             # journald may need a moment to receive the last lines of a dying process.
             time.sleep(0.2)
-            raise ServiceCrashed(self.service.name, state.death,
-                                 self.service.logs_since(self.log_mark, self.log_lines),
-                                 PHASES.get(phase, phase))
+            log = self.service.logs_since(self.log_mark, self.log_lines)
+            raise ServiceCrashed(self.service.name, state.death, log, PHASES.get(phase, phase),
+                                 ranks=tuple(ranks_named_in_log(log, self.gpus)))
         if state.restarts > self._base_restarts:
             raise ServiceRestarted(self.service.name, self._base_restarts, state.restarts,
                                    self.service.logs_since(self.log_mark, self.log_lines))
@@ -148,6 +153,24 @@ class ReadinessWatcher:
             interrupts.raise_if_lost()
             time.sleep(self.poll_s)
             self._check_alive(phase)
+
+    def _check_nccl_init(self, startup: StartupWatch, started: float) -> None:
+        """A rank stuck in NCCL init past its budget ends the wait at once, naming the rank and its GPU:
+        SGLang itself would wait for torch's distributed timeout (10 min), then die without naming a rank."""
+        if startup.utc_offset_s is None:
+            return
+        stuck, longest = nccl_init_stuck(startup.log, now=time.time(), utc_offset_s=startup.utc_offset_s,
+                                         budget_s=self.nccl_init_budget_s)
+        if not stuck:
+            return
+        others = [r.label for r in startup.log.ranks.values() if r not in stuck]
+        raise ServiceNotReady(
+            self.service.name, time.monotonic() - started,
+            f"start-up: {', '.join(rank_on_gpu(r.label, self.gpus) for r in stuck)} stuck in NCCL init "
+            f"(Init torch distributed begin, no 'ends') for {format_seconds(longest)}, past "
+            f"nccl_init_timeout {format_seconds(self.nccl_init_budget_s)} of a tensor-parallel start-up"
+            + (f"; {', '.join(others)} got past it" if others else "; no rank got past it"),
+            self.service.logs_since(self.log_mark, self.log_lines))
 
     def _say(self, message: str, *, heartbeat: bool = False) -> None:
         if self.progress:
@@ -174,6 +197,7 @@ class ReadinessWatcher:
             self._check_alive(phase)
             if phase == "http":
                 startup.poll(now)
+                self._check_nccl_init(startup, started)
             if dropped_at is not None and now - dropped_at > DEATH_GRACE_S:
                 dropped_at = None  # the drop was not followed by death: retry the request below
             if now > deadline:

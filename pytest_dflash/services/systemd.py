@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_dflash.config.parallel import gpu_environment, visible_devices, visible_disagree
 from pytest_dflash.config.placeholders import render
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.config.tables.kinds import KindTable
@@ -213,9 +214,25 @@ class SystemdService:
         if "[Unit]" not in text or "[Service]" not in text:
             raise ServiceError(f"{self.spec.template}: a unit template needs [Unit] and [Service] sections")
         text = text.replace("[Unit]\n", "[Unit]\n" + marker, 1)
+        env_lines += self._gpu_env_line(text)
         if env_lines:
             text = text.replace("[Service]\n", "[Service]\n" + env_lines, 1)
         return text
+
+    def _gpu_env_line(self, text: str) -> str:
+        """The profile's `gpus` as the unit's CUDA_VISIBLE_DEVICES: added when the template sets none; a
+        template (or the profile env) setting other GPUs is refused, naming both, before anything installs."""
+        wanted = gpu_environment(self.spec.gpus)
+        if not wanted:
+            return ""
+        env = {**parse_environment(parse_unit(text).get("Environment", [])), **self.spec.env}
+        if "CUDA_VISIBLE_DEVICES" not in env:
+            return "".join(f"Environment={k}={v}\n" for k, v in wanted.items())
+        why = visible_disagree(self.spec.gpus, visible_devices(env))
+        if why:
+            raise ServiceError(f"{self.host}/{self.name}: unit template {self.spec.template}: {why} "
+                               "(write CUDA_VISIBLE_DEVICES={gpus} in the template)")
+        return ""
 
     def start(self) -> None:
         path = f"{UNIT_DIR}/{self.unit}"

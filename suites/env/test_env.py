@@ -23,6 +23,7 @@ from pytest_dflash.api import (
     ninja_on_service_path,
     pip_check_clean_for_serving_stack,
     service_flags_exist_in_installed_sglang,
+    service_gpus_match_parallelism,
     service_python_is_the_profiles,
     serving_stack_matches_baseline,
     sgl_kernel_has_build_for_gpu_arch,
@@ -39,6 +40,12 @@ def test_service_python_is_the_profiles(dflash_gpu: GpuHost) -> None:
     """The probes run the profile's python; a service that runs another interpreter would not be the one
     probed."""
     service_python_is_the_profiles(dflash_gpu)
+
+
+def test_service_gpus_match_parallelism(dflash_gpu: GpuHost) -> None:
+    """Each service's `gpus`, its CUDA_VISIBLE_DEVICES and its command's --tp-size / --dp-size / --pp-size
+    agree: a TP service gets exactly the GPUs its ranks take."""
+    service_gpus_match_parallelism(dflash_gpu)
 
 
 def test_torch_imports(dflash_gpu: GpuHost) -> None:

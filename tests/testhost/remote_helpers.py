@@ -70,6 +70,7 @@ class RefUnit:
     vars: Mapping[str, str] = field(default_factory=dict)
     api_key_env: str | None = None
     ready_timeout: str = "60s"
+    gpus: tuple[int, ...] = ()  # the profile's gpus (its unit's CUDA_VISIBLE_DEVICES)
 
     def all_vars(self) -> dict[str, str]:
         args = f"{REFSERVER_ARGS[self.algorithm]} {self.args}".strip()
@@ -101,6 +102,8 @@ def write_profile(directory: Path, th: TestHost, name: str, services: Mapping[st
                   f"ready_timeout = {_toml(spec.ready_timeout)}", 'sampled_timeout = "30s"']
         if spec.api_key_env:
             lines.append(f"api_key_env = {_toml(spec.api_key_env)}")
+        if spec.gpus:
+            lines.append(f"gpus = {json.dumps(list(spec.gpus))}")
         lines += ["", f"[services.{service}.vars]", *(f"{k} = {_toml(v)}" for k, v in spec.all_vars().items()), ""]
         if spec.env:
             lines += [f"[services.{service}.env]", *(f"{k} = {_toml(v)}" for k, v in spec.env.items()), ""]

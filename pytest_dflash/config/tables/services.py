@@ -11,6 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_dflash.config.parallel import (
+    LayoutError,
+    gpus_disagree,
+    parse_layout,
+    visible_devices,
+    visible_disagree,
+)
+from pytest_dflash.config.placeholders import placeholders, render
 from pytest_dflash.config.profiles import ALGORITHMS, AUTO, HostProfile, ServiceSpec
 from pytest_dflash.config.tables.kinds import KindTable, kind_tables
 from pytest_dflash.config.tables.reader import Table, describe, parse_url
@@ -108,11 +116,13 @@ def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path)
         port=port_value,
         ready_timeout_s=table.duration("ready_timeout", 900.0),
         sampled_timeout_s=table.duration("sampled_timeout", 300.0),
+        nccl_init_timeout_s=table.duration("nccl_init_timeout", 120.0),
         api_key_env=table.get("api_key_env", str),
         model=table.get("model", str),
         unaccepted_draft=unaccepted_draft,
     )
     spec = kind.read(table, spec, host, profile_dir)
+    _check_gpus(table, spec)
     needs_port = any("{port}" in part for part in (spec.url, *spec.command))
     if spec.port is None and needs_port and not kind.auto_port:
         automatic = " or ".join(other.name for other in kind_tables().values() if other.auto_port)
@@ -120,6 +130,27 @@ def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path)
                          f"expected a fixed port: only {automatic or 'no'} services get an automatic one")
     table.done()
     return spec
+
+
+def _check_gpus(table: Table, spec: ServiceSpec) -> None:
+    """`gpus` against the command's --tp-size / --dp-size / --pp-size and the env's CUDA_VISIBLE_DEVICES,
+    before anything starts. A size given as a placeholder the profile cannot fill is left to the env layer."""
+    why = visible_disagree(spec.gpus, visible_devices(spec.env))
+    if why:
+        raise table.fail("gpus", why)
+    if not spec.command:
+        return
+    argv = [render(arg, dict(spec.vars), where="command")
+            if placeholders(arg) <= set(spec.vars) else arg for arg in spec.command]
+    try:
+        layout = parse_layout(argv)
+    except LayoutError as exc:
+        if "{" in str(exc):
+            return  # filled in at start ({port}-like): the env layer checks the command as launched
+        raise table.fail("command", str(exc)) from None
+    why = gpus_disagree(layout, spec.gpus)
+    if why:
+        raise table.fail("gpus", why)
 
 
 def _refuse_other_kinds_keys(table: Table, kind: KindTable) -> None:

@@ -30,7 +30,7 @@ def test_sglang_services_need_the_four_serving_chains_once() -> None:
 def test_the_projects_unit_template() -> None:
     keys = parse_unit((REPO / "hosts" / "units" / "sglang-dflash.service").read_text())
     env = parse_environment(keys["Environment"])
-    assert env["CUDA_HOME"] == "/usr/local/cuda" and env["CUDA_VISIBLE_DEVICES"] == "{gpu}"
+    assert env["CUDA_HOME"] == "/usr/local/cuda" and env["CUDA_VISIBLE_DEVICES"] == "{gpus}"
     argv = parse_exec_start(keys["ExecStart"][0])
     assert argv[:3] == ["{python}", "-m", "sglang.launch_server"] and "--attention-backend" in argv
 

@@ -20,10 +20,14 @@ CPU_INVENTORY = load("cpu-nvcc13/gpu_inventory.json")  # nvidia-smi not found on
 
 
 def _profile(tmp_path: Path, gpus: str | None) -> Path:
-    """The H200's profile naming `gpus` for host and service (None: naming none)."""
+    """The H200's profile naming `gpus` for host and service (None: naming none); a service on several GPUs
+    runs tensor-parallel over them (its `gpus` must agree with its --tp-size)."""
     line = "" if gpus is None else f"gpus = {gpus}\n"
+    text = (H200 / "profile.toml").read_text().replace("gpus = [0]\n", line)
+    if gpus is not None and gpus.count(",") > 0:
+        text = text.replace('"--port", "{port}",', f'"--port", "{{port}}", "--tp-size", "{gpus.count(",") + 1}",')
     path = tmp_path / "h200.toml"
-    path.write_text((H200 / "profile.toml").read_text().replace("gpus = [0]\n", line))
+    path.write_text(text)
     return path
 
 
