@@ -166,7 +166,8 @@ class Transport:
         `limit` bytes of what it printed: `tail -c` cuts them where the command runs, so this process holds
         at most `limit` bytes whatever the command prints (400 MB of `yes`, a 10 GB file). The text is
         decoded with replacement; a tail that was cut starts at its first whole line, after a line saying
-        so. `rc` is the command's own exit status (carried past the pipe after its output)."""
+        so. `rc` is the command's own exit status (carried past the pipe after its output). The audit log
+        records `command` as the caller wrote it: the wrapper only cuts its output and reads its status."""
         # The command in a subshell: an `exit` in it ends it, not the printf of its status.
         script = (f"{{ ( {command}\n) 2>&1; printf '\\n{_EXIT_MARK}%s\\n' \"$?\"; }} "
                   f"| tail -c {int(limit)}")

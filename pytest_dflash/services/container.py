@@ -352,7 +352,7 @@ class ContainerService:
         # At most LOG_READ_BYTES of it (read_tail: cut on the host, decoded with replacement): --tail counts
         # lines, and a line can be megabytes.
         result = self.transport.read_tail(
-            f"{self.engine} logs{since} --tail {int(lines)} --timestamps {shlex.quote(name)}",
+            f"{self.engine} logs{since} --tail {int(lines)} --timestamps {shlex.quote(name)} 2>&1",
             timeout_s=20, root=True)
         return result.stdout
 

@@ -119,7 +119,7 @@ class ExternalService:
                 command = render(self.spec.log_command, values, where=f"services.{self.name}.log_command")
             except ValueError as exc:
                 return f"(no logs: {exc})"
-            return _last_lines(self._read(command, "log_command"), lines)
+            return _last_lines(self._read(f"{command} 2>&1", "log_command"), lines)
         return ""
 
     def _read(self, command: str, what: str) -> str:

@@ -268,7 +268,7 @@ class SystemdService:
         # At most LOG_READ_BYTES of it (read_tail: cut on the host, decoded with replacement): -n counts
         # lines, and a line can be megabytes.
         result = self.transport.read_tail(
-            f"journalctl -u {shlex.quote(self.unit)}{since} -n {int(lines)} --no-pager", timeout_s=20
+            f"journalctl -u {shlex.quote(self.unit)}{since} -n {int(lines)} --no-pager 2>&1", timeout_s=20
         )
         return result.stdout
 

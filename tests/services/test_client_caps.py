@@ -115,9 +115,9 @@ def test_an_error_body_reaches_the_message_with_its_control_characters_written_o
     def rule(method: str, path: str, _: object) -> Reply | None:
         return Reply(500, body, "text/plain") if path == "/generate" else None
 
-    with FaultProxy(refserver.url, rule) as proxy, InferenceClient(proxy.url, service="hostile") as client:
-        with pytest.raises(ApiError) as caught:
-            client.generate("Hello", FOUR)
+    with FaultProxy(refserver.url, rule) as proxy, InferenceClient(proxy.url, service="hostile") as client, \
+            pytest.raises(ApiError) as caught:
+        client.generate("Hello", FOUR)
     message = caught.value.message
     assert "\\x1b[2J\\x1b]0;PWNED\\x07 boom" in message
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", message)
