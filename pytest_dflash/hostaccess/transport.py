@@ -4,6 +4,11 @@ testinfra has no per-command timeout (pytest-dev/pytest-testinfra#716), so every
 in coreutils `timeout` on the host, ssh gets ConnectTimeout and ServerAlive options (a connection
 that stalls mid-command dies), and a local watchdog thread is the last line of defence.
 
+What a command prints is bytes: it is decoded here as UTF-8 with replacement (testinfra's own decoding is
+strict: one Latin-1 byte in a log raised UnicodeDecodeError). A log is read with `read_tail`: the command's
+stdout and stderr through `tail -c LOG_READ_BYTES` where it runs (scrub/bounds.py, 4 MB), so what this process
+holds does not grow with what the command prints.
+
 Attach mode builds a read-only transport: a command declared `mutating=True` raises
 `ReadOnlyViolation` before anything is sent. Every command sent is logged (`Transport.sent`).
 

@@ -125,6 +125,8 @@ def test_a_servers_escapes_and_workflow_commands_reach_no_output_raw(run_suite, 
     outputs |= {path.name: path.read_text() for path in run_suite.reports.rglob("*") if path.is_file()
                 and path.suffix in (".html", ".json", ".xml", ".prom", ".md", ".txt")}
     assert "fleet-summary.html" in outputs
+    said = {name for name, text in outputs.items() if "PWNED" in text}
+    assert {"terminal", "junit", "step summary", "fleet-summary.html", "fleet-junit.xml"} <= said, said
     for name, text in outputs.items():
         assert not RAW_CONTROL.search(text), f"{name}: {RAW_CONTROL.findall(text)}"
         assert not [line for line in text.splitlines() if line.lstrip().startswith("::")], name

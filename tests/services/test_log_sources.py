@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from pytest_dflash.config.loader import load_profile
+from pytest_dflash.config.profiles import ServiceSpec
 from pytest_dflash.errors import InventoryError
 from pytest_dflash.hostaccess.transport import Transport
 from pytest_dflash.scrub.bounds import LOG_READ_BYTES
 from pytest_dflash.services.base import LogMark
 from pytest_dflash.services.container import state_from_inspect
 from pytest_dflash.services.external import ExternalService
+from pytest_dflash.services.process import ProcessService
 
 
 def _profile(tmp_path: Path, service: str) -> Path:
@@ -114,3 +116,17 @@ def test_a_log_file_bigger_than_the_read_cap_is_read_from_its_end(tmp_path: Path
         handle.write(b"y" * (LOG_READ_BYTES + 4096) + b"\nlast line\n")
     log = service.logs_since(mark, 10)
     assert log.endswith("last line\n") and "yyy" not in log and "old line" not in log
+
+
+def test_a_process_log_is_read_from_the_mark_as_a_bounded_tail_with_replacement(tmp_path: Path) -> None:
+    spec = ServiceSpec(name="svc", kind="process", url="http://127.0.0.1:{port}", algorithm="DFLASH",
+                       command=("true",))
+    service = ProcessService(spec, host="h", run_id="bytes", python=sys.executable, log_dir=tmp_path)
+    service.log_path.write_bytes(b"before the mark\n")
+    mark = service.log_mark()
+    with service.log_path.open("ab") as handle:
+        handle.write(b"caf\xe9 \xff\xfe\n")
+    assert service.logs_since(mark, 10) == "caf\ufffd \ufffd\ufffd"
+    with service.log_path.open("ab") as handle:
+        handle.write(b"y" * (LOG_READ_BYTES + 4096) + b"\nthe last line\n")
+    assert service.logs_since(mark, 10) == "the last line"  # the line the read cap cut into is left out
