@@ -116,11 +116,16 @@ def test_a_servers_escapes_and_workflow_commands_reach_no_output_raw(run_suite, 
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     junit = tmp_path / "junit.xml"
     with RefServerProcess("--speculative-algorithm", "DFLASH") as server, FaultProxy(server.url, hostile_500) as proxy:
-        result = run_suite("smoke", "--attach", proxy.url, f"--junitxml={junit}", "--request-timeout=5s")
+        # its log says the same kind of thing: the evidence section of the failure
+        # (octal escapes: the command line itself, which the verdict records, holds none of it)
+        log_command = r"printf '\033[2J\033]0;LOGPWNED\007\n\072:error::from-the-log\n\043#vso[task.complete]\n'"
+        result = run_suite("smoke", "--attach", proxy.url, f"--junitxml={junit}", "--request-timeout=5s",
+                           "--attach-log-command", log_command)
     assert_no_crash(result)
     assert result.ret == 1
     terminal = result.stdout.str() + "\n" + result.stderr.str()
     assert "PWNED" in terminal  # the server's words are there to read, written out
+    assert "LOGPWNED" in terminal  # and its log's, in the evidence
     outputs = {"terminal": terminal, "junit": junit.read_text(), "step summary": summary.read_text()}
     outputs |= {path.name: path.read_text() for path in run_suite.reports.rglob("*") if path.is_file()
                 and path.suffix in (".html", ".json", ".xml", ".prom", ".md", ".txt")}
