@@ -25,8 +25,10 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # GitHub Actions reads `::name…::` at the start of a line after whitespace (the runner trims it); Azure
 # Pipelines reads `##vso[` anywhere in a line, and the `##[group]`-style formatting commands GitHub's runner
 # also still accepts.
-_COMMAND = re.compile(r"^(\s*):(?=:)|#(?=#(?:vso)?\[)", re.MULTILINE)
-_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]|^\s*::|##(?:vso)?\[", re.MULTILINE)
+# (Whitespace of the line only, never a newline: `^\s*` rescans every run of blank lines from each of its
+# starts, quadratic in a log of empty lines.)
+_COMMAND = re.compile(r"^([^\S\n]*):(?=:)|#(?=#(?:vso)?\[)", re.MULTILINE)
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]|^[^\S\n]*::|##(?:vso)?\[", re.MULTILINE)
 
 
 def _escape(match: re.Match[str]) -> str:
