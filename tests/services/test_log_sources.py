@@ -130,3 +130,12 @@ def test_a_process_log_is_read_from_the_mark_as_a_bounded_tail_with_replacement(
     with service.log_path.open("ab") as handle:
         handle.write(b"y" * (LOG_READ_BYTES + 4096) + b"\nthe last line\n")
     assert service.logs_since(mark, 10) == "the last line"  # the line the read cap cut into is left out
+
+
+def test_a_log_source_that_fails_says_so_with_its_exit_status(tmp_path: Path) -> None:
+    missing = tmp_path / "gone.log"
+    profile = load_profile(_profile(tmp_path, f'kind = "external"\nalgorithm = "DFLASH"\nurl = "http://127.0.0.1:9"\n'
+                                              f'log_file = "{missing}"'))
+    log = ExternalService(profile.services["s"], Transport(profile, read_only=True)).logs_since(LogMark(0.5, 0), 10)
+    assert log.startswith(f"(could not read the log (log_file {missing}): exit 1: stat: "), log
+    assert "No such file" in log
