@@ -11,6 +11,7 @@ import httpx
 
 from pytest_dflash.client.sampling import Generation
 from pytest_dflash.errors import ApiError
+from pytest_dflash.scrub.terminal import terminal_safe
 
 # Caps on response bodies (bytes). Non-generation endpoints (/v1/models, /server_info, /model_info,
 # /flush_cache, error bodies) answer a few KB on SGLang 0.5.17; /metrics is Prometheus text with a
@@ -103,7 +104,13 @@ def response_cap(path: str, body: Any = None) -> int:
 
 
 def error_message(response: httpx.Response) -> str:
-    """The human message of an SGLang/OpenAI error body ({"error":{"message"}}, {"message"}, {"detail"})."""
+    """The human message of an SGLang/OpenAI error body ({"error":{"message"}}, {"message"}, {"detail"}), safe
+    to print: the server wrote it, so its control characters are written out and none of its lines is a CI
+    workflow command (scrub/terminal.py)."""
+    return terminal_safe(_error_text(response))
+
+
+def _error_text(response: httpx.Response) -> str:
     try:
         body = response.json()
     except (json.JSONDecodeError, UnicodeDecodeError):

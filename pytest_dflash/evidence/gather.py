@@ -1,6 +1,8 @@
 """Evidence for a failed test: log / journal tails since the test started, unit properties, kernel-log
-lines about OOM and Xid, and a diagnosis from the catalog. Everything is redacted, then capped
-(scrub/bounds.py), before it leaves: a log tail keeps its last LOG_BYTES, every other section ITEM_BYTES."""
+lines about OOM and Xid, and a diagnosis from the catalog. Every log is read as bytes, at most its last
+LOG_READ_BYTES (cut where it is read, whatever the source prints), and decoded with replacement; everything is
+redacted, made safe to print and capped (scrub/bounds.py `scrub`) before it leaves: a log tail keeps its last
+LOG_BYTES, every other section ITEM_BYTES."""
 
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def kernel_log(host: HostContext, mark: LogMark | None) -> str:
     command = (f"(journalctl -k {since} --no-pager 2>/dev/null || dmesg -T 2>/dev/null) "
                f"| grep -E {pattern} | tail -n 50")
     try:
-        return host.transport.run(command, timeout_s=15).stdout.strip()
+        return host.transport.read_tail(command, timeout_s=15).stdout.strip()
     except DflashError:
         return ""
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_dflash.fleet.values import safe_name
+from pytest_dflash.scrub.terminal import terminal_safe
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "blocked": "#ef6c00", "skipped": "#757575",
            "not-run": "#bdbdbd"}
@@ -44,7 +45,8 @@ r.style.display=ok?'':'none';});}f.addEventListener('input',apply);c.addEventLis
 
 
 def e(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+    """HTML-escaped, and its control characters written out (html.escape leaves ESC and BEL as they are)."""
+    return html.escape(terminal_safe("" if value is None else str(value)), quote=True)
 
 
 def anchor(host: str) -> str:

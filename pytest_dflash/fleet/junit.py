@@ -15,12 +15,15 @@ from collections.abc import Mapping
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from pytest_dflash.scrub.terminal import terminal_safe
+
 # Characters XML 1.0 cannot carry at all (ANSI escapes in a log line would make the whole file invalid).
 INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def clean(text: str) -> str:
-    return INVALID_XML.sub("\ufffd", text)
+    """Control characters written out (scrub/terminal.py), then what XML still cannot carry replaced."""
+    return INVALID_XML.sub("\ufffd", terminal_safe(text))
 
 
 def render_junit(summary: Mapping[str, Any]) -> str:

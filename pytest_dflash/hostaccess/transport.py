@@ -4,6 +4,11 @@ testinfra has no per-command timeout (pytest-dev/pytest-testinfra#716), so every
 in coreutils `timeout` on the host, ssh gets ConnectTimeout and ServerAlive options (a connection
 that stalls mid-command dies), and a local watchdog thread is the last line of defence.
 
+What a command prints is bytes: it is decoded here as UTF-8 with replacement (testinfra's own decoding is
+strict: one Latin-1 byte in a log raised UnicodeDecodeError). A log is read with `read_tail`: the command's
+stdout and stderr through `tail -c LOG_READ_BYTES` where it runs (scrub/bounds.py, 4 MB), so what this process
+holds does not grow with what the command prints.
+
 Attach mode builds a read-only transport: a command declared `mutating=True` raises
 `ReadOnlyViolation` before anything is sent. Every command sent is logged (`Transport.sent`).
 
@@ -33,6 +38,7 @@ from typing import Any
 
 from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.errors import HostUnreachable, ReadOnlyViolation, TransportError
+from pytest_dflash.scrub.bounds import LOG_READ_BYTES, human
 from pytest_dflash.scrub.redact import redact
 
 # ssh: fail a dead connection within ~6 s instead of hanging on it forever.
@@ -47,6 +53,13 @@ KILL_GRACE_S = 5
 BECOME_CHECK_TIMEOUT_S = 10
 # journalctl --since windows start this much before their mark (on top of the clock uncertainty).
 JOURNAL_SLACK_S = 0.05
+# The exit status of a log command, printed after its output into the same `tail -c` (read_tail).
+_EXIT_MARK = "dflash-log-read-exit="
+
+
+def decode(data: bytes) -> str:
+    """What a host printed, as text: UTF-8, every byte that is not replaced by U+FFFD (never an error)."""
+    return data.decode("utf-8", "replace")
 
 
 def control_path() -> str:
@@ -69,6 +82,15 @@ class CommandResult:
     def tail(self, lines: int = 20) -> str:
         text = (self.stderr or self.stdout).strip().splitlines()
         return "\n".join(text[-lines:])
+
+
+@dataclass(frozen=True)
+class _Output:
+    """What a command left, as bytes (decoded by the caller, never by testinfra)."""
+
+    rc: int
+    stdout: bytes
+    stderr: bytes
 
 
 @dataclass
@@ -137,8 +159,37 @@ class Transport:
         """Run `command` (with shell-quoted `args` substituted for %s) on the host, within `timeout_s`.
 
         `root`: the command needs root (default: `mutating`); on a `become = true` host it runs through
-        `sudo -n`. `shown` replaces the command text in the audit log and messages (e.g. a file payload)."""
+        `sudo -n`. `shown` replaces the command text in the audit log and messages (e.g. a file payload).
+        What it printed is decoded as UTF-8 with replacement: never an error, whatever the bytes."""
         text = command % tuple(shlex.quote(a) for a in args) if args else command
+        entry, raw = self._send(text, timeout_s=timeout_s, mutating=mutating, root=root, env=env, shown=shown)
+        return CommandResult(entry.command, raw.rc, decode(raw.stdout), decode(raw.stderr), entry.duration_s)
+
+    def read_tail(self, command: str, *, timeout_s: float | None = None, root: bool | None = None,
+                  limit: int = LOG_READ_BYTES) -> CommandResult:
+        """Run a command that prints a log (its stdout and stderr together) and bring back only the last
+        `limit` bytes of what it printed: `tail -c` cuts them where the command runs, so this process holds
+        at most `limit` bytes whatever the command prints (400 MB of `yes`, a 10 GB file). The text is
+        decoded with replacement; a tail that was cut starts at its first whole line, after a line saying
+        so. `rc` is the command's own exit status (carried past the pipe after its output). The audit log
+        records `command` as the caller wrote it: the wrapper only cuts its output and reads its status."""
+        # The command in a subshell: an `exit` in it ends it, not the printf of its status.
+        script = (f"{{ ( {command}\n) 2>&1; printf '\\n{_EXIT_MARK}%s\\n' \"$?\"; }} "
+                  f"| tail -c {int(limit)}")
+        entry, raw = self._send(script, timeout_s=timeout_s, mutating=False, root=root, env=None,
+                                shown=command)
+        data, mark, status = raw.stdout.rpartition(b"\n" + _EXIT_MARK.encode())
+        if not mark:  # the shell failed before the command ran: what it said
+            data, status = raw.stdout, b""
+        rc = int(status) if status.strip().isdigit() else raw.rc
+        text = decode(data)
+        if len(raw.stdout) >= limit:  # cut: the first line is a part of one
+            whole = text.partition("\n")[2]
+            text = f"[… earlier output not read: cap {human(limit)} per log read]\n{whole}"
+        return CommandResult(entry.command, rc, text, decode(raw.stderr), entry.duration_s)
+
+    def _send(self, text: str, *, timeout_s: float | None, mutating: bool, root: bool | None,
+              env: Mapping[str, str] | None, shown: str | None) -> tuple[SentCommand, _Output]:
         if mutating and self.read_only:
             refused = redact(shown or text)
             raise ReadOnlyViolation(f"{self.name}: attach mode refuses a state-changing command: {refused}")
@@ -164,7 +215,7 @@ class Transport:
                           duration_s=entry.duration_s, become=become)
         if raw.rc == 124:
             raise TransportError(f"{self.name}: command timed out after {limit:g}s: {_short(entry.command)}")
-        return CommandResult(entry.command, raw.rc, raw.stdout, raw.stderr, entry.duration_s)
+        return entry, raw
 
     def _check_become(self) -> None:
         """Once per transport, before its first root command: `sudo -n` works for the ssh user, or a
@@ -191,7 +242,7 @@ class Transport:
             if raw.rc == 0:
                 self._become_checked = True
                 return
-            said = " ".join((raw.stderr or raw.stdout).split()) or f"exit {raw.rc}"
+            said = " ".join(decode(raw.stderr or raw.stdout).split()) or f"exit {raw.rc}"
             if raw.rc == 124:
                 said = f"no answer within {BECOME_CHECK_TIMEOUT_S}s"
             login = urllib.parse.urlparse(self.profile.connection or "").username or "the ssh user"
@@ -202,7 +253,7 @@ class Transport:
             )
             raise self._become_error
 
-    def _call_with_watchdog(self, wrapped: str, deadline_s: float) -> CommandResult:
+    def _call_with_watchdog(self, wrapped: str, deadline_s: float) -> _Output:
         outcome: dict[str, Any] = {}
 
         def call() -> None:
@@ -219,12 +270,13 @@ class Transport:
         if "error" in outcome:
             raise self._translate(outcome["error"])
         result = outcome["result"]
-        return CommandResult(wrapped, result.rc, result.stdout, result.stderr, 0.0)
+        # testinfra decodes strictly (one byte of Latin-1 in a log raised UnicodeDecodeError): its bytes.
+        return _Output(result.rc, result.stdout_bytes, result.stderr_bytes)
 
     def _translate(self, exc: BaseException) -> BaseException:
         # testinfra's ssh backend raises RuntimeError(CommandResult) when ssh itself exits 255.
         if isinstance(exc, RuntimeError) and exc.args and hasattr(exc.args[0], "stderr"):
-            stderr = (exc.args[0].stderr or "").strip()
+            stderr = decode(getattr(exc.args[0], "stderr_bytes", b"") or b"").strip()
             error = HostUnreachable(f"{self.name}: ssh failed: "
                                     f"{stderr.splitlines()[-1] if stderr else 'exit 255'}")
             if _is_connect_failure(stderr):

@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ import pytest
 
 from pytest_dflash.config.paths import state_root
 from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
+from pytest_dflash.scrub.terminal import terminal_safe
 from pytest_dflash.services.events import Heartbeat, ServiceEvent
 
 __all__ = ["HEARTBEAT_EVERY_S", "MAX_FILE_BYTES", "Line", "ProgressChannel", "Terminal", "classify"]
@@ -136,6 +137,7 @@ class Terminal:
         reporter = self.reporter
         if reporter is None:
             return
+        line = replace(line, text=terminal_safe(line.text))  # also a line read back from a worker's file
         with self._lock:
             if line.heartbeat:
                 if self.quiet:

@@ -2,8 +2,9 @@
 table at session end (one row per host: verdict, each layer's outcome, the first failure and its diagnosis
 id).
 
-Redacted like the verdict and bounded (SUMMARY_BYTES; GitHub takes 1 MiB per step): failing hosts come first,
-so a cut fleet table still shows them, and a cut says how many hosts it left out."""
+Redacted like the verdict, with no control character (a server's error text is in it), and bounded
+(SUMMARY_BYTES; GitHub takes 1 MiB per step): failing hosts come first, so a cut fleet table still shows them,
+and a cut says how many hosts it left out."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.report.verdict import HostVerdict, VerdictBuilder
 from pytest_dflash.scrub.bounds import KB, nbytes
 from pytest_dflash.scrub.redact import redact
+from pytest_dflash.scrub.terminal import terminal_safe
 
 ENV = "GITHUB_STEP_SUMMARY"
 SUMMARY_BYTES = 128 * KB  # of one run's table
@@ -87,8 +89,8 @@ def _row(name: str, verdict: HostVerdict, final: str) -> str:
 
 
 def _flat(text: str) -> str:
-    """Redacted, one line, at most CELL_CHARS."""
-    line = " ".join(redact(text).split())
+    """Redacted, one line, no control character (scrub/terminal.py), at most CELL_CHARS."""
+    line = " ".join(terminal_safe(redact(text)).split())
     return line if len(line) <= CELL_CHARS else line[: CELL_CHARS - 1] + "…"
 
 

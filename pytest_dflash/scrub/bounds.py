@@ -11,6 +11,8 @@ include that marker; what is kept is the head, the tail or both, whichever tells
     LINE_BYTES      1 KB  one-line texts: verdict messages, skip reasons, progress lines, summaries
     PROPERTY_BYTES 32 KB  the `dflash` user property as JSON (JUnit properties, the verdict)
     TEST_BYTES    128 KB  everything one test report carries: failure text + sections + property
+    LOG_READ_BYTES  4 MB  what one read of a log brings INTO the process (its end, cut where the log is
+                          read: `tail -c` on the host, a seek for a local file), whatever the log holds
 
 Redact before cutting (`scrub`): a cut can separate a secret from the name that marks it as one.
 `failure_text` is a service failure as a test fails with it: its message and its log's last lines, scrubbed.
@@ -22,10 +24,11 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from pytest_dflash.scrub.redact import redact, redact_mapping_value
+from pytest_dflash.scrub.terminal import terminal_safe
 
-__all__ = ["ITEM_BYTES", "LINE_BYTES", "LOG_BYTES", "LOG_TAIL_LINES", "LONGREPR_BYTES", "MAX_ENTRIES",
-           "PROPERTY_BYTES", "TEST_BYTES", "Keep", "bound_obj", "cap", "failure_text", "human", "nbytes",
-           "scrub"]
+__all__ = ["ITEM_BYTES", "LINE_BYTES", "LOG_BYTES", "LOG_READ_BYTES", "LOG_TAIL_LINES", "LONGREPR_BYTES",
+           "MAX_ENTRIES", "PROPERTY_BYTES", "TEST_BYTES", "Keep", "bound_obj", "cap", "failure_text", "human",
+           "nbytes", "scrub"]
 
 KB = 1024
 ITEM_BYTES = 8 * KB
@@ -34,6 +37,8 @@ LONGREPR_BYTES = 16 * KB
 LINE_BYTES = 1 * KB
 PROPERTY_BYTES = 32 * KB
 TEST_BYTES = 128 * KB
+# Enough for the 20,000 lines the speculation check reads of a start-up log, far less than a log can print.
+LOG_READ_BYTES = 4 * KB * KB
 MAX_ENTRIES = 100  # of one list in a property (notes, diagnoses): the rest is counted, not kept
 LOG_TAIL_LINES = 40  # of the service log in a failure message (the full window is its own report section)
 
@@ -92,7 +97,8 @@ def cap(text: str, limit: int, what: str, *, keep: Keep = "both") -> str:
 
 
 def scrub(text: str, limit: int, what: str, *, keep: Keep = "both", extra: tuple[str, ...] = ()) -> str:
-    """Redacted, then capped: the one call for any text about to leave the process.
+    """Redacted, made safe to print (scrub/terminal.py: no control character acts, no line is a CI workflow
+    command), then capped: the one call for any text about to leave the process.
 
     Text far over the limit is cut loosely first (regexes over megabytes cost seconds) with a wide
     margin, so the final cut falls inside text that was redacted with its context.
@@ -100,7 +106,11 @@ def scrub(text: str, limit: int, what: str, *, keep: Keep = "both", extra: tuple
     margin = 4 * KB
     if len(text) > 4 * (limit + 2 * margin):
         text = cap(text, 4 * (limit + 2 * margin), what, keep=keep)
-    return cap(redact(text, extra), limit, what, keep=keep)
+    safe = terminal_safe(redact(text, extra))
+    out = cap(safe, limit, what, keep=keep)
+    # A cut inside a line can start the kept tail with what was mid-line ("…x::error::y"); the few bytes the
+    # escape adds fit the slack cap leaves under its limit.
+    return out if out is safe else terminal_safe(out)
 
 
 def bound_obj(value: Any, *, item: int, what: str, extra: tuple[str, ...] = ()) -> Any:

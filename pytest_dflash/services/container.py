@@ -349,7 +349,9 @@ class ContainerService:
         since = ""
         if mark is not None:
             since = f" --since {mark.wall_time - self.transport.clock_error_s - JOURNAL_SLACK_S:.3f}"
-        result = self.transport.run(
+        # At most LOG_READ_BYTES of it (read_tail: cut on the host, decoded with replacement): --tail counts
+        # lines, and a line can be megabytes.
+        result = self.transport.read_tail(
             f"{self.engine} logs{since} --tail {int(lines)} --timestamps {shlex.quote(name)} 2>&1",
             timeout_s=20, root=True)
         return result.stdout

@@ -7,7 +7,9 @@ Its log comes from where the profile says, through the host's (read-only in atta
 deadline, and is used for evidence, diagnosis and redaction like a journal:
 `log_command = "kubectl logs deploy/sglang --since-time={since}"` ({since}: RFC 3339 UTC, {since_unix}:
 seconds, {lines}: the tail length; only the last `lines` lines are kept), or `log_file = "/var/log/x.log"`
-(read from the byte offset the test started at). Neither: no logs. Those two keys are its profile table's own
+(read from the byte offset the test started at). Either is read as bytes, only its last LOG_READ_BYTES
+(scrub/bounds.py; cut by `tail -c` where it is read, so memory does not grow with what it prints) and decoded
+with replacement. Neither: no logs. Those two keys are its profile table's own
 (`TABLE`; on another kind's service they are refused: that service has its own log), and its `algorithm` may
 be left out or "auto" (read from /server_info before collection, run/discovery.py).
 """
@@ -27,6 +29,7 @@ from pytest_dflash.config.tables.kinds import KindTable
 from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.errors import DflashError
 from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, Transport
+from pytest_dflash.scrub.bounds import LOG_READ_BYTES
 from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState
 
 LOG_COMMAND_TIMEOUT_S = 30.0
@@ -102,10 +105,12 @@ class ExternalService:
         if self.spec.log_file:
             path = shlex.quote(self.spec.log_file)
             offset = mark.offset if mark else 0
-            # From the test's offset, unless the file is shorter now (rotated or truncated): then its tail.
-            command = (f"if [ $(stat -c %s {path}) -ge {offset} ]; then tail -c +{offset + 1} {path}; "
-                       f"else cat {path}; fi | tail -n {lines}")
-            return self._read(command, f"log_file {self.spec.log_file}")
+            # From the test's offset, unless the file is shorter now (rotated or truncated): then its end; at
+            # most its last LOG_READ_BYTES either way (tail -c +N seeks: nothing before is read).
+            command = (f"size=$(stat -c %s {path}) || exit 1; from={offset}; [ $size -ge $from ] || from=0; "
+                       f"[ $((size - from)) -le {LOG_READ_BYTES} ] || from=$((size - {LOG_READ_BYTES})); "
+                       f"tail -c +$((from + 1)) {path}")
+            return _last_lines(self._read(command, f"log_file {self.spec.log_file}"), lines)
         if self.spec.log_command:
             wall = (mark.wall_time - self.transport.clock_error_s - JOURNAL_SLACK_S) if mark else 0.0
             values = {"since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(0.0, wall))),
@@ -114,18 +119,20 @@ class ExternalService:
                 command = render(self.spec.log_command, values, where=f"services.{self.name}.log_command")
             except ValueError as exc:
                 return f"(no logs: {exc})"
-            text = self._read(f"{command} 2>&1", "log_command")
-            return "\n".join(text.splitlines()[-lines:]) + ("\n" if text.strip() else "") if lines else ""
+            return _last_lines(self._read(f"{command} 2>&1", "log_command"), lines)
         return ""
 
     def _read(self, command: str, what: str) -> str:
+        """The end of what `command` prints (stdout and stderr), bounded where it runs (Transport.read_tail:
+        at most LOG_READ_BYTES, whatever the command prints) and decoded with replacement."""
         assert self.transport is not None
         try:
-            result = self.transport.run(command, timeout_s=LOG_COMMAND_TIMEOUT_S)
+            result = self.transport.read_tail(command, timeout_s=LOG_COMMAND_TIMEOUT_S)
         except DflashError as exc:
             return f"(could not read the log ({what}): {exc})"
-        if not result.ok and not result.stdout.strip():
-            return f"(could not read the log ({what}): exit {result.rc}: {' '.join(result.tail(3).split())})"
+        if not result.ok:
+            said = " ".join(result.tail(3).split())
+            return f"(could not read the log ({what}): exit {result.rc}{': ' + said if said else ''})"
         return result.stdout
 
     def describe(self) -> dict[str, str]:
@@ -136,6 +143,13 @@ class ExternalService:
             logs = f"log_file: {self.spec.log_file}"
         return {"kind": "external", "url": self.url, "logs": logs,
                 "liveness": "over HTTP (GET /v1/models; refused after it had answered = gone)"}
+
+
+def _last_lines(text: str, lines: int) -> str:
+    """The last `lines` lines of `text`, ending with a newline when there are any."""
+    if lines <= 0 or not text.strip():
+        return ""
+    return "\n".join(text.splitlines()[-lines:]) + "\n"
 
 
 def _make(spec: ServiceSpec, host: ServiceHost) -> ExternalService:

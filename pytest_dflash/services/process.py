@@ -27,6 +27,7 @@ from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.config.tables.kinds import KindTable
 from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.errors import ServiceError
+from pytest_dflash.scrub.bounds import LOG_READ_BYTES
 from pytest_dflash.services.base import (
     Kind,
     LaunchEnvironment,
@@ -236,13 +237,20 @@ class ProcessService:
         return LogMark(time.time(), offset)
 
     def logs_since(self, mark: LogMark | None, lines: int) -> str:
+        """The last `lines` lines written since `mark`, from at most the file's last LOG_READ_BYTES (a seek:
+        what a server printed before is never read), decoded with replacement."""
         try:
             with open(self.log_path, "rb") as handle:
-                handle.seek(mark.offset if mark else 0)
-                data = handle.read()
+                size = os.fstat(handle.fileno()).st_size
+                start = mark.offset if mark and mark.offset <= size else 0
+                cut = size - start > LOG_READ_BYTES
+                handle.seek(max(start, size - LOG_READ_BYTES))
+                data = handle.read(LOG_READ_BYTES)
         except OSError:
             return ""
         text = data.decode(errors="replace")
+        if cut:  # the first line is a part of one
+            text = text.partition("\n")[2]
         return "\n".join(text.splitlines()[-lines:])
 
     def launch_environment(self, *, live: bool) -> LaunchEnvironment:

@@ -282,9 +282,12 @@ class SystemdService:
 
     def logs_since(self, mark: LogMark | None, lines: int) -> str:
         since = f" {journal_since(mark.wall_time, self.transport.clock_error_s)}" if mark else ""
-        result = self.transport.run(
-            f"journalctl -u {shlex.quote(self.unit)}{since} -n {int(lines)} --no-pager 2>&1", timeout_s=20
-        )
+        # At most LOG_READ_BYTES of it (read_tail: cut on the host, decoded with replacement): -n counts
+        # lines, and a line can be megabytes. --all: a line that is not UTF-8 or holds an escape is shown (as
+        # bytes, decoded here), not as journalctl's "[27B blob data]".
+        result = self.transport.read_tail(
+            f"journalctl -u {shlex.quote(self.unit)}{since} -n {int(lines)} --all --no-pager 2>&1",
+            timeout_s=20)
         return result.stdout
 
     def launch_environment(self, *, live: bool) -> LaunchEnvironment:

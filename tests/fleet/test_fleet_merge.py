@@ -218,3 +218,19 @@ def test_merge_counts_partial_hosts_as_not_passing(tmp_path: Path, capsys: pytes
     assert main(["merge", str(root), "--out", str(tmp_path / "fleet")]) == 1
     assert "fleet: 0/1 hosts pass (1 partial)" in capsys.readouterr().out
     assert not (tmp_path / "fleet" / "history" / "gpu-a" / "last-good.verdict.json").exists()
+
+
+def test_a_shard_whose_verdict_holds_escapes_gives_outputs_with_none_raw(tmp_path: Path) -> None:
+    """A shard's verdict file is input (another run, an older plugin): its text is not trusted to be clean."""
+    path = make_verdict(tmp_path / "shard", "gpu-c", BROKEN)
+    data = json.loads(path.read_text())
+    data["failures"][0]["message"] = "\x1b[2J\x1b]0;PWNED\x07 boom\n::error::injected\n##vso[task.complete]"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "fleet"
+    assert main(["merge", str(tmp_path / "shard"), "--out", str(out)]) == 1
+    for name in ("fleet-summary.html", "fleet-junit.xml"):
+        text = (out / name).read_text()
+        assert "PWNED" in text, name
+        assert not [c for c in text if (ord(c) < 32 and c not in "\n\t") or 0x7f <= ord(c) <= 0x9f], name
+        assert not [line for line in text.splitlines() if line.lstrip().startswith("::")], name
+        assert "##vso[" not in text, name

@@ -105,3 +105,10 @@ def test_versions_seen_name_hosts_only_when_they_differ() -> None:
     assert versions_seen(builder) == {"SGLang": "0.5.17", "torch": "2.8.0+cu128 (b, c), 2.9.1+cu129 (a)",
                                       "FlashInfer": "0.7.2.post1"}
     assert versions_seen(_builder("c")) == {}
+
+
+def test_a_failure_text_with_escapes_reaches_the_summary_written_out() -> None:
+    """A verdict read back from a file (a merged shard, an older run) is not trusted to be scrubbed."""
+    text = markdown(_builder("h", failing=("h",), message="\x1b[2J\x1b]0;PWNED\x07 boom\r::error::x"))
+    assert "\\x1b[2J\\x1b]0;PWNED\\x07 boom\\r::error::x" in text.replace("\\\\", "\\")
+    assert not [c for c in text if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) <= 0x9f]

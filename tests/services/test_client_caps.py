@@ -104,3 +104,21 @@ def test_an_sse_event_larger_than_the_request_allows_fails(refserver: RefServerP
             pytest.raises(ApiError) as caught:
         client.generate_stream("Hello", GREEDY, timeout_s=30)
     assert caught.value.cause == "too-large" and "an SSE line of" in caught.value.message
+
+
+@pytest.mark.parametrize("body", [
+    b"\x1b[2J\x1b]0;PWNED\x07 boom\n::error::injected",
+    json.dumps({"object": "error", "message": "\x1b[2J\x1b]0;PWNED\x07 boom\n::error::injected"}).encode(),
+], ids=["text", "json"])
+def test_an_error_body_reaches_the_message_with_its_control_characters_written_out(
+        refserver: RefServerProcess, body: bytes) -> None:
+    def rule(method: str, path: str, _: object) -> Reply | None:
+        return Reply(500, body, "text/plain") if path == "/generate" else None
+
+    with FaultProxy(refserver.url, rule) as proxy, InferenceClient(proxy.url, service="hostile") as client, \
+            pytest.raises(ApiError) as caught:
+        client.generate("Hello", FOUR)
+    message = caught.value.message
+    assert "\\x1b[2J\\x1b]0;PWNED\\x07 boom" in message
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", message)
+    assert not any(line.lstrip().startswith("::") for line in message.splitlines()), message

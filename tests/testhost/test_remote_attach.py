@@ -44,7 +44,7 @@ READ_ONLY = [re.compile(p) for p in (
     r"date \+%s\.%N",
     rf"systemctl show -p [A-Za-z]+(,[A-Za-z]+)* {UNIT}",
     rf"systemctl (is-active|is-failed|status --no-pager) {UNIT}",
-    rf"journalctl -u {UNIT}( {SINCE})? -n \d+ --no-pager 2>&1",
+    rf"journalctl -u {UNIT}( {SINCE})? -n \d+ --all --no-pager 2>&1",
     rf"\(journalctl -k ({SINCE}|-b) --no-pager 2>/dev/null \|\| dmesg -T 2>/dev/null\) \| grep -E '[^']*' "
     r"\| tail -n \d+",
     rf"cat {UNIT_DIR}/{UNIT}",
