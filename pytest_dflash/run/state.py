@@ -327,7 +327,7 @@ class ServiceHandle:
             log_lines=self.host.run.options.journal_lines, progress=progress,
             log_mark=self.started_mark, request_timeout_s=self.host.run.options.request_timeout_s,
             abandoned=lambda: self.host.run.cleaning, on_settled=self.settle,
-            health_bypassed=self.health_bypassed,
+            health_bypassed=self.health_bypassed, label=self.label,
         )
         return watcher.wait()
 

@@ -117,6 +117,8 @@ class ReadinessWatcher:
     # why /health_generate proves nothing here (SGLANG_DIAG_BYPASS_HEALTH_GENERATE in the service's
     # environment: services/health.py); None: it proves output got through the scheduler
     health_bypassed: str | None = None
+    # how the progress lines name the service ("host/service", as its other lines do); its name when empty
+    label: str = ""
     _base_restarts: int | None = None
     _version: str | None = None  # /server_info version, once read
 
@@ -151,7 +153,7 @@ class ReadinessWatcher:
 
     def _say(self, message: str, *, heartbeat: bool = False) -> None:
         if self.progress:
-            line = f"{self.service.name}: {message}"
+            line = f"{self.label or self.service.name}: {message}"
             self.progress(Heartbeat(line) if heartbeat else line)
 
     def wait(self) -> ReadyReport:
