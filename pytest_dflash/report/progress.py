@@ -162,16 +162,15 @@ class _Direct:
 class Terminal:
     """Writes progress lines: rate-limited heartbeats, -q, the live line.
 
-    Where: with a :class:`_Direct` whose stdout the terminal reporter writes to (a single process), straight
-    to the terminal, from any thread, each write whole and unbuffered. The reporter's own output stays intact
-    around it: a line said while the reporter's current line holds text ("test_smoke.py .s.") starts on a new
-    line and the reporter is told its line is done; the live line is drawn on the row below the reporter's
-    text and erased (the cursor back after that text) before the reporter writes again (:meth:`hold` /
-    :meth:`release` around its per-test hooks). Otherwise (the xdist controller's tail, a run without a
-    stdout descriptor): through the terminal reporter, flushed after each line."""
+    Where: given a :class:`_Direct` (:meth:`write_to`) whose stdout the terminal reporter writes to (a single
+    process), straight to the terminal, from any thread, each write whole and unbuffered. The reporter's own
+    output stays intact around it: a line said while the reporter's current line holds text ("test_smoke.py
+    .s.") starts on a new line and the reporter is told its line is done; the live line is drawn on the row
+    below the reporter's text and erased (the cursor back after that text) before the reporter writes again
+    (:meth:`hold` / :meth:`release` around its per-test hooks). Otherwise (the xdist controller's tail, a run
+    without a stdout descriptor): through the terminal reporter, flushed after each line."""
 
-    def __init__(self, config: pytest.Config, hosts: Sequence[str], *, live: bool,
-                 direct: _Direct | None = None) -> None:
+    def __init__(self, config: pytest.Config, hosts: Sequence[str], *, live: bool) -> None:
         self.config = config
         self.quiet = config.get_verbosity() < 0
         self.fleet = _Fleet(hosts)
@@ -179,7 +178,7 @@ class Terminal:
         self._last_beat: dict[str, float] = {}
         self._live_ok = live
         self._live_shown = False
-        self._direct = direct
+        self._direct: _Direct | None = None  # write_to
         self._direct_checked = False
         # the direct writer's state: what each waiting service said last (and when), the live line drawn
         # (below the reporter's partial line?), the lines said while the reporter writes, the session ended
@@ -197,6 +196,13 @@ class Terminal:
     def live(self) -> bool:
         reporter = self.reporter
         return self._live_ok and not self.quiet and reporter is not None and bool(reporter.isatty())
+
+    def write_to(self, direct: _Direct | None) -> None:
+        """Write straight to `direct` from now on (None: through the terminal reporter)."""
+        with self._lock:
+            if self._direct is not None:
+                self._direct.close()
+            self._direct, self._direct_checked = direct, False
 
     def writes_directly(self) -> bool:
         """True when lines go straight to the terminal (from any thread, never into a test's capture)."""
@@ -474,9 +480,7 @@ class ProgressChannel:
         self.xdist = self.controller and config.pluginmanager.hasplugin("xdist") and (
             getattr(config.option, "dist", "no") != "no")
         self.path = state_root() / "progress" / f"{run_id}.jsonl"
-        # a single process writes straight to the terminal (pytest_configure: no test captures stdout yet)
-        direct = _Direct.open() if self.controller and not self.xdist else None
-        self.terminal = Terminal(config, hosts, live=self.controller and not self.xdist, direct=direct)
+        self.terminal = Terminal(config, hosts, live=self.controller and not self.xdist)
         self.config = config
         self._writer: _FileWriter | None = None
         if workerinput is not None and workerinput.get("dflash_progress"):
@@ -518,7 +522,10 @@ class ProgressChannel:
                 self.terminal.show(line)
 
     def start(self) -> None:
-        """The controller of an xdist run: create the run's file and tail it."""
+        """In pytest_configure, where no test captures stdout yet: a single process takes its copy of stdout's
+        descriptor to write to; the controller of an xdist run creates the run's file and tails it."""
+        if self.controller and not self.xdist:
+            self.terminal.write_to(_Direct.open())
         if not self.xdist or self._tail is not None:
             return
         folder = self.path.parent
@@ -584,6 +591,17 @@ class ProgressChannel:
             self.terminal.release()
             if self._queue:
                 self._show(self._drained())
+
+    # innermost: done before the terminal reporter writes the last "[100%]" after the loop
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        try:
+            return (yield)
+        finally:
+            # the reporter writes its last progress and the summary now: no live line any more, and lines of
+            # other threads wait for the main thread (stop, close)
+            self._stopped = True
+            self.terminal.end_live()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

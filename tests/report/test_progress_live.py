@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from support.terminal import render
 
 pytestmark = pytest.mark.slow
 
@@ -152,6 +153,9 @@ def test_progress_reaches_a_terminal_and_a_pipe_as_it_happens(tmp_path: Path) ->
     live = rb"\r\[dflash\] live-tty/dflash: waiting \d+\.\ds in \w+ phase[^\r\n]*\x1b\[K"
     assert len(re.findall(live, tty.raw)) >= 2, tty.shown()
     assert not re.search(rb"waiting \d+\.\ds[^\r\n\x1b]*\r\n", tty.raw), tty.shown()
+    screen = render(tty.raw, width=160)  # once done: the state changes, the reporter's lines, no live line left
+    assert "[dflash] live-tty/dflash: started" in "\n".join(screen) and not any("waiting" in row for row in screen)
+    assert any(re.fullmatch(r"\.+ +\[100%\]", row) for row in screen), screen
     # a pipe, and -n: one plain line per heartbeat
     assert re.search(rb"\n\[dflash\] live-pipe/dflash: waiting 1\d\.\ds in \w+ phase[^\r\n]*\n", pipe.raw)
     # -q: the state changes, no heartbeat
