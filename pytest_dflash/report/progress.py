@@ -186,7 +186,7 @@ class Terminal:
         self._drawn = False
         self._drawn_below = False
         self._held = False
-        self._pending: list[Line] = []
+        self._pending: deque[Line] = deque(maxlen=200)
         self._ended = False
 
     @property
@@ -320,7 +320,8 @@ class Terminal:
             if direct is None or not self._held:
                 return
             self._held = False
-            pending, self._pending = self._pending, []
+            pending = list(self._pending)
+            self._pending.clear()
             self._show_direct(reporter, direct, pending)
 
     # ---- through the terminal reporter ------------------------------------------------------------------
@@ -591,6 +592,13 @@ class ProgressChannel:
             self.terminal.release()
             if self._queue:
                 self._show(self._drained())
+
+    # a debugger's prompt is not drawn over either
+    def pytest_enter_pdb(self, config: pytest.Config, pdb: Any) -> None:
+        self.terminal.hold()
+
+    def pytest_leave_pdb(self, config: pytest.Config, pdb: Any) -> None:
+        self.terminal.release()
 
     # innermost: done before the terminal reporter writes the last "[100%]" after the loop
     @pytest.hookimpl(wrapper=True, trylast=True)

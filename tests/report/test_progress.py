@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import pty
 import re
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,53 @@ def test_quiet_draws_no_live_line(tmp_path: Path) -> None:
     out = run_threads(tmp_path, "-q", terminal=True).decode(errors="replace")
     assert "waiting" not in out, out
     assert "[dflash] h1/a: started" in out and "[dflash] h1/a: ready after 12.0s" in out, out
+
+
+TEST_PDB = '''
+import threading
+import time
+
+from pytest_dflash.services.events import Heartbeat
+
+
+def test_debugged(say):
+    later = lambda: (time.sleep(1.0), say(Heartbeat("h2/b: waiting 10.0s in sampled phase: said in pdb")))
+    thread = threading.Thread(target=later)
+    thread.start()
+    breakpoint()
+    thread.join()
+'''
+
+
+def test_the_live_line_waits_while_a_debugger_prompts(tmp_path: Path) -> None:
+    """A background wait's heartbeat is not drawn over pdb's prompt: it is drawn once the debugger is left."""
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_pdb.py").write_text(TEST_PDB)
+    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": os.environ.get("PATH", ""), "COLUMNS": "120"}
+    main, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
+                             "test_pdb.py"], cwd=tmp_path, stdout=secondary, stderr=secondary, stdin=secondary,
+                            env=env)
+    os.close(secondary)
+    seen = b""
+    deadline = time.monotonic() + 60
+    while b"(Pdb) " not in seen and time.monotonic() < deadline:
+        seen += os.read(main, 65536)
+    time.sleep(2.5)  # the thread says its heartbeat 1 s after the prompt came
+    while select.select([main], [], [], 0.2)[0]:
+        seen += os.read(main, 65536)
+    at_prompt = seen
+    os.write(main, b"c\n")
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the other end closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main)
+    assert proc.wait(timeout=60) == 0, seen.decode(errors="replace")
+    assert b"(Pdb) " in at_prompt and b"said in pdb" not in at_prompt, at_prompt.decode(errors="replace")
+    assert b"\r[dflash] h2/b: waiting 10.0s in sampled phase: said in pdb\x1b[K" in seen, seen.decode(
+        errors="replace")
