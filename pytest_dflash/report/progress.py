@@ -9,7 +9,7 @@ Every other line is an event. Being ``str``, they pass through every ``Callable[
 
 How it is shown (:class:`Terminal`): heartbeats at most one per service (the text before the first ``": "``,
 "host/service") per :data:`HEARTBEAT_EVERY_S`; with ``-q`` none at all, only events and the fleet counts when
-they change. Without ``-n`` and with a terminal on stdout, heartbeats draw one live line instead, rewritten
+they change. Without ``-n`` or ``-s`` and with a terminal on stdout, heartbeats draw one live line, rewritten
 in place (``\r``, the line, clear to its end), naming every service still waiting and what it said last;
 otherwise every line is a plain line (as logs and CI want).
 
@@ -194,8 +194,11 @@ class Terminal:
         return self.config.pluginmanager.get_plugin("terminalreporter")
 
     def live(self) -> bool:
+        """True when heartbeats draw the live line: a terminal, no -n, no -q, and no -s (a test's own output,
+        such as the perf layer's progress bar, may then hold the line the live line would rewrite)."""
         reporter = self.reporter
-        return self._live_ok and not self.quiet and reporter is not None and bool(reporter.isatty())
+        return (self._live_ok and not self.quiet and reporter is not None and bool(reporter.isatty())
+                and getattr(self.config.option, "capture", "fd") != "no")
 
     def write_to(self, direct: _Direct | None) -> None:
         """Write straight to `direct` from now on (None: through the terminal reporter)."""

@@ -243,3 +243,10 @@ def test_the_live_line_waits_while_a_debugger_prompts(tmp_path: Path) -> None:
     assert b"(Pdb) " in at_prompt and b"said in pdb" not in at_prompt, at_prompt.decode(errors="replace")
     assert b"\r[dflash] h2/b: waiting 10.0s in sampled phase: said in pdb\x1b[K" in seen, seen.decode(
         errors="replace")
+
+
+def test_with_s_the_heartbeats_are_lines_not_a_live_line(tmp_path: Path) -> None:
+    """-s: a test's own output (the perf layer's progress bar) may hold the line a live line would rewrite."""
+    out = run_threads(tmp_path, "-s", terminal=True).decode(errors="replace")
+    assert "\n[dflash] h1/a: waiting 10.0s in http phase: in CUDA-graph capture\r\n" in out, out
+    assert "\x1b[K" not in out, out
