@@ -209,7 +209,9 @@ class Terminal:
 
     def writes_directly(self) -> bool:
         """True when lines go straight to the terminal (from any thread, never into a test's capture)."""
-        return self._direct_writer(self.reporter) is not None
+        reporter = self.reporter
+        with self._lock:
+            return self._direct_writer(reporter) is not None
 
     def _direct_writer(self, reporter: Any) -> _Direct | None:
         if self._direct is None or reporter is None:
