@@ -225,9 +225,12 @@ class Terminal:
 
     def show(self, line: Line) -> None:
         reporter = self.reporter
-        if reporter is None or (line.heartbeat and self.quiet):
+        if reporter is None:
             return
         with self._lock:
+            if line.heartbeat:
+                if self.quiet:
+                    return
             direct = self._direct_writer(reporter)
             if direct is None:
                 self._show_through_reporter(reporter, line)
@@ -356,16 +359,13 @@ class Terminal:
     def end_live(self) -> None:
         """Session end: the live line erased, and not drawn again."""
         reporter = self.reporter
-        if reporter is None:
-            return
         with self._lock:
             self._ended = True
             direct = self._direct_writer(reporter)
-            if direct is not None:
-                if self._drawn:
-                    direct.write(self._erase_live(reporter._tw))
-                return
-            self._end_live(reporter)
+            if direct is not None and self._drawn:
+                direct.write(self._erase_live(reporter._tw))
+            elif direct is None and reporter is not None:
+                self._end_live(reporter)
 
     def close(self) -> None:
         with self._lock:
