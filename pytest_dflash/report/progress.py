@@ -228,9 +228,8 @@ class Terminal:
         if reporter is None:
             return
         with self._lock:
-            if line.heartbeat:
-                if self.quiet:
-                    return
+            if line.heartbeat and self.quiet:
+                return
             direct = self._direct_writer(reporter)
             if direct is None:
                 self._show_through_reporter(reporter, line)
