@@ -7,10 +7,19 @@ in sampled phase: …", a perf run's "so far" line); a :class:`~pytest_dflash.se
 a service was started / became ready / failed and moves the fleet counts (hosts ready / failed / pending).
 Every other line is an event. Being ``str``, they pass through every ``Callable[[str], None]`` unchanged.
 
-How it is shown (:class:`Terminal`): heartbeats at most one per service (the text before the first ``": "``)
-per :data:`HEARTBEAT_EVERY_S`; with ``-q`` none at all, only events and the fleet counts when they change.
-Without ``-n`` and with a terminal on stdout, heartbeats rewrite one live status line (the terminal reporter's
-``rewrite``); otherwise every line is a plain line (as logs and CI want).
+How it is shown (:class:`Terminal`): heartbeats at most one per service (the text before the first ``": "``,
+"host/service") per :data:`HEARTBEAT_EVERY_S`; with ``-q`` none at all, only events and the fleet counts when
+they change. Without ``-n`` or ``-s`` and with a terminal on stdout, heartbeats draw one live line, rewritten
+in place (``\r``, the line, clear to its end), naming every service still waiting and what it said last;
+otherwise every line is a plain line (as logs and CI want).
+
+Every line reaches the terminal, or the pipe a CI log or a parent process reads, when it is said: whatever the
+environment (no PYTHONUNBUFFERED needed) and whichever thread says it. A single process writes straight to a
+copy of stdout's descriptor taken in pytest_configure (:class:`_Direct`: ``os.write``, unbuffered, and not the
+descriptor a running test's capture redirects), so a service waited for in the background (a peer started
+with the first, a fleet pre-flight) is heard while the main thread waits in another test's setup or runs a
+test, and never lands in that test's captured output; the terminal reporter's partial line and the live line
+are kept apart (:meth:`Terminal.hold` / :meth:`Terminal.release` around its per-test hooks).
 
 Under xdist (:class:`ProgressChannel` in a worker): a worker's stdout never reaches the controller, and
 xdist has no channel for a plugin's own messages: its controller takes only the events it knows
@@ -22,11 +31,11 @@ controller thread (:class:`_Tail`) tails it every 0.25 s and prints through the 
 bounded (:data:`MAX_FILE_BYTES`: heartbeats are dropped past it, events past twice it), the thread is stopped
 and the file removed at session end; files that killed runs left behind are removed after a day.
 
-Capture: a line said on the main thread is written with the capture manager's global and fixture capture
-disabled (as before); one said on another thread (a peer's readiness wait in the background) is never written
-into a running test's capture: in a worker it only goes to the file, in a single process it is queued and
-written by the main thread at its next progress line or test report. The controller's tail thread writes to
-a terminal no test captures (xdist's controller runs no tests); a lock serialises its lines.
+Where stdout has no descriptor (an in-process pytester run) a line said on the main thread is written through
+the terminal reporter with the capture manager's global and fixture capture disabled, and one said on another
+thread is queued for the main thread's next progress line or test report. The controller's tail thread writes
+through the reporter (xdist's controller runs no tests); every such line is flushed at once, and a lock
+serialises them.
 """
 
 from __future__ import annotations
@@ -34,10 +43,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -54,6 +64,7 @@ __all__ = ["HEARTBEAT_EVERY_S", "MAX_FILE_BYTES", "Line", "ProgressChannel", "Te
 HEARTBEAT_EVERY_S = 9.0  # one heartbeat per service per ~10 s at most (readiness says one every 10 s)
 MAX_FILE_BYTES = 4 * 1024 * 1024
 TAIL_EVERY_S = 0.25
+LIVE_STALE_S = 25.0  # a service on the live line that said nothing for this long is no longer shown
 STALE_AFTER_S = 86400.0
 PREFIX = "[dflash] "
 
@@ -113,8 +124,52 @@ class _Fleet:
         return f"fleet: {ready} of {len(self.hosts)} host(s) ready, {failed} failed, {counts[2]} pending"
 
 
+class _Direct:
+    """The terminal's own file descriptor: a copy of stdout's, taken before any test captured it
+    (pytest_configure runs with the global capture suspended). Written with ``os.write``: unbuffered, so a
+    line reaches a pipe (a CI log, a parent process) when it is said, with or without PYTHONUNBUFFERED; and,
+    being a copy, it is not the descriptor a running test's capture redirects, so a background thread's line
+    reaches the terminal at once and never lands in a test's captured output."""
+
+    def __init__(self, stdout: Any, fd: int) -> None:
+        self.stdout = stdout  # the file object the terminal reporter writes to: checked before use
+        self.fd: int | None = fd
+        self.encoding = str(getattr(stdout, "encoding", None) or "utf-8")
+
+    @classmethod
+    def open(cls) -> _Direct | None:
+        """A copy of stdout's descriptor, or None where stdout has none (an in-process pytester run)."""
+        stdout = sys.stdout
+        try:
+            return cls(stdout, os.dup(stdout.fileno()))
+        except (AttributeError, OSError, ValueError):
+            return None
+
+    def write(self, text: str) -> None:
+        data = text.encode(self.encoding, errors="replace")
+        while data and self.fd is not None:
+            try:
+                data = data[os.write(self.fd, data):]
+            except OSError:
+                return  # a closed pipe: the line is lost, the run goes on
+
+    def close(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
 class Terminal:
-    """Writes progress lines through the terminal reporter: rate-limited heartbeats, -q, the live line."""
+    """Writes progress lines: rate-limited heartbeats, -q, the live line.
+
+    Where: given a :class:`_Direct` (:meth:`write_to`) whose stdout the terminal reporter writes to (a single
+    process), straight to the terminal, from any thread, each write whole and unbuffered. The reporter's own
+    output stays intact around it: a line said while the reporter's current line holds text ("test_smoke.py
+    .s.") starts on a new line and the reporter is told its line is done; the live line is drawn on the row
+    below the reporter's text and erased (the cursor back after that text) before the reporter writes again
+    (:meth:`hold` / :meth:`release` around its per-test hooks). Otherwise (the xdist controller's tail, a run
+    without a stdout descriptor): through the terminal reporter, flushed after each line."""
 
     def __init__(self, config: pytest.Config, hosts: Sequence[str], *, live: bool) -> None:
         self.config = config
@@ -124,14 +179,50 @@ class Terminal:
         self._last_beat: dict[str, float] = {}
         self._live_ok = live
         self._live_shown = False
+        self._direct: _Direct | None = None  # write_to
+        self._direct_checked = False
+        # the direct writer's state: what each waiting service said last (and when), the live line drawn
+        # (below the reporter's partial line?), the lines said while the reporter writes, the session ended
+        self._waiting: dict[str, tuple[str, float]] = {}
+        self._drawn = False
+        self._drawn_below = False
+        self._held = False
+        self._pending: deque[Line] = deque(maxlen=200)
+        self._ended = False
 
     @property
     def reporter(self) -> Any:
         return self.config.pluginmanager.get_plugin("terminalreporter")
 
     def live(self) -> bool:
+        """True when heartbeats draw the live line: a terminal, no -n, no -q, and no -s (a test's own output,
+        such as the perf layer's progress bar, may then hold the line the live line would rewrite)."""
         reporter = self.reporter
-        return self._live_ok and reporter is not None and bool(reporter.isatty())
+        return (self._live_ok and not self.quiet and reporter is not None and bool(reporter.isatty())
+                and getattr(self.config.option, "capture", "fd") != "no")
+
+    def write_to(self, direct: _Direct | None) -> None:
+        """Write straight to `direct` from now on (None: through the terminal reporter)."""
+        with self._lock:
+            if self._direct is not None:
+                self._direct.close()
+            self._direct, self._direct_checked = direct, False
+
+    def writes_directly(self) -> bool:
+        """True when lines go straight to the terminal (from any thread, never into a test's capture)."""
+        reporter = self.reporter
+        with self._lock:
+            return self._direct_writer(reporter) is not None
+
+    def _direct_writer(self, reporter: Any) -> _Direct | None:
+        if self._direct is None or reporter is None:
+            return None
+        if not self._direct_checked:  # the reporter exists from the first line on: check it writes there
+            self._direct_checked = True
+            if getattr(getattr(reporter, "_tw", None), "_file", None) is not self._direct.stdout:
+                self._direct.close()
+                self._direct = None
+        return self._direct
 
     def show(self, line: Line) -> None:
         reporter = self.reporter
@@ -139,39 +230,173 @@ class Terminal:
             return
         line = replace(line, text=terminal_safe(line.text))  # also a line read back from a worker's file
         with self._lock:
+            if line.heartbeat and self.quiet:
+                return
+            direct = self._direct_writer(reporter)
+            if direct is None:
+                self._show_through_reporter(reporter, line)
+            elif self._held:
+                self._pending.append(line)  # the reporter is writing: after it (release)
+            else:
+                self._show_direct(reporter, direct, [line])
+
+    # ---- straight to the terminal ----------------------------------------------------------------------
+
+    def _show_direct(self, reporter: Any, direct: _Direct, lines: list[Line]) -> None:
+        now = time.monotonic()
+        live = self.live() and not self._ended
+        said: list[str] = []
+        for line in lines:
             if line.heartbeat:
-                if self.quiet:
-                    return
-                key = line.text.split(": ", 1)[0]
-                now = time.monotonic()
-                if now - self._last_beat.get(key, -HEARTBEAT_EVERY_S) < HEARTBEAT_EVERY_S:
-                    return
+                key = _who(line.text)
+                self._waiting[key] = (line.text, now)
+                if live or now - self._last_beat.get(key, -HEARTBEAT_EVERY_S) < HEARTBEAT_EVERY_S:
+                    continue  # on the live line, or said less than ~10 s ago
                 self._last_beat[key] = now
-                if self.live():
-                    _newline(reporter)
-                    reporter.rewrite(PREFIX + line.text, erase=True)
-                    reporter.flush()
-                    self._live_shown = True
-                    return
-            self._end_live(reporter)
-            _newline(reporter)
-            reporter.write_line(PREFIX + line.text)
-            if line.fleet is not None:
-                said = self.fleet.update(*line.fleet)
-                if said is not None:
-                    reporter.write_line(PREFIX + said)
+                said.append(PREFIX + line.text)
+                continue
+            for key in [key for key in self._waiting if _about(line.text, key)]:
+                del self._waiting[key]  # ready, failed, measured: no longer waiting
+            said.append(PREFIX + line.text)
+            if line.fleet is not None and (counts := self.fleet.update(*line.fleet)) is not None:
+                said.append(PREFIX + counts)
+        if not said and not live:
+            return
+        if threading.current_thread() is threading.main_thread():
+            reporter.flush()  # what the reporter wrote goes first (other threads: its hooks flushed it)
+        out = self._erase_live(reporter._tw)
+        if said:
+            if reporter._tw.width_of_current_line:
+                out += "\n"
+                _forget_current_line(reporter._tw)
+            out += "\n".join(said) + "\n"
+        if live:
+            out += self._draw_live(reporter._tw, now)
+        if out:
+            direct.write(out)
+
+    def _erase_live(self, tw: Any) -> str:
+        """What erases the live line and puts the cursor back where the reporter left it."""
+        if not self._drawn:
+            return ""
+        self._drawn = False
+        if not self._drawn_below:
+            return "\r\x1b[K"
+        column = tw.width_of_current_line % max(tw.fullwidth, 1) + 1
+        return f"\r\x1b[K\x1b[A\x1b[{column}G"  # up to the reporter's partial line, after its last character
+
+    def _draw_live(self, tw: Any, now: float) -> str:
+        """What draws the live line (every waiting service, one row, cut to the width), or '' when none
+        waits."""
+        for key in [key for key, (_, at) in self._waiting.items() if now - at > LIVE_STALE_S]:
+            del self._waiting[key]  # a wait that ended without a line (its thread gone, a test done)
+        if not self._waiting:
+            return ""
+        texts = [text for text, _ in self._waiting.values()]
+        shown = texts[0] if len(texts) == 1 else f"{len(texts)} waiting: " + " | ".join(
+            ": ".join(text.split(": ", 2)[:2]) for text in texts)
+        width = max(tw.fullwidth, 1)
+        shown = (PREFIX + shown)[:max(width - 1, 1)]  # one row: a wrapped line could not be rewritten
+        current = tw.width_of_current_line
+        if current and current % width == 0:
+            # the reporter's line ends at the margin (the cursor waits to wrap): no row to come back to
+            out = "\n"
+            _forget_current_line(tw)
+            current = 0
+        else:
+            out = "\n" if current else ""
+        self._drawn, self._drawn_below = True, bool(current)
+        return f"{out}\r{shown}\x1b[K"
+
+    def hold(self) -> None:
+        """The reporter is about to write (the main thread, in a per-test hook): the live line is erased and
+        lines said meanwhile wait for :meth:`release`."""
+        reporter = self.reporter
+        with self._lock:
+            direct = self._direct_writer(reporter)
+            if direct is None:
+                return
+            self._held = True
+            if self._drawn:
+                direct.write(self._erase_live(reporter._tw))
+
+    def release(self) -> None:
+        """The reporter wrote: its output flushed, the lines said meanwhile written, the live line drawn
+        again."""
+        reporter = self.reporter
+        with self._lock:
+            direct = self._direct_writer(reporter)
+            if direct is None or not self._held:
+                return
+            self._held = False
+            pending = list(self._pending)
+            self._pending.clear()
+            self._show_direct(reporter, direct, pending)
+
+    # ---- through the terminal reporter ------------------------------------------------------------------
+
+    def _show_through_reporter(self, reporter: Any, line: Line) -> None:
+        if line.heartbeat:
+            key = _who(line.text)
+            now = time.monotonic()
+            if now - self._last_beat.get(key, -HEARTBEAT_EVERY_S) < HEARTBEAT_EVERY_S:
+                return
+            self._last_beat[key] = now
+            if self.live():
+                _newline(reporter)
+                reporter.rewrite(PREFIX + line.text, erase=True)
+                reporter.flush()
+                self._live_shown = True
+                return
+        self._end_live(reporter)
+        _newline(reporter)
+        reporter.write_line(PREFIX + line.text)
+        if line.fleet is not None:
+            said = self.fleet.update(*line.fleet)
+            if said is not None:
+                reporter.write_line(PREFIX + said)
+        reporter.flush()  # a pipe's buffer would hold it until the run ends
 
     def end_live(self) -> None:
+        """Session end: the live line erased, and not drawn again."""
         reporter = self.reporter
-        if reporter is not None:
-            with self._lock:
+        with self._lock:
+            self._ended = True
+            direct = self._direct_writer(reporter)
+            if direct is not None and self._drawn:
+                direct.write(self._erase_live(reporter._tw))
+            elif direct is None and reporter is not None:
                 self._end_live(reporter)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._direct is not None:
+                self._direct.close()
+                self._direct = None
 
     def _end_live(self, reporter: Any) -> None:
         if self._live_shown:
             reporter.rewrite("", erase=True)
             reporter.write("\r")
+            reporter.flush()
             self._live_shown = False
+
+
+def _who(text: str) -> str:
+    """The service (or other subject) a line is about: its text before the first ': '."""
+    return text.split(": ", 1)[0]
+
+
+def _about(text: str, who: str) -> bool:
+    """True when a line is about `who` ("h/svc: ready after 3.0s", "h/svc (DFLASH): 480 tok/s")."""
+    return text.startswith((f"{who}: ", f"{who} "))
+
+
+def _forget_current_line(tw: Any) -> None:
+    """The reporter's current line was ended behind its back (a line written straight to the terminal): its
+    next output starts a fresh line, and its right-aligned "[ 50%]" must count from there."""
+    if hasattr(tw, "_current_line"):
+        tw._current_line = ""
 
 
 def _newline(reporter: Any) -> None:
@@ -269,13 +494,18 @@ class ProgressChannel:
             self._writer = _FileWriter(Path(workerinput["dflash_progress"]))
         self._queue: deque[Line] = deque(maxlen=200)
         self._tail: _Tail | None = None
+        self._stopped = False
 
     def __call__(self, message: str) -> None:
         line = classify(message)
         if self._writer is not None:
             self._writer.write(line)
             return
-        if threading.current_thread() is not threading.main_thread():
+        main = threading.current_thread() is threading.main_thread()
+        if not self._stopped and self.terminal.writes_directly():
+            self.terminal.show(line)  # any thread, at once, never into a test's capture
+            return
+        if not main:
             self._queue.append(line)  # written by the main thread, never into a running test's capture
             return
         self._show([*self._drained(), line])
@@ -290,7 +520,7 @@ class ProgressChannel:
         if not lines:
             return
         capture = self.config.pluginmanager.get_plugin("capturemanager")
-        if capture is None:
+        if capture is None or self.terminal.writes_directly():
             for line in lines:
                 self.terminal.show(line)
             return
@@ -299,7 +529,10 @@ class ProgressChannel:
                 self.terminal.show(line)
 
     def start(self) -> None:
-        """The controller of an xdist run: create the run's file and tail it."""
+        """In pytest_configure, where no test captures stdout yet: a single process takes its copy of stdout's
+        descriptor to write to; the controller of an xdist run creates the run's file and tails it."""
+        if self.controller and not self.xdist:
+            self.terminal.write_to(_Direct.open())
         if not self.xdist or self._tail is not None:
             return
         folder = self.path.parent
@@ -320,26 +553,69 @@ class ProgressChannel:
 
     def stop(self) -> None:
         """Session end: the tail's last read, the file removed, what is queued written, the live line
-        ended."""
+        ended. Later lines of background threads are queued (the reporter writes its summary now)."""
+        self._stopped = True
         if self._tail is not None:
             self._tail.stop()
             self._tail = None
             with contextlib.suppress(OSError):
                 self.path.unlink()
+        self.terminal.end_live()
         if threading.current_thread() is threading.main_thread():
             self._show(self._drained())
-        self.terminal.end_live()
 
     def close(self) -> None:
         self.stop()
+        self.terminal.close()
         if self._writer is not None:
             self._writer.close()
 
     # ---- hooks (plugin.py registers the channel) ---------------------------------------------------
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if self._queue:
-            self._show(self._drained())
+    # The terminal reporter writes a test's progress in these: the live line steps aside meanwhile.
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> Generator[None]:
+        self.terminal.hold()
+        try:
+            return (yield)
+        finally:
+            self.terminal.release()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> Generator[None]:
+        self.terminal.hold()
+        try:
+            return (yield)
+        finally:
+            self.terminal.release()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None]:
+        self.terminal.hold()
+        try:
+            return (yield)
+        finally:
+            self.terminal.release()
+            if self._queue:
+                self._show(self._drained())
+
+    # a debugger's prompt is not drawn over either
+    def pytest_enter_pdb(self, config: pytest.Config, pdb: Any) -> None:
+        self.terminal.hold()
+
+    def pytest_leave_pdb(self, config: pytest.Config, pdb: Any) -> None:
+        self.terminal.release()
+
+    # innermost: done before the terminal reporter writes the last "[100%]" after the loop
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        try:
+            return (yield)
+        finally:
+            # the reporter writes its last progress and the summary now: no live line any more, and lines of
+            # other threads wait for the main thread (stop, close)
+            self._stopped = True
+            self.terminal.end_live()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

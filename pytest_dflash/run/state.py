@@ -334,7 +334,7 @@ class ServiceHandle:
             log_mark=self.started_mark, request_timeout_s=self.host.run.options.request_timeout_s,
             abandoned=lambda: self.host.run.cleaning, on_settled=self.settle,
             health_bypassed=self.health_bypassed, nccl_init_budget_s=self.spec.nccl_init_timeout_s,
-            gpus=self.spec.gpus,
+            gpus=self.spec.gpus, label=self.label,
         )
         return watcher.wait()
 

@@ -20,12 +20,15 @@ SGLANG_DIAG_BYPASS_HEALTH_GENERATE set (0.5.19+) /health_generate answers 200 wi
 failure says why); and a wait that stalls asks GET /ready (0.5.20+: 503 = paused, shutting down or unhealthy;
 no generation) for its evidence. Ready is still a real greedy and a real sampled generation.
 
-This module holds the wait loop (`ReadinessWatcher`); its probes are in services/liveness.py, what it
-reports and the start-up log it reads meanwhile in services/startup.py.
+This module holds the wait loop (`ReadinessWatcher`) and its heartbeat's own clock (`_Pacemaker`: every 10 s
+the loop's current state, also while the loop is inside one call); its probes are in services/liveness.py,
+what it reports and the start-up log it reads meanwhile in services/startup.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +65,8 @@ POLL_S = 0.25
 # (real SGLang: 5.2 s from RemoteDisconnected to exit 137).
 DEATH_GRACE_S = 15.0
 PROGRESS_EVERY_S = 10.0
+# A heartbeat says so when the wait has been inside one check (a call that has not returned) this long.
+STEP_SLOW_S = 3.0
 # /health_generate runs a generation through the scheduler (20 s, then 503).
 HEALTH_TIMEOUT_S = 30.0  # SGLang answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) without output
 SCHEDULER_CHECK_EVERY_S = 5.0
@@ -96,6 +101,42 @@ def _generation_answered(report: ReadyReport, phase: str, request_s: float, elap
 
 
 
+class _Pacemaker:
+    """Says a wait's heartbeat every `every_s` from a thread of its own, so a heartbeat never waits for the
+    wait loop: a loop inside one long call (a metadata route that does not answer, a slow remote command) is
+    still heard on time. None is said once the wait has ended (its "ready" or "failed" line comes next)."""
+
+    def __init__(self, say: Callable[[], None], every_s: float) -> None:
+        self._say = say
+        self._every_s = every_s
+        self.due = time.monotonic() + every_s  # the next heartbeat (`pace` moves it)
+        self._lock = threading.Lock()
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="readiness heartbeat", daemon=True)
+
+    def __enter__(self) -> _Pacemaker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:  # a heartbeat being said finishes first
+            self._ended.set()
+
+    def pace(self, started: float) -> None:
+        """The wait began at `started` (monotonic): its heartbeats come every `every_s` from then."""
+        self.due = started + self._every_s
+
+    def _run(self) -> None:
+        while not self._ended.wait(max(0.0, self.due - time.monotonic())):
+            if time.monotonic() < self.due:
+                continue  # moved later meanwhile (pace)
+            with self._lock:
+                if self._ended.is_set():
+                    return
+                self._say()
+            self.due = time.monotonic() + self._every_s
+
+
 @dataclass
 class ReadinessWatcher:
     """Waits for one service to be ready, failing fast when it dies or restarts."""
@@ -122,8 +163,14 @@ class ReadinessWatcher:
     # a tensor-parallel start-up: a rank in NCCL init longer than this fails the wait, naming it and its GPU
     nccl_init_budget_s: float = 120.0
     gpus: tuple[int, ...] = ()  # the service's GPUs: rank i runs on gpus[i]
+    # how the progress lines name the service ("host/service", as its other lines do); its name when empty
+    label: str = ""
     _base_restarts: int | None = None
     _version: str | None = None  # /server_info version, once read
+    # the running wait's heartbeat text and its pacemaker, and when its loop began its current pass
+    _beat: Callable[[], str] | None = None
+    _pacemaker: _Pacemaker | None = None
+    _pass_at: float = 0.0
 
     def _check_abandoned(self, phase: str, started: float) -> None:
         if self.abandoned is not None and self.abandoned():
@@ -174,12 +221,34 @@ class ReadinessWatcher:
 
     def _say(self, message: str, *, heartbeat: bool = False) -> None:
         if self.progress:
-            line = f"{self.service.name}: {message}"
+            line = f"{self.label or self.service.name}: {message}"
             self.progress(Heartbeat(line) if heartbeat else line)
 
+    def _pace(self, beat: Callable[[], str], started: float) -> None:
+        """The loop that began at `started` says `beat()` every progress_every_s (the pacemaker thread)."""
+        self._beat = beat
+        if self._pacemaker is not None:
+            self._pacemaker.pace(started)
+
+    def _heartbeat(self) -> None:
+        beat = self._beat
+        if beat is None:
+            return
+        text = beat()
+        if (stuck := time.monotonic() - self._pass_at) > STEP_SLOW_S:
+            text += f"; a check has not returned for {format_seconds(stuck)}"
+        self._say(text, heartbeat=True)
+
     def wait(self) -> ReadyReport:
-        if self.service.state().running is None:
-            return self._wait_over_http()  # attached by URL: no process to ask
+        self._beat, self._pass_at = None, time.monotonic()
+        self._pacemaker = _Pacemaker(self._heartbeat, self.progress_every_s) if self.progress else None
+        with self._pacemaker or contextlib.nullcontext():
+            if self.service.state().running is None:
+                return self._wait_over_http()  # attached by URL: no process to ask
+            return self._wait_for_process()
+
+    def _wait_for_process(self) -> ReadyReport:
+        """Readiness of a service with a process (or unit, or container) to ask: death read from its state."""
         report = ReadyReport()
         started = time.monotonic()
         startup = StartupWatch(self.service, self.log_mark, report.waited_from, self.on_settled)
@@ -188,12 +257,22 @@ class ReadinessWatcher:
         problem = "no HTTP answer yet"
         in_flight: InFlight | None = None
         dropped_at: float | None = None
-        next_progress = started + self.progress_every_s
         next_attempt = started
+
+        def beat() -> str:
+            now = time.monotonic()
+            extra = f"; request in flight for {format_seconds(in_flight.age)}" if in_flight else ""
+            hint = (" (a new SGLang process's first sampled request took up to 256 s on an H200, also "
+                    "with warm JIT caches; FlashInfer builds under one host-wide lock, so another "
+                    "process's JIT build stalls it too)" if phase == "sampled" else "")
+            doing = f"{startup.doing()}; " if phase == "http" and startup.doing() else ""
+            return f"waiting {format_seconds(now - started)} in {phase} phase: {doing}{problem}{extra}{hint}"
+
+        self._pace(beat, started)
         while True:
             interrupts.raise_if_lost()
             self._check_abandoned(phase, started)
-            now = time.monotonic()
+            now = self._pass_at = time.monotonic()
             self._check_alive(phase)
             if phase == "http":
                 startup.poll(now)
@@ -204,15 +283,6 @@ class ReadinessWatcher:
                 raise ServiceNotReady(self.service.name, now - started,
                                       f"{phase} phase: {problem}{self._ready_said(phase)}",
                                       self.service.logs_since(self.log_mark, self.log_lines))
-            if now >= next_progress:
-                extra = f"; request in flight for {format_seconds(in_flight.age)}" if in_flight else ""
-                hint = (" (a new SGLang process's first sampled request took up to 256 s on an H200, also "
-                        "with warm JIT caches; FlashInfer builds under one host-wide lock, so another "
-                        "process's JIT build stalls it too)" if phase == "sampled" else "")
-                doing = f"{startup.doing()}; " if phase == "http" and startup.doing() else ""
-                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: "
-                          f"{doing}{problem}{extra}{hint}", heartbeat=True)
-                next_progress = now + self.progress_every_s
             if phase == "http" and now >= next_attempt:
                 try:
                     response = self.client.request("GET", "/v1/models", timeout_s=2)
@@ -275,23 +345,24 @@ class ReadinessWatcher:
         dropped_at: float | None = None
         drops = 0
         next_attempt = started
-        next_progress = started + PROGRESS_EVERY_S
         next_scheduler_check = 0.0
         free_at: float | None = None  # when /health_generate said 200 with the sampled request unanswered
+
+        def beat() -> str:
+            now = time.monotonic()
+            extra = f"; {request} in flight for {format_seconds(in_flight.age)}" if in_flight else ""
+            alive = (f"; it answered HTTP {format_seconds(now - live.answered_at)} ago"
+                     if live.answered_at else "")
+            return f"waiting {format_seconds(now - started)} in {phase} phase: {problem}{extra}{alive}"
+
+        self._pace(beat, started)
         while True:
             interrupts.raise_if_lost()
             self._check_abandoned(phase, started)
-            now = time.monotonic()
+            now = self._pass_at = time.monotonic()
             if now > deadline:
                 raise ServiceNotReady(self.service.name, now - started,
                                       f"{phase} phase: {problem}{self._ready_said(phase)}")
-            if now >= next_progress:
-                extra = f"; {request} in flight for {format_seconds(in_flight.age)}" if in_flight else ""
-                alive = (f"; it answered HTTP {format_seconds(now - live.answered_at)} ago"
-                         if live.answered_at else "")
-                self._say(f"waiting {format_seconds(now - started)} in {phase} phase: "
-                          f"{problem}{extra}{alive}", heartbeat=True)
-                next_progress = now + PROGRESS_EVERY_S
             if live.answered_at is not None and (in_flight is not None or dropped_at is not None) and (
                     now >= live.next_probe):
                 verdict = live.probe(every_s=self.poll_s if dropped_at is not None else LIVENESS_EVERY_S)

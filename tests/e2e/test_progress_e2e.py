@@ -44,7 +44,7 @@ def test_xdist_workers_progress_reaches_the_controller(run_suite, tmp_path: Path
     lines = progress_lines(result)
     text = "\n".join(lines)
     assert "[dflash] prog-good/dflash: started (http://127.0.0.1:" in text, result.stdout.str()[-4000:]
-    assert re.search(r"\[dflash\] dflash: waiting 1\d\.\ds in (greedy|sampled) phase", text), text
+    assert re.search(r"\[dflash\] prog-good/dflash: waiting 1\d\.\ds in (greedy|sampled) phase", text), text
     assert "[dflash] prog-good/dflash: ready after" in text, text
     assert "[dflash] prog-bad/dflash: not ready:" in text, text
     assert "[dflash] fleet: 0 of 2 host(s) ready, 1 failed, 1 pending" in text, text
@@ -75,7 +75,7 @@ def test_without_xdist_the_lines_appear_as_before(run_suite, tmp_path: Path) -> 
     assert_no_crash(result)
     text = "\n".join(progress_lines(result))
     assert "[dflash] prog-plain/dflash: started (" in text, result.stdout.str()[-4000:]
-    assert re.search(r"\[dflash\] dflash: waiting 1\d\.\ds in (greedy|sampled) phase", text), text
+    assert re.search(r"\[dflash\] prog-plain/dflash: waiting 1\d\.\ds in (greedy|sampled) phase", text), text
     assert "[dflash] prog-plain/dflash: ready after" in text, text
     assert "[dflash] prog-plain/dflash: perf run (generate" in text, text
     assert re.search(r"\[dflash\] prog-plain/dflash \(DFLASH\): [\d.]+ output tok/s", text), text

@@ -24,9 +24,18 @@ def pytest_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--request-timeout=20s", *args]
 
 
+def child_env(tmp_path: Path) -> dict[str, str]:
+    """A run's environment, built as a fresh machine's shell has it (`env -i HOME PATH`) plus its own state
+    folder, never inherited from the harness: a PYTHONUNBUFFERED there would hide a progress line the plugin did
+    not flush, and the tests that wait for a line would pass here and fail for a newcomer."""
+    return {"HOME": os.environ.get("HOME", "/root"), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "DFLASH_STATE_DIR": str(tmp_path / "state")}
+
+
 def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(pytest_cmd(*args, f"--dflash-report={tmp_path}"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp_path)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp_path,
+                            env=child_env(tmp_path))
 
 
 def read_until(proc: subprocess.Popen[str], needle: str, timeout_s: float) -> str:
@@ -92,7 +101,7 @@ def test_a_sigkilled_run_leaves_an_interrupted_verdict_not_an_old_pass(tmp_path:
     # the next run removes what the killed one left running (its own reaping), and passes again
     clean = write_profile(tmp_path, "killed", {"plain": ("NONE", [])})
     again = subprocess.run(pytest_cmd(str(SUITES / "smoke"), "--host", str(clean), f"--dflash-report={tmp_path}"),
-                           capture_output=True, text=True, timeout=240, cwd=tmp_path)
+                           capture_output=True, text=True, timeout=240, cwd=tmp_path, env=child_env(tmp_path))
     assert again.returncode == 0, again.stdout[-3000:]
     assert verdict(tmp_path, "killed")["verdict"] == "pass"
 
@@ -171,7 +180,7 @@ def test_the_gate_refuses_what_it_cannot_see(tmp_path: Path, extra: str, args: t
     profile = write_profile(tmp_path, "gated", {"plain": ("NONE", [])})
     result = subprocess.run(pytest_cmd(str(suite), "--host", str(profile), "--gate", "generation",
                                        f"--dflash-report={tmp_path}", *args),
-                            capture_output=True, text=True, timeout=240, cwd=tmp_path)
+                            capture_output=True, text=True, timeout=240, cwd=tmp_path, env=child_env(tmp_path))
     assert result.returncode == 1, result.stdout[-3000:]  # before: the gate turned this 1 into 0
     assert "gate generation: FAILED" in result.stdout
     data = verdict(tmp_path, "gated")
@@ -190,7 +199,7 @@ def test_a_crashed_xdist_worker_fails_the_gate(tmp_path: Path) -> None:
     profile = write_profile(tmp_path, "crashy", {"plain": ("NONE", [])})
     result = subprocess.run(pytest_cmd(str(suite), "--host", str(profile), "--gate", "generation", "-n", "2",
                                        f"--dflash-report={tmp_path}"),
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path, env=child_env(tmp_path))
     assert result.returncode != 0, result.stdout[-3000:]
     assert "gate generation: FAILED" in result.stdout
     assert "crashed" in result.stdout
@@ -246,7 +255,7 @@ def test_collect_only_leaves_the_last_verdict_alone(tmp_path: Path) -> None:
     profile = write_profile(tmp_path, "listed", {"plain": ("NONE", [])})
     result = subprocess.run(pytest_cmd(str(SUITES / "smoke"), "--host", str(profile), "--collect-only", "-q",
                                        f"--dflash-report={tmp_path}"), capture_output=True, text=True, timeout=120,
-                            cwd=tmp_path)
+                            cwd=tmp_path, env=child_env(tmp_path))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert json.loads(last.read_text()) == {"verdict": "fail", "host": "listed"}
     assert "dflash verdict" not in result.stdout

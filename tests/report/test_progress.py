@@ -1,15 +1,21 @@
-"""report/progress.py in a real pytest session on a real pseudo-terminal: the live line, the heartbeat rate limit,
--q, and a background thread's line kept out of the running test's capture."""
+"""report/progress.py in a real pytest session on a real pseudo-terminal and a pipe: the live line, the heartbeat
+rate limit, -q, and a background thread's line kept out of the running test's capture. The first three run the
+channel made inside a test (stdout captured: written through the terminal reporter); the others make it as the
+plugin does, in pytest_configure (written straight to the terminal, from any thread)."""
 
 from __future__ import annotations
 
 import os
 import pty
+import re
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from support.terminal import render
 
 TEST = '''
 import threading
@@ -75,3 +81,172 @@ def test_quiet_prints_events_only(tmp_path: Path, quiet: str) -> None:
     assert "waiting" not in out, out
     assert "[dflash] h1/svc: started" in out and "[dflash] h1/svc: ready after 12.0s" in out, out
     assert "[dflash] fleet: 1 of 2 host(s) ready, 0 failed, 1 pending" in out, out
+
+
+# ---- the single-process writer: straight to the terminal, from any thread ----------------------------------
+
+CONFTEST = '''
+import pytest
+
+from pytest_dflash.report.progress import ProgressChannel
+
+CHANNEL = []
+
+
+def pytest_configure(config):
+    channel = ProgressChannel(config, "unit", hosts=["h1", "h2"])
+    config.pluginmanager.register(channel, "unit-progress")
+    channel.start()  # as the plugin does: in pytest_configure, before any test captures stdout
+    CHANNEL.append(channel)
+
+
+@pytest.fixture
+def say():
+    return CHANNEL[0]
+'''
+
+TEST_THREADS = '''
+import threading
+
+from pytest_dflash.services.events import Heartbeat, ServiceEvent
+
+
+def test_waits(say):
+    print("CAPTURED-MARKER")
+    lines = [ServiceEvent("h1/a: started", host="h1", service="a", state="started"),
+             Heartbeat("h1/a: waiting 10.0s in http phase: in CUDA-graph capture"),
+             Heartbeat("h2/b: waiting 10.0s in sampled phase: request in flight"),
+             Heartbeat("h1/a: waiting 10.5s in http phase: again"),  # within ~10 s of the last: no line
+             ServiceEvent("h1/a: ready after 12.0s", host="h1", service="a", state="ready")]
+    thread = threading.Thread(target=lambda: [say(line) for line in lines])  # a background readiness wait
+    thread.start()
+    thread.join()
+
+
+def test_next():
+    pass
+'''
+
+
+def run_threads(tmp_path: Path, *args: str, terminal: bool) -> bytes:
+    """A real pytest run whose progress channel is made as the plugin makes it, its output read through a
+    pseudo-terminal or a pipe; the environment built from scratch (no PYTHONUNBUFFERED)."""
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_threads.py").write_text(TEST_THREADS)
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-rP",
+               "test_threads.py", *args]
+    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": os.environ.get("PATH", ""), "COLUMNS": "120"}
+    if not terminal:
+        done = subprocess.run(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=60)
+        assert done.returncode == 0, done.stdout.decode(errors="replace")
+        return done.stdout
+    main, secondary = pty.openpty()
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=secondary, stderr=secondary,
+                            stdin=subprocess.DEVNULL, env=env)
+    os.close(secondary)
+    chunks: list[bytes] = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the other end closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    out = b"".join(chunks)
+    assert proc.wait(timeout=60) == 0, out.decode(errors="replace")
+    return out
+
+
+def test_a_background_wait_draws_the_live_line_on_a_terminal_and_leaves_the_screen_clean(tmp_path: Path) -> None:
+    raw = run_threads(tmp_path, terminal=True)
+    out = raw.decode(errors="replace")
+    # every waiting service on one line, rewritten in place; a service that became ready leaves it
+    assert ("\r[dflash] 2 waiting: h1/a: waiting 10.0s in http phase | h2/b: waiting 10.0s in sampled phase"
+            "\x1b[K") in out, out
+    assert "\r[dflash] 2 waiting: h1/a: waiting 10.5s in http phase | h2/b" in out, out
+    assert "\r[dflash] h2/b: waiting 10.0s in sampled phase: request in flight\x1b[K" in out, out
+    screen = render(raw)
+    assert "[dflash] h1/a: started" in screen and "[dflash] h1/a: ready after 12.0s" in screen, screen
+    assert "[dflash] fleet: 1 of 2 host(s) ready, 0 failed, 1 pending" in screen, screen
+    assert not any("waiting" in row for row in screen), screen  # the live line is gone once the run ends
+    # the reporter's own line is whole: its two results and the progress, right-aligned to the width
+    assert any(re.fullmatch(r"\.\. +\[100%\]", row) and len(row) == 119 for row in screen), screen
+    captured = out.split("Captured stdout call", 1)[1]
+    assert "CAPTURED-MARKER" in captured and "[dflash]" not in captured, out
+
+
+def test_a_background_wait_writes_rate_limited_heartbeat_lines_to_a_pipe(tmp_path: Path) -> None:
+    out = run_threads(tmp_path, terminal=False).decode()
+    assert "\n[dflash] h1/a: started\n" in out, out
+    assert "\n[dflash] h1/a: waiting 10.0s in http phase: in CUDA-graph capture\n" in out, out
+    assert "\n[dflash] h2/b: waiting 10.0s in sampled phase: request in flight\n" in out, out
+    assert "10.5s" not in out and "\x1b[K" not in out, out
+    assert re.search(r"\n\.\. +\[100%\]\n", out), out
+    captured = out.split("Captured stdout call", 1)[1]
+    assert "CAPTURED-MARKER" in captured and "[dflash]" not in captured, out
+
+
+def test_quiet_draws_no_live_line(tmp_path: Path) -> None:
+    out = run_threads(tmp_path, "-q", terminal=True).decode(errors="replace")
+    assert "waiting" not in out, out
+    assert "[dflash] h1/a: started" in out and "[dflash] h1/a: ready after 12.0s" in out, out
+
+
+TEST_PDB = '''
+import threading
+import time
+
+from pytest_dflash.services.events import Heartbeat
+
+
+def test_debugged(say):
+    later = lambda: (time.sleep(1.0), say(Heartbeat("h2/b: waiting 10.0s in sampled phase: said in pdb")))
+    thread = threading.Thread(target=later)
+    thread.start()
+    breakpoint()
+    thread.join()
+'''
+
+
+def test_the_live_line_waits_while_a_debugger_prompts(tmp_path: Path) -> None:
+    """A background wait's heartbeat is not drawn over pdb's prompt: it is drawn once the debugger is left."""
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_pdb.py").write_text(TEST_PDB)
+    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": os.environ.get("PATH", ""), "COLUMNS": "120"}
+    main, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
+                             "test_pdb.py"], cwd=tmp_path, stdout=secondary, stderr=secondary, stdin=secondary,
+                            env=env)
+    os.close(secondary)
+    seen = b""
+    deadline = time.monotonic() + 60
+    while b"(Pdb) " not in seen and time.monotonic() < deadline:
+        seen += os.read(main, 65536)
+    time.sleep(2.5)  # the thread says its heartbeat 1 s after the prompt came
+    while select.select([main], [], [], 0.2)[0]:
+        seen += os.read(main, 65536)
+    at_prompt = seen
+    os.write(main, b"c\n")
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the other end closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main)
+    assert proc.wait(timeout=60) == 0, seen.decode(errors="replace")
+    assert b"(Pdb) " in at_prompt and b"said in pdb" not in at_prompt, at_prompt.decode(errors="replace")
+    assert b"\r[dflash] h2/b: waiting 10.0s in sampled phase: said in pdb\x1b[K" in seen, seen.decode(
+        errors="replace")
+
+
+def test_with_s_the_heartbeats_are_lines_not_a_live_line(tmp_path: Path) -> None:
+    """-s: a test's own output (the perf layer's progress bar) may hold the line a live line would rewrite."""
+    out = run_threads(tmp_path, "-s", terminal=True).decode(errors="replace")
+    assert "\n[dflash] h1/a: waiting 10.0s in http phase: in CUDA-graph capture\r\n" in out, out
+    assert "\x1b[K" not in out, out
