@@ -16,6 +16,7 @@ import pytest
 from pytest_dflash.layers.gpu.checks import classify_kernel_lines, gpu_health, split_oom_kills, xid_codes
 from pytest_dflash.layers.gpu.layer import GpuHost
 from pytest_dflash.layers.gpu.report import explain
+from pytest_dflash.run import skips
 
 
 class GpuHostWarning(UserWarning):
@@ -25,14 +26,14 @@ class GpuHostWarning(UserWarning):
 def require_host_access(gpu: GpuHost) -> None:
     """Skip on a host attached by URL: there is nothing to run commands on."""
     if not gpu.host.has_host_access:
-        pytest.skip("attached by URL: no host access")
+        skips.not_applicable("attached by URL: no host access")
 
 
 def require_gpus(gpu: GpuHost) -> None:
     """Skip without host access or without a GPU (with nvidia-smi's reason)."""
     require_host_access(gpu)
     if not gpu.has_gpu:
-        pytest.skip(gpu.no_gpu_reason())
+        skips.not_applicable(gpu.no_gpu_reason())
 
 
 def nvidia_smi_lists_gpus(gpu: GpuHost) -> None:
@@ -41,7 +42,7 @@ def nvidia_smi_lists_gpus(gpu: GpuHost) -> None:
     require_host_access(gpu)
     inventory = gpu.inventory
     if not inventory.gpus and not gpu.expected_gpus:
-        pytest.skip(gpu.no_gpu_reason() + " (and its profile names none)")
+        skips.not_applicable(gpu.no_gpu_reason() + " (and its profile names none)")
     raw = gpu.probe("gpu_inventory")
     evidence = "\n".join(str((raw.get(k) or {}).get("stderr") or "") for k in ("query", "xml")) or str(raw)
     assert inventory.available, explain(
@@ -55,7 +56,7 @@ def profile_gpus_present(gpu: GpuHost) -> None:
     __tracebackhide__ = True
     require_gpus(gpu)
     if not gpu.expected_gpus:
-        pytest.skip("the profile names no GPU indices")
+        skips.not_applicable("the profile names no GPU indices")
     present = [g.index for g in gpu.inventory.gpus]
     missing = [index for index in gpu.expected_gpus if index not in present]
     assert not missing, explain(f"GPUs {missing} named in {gpu.host.profile.source} are not on the host "
@@ -105,7 +106,7 @@ def service_gpus_not_held_by_other_processes(gpu: GpuHost) -> None:
     __tracebackhide__ = True
     require_gpus(gpu)
     if not gpu.host.provisioning:
-        pytest.skip("attach mode: the running services hold their own GPUs")
+        skips.not_applicable("attach mode: the running services hold their own GPUs")
     wanted = {i for spec in gpu.host.profile.services.values() for i in spec.gpus}
     busy = [f"{g.label}: pid {p.pid} {p.name} ({p.used_mib or '?'} MiB)"
             for g in gpu.inventory.gpus if not wanted or g.index in wanted for p in g.processes]
@@ -121,7 +122,7 @@ def kernel_log_lines(gpu: GpuHost) -> list[str]:
     if not log.get("readable"):
         tried = "; ".join(f"{' '.join(a['argv'][:2])}: rc {a['rc']} {a['stderr'][:200]}"
                           for a in log["attempts"])
-        pytest.skip(f"the kernel log is not readable on {gpu.host.name} ({tried})")
+        skips.could_not_check(f"the kernel log is not readable on {gpu.host.name} ({tried})")
     lines: list[str] = log.get("matches", [])
     return lines
 
