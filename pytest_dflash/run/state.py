@@ -305,7 +305,8 @@ class ServiceHandle:
             self.server_info = self.client.server_info()  # transient answers retried (client/inference.py)
         except ApiError as exc:
             self.server_info = None
-            self.server_info_error = str(exc)[:300]
+            said = f"HTTP {exc.status}" if exc.status is not None else "no HTTP response"
+            self.server_info_error = f"GET {exc.endpoint}: {said}: {exc.message}"[:300]
         try:
             self.base_restarts = self.manager.state().restarts
         except TransportError:

@@ -66,3 +66,21 @@ def test_a_gateway_without_server_info_leaves_a_dflash_profile_partial_and_fails
     assert {"test_serves_the_profiles_algorithm", "test_serves_the_profiles_speculation",
             "test_accept_length"} <= unchecked, unchecked
     assert data["layers"]["service"]["unchecked"] >= 2
+
+
+def test_a_server_info_that_keeps_failing_after_readiness_is_could_not_check_never_not_sglang(run_suite) -> None:  # type: ignore[no-untyped-def]
+    rule = FlakyRoute(status=503, times=None, after_generations=2)  # read at discovery, then 503 for good
+    with RefServerProcess("--speculative-algorithm", "DFLASH", "--random-draft") as server, \
+            FaultProxy(server.url, rule) as proxy:
+        result = run_suite("smoke", "--attach", proxy.url, *GATE)
+    assert_no_crash(result)
+    assert result.ret == 1, result.stdout.str()[-3000:]
+    text = result.stdout.str()
+    assert "not an SGLang server" not in text
+    result.stdout.fnmatch_lines(["  gate refused: * check(s) of the service layer could not be made (first: *"
+                                 "but /server_info could not be read: GET /server_info: HTTP 503: *"])
+    data = verdict(run_suite.reports, host_name(proxy.url))
+    assert data["verdict"] in ("partial", "fail") and data["verdict"] != "pass"
+    assert "HTTP 503" in data["services"]["attached"]["server_info_error"]
+    unchecked = {s["test"].split("::")[-1].split("[")[0] for s in data["skipped"] if s["kind"] == "could not check"}
+    assert {"test_serves_the_profiles_speculation", "test_accept_length"} <= unchecked, unchecked
