@@ -172,8 +172,8 @@ def quick_accept_length(service: ServiceHandle, prompts: Sequence[str], options:
 
     A point estimate (greedy accept length is deterministic for a given server); suites/perf bounds it."""
     __tracebackhide__ = True
-    skips.needs_sglang(service, "accept length needs SGLang's native /generate meta_info")
     _speculative_or_skip(service)
+    skips.needs_sglang(service, "accept length needs SGLang's native /generate meta_info")
     measured = measure_acceptance(service, prompts, max_tokens=max_tokens,
                                   allowed=options.allow_state_changes)
     acceptance.check_accepts_drafts(measured, required_floor(service))

@@ -134,9 +134,9 @@ class PerfLayer:
         A point estimate (greedy accept length is deterministic for a given server); suites/perf bounds it.
         """
         __tracebackhide__ = True
-        skips.needs_sglang(handle, "accept length needs SGLang's native /generate meta_info")
         if handle.algorithm == "NONE":  # an attached server says what it runs only in /server_info
             skips.not_applicable(f"{handle.label} does not use speculative decoding")
+        skips.needs_sglang(handle, "accept length needs SGLang's native /generate meta_info")
         result = measure_acceptance(handle, prompts, max_tokens=max_tokens,
                                     allowed=self.options.allow_state_changes)
         check_accepts_drafts(result, required_floor(handle))
