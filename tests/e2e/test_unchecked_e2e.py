@@ -66,6 +66,7 @@ def test_a_gateway_without_server_info_leaves_a_dflash_profile_partial_and_fails
     assert {"test_serves_the_profiles_algorithm", "test_serves_the_profiles_speculation",
             "test_accept_length"} <= unchecked, unchecked
     assert data["layers"]["service"]["unchecked"] >= 2
+    assert any("only /v1/models was compared" in note for note in data["notes"]), data["notes"]
 
 
 def test_a_server_info_that_keeps_failing_after_readiness_is_could_not_check_never_not_sglang(run_suite) -> None:  # type: ignore[no-untyped-def]

@@ -66,7 +66,8 @@ def require_api(native: bool, api: Api) -> str | None:
 
 
 def use_api(service: ServiceHandle, api: Api) -> None:
-    """Skip the test when `service` cannot speak `api` (the reason from require_api)."""
+    """Skip the test when `service` cannot speak `api`: /generate needs SGLang (run/skips.py `needs_sglang`:
+    'could not check' for a service that should speak it, else 'does not apply')."""
     if api == "generate":
         skips.needs_sglang(service, "SGLang's native /generate is not served here")
 
