@@ -7,10 +7,10 @@ diagnoses, service facts). `VerdictBuilder` folds them into one verdict per host
                   = blocked if none failed and some were skipped because a lower layer failed
                   = passed  if some passed and none failed/blocked (plain skips are allowed)
                   = skipped if every test was skipped for another reason (e.g. "no GPU")
+                  = not-run if no test of the layer was selected
 
 A skip is one of two kinds (run/skips.py): "does not apply" (innocent) or "could not check" (counted in
 `skipped` and in `unchecked`): a layer with one passes no gate, and its host is at best partial.
-                  = not-run if no test of the layer was selected
 
 A host's verdict is computed from what pytest collected, reported, deselected and lost for that host, and
 from what happened to the run as a whole — never from which options were given:
