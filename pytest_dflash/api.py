@@ -96,6 +96,7 @@ from pytest_dflash.layers.service.checks import (
     stays_up,
 )
 from pytest_dflash.layers.service.coldstart import cold_start_within_budgets
+from pytest_dflash.run.skips import needs_sglang, not_applicable
 from pytest_dflash.run.state import HostContext, ServiceHandle
 
 __all__ = [
@@ -137,7 +138,9 @@ __all__ = [
     "long_prompt_near_context",
     "max_tokens_boundary",
     "n_samples",
+    "needs_sglang",
     "ninja_on_service_path",
+    "not_applicable",
     "nvidia_smi_lists_gpus",
     "pip_check_clean_for_serving_stack",
     "profile_gpus_present",

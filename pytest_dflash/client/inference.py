@@ -1,6 +1,14 @@
 """`InferenceClient`: one server's calls (models, server info, health, metrics, generations and streams), with
-explicit timeouts, no retries, every failure mapped to `ApiError`, bodies read under their cap
-(client/bodies.py) and every call bounded by its total time (client/deadline.py)."""
+explicit timeouts, every failure mapped to `ApiError`, bodies read under their cap (client/bodies.py) and
+every call bounded by its total time (client/deadline.py).
+
+No retries, except on the metadata routes (/server_info, /model_info, /metrics and their older names): a
+transient answer there (HTTP 5xx other than 501, HTTP 429, a timeout, a dropped connection) is asked again,
+after 0.25 s then doubling, within the call's own timeout, which stays its TOTAL time, retries included (10 s
+by default; an attempt gets half of what is left while that is at least 2 x MIN_ATTEMPT_S, so a timed-out
+attempt can be retried): one 503 right after a restart must not turn a speculative SGLang server into "not
+SGLang". Only "not served" answers (NOT_SERVED: 404, 405, 410, 501) on every path mean that the server is not
+SGLang; anything else still wrong when the time is spent is an ApiError."""
 
 from __future__ import annotations
 
@@ -35,6 +43,9 @@ from pytest_dflash.errors import ApiError
 
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 DROPPED = "connection dropped"
+MIN_ATTEMPT_S = 3.0  # a metadata GET's attempt is never cut below this to leave time for a retry
+NOT_SERVED = frozenset({404, 405, 410, 501})  # a route the server does not have (not a passing fault)
+TRANSIENT_CAUSES = frozenset({"timeout", "dropped"})
 
 
 _SSL_LOCK = threading.Lock()
@@ -268,16 +279,47 @@ class InferenceClient:
         return self._native_info(("/model_info", "/get_model_info"), timeout_s)
 
     def _native_info(self, paths: tuple[str, ...], timeout_s: float | None) -> dict[str, Any] | None:
+        """The first path's JSON object; None only when every path answered "not served" (NOT_SERVED)."""
         for path in paths:
-            response = self.request("GET", path, timeout_s=timeout_s)
-            if response.status_code == 200:
-                try:
-                    body = response.json()
-                except json.JSONDecodeError as exc:
-                    raise ApiError(self.service, path, 200, f"malformed JSON body: {exc}",
-                                   response.text[:300]) from exc
-                return body if isinstance(body, dict) else None
+            response = self.metadata_get(path, timeout_s=timeout_s)
+            if response.status_code in NOT_SERVED:
+                continue
+            if response.status_code != 200:
+                raise ApiError(self.service, path, response.status_code, error_message(response),
+                               response.text[:300])
+            try:
+                body = response.json()
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ApiError(self.service, path, 200, f"malformed JSON body: {exc}",
+                               response.text[:300]) from exc
+            if not isinstance(body, dict):
+                raise ApiError(self.service, path, 200, "not a JSON object", response.text[:300])
+            return body
         return None
+
+    def metadata_get(self, path: str, *, timeout_s: float | None = None,
+                     max_bytes: int | None = None) -> httpx.Response:
+        """GET a metadata route, asked again while its answer is transient (module docstring) and its total
+        time `timeout_s` lasts; returns the last answer (any status), raises the last ApiError when no answer
+        came."""
+        total = timeout_s if timeout_s is not None else self.default_limit_s
+        started = time.monotonic()
+        pause, left = 0.25, total
+        while True:
+            limit = left / 2 if left >= 2 * MIN_ATTEMPT_S else left
+            try:
+                response = self.request("GET", path, timeout_s=limit, max_bytes=max_bytes)
+            except ApiError as exc:
+                if exc.cause not in TRANSIENT_CAUSES or time.monotonic() - started + pause >= total:
+                    raise
+            else:
+                transient = response.status_code == 429 or (
+                    response.status_code >= 500 and response.status_code not in NOT_SERVED)
+                if not transient or time.monotonic() - started + pause >= total:
+                    return response
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+            left = max(0.1, total - (time.monotonic() - started))
 
     def health_generate(self, timeout_s: float = 30) -> int:
         return self.request("GET", "/health_generate", timeout_s=timeout_s).status_code
@@ -286,7 +328,7 @@ class InferenceClient:
         return self.request("POST", "/flush_cache", timeout_s=timeout_s).status_code
 
     def metrics(self, timeout_s: float = 10) -> str:
-        response = self.request("GET", "/metrics", timeout_s=timeout_s, max_bytes=METRICS_MAX_BODY)
+        response = self.metadata_get("/metrics", timeout_s=timeout_s, max_bytes=METRICS_MAX_BODY)
         if response.status_code != 200:
             raise ApiError(self.service, "/metrics", response.status_code, error_message(response))
         return response.text

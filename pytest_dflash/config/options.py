@@ -9,6 +9,7 @@ by `add_options`; a layer turns the values into its typed settings with the vali
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -118,6 +119,31 @@ def gate_layers(config: pytest.Config) -> list[str]:
         raise pytest.UsageError(f"--gate / dflash_gate: unknown layer {unknown[0]!r} (layers: "
                                 f"{', '.join(LAYERS)})")
     return layers
+
+
+# Run shapes that run no test body: (pytest's option dest, the flags that set it). --setup-plan first: it
+# also sets setuponly.
+NO_TEST_BODY = (("setupplan", ("--setup-plan",)), ("setuponly", ("--setup-only",)),
+                ("collectonly", ("--collect-only", "--co", "--collectonly")),
+                ("showfixtures", ("--fixtures", "--funcargs")),
+                ("show_fixtures_per_test", ("--fixtures-per-test",)))
+
+
+def gate_without_test_bodies(config: pytest.Config) -> pytest.UsageError | None:
+    """The usage error of a --gate / dflash_gate given to a run that runs no test body (--co, --setup-only,
+    --setup-plan, --fixtures...): such a run tests nothing, so it must not open a gate. None otherwise."""
+    given = config.getoption("dflash_gate")
+    if given is None:
+        given = config.getini("dflash_gate")
+    if not str(given or "").strip():
+        return None
+    for dest, flags in NO_TEST_BODY:
+        if config.getoption(dest, False):
+            addopts = os.environ.get("PYTEST_ADDOPTS", "").split()
+            where = " (from PYTEST_ADDOPTS)" if any(a.split("=")[0] in flags for a in addopts) else ""
+            return pytest.UsageError(f"--gate / dflash_gate {str(given).strip()!r} with {flags[0]}{where}: "
+                                     "a run that runs no test body tests nothing and cannot open a gate")
+    return None
 
 
 def report_dir(config: pytest.Config) -> Path:

@@ -1,8 +1,8 @@
 """The first thing a run does (a `tryfirst` pytest_configure, before every other plugin's and conftest's, any
 of which can block, fail or be killed): load the targets, and give every host the run names a verdict file
-that says 'interrupted' until the run ends. A usage error in the targets gives the hosts it names such a
-verdict too. Registered through pytest_dflash.plugin.pytest_plugins; the rest of the run is configured by the
-plugin."""
+that says 'interrupted' until the run ends. A usage error in the targets, or a --gate given to a run that
+runs no test body (--co, --setup-only, --setup-plan), gives the hosts it names such a verdict too. Registered
+through pytest_dflash.plugin.pytest_plugins; the rest of the run is configured by the plugin."""
 
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ def pytest_configure(config: pytest.Config) -> None:
                                   named_despite_errors(config), exc)
         raise
     config.stash[TARGETS_KEY] = profiles
+    if (refusal := options.gate_without_test_bodies(config)) is not None:
+        # also under --co: an older verdict file must not stand beside a gate that was refused
+        report_session.refuse(config, builder, options.report_dir(config), list(profiles), refusal)
+        raise refusal
     if profiles:
         cleanup.arm_signals(config)  # a SIGTERM from here on is an interrupted run (exit 2), not a killed one
     if writes and profiles:

@@ -9,6 +9,9 @@ diagnoses, service facts). `VerdictBuilder` folds them into one verdict per host
                   = skipped if every test was skipped for another reason (e.g. "no GPU")
                   = not-run if no test of the layer was selected
 
+A skip is one of two kinds (run/skips.py): "does not apply" (innocent) or "could not check" (counted in
+`skipped` and in `unchecked`): a layer with one passes no gate, and its host is at best partial.
+
 A host's verdict is computed from what pytest collected, reported, deselected and lost for that host, and
 from what happened to the run as a whole — never from which options were given:
 
@@ -20,7 +23,8 @@ from what happened to the run as a whole — never from which options were given
             = fail         a layer failed or was blocked, or a test outside the dflash tests failed
             = partial      nothing failed, but not everything ran: tests of this host were deselected (by any
                            means: -k, -m, --lf, --sw, --deselect, a conftest, a plugin), the run named node
-                           ids or a subset of the suites, or no test of this host passed at all
+                           ids or a subset of the suites, a check of this host could not be made (a "could
+                           not check" skip), or no test of this host passed at all
             = pass         every test selected for the host at collection finished and passed (or was skipped
                            for a stated reason other than a blocked layer), and none of the above happened
 
@@ -41,6 +45,7 @@ import pytest
 
 from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.report.files import atomic_write
+from pytest_dflash.run import skips
 
 SCHEMA = "pytest-dflash/verdict/1"
 OUTCOMES = ("passed", "failed", "blocked", "skipped", "not-run")
@@ -57,6 +62,7 @@ class LayerTally:
     failed: int = 0
     blocked: int = 0
     skipped: int = 0
+    unchecked: int = 0  # of the skips, those that could not check (run/skips.py); the outcome ignores them
 
     @property
     def outcome(self) -> str:
@@ -113,8 +119,21 @@ class HostVerdict:
         if host is not None and host.deselected:
             reasons.append(f"{host.deselected} test(s) of this host deselected after collection "
                            f"({host.selected} of {host.selected + host.deselected} ran)")
+        reasons += self.unchecked_reasons()
         if not any(tally.passed for tally in self.layers.values()):
             reasons.append("no test of this host passed")
+        return reasons
+
+    def unchecked_reasons(self, layers: Iterable[str] | None = None) -> list[str]:
+        """One line per layer (of `layers`, default all) with checks that could not be made, naming the
+        first."""
+        reasons = []
+        for layer in LAYERS if layers is None else layers:
+            entries = [e for e in self.skipped if e.get("kind") == skips.UNCHECKED and e["layer"] == layer]
+            if entries:
+                first = entries[0]
+                reasons.append(f"{len(entries)} check(s) of the {layer} layer could not be made (first: "
+                               f"{first['test']}: {first['message'].removeprefix(skips.UNCHECKED_PREFIX)})")
         return reasons
 
     def final_verdict(self, status: RunStatus) -> str:
@@ -246,13 +265,15 @@ class VerdictBuilder:
                 verdict.blocked.append(entry)
             else:
                 tally.skipped += 1
-                verdict.skipped.append(entry)
+                tally.unchecked += skips.is_unchecked(message)
+                verdict.skipped.append({**entry, "kind": skips.kind(message)})
         elif outcome == "passed" and when == "call":
             tally.passed += 1
 
     def gate(self, layers: Iterable[str]) -> dict[str, Any]:
         """--gate LAYERS: passed only if the run was whole (nothing interrupted, no failure outside the dflash
-        tests) and each layer passed on every host (skips count as not passed)."""
+        tests) and each layer passed on every host (skips count as not passed; a check of a gated layer that
+        could not be made refuses the gate)."""
         wanted = list(layers)
         per_host = {
             name: {layer: v.layer_outcomes()[layer] for layer in wanted}
@@ -268,6 +289,8 @@ class VerdictBuilder:
                                f"{host.lost[0]})")
             if host.deselected:
                 refused.append(f"{name}: {host.deselected} test(s) deselected after collection")
+        for name, verdict in sorted(self.hosts.items()):
+            refused += [f"{name}: {why}" for why in verdict.unchecked_reasons(wanted)]
         ok = (bool(per_host) and not refused
               and all(o == "passed" for outcomes in per_host.values() for o in outcomes.values()))
         return {"layers": wanted, "passed": ok, "hosts": per_host, "refused": refused}

@@ -5,11 +5,13 @@ time, for /server_info's speculative_algorithm, so that speculative-only tests a
 server (and the algorithm filter applies to attached servers as to provisioned ones). One read-only GET per
 service, in parallel across services. A server that refuses connections is not up yet (a deploy pipeline
 attaches right after a restart): it is asked again every 0.25 s until it answers, up to WAIT_UP_S (at most
-the service's ready_timeout); any other failure (an HTTP error, a timeout, garbage) is an answer at once.
-Every GET has a total deadline of DISCOVERY_TIMEOUT_S (not per read: a server dripping /server_info a byte
-every 2 s is cut off there, and the error says how far it got), so discovery ends within WAIT_UP_S + 2 x 5 s.
-An answer that cannot be had leaves the service AUTO with the reason, and its service-layer test fails with
-it.
+the service's ready_timeout). A transient answer (HTTP 5xx, 429, a timeout, a dropped connection) is asked
+again within the GET's own total deadline (client/inference.py `metadata_get`); any other failure (an HTTP
+error, garbage) is an answer at once. Only "not served" (404, 405, 410, 501) on both paths means "not SGLang:
+plain". Every GET has a total deadline of DISCOVERY_TIMEOUT_S, retries included (not per read: a server
+dripping /server_info a byte every 2 s is cut off there, and the error says how far it got), so discovery ends
+within WAIT_UP_S + 2 x 5 s. An answer that cannot be had leaves the service AUTO with the reason, and its
+service-layer test fails with it.
 
 Under xdist the controller asks and the workers take its answers (workerinput), so that every worker collects
 the same tests.
@@ -27,7 +29,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.inference import NOT_SERVED, InferenceClient
 from pytest_dflash.config.profiles import AUTO, HostProfile, ServiceSpec
 from pytest_dflash.errors import ApiError
 from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
@@ -58,14 +60,14 @@ def ask(spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S) -> dict[str, 
                              limit_name="the discovery timeout") as client:
             for path in ("/server_info", "/get_server_info"):
                 try:
-                    response = client.request("GET", path, timeout_s=timeout_s, max_bytes=INFO_CAP)
+                    response = client.metadata_get(path, timeout_s=timeout_s, max_bytes=INFO_CAP)
                 except ApiError as exc:
                     if exc.cause == "too-large":
                         return {"error": f"GET {path} sent more than {INFO_CAP // 1024} KB: not SGLang's "
                                          f"server_info"}
                     return {"error": scrub(f"GET {path}: {exc.message}", 300, "discovery"),
                             "cause": exc.cause}
-                if response.status_code == 404:
+                if response.status_code in NOT_SERVED:
                     continue
                 if response.status_code != 200:
                     return {"error": f"GET {path} answered HTTP {response.status_code}"}

@@ -85,6 +85,9 @@ class ServiceHandle:
     failure: DflashError | None = None
     started_mark: LogMark | None = None
     server_info: dict[str, Any] | None = None
+    # why /server_info could not be read after readiness (not "not served": that is a server that is not
+    # SGLang); a check that needs it then skips as "could not check" (run/skips.py), never as "not SGLang"
+    server_info_error: str | None = None
     base_restarts: int = 0
     # the test that failed with `failure`: later tests are skipped as blocked naming it (none yet: the next
     # test that needs the service fails with it, e.g. a peer whose start failed while another one started)
@@ -210,6 +213,7 @@ class ServiceHandle:
             "frontend": info.get("frontend"),
             "provisioned": self.manager.provisioned,
             "ready": self.ready.as_dict() if self.ready else None,
+            "server_info_error": self.server_info_error,
         }
 
     def ensure_ready(self) -> ReadyReport:
@@ -304,9 +308,11 @@ class ServiceHandle:
             self.settle("its readiness wait ended")
         progress(self.event("ready", f"ready after {self.ready.total_s:.1f}s"))
         try:
-            self.server_info = self.client.server_info()
-        except ApiError:
+            self.server_info = self.client.server_info()  # transient answers retried (client/inference.py)
+        except ApiError as exc:
             self.server_info = None
+            said = f"HTTP {exc.status}" if exc.status is not None else "no HTTP response"
+            self.server_info_error = f"GET {exc.endpoint}: {said}: {exc.message}"[:300]
         try:
             self.base_restarts = self.manager.state().restarts
         except TransportError:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_dflash.api import PerfLayer, ServiceHandle
+from pytest_dflash.api import PerfLayer, ServiceHandle, needs_sglang
 
 pytestmark = pytest.mark.perf
 
@@ -30,8 +30,7 @@ def test_throughput_and_latency_floors(dflash_service: ServiceHandle, dflash_per
 def test_accept_length(dflash_service: ServiceHandle, dflash_perf: PerfLayer) -> None:
     """Per-request accept length (native /generate meta_info) >= its floor; server-side /server_info
     alongside."""
-    if not dflash_service.native:
-        pytest.skip("accept length needs SGLang's native /generate meta_info")
+    needs_sglang(dflash_service, "accept length needs SGLang's native /generate meta_info")
     dflash_perf.accept_length_of(dflash_service)
 
 

@@ -18,6 +18,7 @@ from pytest_dflash.api import (
     check_slice,
     gpus_visible,
     greedy,
+    not_applicable,
     quick_accept_length,
     ready_by_real_generation,
     sampled,
@@ -36,7 +37,7 @@ from pytest_dflash.api import (
 def test_host_reachable(dflash_host: HostContext) -> None:
     """A trivial command on the host answers within 6 s (skipped when attached by URL: no host access)."""
     if not dflash_host.has_host_access:
-        pytest.skip("attached by URL: no host access")
+        not_applicable("attached by URL: no host access")
     seconds = dflash_host.transport.ping()
     assert seconds < 6, f"a trivial command took {seconds:.1f}s"
 

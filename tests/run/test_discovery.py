@@ -55,3 +55,21 @@ def test_a_server_that_never_comes_up_is_an_answer_with_a_masked_url(capsys: pyt
     assert PASSWORD not in spec.discovery_error
     err = capsys.readouterr().err
     assert "could not be read" in err and PASSWORD not in err
+
+
+@pytest.mark.parametrize(("status", "times", "algorithm"), [(503, 2, "DFLASH"), (405, None, "NONE")],
+                         ids=["503-twice", "405-always"])
+def test_a_transient_5xx_is_asked_again_and_only_not_served_means_plain(status: int, times: int | None,
+                                                                        algorithm: str) -> None:
+    """/server_info 503 twice, then the answer: the algorithm is read (not an error, not 'plain'); 405 on
+    both paths: a server that is not SGLang, treated as plain."""
+    from services.http_doubles import FaultProxy, FlakyRoute
+
+    from pytest_dflash.refserver.launch import RefServerProcess
+
+    rule = FlakyRoute(status=status, times=times)
+    with RefServerProcess("--speculative-algorithm", "DFLASH") as server, FaultProxy(server.url, rule) as proxy:
+        (spec,) = attach_profile(proxy.url, 0).services.values()
+        answer = discovery.ask(spec)
+    assert answer.get("algorithm") == algorithm, answer
+    assert rule.replaced == 2  # 503: twice, then through; 405: each of the two names once, not retried

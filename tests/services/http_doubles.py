@@ -23,7 +23,8 @@ import httpx
 # imported during a test, and a second copy of httpcore raises exceptions that httpx no longer maps.
 httpx.HTTPTransport().close()
 
-__all__ = ["DripServer", "FaultProxy", "Reply", "SilentServer", "blank_stream", "huge_generation", "is_sampled", "sampled_500"]
+__all__ = ["DripServer", "FaultProxy", "FlakyRoute", "Reply", "SilentServer", "blank_stream", "huge_generation",
+           "is_sampled", "sampled_500"]
 
 
 @dataclass
@@ -39,6 +40,32 @@ class Reply:
 
 
 Rule = Callable[[str, str, Any], Reply | None]  # (method, path, JSON body or None) -> replacement
+
+
+@dataclass
+class FlakyRoute:
+    """A rule: HTTP `status` to the first `times` GETs of `paths` once `after_generations` POST /generate have
+    gone by (2: after an attached server's readiness, its greedy and sampled generation), then the upstream's
+    answers; `times` None: every such GET, for good (a gateway that does not route the path)."""
+
+    paths: tuple[str, ...] = ("/server_info", "/get_server_info")
+    status: int = 503
+    times: int | None = 2
+    after_generations: int = 0
+    generations: int = 0
+    replaced: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, method: str, path: str, body: Any) -> Reply | None:
+        with self._lock:
+            if method == "POST" and path == "/generate":
+                self.generations += 1
+                return None
+            if (method == "GET" and path.split("?")[0] in self.paths and self.generations >= self.after_generations
+                    and (self.times is None or self.replaced < self.times)):
+                self.replaced += 1
+                return Reply(self.status, json.dumps({"error": f"HTTP {self.status} from the proxy"}).encode())
+        return None
 
 
 @dataclass

@@ -452,6 +452,65 @@ class _SilentServer:
         self.server.server_close()
 
 
+def _no_test_body(w: Path, rng: random.Random) -> Run:
+    """A gate given to a run that runs no test body (issue 31): a usage error, never a green gate; from the
+    command line or from PYTEST_ADDOPTS."""
+    shape = rng.choice(["--co", "--collect-only", "--setup-only", "--setup-plan"])
+    if rng.random() < 0.5:
+        return run_pytest(w, [*setup(w), "--gate", "generation"], PYTEST_ADDOPTS=shape)
+    return run_pytest(w, [*setup(w), shape, "--gate", "generation"])
+
+
+META_SUITE = '''
+import pytest
+from pytest_dflash.api import ServiceHandle, serves_the_profiles_algorithm, serves_the_profiles_speculation
+
+
+@pytest.mark.service
+def test_algorithm(dflash_service: ServiceHandle) -> None:
+    serves_the_profiles_algorithm(dflash_service)
+
+
+@pytest.mark.service
+def test_speculation(dflash_service: ServiceHandle) -> None:
+    serves_the_profiles_speculation(dflash_service)
+'''
+
+
+def _flaky_metadata(w: Path, rng: random.Random) -> Run:
+    """Two DFLASH servers attached through proxies (kind = "external"): alpha's proxy answers /server_info
+    503 a few times right after readiness (ridden out: alpha passes); beta's never routes /server_info while
+    /generate works (its DFLASH checks could not be made: partial, and the service gate fails)."""
+    from services.http_doubles import FaultProxy, FlakyRoute
+
+    from pytest_dflash.refserver.launch import RefServerProcess
+
+    hosts = setup(w)
+    (w / "suite" / "test_meta.py").write_text(META_SUITE)
+    rules = {"alpha": FlakyRoute(status=rng.choice([500, 502, 503]), times=rng.choice([1, 2]), after_generations=2),
+             "beta": FlakyRoute(status=rng.choice([404, 405]), times=None)}
+    with contextlib.ExitStack() as stack:
+        for host, rule in rules.items():
+            server = stack.enter_context(RefServerProcess("--speculative-algorithm", "DFLASH",
+                                                          "--speculative-num-draft-tokens", "8"))
+            proxy = stack.enter_context(FaultProxy(server.url, rule))
+            (w / f"{host}.toml").write_text(f'[host]\nconnection = "local://"\n[services.dflash]\nkind = "external"\n'
+                                            f'url = "{proxy.url}"\nalgorithm = "DFLASH"\n')
+        run = run_pytest(w, [*hosts, "--gate", "service,generation"])
+    run.env["FUZZ_REPLACED"] = json.dumps({host: rule.replaced for host, rule in rules.items()})
+    return run
+
+
+def _check_flaky_metadata(run: Run) -> None:
+    alpha, beta = run.verdict("alpha"), run.verdict("beta")
+    assert json.loads(run.env["FUZZ_REPLACED"])["alpha"] >= 1, "alpha's proxy never answered a 5xx"
+    assert alpha is not None and alpha["verdict"] == "pass", (alpha or {}).get("partial") or run.output[-2000:]
+    assert beta is not None and beta["verdict"] == "partial", (beta or {}).get("verdict")
+    assert any("of the service layer could not be made" in why for why in beta["partial"]), beta["partial"]
+    assert "gate service,generation: FAILED" in run.output, run.output[-2000:]
+    assert "gate refused: beta: " in run.output, run.output[-2000:]
+
+
 SIGNAL_NAMES = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm", signal.SIGKILL: "sigkill"}
 PHASES = ("configure", "collection", "readiness", "tests", "teardown")
 
@@ -488,6 +547,10 @@ SHAPES: list[Shape] = [
           "interrupted", _usage_error),
     Shape("shard-missing", "--fleet --shard I/2: one shard's verdicts merged alone", (0,), "mixed", _shard_missing,
           _check_shard_missing),
+    Shape("no-test-body-gate", "--gate with --co, --collect-only, --setup-only or --setup-plan (also from "
+          "PYTEST_ADDOPTS) after a passing run", (4,), "interrupted", _no_test_body),
+    Shape("flaky-metadata", "attached DFLASH servers: /server_info 5xx right after readiness (alpha), never routed "
+          "(beta), --gate service,generation", (1,), "mixed", _flaky_metadata, _check_flaky_metadata),
     *_signal_shapes(),
 ]
 BY_NAME = {shape.name: shape for shape in SHAPES}
@@ -520,10 +583,15 @@ def _named_hosts(run: Run) -> list[str]:
     return list(HOSTS)
 
 
+# In every CI sample: the healthy shape (a fuzz that cannot pass proves nothing) and cheap shapes of the latest
+# trust pass (issue 31), each a few seconds.
+ALWAYS = ("healthy", "no-test-body-gate", "flaky-metadata")
+
+
 def sample(seed: int, count: int) -> list[Shape]:
-    """The healthy shape (a fuzz that cannot pass proves nothing) and `count` others, chosen by the seed."""
-    others = [s for s in SHAPES if s.name != "healthy"]
-    return [BY_NAME["healthy"], *random.Random(seed).sample(others, count)]
+    """The ALWAYS shapes and `count` others, chosen by the seed."""
+    others = [s for s in SHAPES if s.name not in ALWAYS]
+    return [*(BY_NAME[name] for name in ALWAYS), *random.Random(seed).sample(others, count)]
 
 
 def docs_table() -> str:

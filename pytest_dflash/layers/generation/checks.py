@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import pytest
-
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.client.sampling import SAMPLED, Generation, Sampling
 from pytest_dflash.config.profiles import AUTO
@@ -44,6 +42,7 @@ from pytest_dflash.layers.generation.shapes import (
     check_stream,
     fail,
 )
+from pytest_dflash.run import skips
 
 if TYPE_CHECKING:
     from pytest_dflash.run.state import ServiceHandle
@@ -67,10 +66,10 @@ def require_api(native: bool, api: Api) -> str | None:
 
 
 def use_api(service: ServiceHandle, api: Api) -> None:
-    """Skip the test when `service` cannot speak `api` (the reason from require_api)."""
-    reason = require_api(service.native, api)
-    if reason:
-        pytest.skip(reason)
+    """Skip the test when `service` cannot speak `api`: /generate needs SGLang (run/skips.py `needs_sglang`:
+    'could not check' for a service that should speak it, else 'does not apply')."""
+    if api == "generate":
+        skips.needs_sglang(service, "SGLang's native /generate is not served here")
 
 
 def default_api(service: ServiceHandle) -> Api:
@@ -277,8 +276,11 @@ def long_prompt_near_context(service: ServiceHandle, api: Api, *, cap_tokens: in
     use_api(service, api)
     limit = context_limit(service.client, service.server_info)
     if limit is None:
-        pytest.skip("the server reports no context length (/v1/models max_model_len, /server_info "
-                    "context_length)")
+        reason = ("the server reports no context length (/v1/models max_model_len, /server_info "
+                  "context_length)")
+        if service.native:
+            skips.could_not_check(f"{service.label}: {reason}")
+        skips.not_applicable(reason)
     long_prompt(service.client, api, limit, cap_tokens=cap_tokens)
 
 

@@ -33,6 +33,7 @@ from pytest_dflash.layers.gpu.layer import REQUIRERS, GpuHost
 from pytest_dflash.layers.gpu.packages import diff, is_serving, kernel_torch_issue, read_baseline, snapshot
 from pytest_dflash.layers.gpu.report import explain
 from pytest_dflash.layers.gpu.services import ProbeGroup
+from pytest_dflash.run import skips
 
 
 class EnvWarning(UserWarning):
@@ -45,9 +46,9 @@ class EnvWarning(UserWarning):
 def probe_groups(gpu: GpuHost) -> list[ProbeGroup]:
     """The service groups to probe; skips without host access or without a service that has it."""
     if not gpu.host.has_host_access:
-        pytest.skip("attached by URL: no host access")
+        skips.not_applicable("attached by URL: no host access")
     if not gpu.groups:
-        pytest.skip(f"no service of {gpu.host.name} runs with host access")
+        skips.not_applicable(f"no service of {gpu.host.name} runs with host access")
     return gpu.groups
 
 
@@ -81,7 +82,8 @@ def groups_with_flashinfer(gpu: GpuHost) -> list[ProbeGroup]:
     """The groups whose venv has flashinfer-python; skips when none has (nothing JIT-compiles)."""
     groups = [g for g in probe_groups(gpu) if "flashinfer-python" in installed_versions(packages_of(gpu, g))]
     if not groups:
-        pytest.skip(f"flashinfer-python is not installed for {gpu.host.profile.python}: nothing JIT-compiles")
+        skips.not_applicable(f"flashinfer-python is not installed for {gpu.host.profile.python}: "
+                             "nothing JIT-compiles")
     return groups
 
 
@@ -114,7 +116,7 @@ def torch_initialises_cuda(gpu: GpuHost) -> None:
     for group in probe_groups(gpu):
         facts = torch_of(gpu, group)
         if not gpu.has_gpu:
-            pytest.skip(gpu.no_gpu_reason() + f" (torch {facts['version']}, CUDA {facts['cuda']})")
+            skips.not_applicable(gpu.no_gpu_reason() + f" (torch {facts['version']}, CUDA {facts['cuda']})")
         gpu.export("torch", {k: facts.get(k) for k in ("version", "cuda", "arch_list", "devices")})
         evidence = "\n".join([str(w) for w in facts.get("warnings") or []]
                              + [str(facts.get("cuda_error") or "")])
@@ -131,7 +133,7 @@ def torch_arch_list_covers_gpus(gpu: GpuHost) -> None:
     for group in probe_groups(gpu):
         facts = torch_of(gpu, group)
         if not gpu.has_gpu:
-            pytest.skip(gpu.no_gpu_reason())
+            skips.not_applicable(gpu.no_gpu_reason())
         arch_list = [str(a) for a in facts.get("arch_list") or []]
         gaps = [c.describe() for c in torch_coverage(arch_list, gpu.inventory.capabilities) if not c.ok]
         assert not gaps, explain(f"torch {facts['version']} has no kernels for this GPU: any CUDA op fails "
@@ -145,7 +147,7 @@ def driver_supports_torch_cuda(gpu: GpuHost) -> None:
     for group in probe_groups(gpu):
         facts = torch_of(gpu, group)
         if not gpu.has_gpu or not facts.get("cuda"):
-            pytest.skip(gpu.no_gpu_reason() if not gpu.has_gpu else "torch is a CPU build")
+            skips.not_applicable(gpu.no_gpu_reason() if not gpu.has_gpu else "torch is a CPU build")
         inventory = gpu.inventory
         api = facts.get("driver_api_version")
         driver_cuda = inventory.driver_cuda or (driver_api_to_release(int(str(api))) if api else None)
@@ -179,7 +181,8 @@ def import_chain(gpu: GpuHost, chain: str) -> None:
             f"{gpu.host.profile.python} ({failure.error}); fix package {failure.package}",
             failure.evidence(), values=_values(gpu))
     if not ran:
-        pytest.skip(f"no service of {gpu.host.name} runs an entry point that imports chain {chain!r}")
+        skips.not_applicable(f"no service of {gpu.host.name} runs an entry point that imports chain "
+                             f"{chain!r}")
 
 
 def serving_chains_import(gpu: GpuHost) -> None:
@@ -249,8 +252,8 @@ def service_flags_exist_in_installed_sglang(gpu: GpuHost) -> None:
             f"'error: unrecognized arguments: {' '.join(dict.fromkeys(f.removed.flag for f in gone))}'",
             "\n".join(f.describe() for f in gone), diagnosis="sglang-flag-removed")
     if not judged:
-        pytest.skip(f"no service of {gpu.host.name} runs sglang with a command to read (or sglang is "
-                    "not installed)")
+        skips.not_applicable(f"no service of {gpu.host.name} runs sglang with a command to read (or "
+                             "sglang is not installed)")
     gpu.export("sglang_flags_checked", f"{'; '.join(judged)} (removed flags known up to sglang "
                                        f"{NEWEST_READ})")
 
@@ -262,7 +265,7 @@ def pip_check_clean_for_serving_stack(gpu: GpuHost) -> None:
         packages = packages_of(gpu, group)
         check = packages.get("pip_check") or {}
         if not check.get("ran"):
-            pytest.skip(f"pip is not available in {gpu.host.profile.python}: {check.get('stderr')}")
+            skips.could_not_check(f"pip is not available in {gpu.host.profile.python}: {check.get('stderr')}")
         issues, notes = pip_conflicts(packages)
         if notes:
             warnings.warn(EnvWarning(f"{gpu.host.name}: pip check: {'; '.join(notes[:20])}"), stacklevel=2)
@@ -352,7 +355,7 @@ def sgl_kernel_has_build_for_gpu_arch(gpu: GpuHost) -> None:
     for group in probe_groups(gpu):
         builds = gpu.sgl_kernel_builds(group)
         if not builds.get("found"):
-            pytest.skip(f"sgl_kernel is not installed for {gpu.host.profile.python}")
+            skips.not_applicable(f"sgl_kernel is not installed for {gpu.host.profile.python}")
         problems = sgl_kernel_problems(builds, gpu.capabilities(group))
         assert not problems, explain("sgl_kernel has no build for this GPU", "\n".join(problems))
 
@@ -373,7 +376,8 @@ def serving_stack_matches_baseline(gpu: GpuHost, request: pytest.FixtureRequest)
                {name: version for name, version in current["packages"].items() if is_serving(name)})
     baseline_path = gpu.options.baseline
     if baseline_path is None:
-        pytest.skip("no --env-baseline given (this host's snapshot is recorded for --save-env-snapshot)")
+        skips.not_applicable("no --env-baseline given (this host's snapshot is recorded for "
+                             "--save-env-snapshot)")
     try:
         baseline = read_baseline(baseline_path, gpu.host.name)
     except ValueError as exc:

@@ -18,6 +18,7 @@ from pytest_dflash.errors import GpuFault
 from pytest_dflash.layers.gpu.checks import classify_kernel_lines, gpu_health, split_oom_kills, xid_codes
 from pytest_dflash.layers.gpu.layer import GpuHost
 from pytest_dflash.layers.gpu.report import explain
+from pytest_dflash.run import skips
 
 
 class GpuHostWarning(UserWarning):
@@ -27,14 +28,14 @@ class GpuHostWarning(UserWarning):
 def require_host_access(gpu: GpuHost) -> None:
     """Skip on a host attached by URL: there is nothing to run commands on."""
     if not gpu.host.has_host_access:
-        pytest.skip("attached by URL: no host access")
+        skips.not_applicable("attached by URL: no host access")
 
 
 def require_gpus(gpu: GpuHost) -> None:
     """Skip without host access or without a GPU (with nvidia-smi's reason)."""
     require_host_access(gpu)
     if not gpu.has_gpu:
-        pytest.skip(gpu.no_gpu_reason())
+        skips.not_applicable(gpu.no_gpu_reason())
 
 
 def nvidia_smi_lists_gpus(gpu: GpuHost) -> None:
@@ -43,7 +44,7 @@ def nvidia_smi_lists_gpus(gpu: GpuHost) -> None:
     require_host_access(gpu)
     inventory = gpu.inventory
     if not inventory.gpus and not gpu.expected_gpus:
-        pytest.skip(gpu.no_gpu_reason() + " (and its profile names none)")
+        skips.not_applicable(gpu.no_gpu_reason() + " (and its profile names none)")
     raw = gpu.probe("gpu_inventory")
     evidence = "\n".join(str((raw.get(k) or {}).get("stderr") or "") for k in ("query", "xml")) or str(raw)
     assert inventory.available, explain(
@@ -57,7 +58,7 @@ def profile_gpus_present(gpu: GpuHost) -> None:
     __tracebackhide__ = True
     require_gpus(gpu)
     if not gpu.expected_gpus:
-        pytest.skip("the profile names no GPU indices")
+        skips.not_applicable("the profile names no GPU indices")
     present = [g.index for g in gpu.inventory.gpus]
     missing = [index for index in gpu.expected_gpus if index not in present]
     if missing:  # the services on the GPUs that are there go on; those on a missing one are blocked
@@ -163,7 +164,7 @@ def service_gpus_not_held_by_other_processes(gpu: GpuHost) -> None:
     __tracebackhide__ = True
     require_gpus(gpu)
     if not gpu.host.provisioning:
-        pytest.skip("attach mode: the running services hold their own GPUs")
+        skips.not_applicable("attach mode: the running services hold their own GPUs")
     wanted = {i for spec in gpu.host.profile.services.values() for i in spec.gpus}
     busy: dict[int, list[str]] = {}
     for g in gpu.inventory.gpus:
@@ -183,7 +184,10 @@ def kernel_log_lines(gpu: GpuHost) -> list[str]:
     if not log.get("readable"):
         tried = "; ".join(f"{' '.join(a['argv'][:2])}: rc {a['rc']} {a['stderr'][:200]}"
                           for a in log["attempts"])
-        pytest.skip(f"the kernel log is not readable on {gpu.host.name} ({tried})")
+        reason = f"the kernel log is not readable on {gpu.host.name} ({tried})"
+        if gpu.has_gpu or gpu.expected_gpus:  # a GPU host must be checkable; a CPU test host need not
+            skips.could_not_check(reason)
+        skips.not_applicable(reason + ": a host without GPUs")
     lines: list[str] = log.get("matches", [])
     return lines
 

@@ -29,6 +29,7 @@ from pytest_dflash.layers.gpu.hooks import KERNELS_PROPERTY
 from pytest_dflash.layers.gpu.layer import GpuHost
 from pytest_dflash.layers.gpu.report import explain
 from pytest_dflash.layers.gpu.services import ProbeGroup
+from pytest_dflash.run import skips
 
 
 class WarmCacheWarning(UserWarning):
@@ -123,9 +124,9 @@ class KernelBuild:
 def require_gpu_use(gpu: GpuHost) -> None:
     """Skip without host access, and in attach mode unless --allow-gpu-use: nothing is built or launched."""
     if not gpu.host.has_host_access:
-        pytest.skip("attached by URL: no host access")
+        skips.not_applicable("attached by URL: no host access")
     if not gpu.may_use_gpus:
-        pytest.skip(gpu.gpu_use_refusal())
+        skips.not_applicable(gpu.gpu_use_refusal())
 
 
 def service_group(gpu: GpuHost, package: str = "flashinfer-python") -> ProbeGroup:
@@ -135,7 +136,7 @@ def service_group(gpu: GpuHost, package: str = "flashinfer-python") -> ProbeGrou
     for group in groups:
         if package in installed_versions(gpu.packages(group)):
             return group
-    pytest.skip(f"{package} is not installed for {gpu.host.profile.python}")
+    skips.not_applicable(f"{package} is not installed for {gpu.host.profile.python}")
 
 
 def _record(request: pytest.FixtureRequest, gpu: GpuHost, build: KernelBuild) -> None:
@@ -163,7 +164,7 @@ def builds_cold(gpu: GpuHost, module: str, request: pytest.FixtureRequest) -> Ke
     build = built(gpu, module, request)
     failure = build.failure
     if failure is None and build.skipped:
-        pytest.skip(f"--jit-objects: {build.skipped}")
+        skips.not_applicable(f"--jit-objects: {build.skipped}")
     fi = build.flashinfer
     where = (f"FlashInfer {fi.get('version')} JIT of {build.inner.get('spec_name') or module} for "
              f"{fi.get('target_archs')} with CUDA {fi.get('cuda_home')} ({fi.get('cuda_version')}) in an "
@@ -182,10 +183,10 @@ def _ran(gpu: GpuHost, module: str, request: pytest.FixtureRequest) -> dict[str,
     __tracebackhide__ = True
     require_gpu_use(gpu)
     if not gpu.has_gpu:
-        pytest.skip(gpu.no_gpu_reason() + ": only the compile step runs here")
+        skips.not_applicable(gpu.no_gpu_reason() + ": only the compile step runs here")
     build = built(gpu, module, request)
     if build.failure is not None:
-        pytest.skip(f"the {module} module did not build (see test_flashinfer_{module}_builds_cold)")
+        skips.could_not_check(f"the {module} module did not build (see test_flashinfer_{module}_builds_cold)")
     error = build.run_error
     assert error is None, explain(f"{module} built but failed when run on {gpu.host.name}", error)
     return build.run
@@ -213,7 +214,7 @@ def triton_kernel_compiles_and_runs(gpu: GpuHost, request: pytest.FixtureRequest
     __tracebackhide__ = True
     require_gpu_use(gpu)
     if not gpu.has_gpu:
-        pytest.skip(gpu.no_gpu_reason() + ": Triton compiles for the GPU it runs on")
+        skips.not_applicable(gpu.no_gpu_reason() + ": Triton compiles for the GPU it runs on")
     build = KernelBuild("triton", gpu.kernels("triton", service_group(gpu, "triton")))
     _record(request, gpu, build)
     failure = build.failure

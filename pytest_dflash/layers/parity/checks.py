@@ -23,6 +23,7 @@ from pytest_dflash.layers.parity.hooks import (
     state_change_refusal,
 )
 from pytest_dflash.load.workload import SHIPPED_DATASET, DatasetPrompt, load_dataset, sample_by_category
+from pytest_dflash.run import skips
 from pytest_dflash.run.fixtures import ready_or_blocked
 
 if TYPE_CHECKING:
@@ -46,9 +47,8 @@ def acceptance_prompts(total: int = ACCEPTANCE_SAMPLE, *, seed: int = ACCEPTANCE
 def require_native(pair: Sequence[ServiceHandle]) -> None:
     """Skip unless every service serves SGLang's native /generate (parity compares token ids)."""
     for service in pair:
-        if not service.native:
-            pytest.skip(f"parity compares token ids: {service.label} does not serve SGLang's "
-                        "native /generate")
+        skips.needs_sglang(service, f"parity compares token ids: {service.label} does not serve SGLang's "
+                                    "native /generate")
 
 
 def greedy_parity(pair: Pair, options: LayerOptions, cache: Cache, *,
@@ -119,7 +119,7 @@ def measure_acceptance(handle: ServiceHandle, prompts: Sequence[str], *, max_tok
                                     flush_refused=state_change_refusal(handle, allowed=allowed),
                                     categories=categories)
     except acceptance.FlushRefused as exc:
-        pytest.skip(f"accept length not measured: {exc}")
+        skips.could_not_check(f"accept length not measured: {exc}")
     handle.host.facts.accept_lengths[handle.name] = round(result.mean, 4)
     handle.host.facts.metrics[f"acceptance:{handle.name}"] = result.as_fact()
     if result.per_category:
@@ -131,8 +131,7 @@ def measure_acceptance(handle: ServiceHandle, prompts: Sequence[str], *, max_tok
 def _acceptance(service: ServiceHandle, options: LayerOptions, cache: Cache) -> acceptance.Acceptance:
     """The service's accept length on a seeded sample of the shipped prompt set (and --parity-prompts), per
     category too, measured once per run."""
-    if not service.native:
-        pytest.skip("accept length needs SGLang's native /generate meta_info or /server_info")
+    skips.needs_sglang(service, "accept length needs SGLang's native /generate meta_info or /server_info")
     sample = acceptance_prompts()
     prompts = [*(p.prompt for p in sample), *(p.text for p in options.extra_prompts)]
     categories = [*(p.category for p in sample), *(p.category for p in options.extra_prompts)]
@@ -155,7 +154,7 @@ def required_floor(service: ServiceHandle) -> acceptance.Floor:
 
 def _speculative_or_skip(service: ServiceHandle) -> None:
     if service.algorithm == "NONE":  # an attached server says what it runs only in /server_info
-        pytest.skip(f"{service.label} does not use speculative decoding")
+        skips.not_applicable(f"{service.label} does not use speculative decoding")
 
 
 def accept_length(service: ServiceHandle, options: LayerOptions, cache: Cache) -> acceptance.Acceptance:
@@ -173,9 +172,8 @@ def quick_accept_length(service: ServiceHandle, prompts: Sequence[str], options:
 
     A point estimate (greedy accept length is deterministic for a given server); suites/perf bounds it."""
     __tracebackhide__ = True
-    if not service.native:
-        pytest.skip("accept length needs SGLang's native /generate meta_info")
     _speculative_or_skip(service)
+    skips.needs_sglang(service, "accept length needs SGLang's native /generate meta_info")
     measured = measure_acceptance(service, prompts, max_tokens=max_tokens,
                                   allowed=options.allow_state_changes)
     acceptance.check_accepts_drafts(measured, required_floor(service))
@@ -189,11 +187,11 @@ def ddtree_accepts_at_least_dflash(service: ServiceHandle, options: LayerOptions
     A DFLASH service that is not usable blocks this test (through the one ready-or-blocked path)."""
     __tracebackhide__ = True
     if options.accept_ratio is None:
-        pytest.skip("--ddtree-accept-ratio off")
+        skips.not_applicable("--ddtree-accept-ratio off")
     host = service.host
     linear = [name for name, spec in host.profile.services.items() if spec.algorithm == "DFLASH"]
     if not linear:
-        pytest.skip(f"no DFLASH service on {host.name} to compare {service.name} with")
+        skips.not_applicable(f"no DFLASH service on {host.name} to compare {service.name} with")
     ddtree = _acceptance(service, options, cache)
     for name in linear:
         other = ready_or_blocked(host.service(name), node, role="DFLASH service compared with")

@@ -30,6 +30,7 @@ from pytest_dflash.layers.perf.token_latency import (
     stream_token_latency,
     token_latency_ceiling,
 )
+from pytest_dflash.run import skips
 from pytest_dflash.run.state import ServiceHandle
 
 __all__ = ["INCONCLUSIVE_HINT", "REFUSED_HINT", "PerfLayer"]
@@ -108,13 +109,13 @@ class PerfLayer:
         judgements = judge_floors(run, floors)
         self.check(run, judgements)
         if len(judgements) == 1:
-            pytest.skip(f"no throughput/latency floor for {handle.label} in [floors.{handle.name}] of "
-                        f"{handle.host.profile.source}: measured {run.headline()} (no errors)")
+            skips.not_applicable(f"no throughput/latency floor for {handle.label} in [floors.{handle.name}] "
+                                 f"of {handle.host.profile.source}: measured {run.headline()} (no errors)")
 
     def accept_length_of(self, handle: ServiceHandle) -> None:
         __tracebackhide__ = True
         if handle.algorithm == "NONE":  # an attached server says what it runs only in /server_info
-            pytest.skip(f"{handle.label} does not use speculative decoding")
+            skips.not_applicable(f"{handle.label} does not use speculative decoding")
         run = self.measure(handle)
         self.check(run, [self._judge_accept_length(handle, run)])
 
@@ -133,10 +134,9 @@ class PerfLayer:
         A point estimate (greedy accept length is deterministic for a given server); suites/perf bounds it.
         """
         __tracebackhide__ = True
-        if not handle.native:
-            pytest.skip("accept length needs SGLang's native /generate meta_info")
         if handle.algorithm == "NONE":  # an attached server says what it runs only in /server_info
-            pytest.skip(f"{handle.label} does not use speculative decoding")
+            skips.not_applicable(f"{handle.label} does not use speculative decoding")
+        skips.needs_sglang(handle, "accept length needs SGLang's native /generate meta_info")
         result = measure_acceptance(handle, prompts, max_tokens=max_tokens,
                                     allowed=self.options.allow_state_changes)
         check_accepts_drafts(result, required_floor(handle))
@@ -145,7 +145,7 @@ class PerfLayer:
         """Smoke: one streamed greedy request; its time per output token must stay under a sanity ceiling."""
         __tracebackhide__ = True
         if self.options.tpot_ceiling_off:
-            pytest.skip("--tpot-ceiling-ms off")
+            skips.not_applicable("--tpot-ceiling-ms off")
         ceiling, source = token_latency_ceiling(self.floors(handle), self.options.tpot_ceiling_ms)
         api: Api = "generate" if handle.native else "completions"
         stream = request_stream(handle.client, api, PROMPT, Sampling(max_tokens=tokens, temperature=0.0,
@@ -166,7 +166,8 @@ class PerfLayer:
         floors = self.floors(handle)
         versus, floor = floors.get("speedup_vs"), floors.get("speedup")
         if not isinstance(versus, str) or not isinstance(floor, int | float):
-            pytest.skip(f"no speedup_vs / speedup floor for {handle.label} in [floors.{handle.name}]")
+            skips.not_applicable(f"no speedup_vs / speedup floor for {handle.label} in "
+                                 f"[floors.{handle.name}]")
         run = self.measure(handle)
         other = self.measure_peer(handle, versus)
         self.check(run, [judge_speedup(run, other, float(floor), confidence=confidence_of(floors))])
@@ -181,7 +182,8 @@ class PerfLayer:
             self._record_baseline(handle, run, path, floors)
             return
         if not path.is_file():
-            pytest.skip(f"no baseline for {handle.label} at {path}: record a good run with --update-baseline")
+            skips.not_applicable(f"no baseline for {handle.label} at {path}: record a good run with "
+                                 "--update-baseline")
         try:
             baseline = load_baseline(path)
         except ValueError as exc:

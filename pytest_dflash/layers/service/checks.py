@@ -6,10 +6,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import pytest
-
 from pytest_dflash.errors import DflashError
 from pytest_dflash.layers.generation import checks as generation
+from pytest_dflash.run import skips
 from pytest_dflash.services import speculation
 from pytest_dflash.services.startup import ReadyReport
 
@@ -36,8 +35,10 @@ def ready_by_real_generation(service: ServiceHandle) -> ReadyReport:
 def serves_the_profiles_algorithm(service: ServiceHandle) -> None:
     """/server_info speculative_algorithm is the profile's (or, attached, the one read at collection)."""
     __tracebackhide__ = True
+    if service.spec.discovery_error is None:
+        skips.needs_sglang(service, "needs SGLang's /server_info")
     if reason := generation.served_algorithm_unknown(service):
-        pytest.skip(reason)
+        skips.could_not_check(f"{service.label}: {reason}")
     generation.check_served_algorithm(service)
 
 
@@ -45,7 +46,7 @@ def has_not_restarted(service: ServiceHandle) -> None:
     """No death and NRestarts = 0 since the service started (Restart= hides crash loops from is-active)."""
     __tracebackhide__ = True
     if not service.host.has_host_access:
-        pytest.skip("attached by URL: no unit to inspect")
+        skips.not_applicable("attached by URL: no unit to inspect")
     state = service.manager.state()
     if state.death is not None:
         _fail(f"{service.label}: {state.summary()}")
@@ -117,6 +118,9 @@ def serves_one_consistent_model(service: ServiceHandle) -> None:
     if set."""
     __tracebackhide__ = True
     said = served_models(service)
+    if not service.native and (expected := skips.sglang_expected(service)):
+        service.host.notes.append(f"{service.label}: only /v1/models was compared (/model_info and "
+                                  f"/server_info not read: {expected})")
     problems = model_problems(said, service.spec.model)
     if problems:
         _fail(f"{service.label}: " + "; ".join(problems) + f" (the server said: {said})")
@@ -136,13 +140,13 @@ def serves_the_profiles_speculation(service: ServiceHandle) -> speculation.Findi
     the profile (attached by URL, a unit without a template) that is what was asked; with one, a speculative
     flag the two disagree on fails (a stale or edited unit), any other is a note."""
     __tracebackhide__ = True
-    if not service.native:
-        pytest.skip("needs SGLang's /server_info (not an SGLang server)")
+    skips.needs_sglang(service, "needs SGLang's /server_info")
     if service.server_info is None:
-        pytest.skip(f"{service.label}: /server_info did not answer: the served speculation is unknown")
+        skips.could_not_check(f"{service.label}: /server_info did not answer: the served speculation is "
+                              "unknown")
     served = speculation.served_speculation(service.server_info)
     if not service.spec.speculative and not served:
-        pytest.skip(f"{service.label} does not use speculative decoding")
+        skips.not_applicable(f"{service.label} does not use speculative decoding")
     launch = speculation.launch_argv(service.server_info)
     command = service.spec.command
     requested = speculation.requested_speculation(command or launch or ())

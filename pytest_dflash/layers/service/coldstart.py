@@ -8,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-import pytest
-
 from pytest_dflash.config.tables.floors import COLD_START_FLOORS
+from pytest_dflash.run import skips
 
 if TYPE_CHECKING:
     from pytest_dflash.run.state import ServiceHandle
@@ -64,10 +63,10 @@ def cold_start_within_budgets(service: ServiceHandle) -> None:
     floors = service.host.profile.floors.get(service.name, {})
     budgets = {key: floors[key] for key in COLD_START_FLOORS if key in floors}
     if not budgets:
-        pytest.skip(f"{service.label}: no cold-start budget ([floors.{service.name}] cold_start_s "
+        skips.not_applicable(f"{service.label}: no cold-start budget ([floors.{service.name}] cold_start_s "
                     "or <phase>_s)")
     if not service.manager.provisioned:
-        pytest.skip(f"{service.label}: not started by this run (attached): no cold start to judge")
+        skips.not_applicable(f"{service.label}: not started by this run (attached): no cold start to judge")
     report = service.ensure_ready()
     shown = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in phase_durations(report.phases).items())
     if problems := judge_cold_start(report.phases, budgets):

@@ -15,6 +15,7 @@ from gpu_data import H200, load, ran_nothing, recorded, recorded_gpu
 
 from pytest_dflash.layers.gpu import host
 from pytest_dflash.layers.gpu.layer import GpuHost
+from pytest_dflash.run import skips
 
 CPU_INVENTORY = load("cpu-nvcc13/gpu_inventory.json")  # nvidia-smi not found on PATH
 
@@ -121,8 +122,10 @@ def test_a_containers_own_memory_limit_is_a_note_not_a_host_failure(tmp_path: Pa
 def test_an_unreadable_kernel_log_skips_and_a_failed_probe_fails(tmp_path: Path) -> None:
     unreadable = {**load("h200/layers/kernel_log.json"), "readable": False}
     gpu, _ = _h200(tmp_path, kernel_log=unreadable)
-    with pytest.raises(pytest.skip.Exception, match=r"the kernel log is not readable on h200 \(journalctl -k: rc None"):
+    with pytest.raises(pytest.skip.Exception, match=r"the kernel log is not readable on h200 \(journalctl -k: rc None") \
+            as skipped:
         host.kernel_log_has_no_gpu_faults(gpu)
+    assert skips.kind(str(skipped.value.msg)) == skips.UNCHECKED  # a GPU host: its kernel log must be readable
     broken, _ = _h200(tmp_path, kernel_log={"probe": "kernel_log", "transport_error": "h200: no answer within 60s"})
     with pytest.raises(pytest.fail.Exception, match="the kernel-log probe could not run"):
         host.kernel_log_has_no_oom_kills(broken)

@@ -1,0 +1,51 @@
+"""Metadata routes (/server_info, /model_info, /metrics) ride out a transient answer: a 5xx is asked again within
+the call's own total time, and only "not served" (404, 405, ...) on every path means "not SGLang".
+
+A real refserver process behind a real proxy on 127.0.0.1 that answers some of its GETs itself."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from http_doubles import FaultProxy, FlakyRoute
+
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.errors import ApiError
+from pytest_dflash.refserver.launch import RefServerProcess
+
+
+def test_two_503s_on_server_info_are_ridden_out(refserver: RefServerProcess) -> None:
+    rule = FlakyRoute(status=503, times=2)
+    with FaultProxy(refserver.url, rule) as proxy, InferenceClient(proxy.url) as client:
+        info = client.server_info()
+    assert info is not None and info["speculative_algorithm"] == "DFLASH"
+    assert rule.replaced == 2
+
+
+@pytest.mark.parametrize("path", ["/model_info", "/metrics"])
+def test_the_other_metadata_routes_are_retried_too(refserver: RefServerProcess, path: str) -> None:
+    rule = FlakyRoute(paths=(path,), status=502, times=1)
+    with FaultProxy(refserver.url, rule) as proxy, InferenceClient(proxy.url) as client:
+        answer = client.model_info() if path == "/model_info" else client.metrics()
+    assert answer and rule.replaced == 1
+
+
+def test_a_5xx_that_never_ends_is_an_error_within_the_calls_time_never_not_sglang(
+        refserver: RefServerProcess) -> None:
+    rule = FlakyRoute(status=503, times=None)
+    with FaultProxy(refserver.url, rule) as proxy, InferenceClient(proxy.url) as client:
+        started = time.monotonic()
+        with pytest.raises(ApiError) as caught:
+            client.server_info(timeout_s=3)
+        took = time.monotonic() - started
+    assert caught.value.status == 503 and took < 4, took
+    assert rule.replaced >= 3  # asked again, not answered at the first 503
+
+
+@pytest.mark.parametrize("status", [404, 405])
+def test_only_not_served_on_every_path_means_not_sglang(refserver: RefServerProcess, status: int) -> None:
+    rule = FlakyRoute(status=status, times=None)
+    with FaultProxy(refserver.url, rule) as proxy, InferenceClient(proxy.url) as client:
+        assert client.server_info() is None
+    assert rule.replaced == 2  # both names, each once: a "not served" is not retried
