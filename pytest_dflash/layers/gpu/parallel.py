@@ -8,8 +8,6 @@ disagrees (config/tables/services.py); this covers units and commands known only
 
 from __future__ import annotations
 
-import pytest
-
 from pytest_dflash.config.parallel import (
     LayoutError,
     gpus_disagree,
@@ -21,6 +19,7 @@ from pytest_dflash.layers.gpu.env import probe_groups
 from pytest_dflash.layers.gpu.layer import GpuHost
 from pytest_dflash.layers.gpu.report import explain
 from pytest_dflash.layers.gpu.services import ServiceView
+from pytest_dflash.run.skips import not_applicable
 
 
 def layout_problems(view: ServiceView) -> tuple[str, list[str]]:
@@ -53,7 +52,8 @@ def service_gpus_match_parallelism(gpu: GpuHost) -> None:
         lines.append(line)
         problems += wrong
     if not lines:
-        pytest.skip(f"no service of {gpu.host.name} has a command to read (attached units without ExecStart)")
+        not_applicable(f"no service of {gpu.host.name} has a launch command to read (units neither installed "
+                       "nor templated)")
     assert not problems, explain(
         "a service's GPUs disagree with the parallelism its command asks for: it would fail at start-up "
         "(a rank without a GPU) or run on GPUs the profile gives another service",
