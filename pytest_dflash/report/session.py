@@ -18,7 +18,15 @@ from pytest_dflash.config import options
 from pytest_dflash.config.targets import NAMED_HOSTS_KEY
 from pytest_dflash.evidence.attach import first_line, skip_message
 from pytest_dflash.report import step_summary
-from pytest_dflash.report.verdict import BUILDER_KEY, HostStatus, RunStatus, VerdictBuilder, summary_lines
+from pytest_dflash.report.verdict import (
+    BUILDER_KEY,
+    HostStatus,
+    RunStatus,
+    VerdictBuilder,
+    gate_line,
+    subset_reason,
+    summary_lines,
+)
 from pytest_dflash.run.collection import item_info
 from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
 from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
@@ -331,8 +339,7 @@ def narrowed_by(config: pytest.Config, suites: set[str], available: set[str]) ->
         reasons.append(f"selected by node id ({len(named)})")
     # smoke is a designed slice through every layer; anything else short of every suite is a subset
     if suites and "smoke" not in suites and available and not (available - {"smoke"}) <= suites:
-        reasons.append(f"a subset of the suites ({', '.join(sorted(suites))} of "
-                       f"{', '.join(sorted(available))})")
+        reasons.append(subset_reason(suites, available))
     return reasons
 
 
@@ -404,8 +411,7 @@ def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     gate_layers = config.stash.get(GATE_KEY, [])
     if gate_layers:
         gate = builder.gate(gate_layers)
-        terminalreporter.write_line(f"gate {','.join(gate_layers)}: "
-                                    f"{'PASSED' if gate['passed'] else 'FAILED'}")
+        terminalreporter.write_line(gate_line(gate))
         for reason in gate["refused"]:
             terminalreporter.write_line(f"  gate refused: {reason}")
     for path in config.stash.get(REPORTED_KEY, []):
