@@ -416,3 +416,23 @@ def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
             terminalreporter.write_line(f"  gate refused: {reason}")
     for path in config.stash.get(REPORTED_KEY, []):
         terminalreporter.write_line(f"verdict: {path}")
+
+
+def finish_empty_shard(session: pytest.Session) -> None:
+    """A shard that holds none of the fleet's hosts tested nothing. Without --gate that is no failure (a CI
+    matrix wider than its fleet has such shards; the merge of every shard is the fleet's verdict, and it fails
+    on a named host without a verdict): exit 0, said in words. With --gate it is: a gate over no host never
+    opens (exit 1)."""
+    if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        return  # something else of the run (a test of its own, a usage error) already said what it is
+    gated = bool(session.config.stash.get(GATE_KEY, []))
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED if gated else pytest.ExitCode.OK
+
+
+def empty_shard_summary(terminalreporter: Any, config: pytest.Config, line: str) -> None:
+    terminalreporter.section("dflash verdict")
+    terminalreporter.write_line(line)
+    gate_layers = config.stash.get(GATE_KEY, [])
+    if gate_layers:
+        terminalreporter.write_line(f"gate {','.join(gate_layers)}: FAILED: this shard holds no host, and a "
+                                    "gate over no host never opens")

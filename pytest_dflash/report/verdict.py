@@ -270,10 +270,11 @@ class VerdictBuilder:
                 refused.append(f"{name}: {host.deselected} test(s) deselected after collection")
         ok = (bool(per_host) and not refused
               and all(o == "passed" for outcomes in per_host.values() for o in outcomes.values()))
-        # what the gate does not judge but a reader must not miss: a failure in a layer outside it
-        outside = [f"{name} {layer} {outcome}" for name, v in sorted(self.hosts.items())
+        # what the gate does not judge but a reader must not miss: a failed layer outside it (a blocked one is
+        # the echo of a failure, listed here or failing the gate)
+        outside = [f"{name} {layer} failed" for name, v in sorted(self.hosts.items())
                    for layer, outcome in v.layer_outcomes().items()
-                   if layer not in wanted and outcome in ("failed", "blocked")]
+                   if layer not in wanted and outcome == "failed"]
         return {"layers": wanted, "passed": ok, "hosts": per_host, "refused": refused, "outside": outside}
 
     def failing(self) -> bool:
@@ -321,7 +322,10 @@ def subset_reason(ran: Iterable[str], available: Iterable[str]) -> str:
 
 def gate_line(gate: Mapping[str, Any]) -> str:
     """The gate's one line: 'gate service,generation: PASSED; outside the gate: randdraft perf failed'."""
-    line = f"gate {','.join(gate['layers'])}: {'PASSED' if gate['passed'] else 'FAILED'}"
+    failing = sorted(host for host, outcomes in (gate.get("hosts") or {}).items()
+                     if any(outcome != "passed" for outcome in outcomes.values()))
+    verdict = "PASSED" if gate["passed"] else "FAILED" + (f" on {', '.join(failing[:10])}" if failing else "")
+    line = f"gate {','.join(gate['layers'])}: {verdict}{' …' if len(failing) > 10 else ''}"
     outside = list(gate.get("outside") or ())
     if outside:
         line += f"; outside the gate: {', '.join(outside[:10])}{' …' if len(outside) > 10 else ''}"

@@ -85,3 +85,10 @@ def test_the_html_title_says_partial_and_interrupted() -> None:
     _add(builder, "other", "service", "passed")
     builder.status = RunStatus(hosts={"other": HostStatus(selected=2, finished=1, lost=("t[other]",))})
     assert run_title(builder) == "pytest-dflash, 2 hosts: 1 pass, 1 interrupted (other)"
+
+
+def test_a_failed_gate_names_the_hosts_it_failed_on() -> None:
+    builder = VerdictBuilder("run1")
+    _add(builder, "gpu-01", "service", "passed")
+    _add(builder, "gpu-17", "service", "failed")
+    assert gate_line(builder.gate(["service"])) == "gate service: FAILED on gpu-17"
