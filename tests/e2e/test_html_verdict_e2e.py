@@ -21,10 +21,12 @@ class _Rendered(HTMLParser):
         self.title = self.heading = ""
         self.rows: list[list[str]] = []
         self._in: str | None = None
-        self._table = False
+        self._table = self._body = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in ("title", "h1"):
+        if tag == "body":
+            self._body = True
+        elif (tag == "title" and not self._body) or tag == "h1":  # an SVG's <title> is a tooltip, not the page's
             self._in = tag
         elif tag == "table" and "dflash-verdict" in (dict(attrs).get("class") or ""):
             self._table = True
@@ -98,3 +100,16 @@ def test_a_failing_run_reads_fail_in_the_browser(run_suite, tmp_path: Path) -> N
 @pytest.fixture(autouse=True)
 def _screenshots_folder() -> None:
     (ROOT / "reports").mkdir(exist_ok=True)
+
+
+def test_an_interrupted_run_reads_interrupted_in_the_browser(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """-x stops the run at the first failure: the verdict file says interrupted, and so does the page, with why."""
+    profile = write_profile(tmp_path, "stopped", {"dflash": ("DFLASH", ["--inject", "missing-soundfile"])})
+    page = tmp_path / "report.html"
+    result = run_suite("smoke", "--host", str(profile), "-x", f"--html={page}")
+    assert_no_crash(result)
+    assert verdict(run_suite.reports, "stopped")["verdict"] == "interrupted"
+    parsed = _rendered(page, "html-report-interrupted.png")
+    assert parsed.title == parsed.heading.strip() == "pytest-dflash stopped: INTERRUPTED"
+    assert parsed.verdict_of("stopped") == "INTERRUPTED", parsed.rows
+    assert any(" ".join(row).strip().startswith("INTERRUPTED: stopped early") for row in parsed.rows), parsed.rows
