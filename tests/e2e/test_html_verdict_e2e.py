@@ -55,8 +55,8 @@ class _Rendered(HTMLParser):
 
 def _rendered(page: Path, shot: str) -> _Rendered:
     parsed = _Rendered()
-    parsed.feed(dump_dom(page))
-    screenshot(page, ROOT / "reports" / shot)
+    parsed.feed(dump_dom(page, timeout_s=120))  # two shared cores under -n 2: chromium may start slowly
+    screenshot(page, ROOT / "reports" / shot, timeout_s=120)
     return parsed
 
 
