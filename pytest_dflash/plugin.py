@@ -221,9 +221,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if EMPTY_SHARD_KEY in config.stash and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
-        session.exitstatus = pytest.ExitCode.OK  # an empty shard of a small fleet is not a failure
     run = config.stash.get(RUN_KEY, None)
+    if EMPTY_SHARD_KEY in config.stash and run is not None and not run.profiles:
+        report_session.finish_empty_shard(session)
     if run is None or not run.profiles:
         return
     for problem in run.cleanup():
@@ -237,3 +237,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     run = config.stash.get(RUN_KEY, None)
     if run is not None and run.profiles and report_session.writes_verdicts(config):
         report_session.terminal_summary(terminalreporter, config)
+    elif run is not None and EMPTY_SHARD_KEY in config.stash and report_session.writes_verdicts(config):
+        report_session.empty_shard_summary(terminalreporter, config, config.stash[EMPTY_SHARD_KEY])

@@ -138,9 +138,31 @@ def _pairs(raw: Any) -> list[tuple[float, int]]:
     return [(float(item[0]), int(item[1])) for item in raw or [] if isinstance(item, list) and len(item) >= 2]
 
 
+def json_kind(data: Any) -> str:
+    """What a JSON value is, in words, for a message about a body that should have been an object."""
+    if isinstance(data, list):
+        return "a JSON list" if data else "an empty JSON list"
+    if data is None:
+        return "JSON null"
+    if isinstance(data, bool):
+        return "a JSON boolean"
+    if isinstance(data, int | float):
+        return "a JSON number"
+    if isinstance(data, str):
+        return "a JSON string"
+    return "a JSON object" if isinstance(data, dict) else type(data).__name__
+
+
 def native_generation(data: Any, elapsed: float, service: str) -> Generation:
-    if not isinstance(data, dict) or "text" not in data or not isinstance(data.get("meta_info"), dict):
-        raise ApiError(service, "/generate", 200, "response lacks text/meta_info", json.dumps(data)[:300])
+    """One /generate answer as a `Generation`; what is wrong with one that is not is quoted as it came."""
+    if not isinstance(data, dict):
+        raise ApiError(service, "/generate", 200, f"response is {json_kind(data)}, not an object",
+                       json.dumps(data)[:300])
+    lacking = [key for key in ("text", "meta_info") if key not in data]
+    if lacking or not isinstance(data["meta_info"], dict):
+        problem = (f"response lacks {' and '.join(lacking)}" if lacking
+                   else f"response's meta_info is {json_kind(data['meta_info'])}, not an object")
+        raise ApiError(service, "/generate", 200, problem, json.dumps(data)[:300])
     meta = data["meta_info"]
     reason, matched = _finish(meta.get("finish_reason"))
     top = meta.get("output_top_logprobs")
@@ -159,7 +181,10 @@ def native_generation(data: Any, elapsed: float, service: str) -> Generation:
 
 
 def openai_generations(data: Any, elapsed: float, service: str, path: str, *, chat: bool) -> list[Generation]:
-    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise ApiError(service, path, 200, f"response is {json_kind(data)}, not an object",
+                       json.dumps(data)[:300])
+    choices = data.get("choices")
     if not isinstance(choices, list) or not choices:
         raise ApiError(service, path, 200, "response has no choices", json.dumps(data)[:300])
     usage = data.get("usage") or {}

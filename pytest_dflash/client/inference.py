@@ -348,8 +348,8 @@ class InferenceClient:
         body = self._generate_body(prompt, sampling, return_logprob, top_logprobs_num)
         started = time.monotonic()
         data = self._json("POST", "/generate", body, timeout_s)
-        if isinstance(data, list):
-            data = data[0] if data else {}
+        if isinstance(data, list) and data:  # a batch-shaped answer to one prompt: its one entry
+            data = data[0]
         return native_generation(data, time.monotonic() - started, self.service)
 
     def generate_many(self, prompt: str | Sequence[int], sampling: Sampling, *,
@@ -358,6 +358,9 @@ class InferenceClient:
         body = self._generate_body(prompt, sampling, False, 0)
         started = time.monotonic()
         data = self._json("POST", "/generate", body, timeout_s)
+        if data == []:  # n samples asked, none came: never an empty list of generations to judge
+            raise ApiError(self.service, "/generate", 200,
+                           f"response is an empty JSON list, not {sampling.n} samples", "[]")
         items = data if isinstance(data, list) else [data]
         return [native_generation(item, time.monotonic() - started, self.service) for item in items]
 

@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,17 @@ def shard_of(name: str, count: int) -> int:
 
 def select_shard(profiles: Mapping[str, HostProfile], index: int, count: int) -> dict[str, HostProfile]:
     return {name: p for name, p in profiles.items() if shard_of(name, count) == index}
+
+
+def empty_shard_line(index: int, count: int, names: Iterable[str]) -> str:
+    """What a shard holding none of the fleet's hosts says: 'shard 1/2 holds 0 of 3 hosts (all in shard 2/2):
+    …'. A CI matrix wider than its fleet has such shards; the fleet's verdict is the merge of them all."""
+    hosts = list(names)
+    others = sorted({shard_of(name, count) for name in hosts})
+    where = ", ".join(f"{i}/{count}" for i in others)
+    return (f"shard {index}/{count} holds 0 of {len(hosts)} host{'s' if len(hosts) != 1 else ''} "
+            f"(all in shard{'s' if len(others) != 1 else ''} {where}): no host was tested by this run; "
+            "the fleet's verdict is `pytest-dflash merge` over every shard's verdicts")
 
 
 def load_fleet(spec: str, hosts_dir: Path) -> list[HostProfile]:

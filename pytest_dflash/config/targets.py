@@ -52,7 +52,7 @@ def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
             raise pytest.UsageError(str(exc)) from None
         selected = inventory.select_shard(profiles, index, count)
         if profiles and not selected:
-            config.stash[EMPTY_SHARD_KEY] = f"shard {index}/{count} holds none of the {len(profiles)} hosts"
+            config.stash[EMPTY_SHARD_KEY] = inventory.empty_shard_line(index, count, profiles)
         profiles = selected
     return profiles
 

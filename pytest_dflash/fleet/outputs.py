@@ -72,15 +72,16 @@ def summarize(inputs: Sequence[LoadedVerdict], out_dir: Path, *, previous_path: 
     return summary, outputs
 
 
-def headline(summary: Mapping[str, Any]) -> list[str]:
-    """A few lines for a terminal: totals, gate, trend, and what changed on failing hosts."""
+def headline(summary: Mapping[str, Any], *, gate_line: bool = True) -> list[str]:
+    """A few lines for a terminal: totals, gate, trend, and what changed on failing hosts. `gate_line=False`
+    at the end of a run: its dflash verdict section already has the gate's one line."""
     totals = summary["totals"]
     incomplete = [f"{totals[v]} {v}" for v in ("partial", "interrupted") if totals.get(v)]
     lines = [f"fleet: {totals['pass']}/{totals['hosts']} hosts pass"
              + (f" ({', '.join(incomplete)})" if incomplete else "")
              + (f"; excluded: {', '.join(summary['excluded'])}" if summary.get("excluded") else "")]
     gate = summary.get("gate")
-    if gate:
+    if gate and gate_line:
         verdict = ("PASSED" if gate["passed"]
                    else f"FAILED on {', '.join(sorted(gate['failing'])) or 'no hosts'}")
         lines.append(f"gate {','.join(gate['layers'])}: {verdict}")

@@ -20,10 +20,12 @@ from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.scrub.redact import redact
 
 if TYPE_CHECKING:
-    from pytest_dflash.report.verdict import VerdictBuilder
+    from pytest_dflash.report.verdict import HostVerdict, VerdictBuilder
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "blocked": "#ef6c00", "skipped": "#757575",
            "not-run": "#bdbdbd"}
+# a host's verdict, as the verdict file says it (report/verdict.py: final_verdict): never a partial in green
+VERDICT_COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "partial": "#ef6c00", "interrupted": "#6a1b9a"}
 # A skipped row's log block holds one sentence (pytest_html_results_table_html): no 230 px scroll box with an
 # expand button around it (pytest-html's .logwrapper), just the line.
 SKIP_CSS = (".logwrapper:has(.dflash-skip-reason){max-height:none;overflow:visible;background:none}"
@@ -110,10 +112,12 @@ class HtmlHooks:
                 f'<td style="color:{COLOURS[outcome]};font-weight:bold">{outcome}</td>'
                 for outcome in verdict.layer_outcomes().values()
             )
-            colour = COLOURS["passed" if verdict.verdict == "pass" else "failed"]
-            rows.append(f'<tr><td>{html.escape(name)}</td><td '
-                        f'style="color:{colour}"><b>{verdict.verdict.upper()}'
-                        f"</b></td>{cells}</tr>")
+            final = verdict.final_verdict(builder.status)
+            rows.append(f'<tr data-host="{html.escape(name)}"><td>{html.escape(name)}</td><td '
+                        f'class="dflash-host-verdict" style="color:{VERDICT_COLOURS[final]}">'
+                        f"<b>{final.upper()}</b></td>{cells}</tr>")
+            rows += [f'<tr><td></td><td colspan="{len(LAYERS) + 1}">{html.escape(redact(why))}</td></tr>'
+                     for why in verdict_reasons(verdict, builder)]
             for failure in verdict.failures:
                 diagnosis = "; ".join(f"[{d['id']}] {d['title']}" for d in failure.get("diagnosis", [])[:2])
                 rows.append(f'<tr><td></td><td colspan="{len(LAYERS) + 1}">FAILED '
@@ -156,9 +160,20 @@ class HtmlHooks:
                     metadata[f"frontend {host}/{service}"] = redact(facts["frontend"])
 
 
+def verdict_reasons(verdict: HostVerdict, builder: VerdictBuilder) -> list[str]:
+    """Why a host is not PASS beyond its failures, as the terminal says it: 'INTERRUPTED: …', 'PARTIAL: …'."""
+    final = verdict.final_verdict(builder.status)
+    if final == "interrupted":
+        return [f"INTERRUPTED: {verdict.interrupted_reason(builder.status)}"]
+    if final == "partial":
+        return [f"PARTIAL: {why}" for why in verdict.partial_reasons(builder.status)]
+    return [f"OUTSIDE THE DFLASH TESTS: {problem}" for problem in builder.status.foreign]
+
+
 def run_title(builder: VerdictBuilder) -> str:
-    """'pytest-dflash h200: FAIL' / 'pytest-dflash, 32 hosts: 31 pass, 1 fail (gpu-17)'."""
-    verdicts = {name: v.verdict for name, v in sorted(builder.hosts.items())}
+    """'pytest-dflash h200: FAIL' / 'pytest-dflash, 32 hosts: 31 pass, 1 fail (gpu-17)': each host's verdict
+    as its verdict file says it (partial and interrupted too), read from the same builder and run status."""
+    verdicts = {name: v.final_verdict(builder.status) for name, v in sorted(builder.hosts.items())}
     if len(verdicts) == 1:
         ((name, verdict),) = verdicts.items()
         return f"pytest-dflash {name}: {verdict.upper()}"

@@ -18,7 +18,15 @@ from pytest_dflash.config import options
 from pytest_dflash.config.targets import NAMED_HOSTS_KEY
 from pytest_dflash.evidence.attach import first_line, skip_message
 from pytest_dflash.report import step_summary
-from pytest_dflash.report.verdict import BUILDER_KEY, HostStatus, RunStatus, VerdictBuilder, summary_lines
+from pytest_dflash.report.verdict import (
+    BUILDER_KEY,
+    HostStatus,
+    RunStatus,
+    VerdictBuilder,
+    gate_line,
+    subset_reason,
+    summary_lines,
+)
 from pytest_dflash.run.collection import item_info
 from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
 from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
@@ -331,8 +339,7 @@ def narrowed_by(config: pytest.Config, suites: set[str], available: set[str]) ->
         reasons.append(f"selected by node id ({len(named)})")
     # smoke is a designed slice through every layer; anything else short of every suite is a subset
     if suites and "smoke" not in suites and available and not (available - {"smoke"}) <= suites:
-        reasons.append(f"a subset of the suites ({', '.join(sorted(suites))} of "
-                       f"{', '.join(sorted(available))})")
+        reasons.append(subset_reason(suites, available))
     return reasons
 
 
@@ -404,9 +411,28 @@ def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     gate_layers = config.stash.get(GATE_KEY, [])
     if gate_layers:
         gate = builder.gate(gate_layers)
-        terminalreporter.write_line(f"gate {','.join(gate_layers)}: "
-                                    f"{'PASSED' if gate['passed'] else 'FAILED'}")
+        terminalreporter.write_line(gate_line(gate))
         for reason in gate["refused"]:
             terminalreporter.write_line(f"  gate refused: {reason}")
     for path in config.stash.get(REPORTED_KEY, []):
         terminalreporter.write_line(f"verdict: {path}")
+
+
+def finish_empty_shard(session: pytest.Session) -> None:
+    """A shard that holds none of the fleet's hosts tested nothing. Without --gate that is no failure (a CI
+    matrix wider than its fleet has such shards; the merge of every shard is the fleet's verdict, and it fails
+    on a named host without a verdict): exit 0, said in words. With --gate it is: a gate over no host never
+    opens (exit 1)."""
+    if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        return  # something else of the run (a test of its own, a usage error) already said what it is
+    gated = bool(session.config.stash.get(GATE_KEY, []))
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED if gated else pytest.ExitCode.OK
+
+
+def empty_shard_summary(terminalreporter: Any, config: pytest.Config, line: str) -> None:
+    terminalreporter.section("dflash verdict")
+    terminalreporter.write_line(line)
+    gate_layers = config.stash.get(GATE_KEY, [])
+    if gate_layers:
+        terminalreporter.write_line(f"gate {','.join(gate_layers)}: FAILED: this shard holds no host, and a "
+                                    "gate over no host never opens")

@@ -53,6 +53,7 @@ def markdown(builder: VerdictBuilder, gate: Mapping[str, Any] | None = None) -> 
         passed = "✅ passed" if gate.get("passed") else "❌ failed"
         head.append(f"Gate `{_code(','.join(gate.get('layers', [])))}`: **{passed}**")
         head += [f"- gate refused: {_cell(str(reason))}" for reason in gate.get("refused", [])]
+        head += [f"- outside the gate: {_cell(str(what))}" for what in gate.get("outside", [])]
         head.append("")
     if status.interrupted:
         head += [f"**Interrupted:** {_cell(status.interrupted)}", ""]

@@ -35,6 +35,7 @@ report. Exit codes are documented in docs/gating.md.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -51,7 +52,8 @@ SCHEMA = "pytest-dflash/verdict/1"
 OUTCOMES = ("passed", "failed", "blocked", "skipped", "not-run")
 VERDICTS = ("pass", "fail", "partial", "interrupted")
 LOST_SHOWN = 20  # lost test ids listed in a verdict (the count is always exact)
-SUBSET = "a subset of the suites"  # the one narrowing a gate may accept: a gate is about layers, not suites
+# The one narrowing a gate may accept (a gate is about layers, not suites): "ran perf: 1 of 8 suites".
+SUBSET = re.compile(r"ran [^:]+: \d+ of \d+ suites")
 NEVER_FINISHED = ("the run that wrote this file never finished (killed by SIGKILL, an OOM kill, os._exit or "
                   "a pytest-timeout thread kill?): this is the file written when it started")
 
@@ -282,7 +284,7 @@ class VerdictBuilder:
         refused = [f"the run was interrupted: {self.status.interrupted}"] if self.status.interrupted else []
         refused += [f"outside the dflash tests: {problem}" for problem in self.status.foreign]
         refused += [f"the run was narrowed: {why}" for why in self.status.partial
-                    if not why.startswith(SUBSET)]
+                    if not SUBSET.fullmatch(why)]
         for name, host in sorted(self.status.hosts.items()):
             if host.lost:
                 refused.append(f"{name}: {len(host.lost)} selected test(s) never finished (first: "
@@ -293,7 +295,12 @@ class VerdictBuilder:
             refused += [f"{name}: {why}" for why in verdict.unchecked_reasons(wanted)]
         ok = (bool(per_host) and not refused
               and all(o == "passed" for outcomes in per_host.values() for o in outcomes.values()))
-        return {"layers": wanted, "passed": ok, "hosts": per_host, "refused": refused}
+        # what the gate does not judge but a reader must not miss: a failed layer outside it (a blocked one is
+        # the echo of a failure, listed here or failing the gate)
+        outside = [f"{name} {layer} failed" for name, v in sorted(self.hosts.items())
+                   for layer, outcome in v.layer_outcomes().items()
+                   if layer not in wanted and outcome == "failed"]
+        return {"layers": wanted, "passed": ok, "hosts": per_host, "refused": refused, "outside": outside}
 
     def failing(self) -> bool:
         """Does any host's verdict say something other than pass/partial (what the exit code must reflect)?"""
@@ -332,17 +339,37 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
+def subset_reason(ran: Iterable[str], available: Iterable[str]) -> str:
+    """'ran perf: 1 of 8 suites': which suites a run named, and of how many there are."""
+    named = sorted(set(ran))
+    return f"ran {', '.join(named)}: {len(named)} of {len(set(available) | set(named))} suites"
+
+
+def gate_line(gate: Mapping[str, Any]) -> str:
+    """The gate's one line: 'gate service,generation: PASSED; outside the gate: randdraft perf failed'."""
+    failing = sorted(host for host, outcomes in (gate.get("hosts") or {}).items()
+                     if any(outcome != "passed" for outcome in outcomes.values()))
+    verdict = "PASSED" if gate["passed"] else "FAILED" + (f" on {', '.join(failing[:10])}" if failing else "")
+    line = f"gate {','.join(gate['layers'])}: {verdict}{' …' if len(failing) > 10 else ''}"
+    outside = list(gate.get("outside") or ())
+    if outside:
+        line += f"; outside the gate: {', '.join(outside[:10])}{' …' if len(outside) > 10 else ''}"
+    return line
+
+
 def summary_lines(builder: VerdictBuilder) -> list[str]:
     """The terminal summary: one block per host, layer -> outcome, with the diagnosis of each failure."""
     lines: list[str] = []
     for name, verdict in sorted(builder.hosts.items()):
         outcomes = verdict.layer_outcomes()
         shown = "  ".join(f"{layer}:{outcome}" for layer, outcome in outcomes.items() if outcome != "not-run")
-        lines.append(f"{name}: {verdict.final_verdict(builder.status).upper()}  {shown}")
+        final = verdict.final_verdict(builder.status)
+        lines.append(f"{name}: {final.upper()}  {shown}")
         if lost := verdict.lost_reason(builder.status):
             lines.append(f"    INTERRUPTED: {lost}")
-        lines += [f"    PARTIAL: {why}" for why in verdict.partial_reasons(builder.status)
-                  if why not in builder.status.partial]
+        if final == "partial":  # under a FAIL or an INTERRUPTED, what did not run is not the news
+            lines += [f"    PARTIAL: {why}" for why in verdict.partial_reasons(builder.status)
+                      if why not in builder.status.partial]
         for service, facts in sorted(verdict.services.items()):
             parts = [f"{facts.get('algorithm', '?')}"]
             if facts.get("version"):
@@ -367,8 +394,10 @@ def summary_lines(builder: VerdictBuilder) -> list[str]:
             lines.append(f"    note: {note}")
     if builder.status.interrupted:
         lines.append(f"INTERRUPTED: {builder.status.interrupted} — no host can pass this run")
+    partial = any(v.final_verdict(builder.status) == "partial" for v in builder.hosts.values())
     for reason in builder.status.partial:
-        lines.append(f"PARTIAL: {reason} — a pass here does not make a host green in the fleet view")
+        lines.append(f"PARTIAL: {reason} — a pass here does not make a host green in the fleet view"
+                     if partial else f"narrowed: {reason}")
     for problem in builder.status.foreign:
         lines.append(f"OUTSIDE THE DFLASH TESTS: {problem}")
     return lines

@@ -12,6 +12,7 @@ import pytest
 from pytest_dflash.config.inventory import (
     ANSIBLE_ENV,
     ansible_inventory,
+    empty_shard_line,
     load_fleet,
     parse_shard,
     select_shard,
@@ -247,6 +248,15 @@ def test_shards_partition_the_fleet_deterministically() -> None:
     # adding hosts never moves existing ones
     assert all(shard_of(n, 8) == shard_of(n, 8) for n in [*names, "new-host"])
     assert select_shard({}, 1, 2) == {}
+
+
+def test_an_empty_shard_says_how_many_hosts_it_left_to_which_shards() -> None:
+    names = [f"gpu{i}" for i in range(3)]
+    held = sorted({shard_of(n, 4) for n in names})
+    empty = next(i for i in range(1, 5) if i not in held)
+    line = empty_shard_line(empty, 4, names)
+    assert line.startswith(f"shard {empty}/4 holds 0 of 3 hosts (all in shard{'s' if len(held) > 1 else ''} "
+                           f"{', '.join(f'{i}/4' for i in held)}): no host was tested by this run")
 
 
 @pytest.mark.parametrize("raw", ["0/2", "3/2", "x", "1/0", "2"])

@@ -5,8 +5,6 @@ healthy NONE and a DFLASH whose first sampled request kills it (FlashInfer on SM
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,7 @@ from typing import Any
 import pytest
 from e2e_helpers import SUITES, write_profile
 from junitparser import Failure, JUnitXml, Properties, Skipped, TestCase
+from support.browser import dump_dom, screenshot
 from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash import __version__
@@ -310,7 +309,7 @@ def test_one_healthy_run_reports_cleanly_in_junit_html_and_the_trend(run_suite, 
     text = page.read_text()
     parsed = _Page()
     parsed.feed(text)
-    assert parsed.title == "pytest-dflash ci: PASS"
+    assert parsed.title == "pytest-dflash ci: PARTIAL"  # -m narrowed it: what the verdict file says
     assert set(parsed.phases) == {"ci"} and parsed.svgs >= 1
     assert parsed.phases["ci"].count("first_sampled") == 2 and "port_open" in parsed.phases["ci"]
     assert text.count('class="dflash-cold-start-phases"') == 1  # the same phases as columns, under the timeline
@@ -326,7 +325,6 @@ def test_one_healthy_run_reports_cleanly_in_junit_html_and_the_trend(run_suite, 
 
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (optional: apt-get install chromium)")
 def test_the_html_report_as_chromium_renders_it(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """In a real browser (headless Chromium, after pytest-html's script built the table from its JSON): the title
     names the run, the cold-start timeline is drawn, a skipped row's reason is a sentence, and no row shows a
@@ -335,15 +333,11 @@ def test_the_html_report_as_chromium_renders_it(run_suite, tmp_path: Path) -> No
     page = tmp_path / "report.html"
     result = run_suite("smoke", "--host", str(profile), "-m", "host or service", f"--html={page}")
     assert_no_crash(result)
-    browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,2000"]
-    dom = subprocess.run([*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
-                         check=True).stdout
+    dom = dump_dom(page, timeout_s=120)
     parsed = _Page()
     parsed.feed(dom)
-    assert parsed.title == "pytest-dflash shot: PASS"
+    assert parsed.title == "pytest-dflash shot: PARTIAL"  # -m narrowed it: what the verdict file says
     assert parsed.phases.get("shot"), "the cold-start timeline is in the rendered page"
     assert 'class="dflash-skip-reason">Skipped: no GPU on shot' in dom
     assert "test_smoke.py'," not in dom, "a (path, line, reason) tuple in the rendered page"
-    shot = tmp_path / "report-screenshot.png"
-    subprocess.run([*browser, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=True)
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    screenshot(page, tmp_path / "report-screenshot.png", height=2000, timeout_s=120)
