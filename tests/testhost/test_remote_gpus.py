@@ -54,3 +54,4 @@ def test_one_bad_gpu_of_eight_blocks_only_the_service_on_it(testhost: TestHost, 
     assert data["services"]["ddtree"]["ready"]["sampled_s"] is not None
     assert data["services"]["dflash"]["ready"]["sampled_s"] is not None
     assert data["facts"]["gpu_matrix"]["5"]["services"] == ["tp4"]
+
