@@ -92,7 +92,8 @@ def test_a_passing_setup_or_teardown_that_learned_nothing_carries_no_property(
         assert phases[(test, "setup")] == ("passed", [])
         assert phases[(test, "teardown")] == ("passed", ["dflash", *flat] if junit else [])
     host = verdict(reports, "box")
-    assert host["layers"]["host"] == {"passed": 1, "failed": 1, "skipped": 0, "blocked": 0, "outcome": "failed"}
+    assert host["layers"]["host"] == {"passed": 1, "failed": 1, "skipped": 0, "blocked": 0, "unchecked": 0,
+                                     "outcome": "failed"}
     assert [f["test"].rsplit("::", 1)[-1] for f in host["failures"]] == ["test_fails[box]"]
     if junit:
         xml = (pytester.path / "junit.xml").read_text()
