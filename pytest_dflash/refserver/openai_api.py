@@ -11,10 +11,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pytest_dflash.refserver.model import apply_chat_template
-from pytest_dflash.refserver.params import LOGPROB_REFUSED, BadRequest, parse_sampling_params
+from pytest_dflash.refserver.params import LOGPROB_REFUSED, BadRequest, check_grammar, parse_sampling_params
 from pytest_dflash.refserver.scheduler import Output
 from pytest_dflash.refserver.spec import SamplingParams
 from pytest_dflash.refserver.state import Batch, Gen, ServerState, corrupt, dumps
+from pytest_dflash.refserver.structured import GRAMMAR_KINDS, InvalidGrammar, response_format_schema
 
 __all__ = ["add_routes"]
 
@@ -118,6 +119,16 @@ async def _complete(
     want_logprobs = bool(body.get("logprobs"))
     top_n = int(body.get("top_logprobs") or 0) if chat else int(body.get("logprobs") or 0)
     try:
+        for param in GRAMMAR_KINDS:  # SGLang's chat request takes these as extra fields too
+            if body.get(param) is not None:
+                raw[param] = body[param]
+        if chat:
+            try:
+                schema = response_format_schema(body.get("response_format"))
+            except InvalidGrammar as e:
+                raise BadRequest(str(e)) from None
+            if schema is not None:
+                raw["json_schema"] = schema
         if not isinstance(n, int) or n < 1:
             raise BadRequest(f"n must be at least 1, got {n}.")
         if want_logprobs and state.spec:
@@ -127,6 +138,7 @@ async def _complete(
             if not prompt:
                 raise BadRequest("The input is empty.")
             params = parse_sampling_params(raw, context_length=state.context_length, prompt_len=len(prompt))
+            check_grammar(params, state.engine.grammar)
             for i in range(n):
                 seed = state.seed_for(params.sampling_seed, i)
                 all_prompts.append(prompt)

@@ -81,6 +81,7 @@ class ServerArgs:
     attention_backend: str | None = None
     sampling_backend: str | None = None
     grammar_backend: str | None = None
+    constrained_json_disable_any_whitespace: bool = False
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None
     disable_overlap_schedule: bool = False
@@ -269,7 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     # Accepted and logged, like a real unit file would pass them.
     a("--attention-backend", choices=ATTENTION_BACKENDS, default=None)
     a("--sampling-backend", choices=("flashinfer", "pytorch", "ascend"), default=None)
-    a("--grammar-backend", choices=("xgrammar", "outlines", "llguidance", "none"), default=None)
+    a("--grammar-backend", choices=("xgrammar", "outlines", "llguidance", "none"), default=None,
+      help="the refserver serves every backend but none with xgrammar (refserver/structured.py)")
+    a("--constrained-json-disable-any-whitespace", action="store_true",
+      help="json_schema output without free whitespace between tokens (xgrammar any_whitespace=False)")
     a("--mem-fraction-static", type=float, default=None)
     a("--page-size", type=int, default=None)
     a("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
