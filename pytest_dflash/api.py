@@ -37,6 +37,7 @@ from pytest_dflash.layers.generation.checks import (
     use_api,
 )
 from pytest_dflash.layers.generation.requests import APIS, Api
+from pytest_dflash.layers.generation.structured import STRUCTURED_CASES, structured_output
 from pytest_dflash.layers.gpu.chains import ALL_CHAINS
 from pytest_dflash.layers.gpu.env import (
     driver_supports_torch_cuda,
@@ -102,6 +103,7 @@ __all__ = [
     "APIS",
     "SAMPLING_CASES",
     "SMOKE_PROMPTS",
+    "STRUCTURED_CASES",
     "Api",
     "GpuHost",
     "HostContext",
@@ -161,6 +163,7 @@ __all__ = [
     "stop_string",
     "stop_token_id",
     "streamed",
+    "structured_output",
     "toolkit_has_curand_headers",
     "torch_arch_list_covers_gpus",
     "torch_imports",

@@ -14,6 +14,7 @@ import pytest
 from pytest_dflash.api import (
     APIS,
     SAMPLING_CASES,
+    STRUCTURED_CASES,
     Api,
     LayerOptions,
     ServiceHandle,
@@ -30,6 +31,7 @@ from pytest_dflash.api import (
     stop_string,
     stop_token_id,
     streamed,
+    structured_output,
     use_api,
 )
 
@@ -118,3 +120,13 @@ def test_sampling_varies_with_seed(dflash_service: ServiceHandle, api: Api) -> N
     token 1)."""
     use_api(dflash_service, api)
     sampling_varies_with_seed(dflash_service, api)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("case", STRUCTURED_CASES)
+def test_structured_output(dflash_service: ServiceHandle, case: str, sampled: bool, streamed: bool) -> None:
+    """json_schema / regex / EBNF (/generate) and response_format (chat): every output is in the grammar's
+    language; a server without a grammar backend fails, naming --grammar-backend none and seed 002."""
+    api, grammar = STRUCTURED_CASES[case]
+    structured_output(dflash_service, api, grammar, sampled=sampled, streamed=streamed)

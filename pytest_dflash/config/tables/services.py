@@ -111,6 +111,7 @@ def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path)
         api_key_env=table.get("api_key_env", str),
         model=table.get("model", str),
         unaccepted_draft=unaccepted_draft,
+        structured_output=bool(table.get("structured_output", bool, True)),
     )
     spec = kind.read(table, spec, host, profile_dir)
     needs_port = any("{port}" in part for part in (spec.url, *spec.command))
