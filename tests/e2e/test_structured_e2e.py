@@ -1,0 +1,41 @@
+"""Structured output through the real plugin: `suites/generation -k structured` against refserver processes.
+
+A clean NONE and DFLASH pass; a server with `--grammar-backend none` fails every case naming the flag and
+seed 002 (and is skipped as "does not apply" once its profile says `structured_output = false`); the
+grammar-rollback-bug fault fails under speculation only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from e2e_helpers import write_profile
+from support.pytest_runs import assert_no_crash, verdict
+
+NO_WS = ["--constrained-json-disable-any-whitespace"]
+# one greedy and one sampled case per API: enough to see each behaviour, cheap on two cores
+CASES = "structured and (generate-json_schema or chat-json_object or generate-regex) and whole"
+
+
+def test_grammar_backend_none_fails_naming_the_flag_unless_the_profile_says_so(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    profile = write_profile(tmp_path, "nogrammar",
+                            {"off": ("DFLASH", ["--grammar-backend", "none"]),
+                             "declared": ("NONE", ["--grammar-backend", "none"])},
+                            service_extra={"declared": "structured_output = false"})  # fmt: skip
+    result = run_suite("generation", "--host", str(profile), "-k", CASES)
+    assert_no_crash(result)
+    result.assert_outcomes(failed=6, skipped=6)
+    result.stdout.fnmatch_lines(["*off: its command has `--grammar-backend none`: every constrained request*"
+                                 "seed 002*structured_output = false*",
+                                 "*does not apply: the profile says this service serves no structured output*"])
+
+
+def test_rollback_bug_fails_under_speculation_and_passes_as_none(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    bug = ["--inject", "grammar-rollback-bug", *NO_WS]
+    profile = write_profile(tmp_path, "rollback", {"none": ("NONE", bug), "dflash": ("DFLASH", bug)})
+    result = run_suite("generation", "--host", str(profile), "-k", CASES)
+    assert_no_crash(result)
+    failed = {f["test"].rsplit("::", 1)[1] for f in verdict(run_suite.reports, "rollback")["failures"]}
+    assert failed and all("rollback/dflash" in test for test in failed), failed
+    assert result.parseoutcomes().get("passed", 0) >= 6  # every NONE case
+    result.stdout.fnmatch_lines(["*rollback/dflash*finish_reason 'abort' (Grammar accept_token failed*"])
