@@ -85,6 +85,7 @@ from pytest_dflash.layers.parity.checks import (
 )
 from pytest_dflash.layers.parity.greedy import SMOKE_PROMPTS, check_slice
 from pytest_dflash.layers.parity.hooks import LayerOptions
+from pytest_dflash.layers.parity.structured import structured_parity
 from pytest_dflash.layers.perf.layer import PerfLayer
 from pytest_dflash.layers.service.checks import (
     has_not_restarted,
@@ -164,6 +165,7 @@ __all__ = [
     "stop_token_id",
     "streamed",
     "structured_output",
+    "structured_parity",
     "toolkit_has_curand_headers",
     "torch_arch_list_covers_gpus",
     "torch_imports",

@@ -84,6 +84,7 @@ EXPORTED = [
     "stop_token_id",
     "streamed",
     "structured_output",
+    "structured_parity",
     "toolkit_has_curand_headers",
     "torch_arch_list_covers_gpus",
     "torch_imports",

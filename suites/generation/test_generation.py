@@ -122,7 +122,7 @@ def test_sampling_varies_with_seed(dflash_service: ServiceHandle, api: Api) -> N
     sampling_varies_with_seed(dflash_service, api)
 
 
-@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sse"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("case", STRUCTURED_CASES)
 def test_structured_output(dflash_service: ServiceHandle, case: str, sampled: bool, streamed: bool) -> None:

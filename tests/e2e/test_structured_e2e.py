@@ -39,3 +39,15 @@ def test_rollback_bug_fails_under_speculation_and_passes_as_none(run_suite, tmp_
     assert failed and all("rollback/dflash" in test for test in failed), failed
     assert result.parseoutcomes().get("passed", 0) >= 6  # every NONE case
     result.stdout.fnmatch_lines(["*rollback/dflash*finish_reason 'abort' (Grammar accept_token failed*"])
+
+
+def test_rollback_bug_fails_structured_parity_naming_the_token_and_the_grammar(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    profile = write_profile(tmp_path, "gparity", {"none": ("NONE", NO_WS),
+                                                  "dflash": ("DFLASH", ["--inject", "grammar-rollback-bug", *NO_WS])},
+                            parity=("none", ["dflash"]))  # fmt: skip
+    result = run_suite("parity", "--host", str(profile), "-k", "structured_parity")
+    assert_no_crash(result)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*gparity/none vs gparity/dflash under grammars: */9 (grammar, prompt) pairs "
+                                 "token-identical*",
+                                 "*json_schema '{*: *diverges at token * (real*"])
