@@ -18,6 +18,7 @@ one a suite calls.
 
 from __future__ import annotations
 
+from pytest_dflash.layers.generation.chat_surface import TOOL_CHOICES, forced_tool_call, reasoning_separated
 from pytest_dflash.layers.generation.checks import (
     SAMPLING_CASES,
     bad_parameters,
@@ -105,6 +106,7 @@ __all__ = [
     "SAMPLING_CASES",
     "SMOKE_PROMPTS",
     "STRUCTURED_CASES",
+    "TOOL_CHOICES",
     "Api",
     "GpuHost",
     "HostContext",
@@ -124,6 +126,7 @@ __all__ = [
     "driver_supports_torch_cuda",
     "flashinfer_companions_match",
     "flashinfer_toolkit_supports_gpu_arch",
+    "forced_tool_call",
     "gpu_identity_reported",
     "gpu_memory_healthy",
     "gpus_visible",
@@ -145,6 +148,7 @@ __all__ = [
     "profile_gpus_present",
     "quick_accept_length",
     "ready_by_real_generation",
+    "reasoning_separated",
     "sampled",
     "sampled_case",
     "sampling_respects_top_k_top_p",

@@ -15,16 +15,19 @@ from pytest_dflash.api import (
     APIS,
     SAMPLING_CASES,
     STRUCTURED_CASES,
+    TOOL_CHOICES,
     Api,
     LayerOptions,
     ServiceHandle,
     bad_parameters,
     concurrent_sampled,
     default_api,
+    forced_tool_call,
     greedy,
     long_prompt_near_context,
     max_tokens_boundary,
     n_samples,
+    reasoning_separated,
     sampled_case,
     sampling_varies_with_seed,
     still_serving,
@@ -130,3 +133,16 @@ def test_structured_output(dflash_service: ServiceHandle, case: str, sampled: bo
     language; a server without a grammar backend fails, naming --grammar-backend none and seed 002."""
     api, grammar = STRUCTURED_CASES[case]
     structured_output(dflash_service, api, grammar, sampled=sampled, streamed=streamed)
+
+
+@pytest.mark.parametrize("choice", TOOL_CHOICES)
+def test_forced_tool_call(dflash_service: ServiceHandle, choice: str) -> None:
+    """tool_choice "required" / a named function (where the command sets --tool-call-parser): a parseable
+    call of a given tool, its arguments valid under the tool's parameters."""
+    forced_tool_call(dflash_service, choice)  # type: ignore[arg-type]
+
+
+def test_reasoning_separated(dflash_service: ServiceHandle) -> None:
+    """Where the command sets --reasoning-parser: reasoning_content and content are the whole output split at
+    </think>, nothing lost."""
+    reasoning_separated(dflash_service)

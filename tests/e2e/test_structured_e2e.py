@@ -51,3 +51,16 @@ def test_rollback_bug_fails_structured_parity_naming_the_token_and_the_grammar(r
     result.stdout.fnmatch_lines(["*gparity/none vs gparity/dflash under grammars: */9 (grammar, prompt) pairs "
                                  "token-identical*",
                                  "*json_schema '{*: *diverges at token * (real*"])
+
+
+def test_forced_tool_calls_and_reasoning_where_the_command_names_a_parser(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    parsers = ["--tool-call-parser", "qwen25", "--reasoning-parser", "deepseek-r1", *NO_WS]
+    profile = write_profile(tmp_path, "chat", {"parsers": ("DFLASH", parsers), "plain": ("NONE", NO_WS),
+                                               "off": ("NONE", ["--tool-call-parser", "qwen25",
+                                                                "--grammar-backend", "none"])})  # fmt: skip
+    result = run_suite("generation", "--host", str(profile), "-k", "forced_tool_call or reasoning_separated")
+    assert_no_crash(result)
+    result.assert_outcomes(passed=3, skipped=4, failed=2)  # plain: no parser; off: no reasoning parser
+    failed = {f["test"].rsplit("::", 1)[1] for f in verdict(run_suite.reports, "chat")["failures"]}
+    assert failed == {f"test_forced_tool_call[chat/off-{c}]" for c in ("required", "named")}, failed
+    result.stdout.fnmatch_lines(["*off: its command has `--grammar-backend none`: tool_choice * cannot be forced*"])
