@@ -228,7 +228,8 @@ def structured_output(service: ServiceHandle, api: Api, grammar_name: str, *, sa
             fail(f"{service.name}: the server refuses {grammar.describe()} as launched with "
                  f"`{NO_BACKEND_FLAG}` (its command does not say so: a DDTREE server sets it itself): "
                  f"{exc}; {SEED_002}. Say `structured_output = false` in its profile if that is intended")
-        fail(f"{service.name}: {grammar.describe()} via {api} was refused: {exc}")
+        fail(f"{service.name}: {grammar.describe()} via {api} failed (refused, or the stream broke off): "
+             f"{exc}")
     check_outcome(outcome, grammar, what=f"{service.name}: {grammar.describe()} via {api}"
                   f"{' streamed' if streamed else ''} ({'sampled' if sampled else 'greedy'})",
                   max_tokens=sampling.max_tokens)
