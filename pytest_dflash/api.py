@@ -18,6 +18,7 @@ one a suite calls.
 
 from __future__ import annotations
 
+from pytest_dflash.layers.generation.chat_surface import TOOL_CHOICES, forced_tool_call, reasoning_separated
 from pytest_dflash.layers.generation.checks import (
     SAMPLING_CASES,
     bad_parameters,
@@ -37,6 +38,7 @@ from pytest_dflash.layers.generation.checks import (
     use_api,
 )
 from pytest_dflash.layers.generation.requests import APIS, Api
+from pytest_dflash.layers.generation.structured import STRUCTURED_CASES, structured_output
 from pytest_dflash.layers.gpu.chains import ALL_CHAINS
 from pytest_dflash.layers.gpu.env import (
     driver_supports_torch_cuda,
@@ -85,6 +87,7 @@ from pytest_dflash.layers.parity.checks import (
 )
 from pytest_dflash.layers.parity.greedy import SMOKE_PROMPTS, check_slice
 from pytest_dflash.layers.parity.hooks import LayerOptions
+from pytest_dflash.layers.parity.structured import structured_parity
 from pytest_dflash.layers.perf.layer import PerfLayer
 from pytest_dflash.layers.service.checks import (
     has_not_restarted,
@@ -104,6 +107,8 @@ __all__ = [
     "APIS",
     "SAMPLING_CASES",
     "SMOKE_PROMPTS",
+    "STRUCTURED_CASES",
+    "TOOL_CHOICES",
     "Api",
     "GpuHost",
     "HostContext",
@@ -123,6 +128,7 @@ __all__ = [
     "driver_supports_torch_cuda",
     "flashinfer_companions_match",
     "flashinfer_toolkit_supports_gpu_arch",
+    "forced_tool_call",
     "gpu_identity_reported",
     "gpu_memory_healthy",
     "gpus_visible",
@@ -146,6 +152,7 @@ __all__ = [
     "profile_gpus_present",
     "quick_accept_length",
     "ready_by_real_generation",
+    "reasoning_separated",
     "sampled",
     "sampled_case",
     "sampling_respects_top_k_top_p",
@@ -166,6 +173,8 @@ __all__ = [
     "stop_string",
     "stop_token_id",
     "streamed",
+    "structured_output",
+    "structured_parity",
     "toolkit_has_curand_headers",
     "torch_arch_list_covers_gpus",
     "torch_imports",

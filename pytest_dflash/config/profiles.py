@@ -77,6 +77,10 @@ class ServiceSpec:
     # A draft that knowingly cannot be accepted (a random-weight test draft): why. Lowers the default
     # accept-length minimum (1.1) to 1 token per verify step (layers/parity/acceptance.py).
     unaccepted_draft: str | None = None
+    # False: the service serves no structured output (json_schema / regex / ebnf / response_format / forced
+    # tool calls) on purpose, e.g. started with --grammar-backend none; the generation layer's structured
+    # checks then do not apply to it instead of failing it (layers/generation/structured.py).
+    structured_output: bool = True
     # What a kind's own keys say where no field above holds it: set by the kind's table (`KindTable.read`),
     # read by its manager; its shape is the kind's business (None for the built-in kinds).
     settings: Any = None

@@ -99,6 +99,9 @@ def _service(kinds: Mapping[str, KindTable]) -> dict[str, Any]:
             "model": {"type": "string"},
             "unaccepted_draft": {"type": "string", "minLength": 1,
                                  "description": "why this speculative service's draft cannot be accepted"},
+            "structured_output": {"type": "boolean", "default": True,
+                                  "description": "false: serves no constrained decoding on purpose "
+                                                 "(--grammar-backend none); structured checks do not apply"},
             # each kind's own keys
             **{key: value for kind in kinds.values() for key, value in kind.keys.items()},
         },

@@ -10,11 +10,18 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from pytest_dflash.refserver.chat_surface import (
+    parse_tool_calls,
+    split_reasoning,
+    tool_call_schema,
+    tool_calls_from_constrained,
+)
 from pytest_dflash.refserver.model import apply_chat_template
-from pytest_dflash.refserver.params import LOGPROB_REFUSED, BadRequest, parse_sampling_params
+from pytest_dflash.refserver.params import LOGPROB_REFUSED, BadRequest, check_grammar, parse_sampling_params
 from pytest_dflash.refserver.scheduler import Output
 from pytest_dflash.refserver.spec import SamplingParams
 from pytest_dflash.refserver.state import Batch, Gen, ServerState, corrupt, dumps
+from pytest_dflash.refserver.structured import GRAMMAR_KINDS, InvalidGrammar, response_format_schema
 
 __all__ = ["add_routes"]
 
@@ -118,6 +125,20 @@ async def _complete(
     want_logprobs = bool(body.get("logprobs"))
     top_n = int(body.get("top_logprobs") or 0) if chat else int(body.get("logprobs") or 0)
     try:
+        for param in GRAMMAR_KINDS:  # SGLang's chat request takes these as extra fields too
+            if body.get(param) is not None:
+                raw[param] = body[param]
+        tool_schema = None
+        if chat:
+            try:
+                schema = response_format_schema(body.get("response_format"))
+                tool_schema = tool_call_schema(body.get("tools"), body.get("tool_choice"))
+            except InvalidGrammar as e:
+                raise BadRequest(str(e)) from None
+            if schema is not None:
+                raw["json_schema"] = schema
+            if tool_schema is not None:  # a forced call: SGLang constrains the output to the call's schema
+                raw["json_schema"] = tool_schema
         if not isinstance(n, int) or n < 1:
             raise BadRequest(f"n must be at least 1, got {n}.")
         if want_logprobs and state.spec:
@@ -127,6 +148,7 @@ async def _complete(
             if not prompt:
                 raise BadRequest("The input is empty.")
             params = parse_sampling_params(raw, context_length=state.context_length, prompt_len=len(prompt))
+            check_grammar(params, state.engine.grammar)
             for i in range(n):
                 seed = state.seed_for(params.sampling_seed, i)
                 all_prompts.append(prompt)
@@ -153,13 +175,15 @@ async def _complete(
         assert gen.last is not None
         text = state.text_of(gen, gen.last, final=True)
         choice: dict[str, Any] = {"index": i}
+        reason, matched = _finish(gen.last)
         if chat:
-            choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None,
-                                 "tool_calls": None}
+            forced, constrained = tool_schema is not None, gen.req.params.grammar is not None
+            choice["message"], reason = _chat_message(state, body, text, reason, forced=forced,
+                                                      constrained=constrained)
         else:
             choice["text"] = text
         choice["logprobs"] = _logprobs(state, gen, chat) if want_logprobs else None
-        choice["finish_reason"], choice["matched_stop"] = _finish(gen.last)
+        choice["finish_reason"], choice["matched_stop"] = reason, matched
         choices.append(choice)
     usage = _usage(batch, n, details=True)
     obj = "chat.completion" if chat else "text_completion"
@@ -169,6 +193,24 @@ async def _complete(
     if "bad-json" in state.faults:
         payload = corrupt(payload)
     return Response(payload, media_type="application/json")
+
+
+def _chat_message(state: ServerState, body: dict[str, Any], text: str, reason: str | None, *,
+                  forced: bool, constrained: bool) -> tuple[dict[str, Any], str | None]:
+    """The assistant message (reasoning, content, tool calls) and the finish reason, as SGLang serves chat."""
+    reasoning = None
+    # A constrained request is all answer here: the grammar holds from the first token (SGLang's reasoner
+    # backend would let reasoning run free up to </think> first; the refserver does not mimic that).
+    if body.get("separate_reasoning", True) and not constrained:
+        reasoning, text = split_reasoning(text, state.args.reasoning_parser)
+    calls: list[dict[str, Any]] = []
+    if forced and reason == "stop":
+        calls = tool_calls_from_constrained(text) or []
+    elif body.get("tools") and body.get("tool_choice") != "none":
+        text, calls = parse_tool_calls(text, state.args.tool_call_parser)
+    message: dict[str, Any] = {"role": "assistant", "content": None if forced and calls else text,
+                               "reasoning_content": reasoning, "tool_calls": calls or None}  # fmt: skip
+    return message, "tool_calls" if calls and reason == "stop" else reason
 
 
 async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> AsyncIterator[str]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 
 from pytest_dflash.refserver.spec import SAMPLING_EPS, SamplingParams
+from pytest_dflash.refserver.structured import NO_BACKEND, GrammarBackend, InvalidGrammar, grammar_key
 
-__all__ = ["SAMPLING_KEYS", "BadRequest", "parse_sampling_params"]
+__all__ = ["SAMPLING_KEYS", "BadRequest", "check_grammar", "parse_sampling_params"]
 
 SAMPLING_KEYS = {
     "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos",
@@ -38,8 +39,10 @@ def parse_sampling_params(raw: object, *, context_length: int, prompt_len: int) 
     for key in raw:
         if key not in SAMPLING_KEYS:
             raise BadRequest(f"SamplingParams.__init__() got an unexpected keyword argument '{key}'")
-    if any(raw.get(k) is not None for k in ("json_schema", "regex", "ebnf", "structural_tag")):
-        raise BadRequest("Constrained decoding (json_schema, regex, ebnf, structural_tag) is not supported.")
+    try:
+        grammar = grammar_key(raw)
+    except InvalidGrammar as e:
+        raise BadRequest(str(e)) from None
     temperature = raw.get("temperature", 1.0)
     top_p, top_k, min_p = raw.get("top_p", 1.0), raw.get("top_k", -1), raw.get("min_p", 0.0)
     max_new = raw.get("max_new_tokens", 128)
@@ -98,4 +101,17 @@ def parse_sampling_params(raw: object, *, context_length: int, prompt_len: int) 
         skip_special_tokens=bool(raw.get("skip_special_tokens", True)),
         sampling_seed=seed,
         n=n,
+        grammar=grammar,
     )
+
+
+def check_grammar(params: SamplingParams, backend: GrammarBackend | None) -> None:
+    """A constrained request's grammar compiles on this server, else SGLang's 400 (backend None: none)."""
+    if params.grammar is None:
+        return
+    if backend is None:
+        raise BadRequest(NO_BACKEND)
+    try:
+        backend.compile(params.grammar)
+    except InvalidGrammar as e:
+        raise BadRequest(str(e)) from None

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pytest_dflash.refserver import faults, mimic, openai_api
 from pytest_dflash.refserver.cost_model import weights_gb
-from pytest_dflash.refserver.params import LOGPROB_REFUSED, BadRequest, parse_sampling_params
+from pytest_dflash.refserver.params import LOGPROB_REFUSED, BadRequest, check_grammar, parse_sampling_params
 from pytest_dflash.refserver.spec import SamplingParams
 from pytest_dflash.refserver.state import WARMUP_HEADER, Batch, ServerState, corrupt, dumps
 
@@ -292,6 +292,7 @@ def _generate_inputs(state: ServerState,
     out_prompts, out_params = [], []
     for prompt, r in zip(prompts, raws, strict=True):
         params = parse_sampling_params(r, context_length=state.context_length, prompt_len=len(prompt))
+        check_grammar(params, state.engine.grammar)
         for i in range(params.n):
             seed = state.seed_for(params.sampling_seed, i)
             out_prompts.append(prompt)

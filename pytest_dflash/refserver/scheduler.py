@@ -404,6 +404,8 @@ class Scheduler(threading.Thread):
     def _check_finished(self, seq: Sequence) -> dict[str, Any] | None:
         """SGLang's order: length, then stop token / EOS, then stop strings."""
         params, tok = seq.params, seq.output[-1]
+        if seq.constraint is not None and (refused := seq.constraint.refusal(len(seq.output))) is not None:
+            return refused  # SGLang: "Grammar accept_token failed", the request aborted
         if len(seq.output) >= params.max_new_tokens:
             return {"type": "length", "length": params.max_new_tokens}
         # SGLang checks stop_token_ids together with EOS, so ignore_eos disables both (stop strings still

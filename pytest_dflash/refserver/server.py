@@ -35,6 +35,7 @@ from pytest_dflash.refserver.scheduler import Scheduler
 from pytest_dflash.refserver.server_args import ServerArgs
 from pytest_dflash.refserver.spec import Engine
 from pytest_dflash.refserver.state import WARMUP_HEADER, ServerState, dumps
+from pytest_dflash.refserver.structured import GrammarBackend
 
 __all__ = ["launch_server", "listening_socket"]
 
@@ -112,6 +113,10 @@ def launch_server(args: ServerArgs) -> None:
         num_steps=args.speculative_num_steps or 1,
         topk=args.speculative_eagle_topk or 1,
         random_draft=args.random_draft,
+        grammar=None if args.grammar_backend == "none" else GrammarBackend(
+            any_whitespace=not args.constrained_json_disable_any_whitespace
+        ),
+        grammar_rollback_bug="grammar-rollback-bug" in active,
     )
     assert args.max_running_requests is not None and args.sampling_backend is not None
     try:

@@ -17,6 +17,7 @@ from typing import Any
 # SGLang 0.5.17 imports its function-call parsers (and with them xgrammar) before parsing arguments,
 # so a broken xgrammar kills it whatever --grammar-backend says. Same order here.
 from pytest_dflash.refserver import grammar  # noqa: F401
+from pytest_dflash.refserver.chat_surface import REASONING_PARSERS, TOOL_CALL_PARSERS
 from pytest_dflash.refserver.faults import FAULTS, parse_inject
 from pytest_dflash.refserver.mimic import Mimic
 
@@ -81,6 +82,9 @@ class ServerArgs:
     attention_backend: str | None = None
     sampling_backend: str | None = None
     grammar_backend: str | None = None
+    constrained_json_disable_any_whitespace: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None
     disable_overlap_schedule: bool = False
@@ -285,7 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
     # Accepted and logged, like a real unit file would pass them.
     a("--attention-backend", choices=ATTENTION_BACKENDS, default=None)
     a("--sampling-backend", choices=("flashinfer", "pytorch", "ascend"), default=None)
-    a("--grammar-backend", choices=("xgrammar", "outlines", "llguidance", "none"), default=None)
+    a("--grammar-backend", choices=("xgrammar", "outlines", "llguidance", "none"), default=None,
+      help="the refserver serves every backend but none with xgrammar (refserver/structured.py)")
+    a("--tool-call-parser", choices=TOOL_CALL_PARSERS, default=None,
+      help="parse <tool_call> blocks into message.tool_calls (refserver/chat_surface.py)")
+    a("--reasoning-parser", choices=REASONING_PARSERS, default=None,
+      help="separate reasoning (up to </think>) into message.reasoning_content")
+    a("--constrained-json-disable-any-whitespace", action="store_true",
+      help="json_schema output without free whitespace between tokens (xgrammar any_whitespace=False)")
     a("--mem-fraction-static", type=float, default=None)
     a("--page-size", type=int, default=None)
     a("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pytest_dflash.refserver.model import EOS_IDS, VOCAB_SIZE, Drafter, KVCache, TinyLM
+from pytest_dflash.refserver.structured import Constraint, GrammarBackend, masked
 
 __all__ = ["ALGORITHMS", "Engine", "SamplingParams", "Sequence", "SpecStats", "Step", "processed_probs"]
 
@@ -53,6 +54,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     sampling_seed: int | None = None
     n: int = 1
+    grammar: tuple[str, str] | None = None  # SGLang's grammar key: ("json" | "regex" | "ebnf", value)
 
     @property
     def is_greedy(self) -> bool:
@@ -136,6 +138,7 @@ class Sequence:
     cache: KVCache
     output: list[int] = field(default_factory=list)
     stats: SpecStats = field(default_factory=SpecStats)
+    constraint: Constraint | None = None  # the request's grammar matcher (structured.py)
 
 
 class Engine:
@@ -153,6 +156,8 @@ class Engine:
         num_steps: int = 3,
         topk: int = 1,
         random_draft: bool = False,
+        grammar: GrammarBackend | None = None,
+        grammar_rollback_bug: bool = False,
     ) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown speculative algorithm {algorithm!r}")
@@ -165,13 +170,22 @@ class Engine:
         self.ddtree_budget = ddtree_budget
         self.greedy_verify_only = greedy_verify_only  # the greedy-fallback fault
         self.tree_verify_bug = tree_verify_bug and algorithm == "DDTREE"
+        self.grammar = grammar  # None: --grammar-backend none (the HTTP side refuses constrained requests)
+        self.grammar_rollback_bug = grammar_rollback_bug
 
     def start(self, prompt: list[int], params: SamplingParams, seed: int) -> tuple[Sequence, Step]:
         """Prefill the prompt in one pass and choose the first token (the caller appends it)."""
         seq = Sequence(prompt, params, np.random.default_rng(seed), self.target.new_cache(len(prompt) + 64))
         logits = self.target.forward(prompt, seq.cache)
         seq.cache.keep(list(range(len(prompt))))
-        return seq, Step([choose(logits[-1], params, seq.rng)], [logits[-1]])
+        row = logits[-1]
+        if params.grammar is not None and self.grammar is not None:
+            seq.constraint = self.grammar.constraint(params.grammar)
+            row = masked(row, seq.constraint.allowed())
+        first = choose(row, params, seq.rng)
+        if seq.constraint is not None:
+            seq.constraint.accept(first)
+        return seq, Step([first], [row])
 
     def step(self, seq: Sequence) -> Step:
         """One decode step (NONE) or one draft + verify step after ``seq.output[-1]``: >= 1 tokens."""
@@ -179,10 +193,22 @@ class Engine:
         if self.algorithm == "NONE":
             logits = self.target.forward([pending], seq.cache)
             seq.cache.keep([0])
-            return Step([choose(logits[0], seq.params, seq.rng)], [logits[0]])
+            row = logits[0]
+            if seq.constraint is not None:
+                row = masked(row, seq.constraint.allowed())
+            token = choose(row, seq.params, seq.rng)
+            if seq.constraint is not None:
+                seq.constraint.accept(token)
+            return Step([token], [row])
         tokens, parents = self._draft(pending, seq)
         logits = self.target.forward([pending, *tokens], seq.cache, [-1, *parents])
+        if seq.constraint is not None:  # the verify's grammar masks, one per row, from the draft tree
+            masks = seq.constraint.draft_masks(tokens, parents)
+            logits = np.stack([masked(row, mask) for row, mask in zip(logits, masks, strict=True)])
         path, emitted = self._walk(logits, tokens, parents, seq)
+        if seq.constraint is not None:
+            rejected = next(iter(self._children(tokens, parents).get(path[-1], {})), None)
+            seq.constraint.commit(emitted, rejected, rollback_bug=self.grammar_rollback_bug)
         seq.cache.keep(path)
         # proposed = block_size - 1 per verify step for DDTREE too, whatever the tree budget: the real
         # ddtree-v2 port counts it so (H200: spec_proposed_drafts 150 = 10 verify steps x 15 at budget 32;
@@ -215,9 +241,7 @@ class Engine:
         params = seq.params
         if self.greedy_verify_only:
             params = SamplingParams(temperature=0.0)
-        children: dict[int, dict[int, int]] = {}
-        for i, (tok, parent) in enumerate(zip(tokens, parents, strict=True)):
-            children.setdefault(parent, {}).setdefault(tok, i + 1)  # node rows start at 1
+        children = self._children(tokens, parents)
         node, path, emitted = 0, [0], []
         while True:
             choice = choose(logits[node], params, seq.rng)
@@ -231,6 +255,14 @@ class Engine:
                 return path, emitted
             path.append(nxt)
             node = nxt
+
+    @staticmethod
+    def _children(tokens: list[int], parents: list[int]) -> dict[int, dict[int, int]]:
+        """Each node's children by token, in draft order (node rows start at 1; 0 is the pending token)."""
+        children: dict[int, dict[int, int]] = {}
+        for i, (tok, parent) in enumerate(zip(tokens, parents, strict=True)):
+            children.setdefault(parent, {}).setdefault(tok, i + 1)
+        return children
 
 
 def ngram_draft(context: list[int], length: int) -> list[int]:

@@ -14,22 +14,27 @@ import pytest
 from pytest_dflash.api import (
     APIS,
     SAMPLING_CASES,
+    STRUCTURED_CASES,
+    TOOL_CHOICES,
     Api,
     LayerOptions,
     ServiceHandle,
     bad_parameters,
     concurrent_sampled,
     default_api,
+    forced_tool_call,
     greedy,
     long_prompt_near_context,
     max_tokens_boundary,
     n_samples,
+    reasoning_separated,
     sampled_case,
     sampling_varies_with_seed,
     still_serving,
     stop_string,
     stop_token_id,
     streamed,
+    structured_output,
     use_api,
 )
 
@@ -118,3 +123,26 @@ def test_sampling_varies_with_seed(dflash_service: ServiceHandle, api: Api) -> N
     token 1)."""
     use_api(dflash_service, api)
     sampling_varies_with_seed(dflash_service, api)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sse"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("case", STRUCTURED_CASES)
+def test_structured_output(dflash_service: ServiceHandle, case: str, sampled: bool, streamed: bool) -> None:
+    """json_schema / regex / EBNF (/generate) and response_format (chat): every output is in the grammar's
+    language; a server without a grammar backend fails, naming --grammar-backend none and seed 002."""
+    api, grammar = STRUCTURED_CASES[case]
+    structured_output(dflash_service, api, grammar, sampled=sampled, streamed=streamed)
+
+
+@pytest.mark.parametrize("choice", TOOL_CHOICES)
+def test_forced_tool_call(dflash_service: ServiceHandle, choice: str) -> None:
+    """tool_choice "required" / a named function (where the command sets --tool-call-parser): a parseable
+    call of a given tool, its arguments valid under the tool's parameters."""
+    forced_tool_call(dflash_service, choice)  # type: ignore[arg-type]
+
+
+def test_reasoning_separated(dflash_service: ServiceHandle) -> None:
+    """Where the command sets --reasoning-parser: reasoning_content and content are the whole output split at
+    </think>, nothing lost."""
+    reasoning_separated(dflash_service)

@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.api import LayerOptions, ServiceHandle, distribution_parity, greedy_parity
+from pytest_dflash.api import (
+    LayerOptions,
+    ServiceHandle,
+    distribution_parity,
+    greedy_parity,
+    structured_parity,
+)
 
 pytestmark = pytest.mark.parity
 Pair = tuple[ServiceHandle, ServiceHandle]
@@ -39,3 +45,9 @@ def test_distribution_parity(dflash_pair: Pair, dflash_layer_options: LayerOptio
     """Sampled: the first K tokens follow the reference's distribution (chi-square test; too few samples
     fail)."""
     distribution_parity(dflash_pair, dflash_layer_options, dflash_run_cache)
+
+
+def test_structured_parity(dflash_pair: Pair, dflash_layer_options: LayerOptions) -> None:
+    """Under a grammar (json_schema, regex, EBNF): greedy constrained output token-identical to the
+    reference's, up to ties; a departure names the token and the grammar."""
+    structured_parity(dflash_pair, plain_port=dflash_layer_options.plain_port)

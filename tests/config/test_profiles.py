@@ -114,3 +114,12 @@ def test_render_keeps_systemd_variables_and_rejects_unknown_names() -> None:
     assert render("ExecStart={python} ${HOME}", {"python": "/p"}, where="t") == "ExecStart=/p ${HOME}"
     with pytest.raises(ValueError, match=r"unknown placeholder \{gpu\}"):
         render("{gpu}", {}, where="t")
+
+
+def test_structured_output_defaults_to_served_and_takes_a_bool(tmp_path: Path) -> None:
+    """structured_output: true unless the profile says false; anything but a bool is a one-line error."""
+    assert load_profile(write(tmp_path, GOOD)).services["dflash"].structured_output is True
+    off = load_profile(write(tmp_path, GOOD + "structured_output = false\n"))
+    assert off.services["dflash"].structured_output is False
+    with pytest.raises(InventoryError, match="services.dflash.structured_output: expected"):
+        load_profile(write(tmp_path, GOOD + 'structured_output = "no"\n'))

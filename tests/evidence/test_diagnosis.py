@@ -180,3 +180,16 @@ def test_a_paused_server_is_diagnosed_paused_not_stuck(not_ready: str, expected:
                          progress="the engine makes no progress at all (GET /ready: 503 ...)", moving=False,
                          not_ready=not_ready)
     assert ids(str(stuck))[:1] == [expected], str(stuck)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Grammar-based generation (json_schema, regex, ebnf, structural_tag) is not supported when the server "
+         "is launched with --grammar-backend none", "grammar-backend-none"),
+        ("off: its command has `--grammar-backend none`: every constrained request", "grammar-backend-none"),
+        ("finish_reason 'abort' (Grammar accept_token failed with token 116 (grammar json))", "grammar-accept-failed"),
+    ],
+)
+def test_structured_output_failures_are_named(text: str, expected: str) -> None:
+    assert ids(text)[0] == expected

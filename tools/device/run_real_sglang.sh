@@ -23,6 +23,11 @@ mkdir -p /tmp/plugin-site && for w in .device/wheels/*.whl; do python3 -m zipfil
 export PYTHONPATH=/tmp/plugin-site:$PWD
 export DFLASH_STATE_DIR=/tmp/dflash-state
 python3 -c 'import pytest, testinfra, httpx; print("pytest", pytest.__version__)'
+if [ "${RECORD_STRUCTURED:-0}" = 1 ]; then  # issue 33: SGLang's raw answers to constrained requests, server by server
+    PYTHONPATH=/tmp/site timeout ${RECORD_BUDGET:-900} python3 tools/device/record_structured.py "$OUT/structured" \
+        > "$OUT/structured.txt" 2>&1; echo "[dev] structured recordings rc=$? at $(el)s"; cat "$OUT/structured.txt"
+    [ "${RECORD_ONLY:-0}" = 1 ] && { ls -la "$OUT/structured"; exit 0; }  # the suites in a second call (10 min each)
+fi
 SUITES=${SUITES:-"suites/smoke suites/generation suites/parity"}
 timeout ${BUDGET:-480} python3 -m pytest -p pytest_dflash.plugin -p no:cacheprovider --host ${PROFILE:-tools/device/h200.toml} $SUITES \
     --dflash-report "$OUT" --junitxml "$OUT/junit.xml" -rA --durations=15 ${EXTRA:-} > "$OUT/pytest.log" 2>&1

@@ -120,6 +120,7 @@ def parse_service(name: str, table: Table, host: HostProfile, profile_dir: Path)
         api_key_env=table.get("api_key_env", str),
         model=table.get("model", str),
         unaccepted_draft=unaccepted_draft,
+        structured_output=bool(table.get("structured_output", bool, True)),
     )
     spec = kind.read(table, spec, host, profile_dir)
     _check_gpus(table, spec)

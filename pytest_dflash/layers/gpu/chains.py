@@ -42,7 +42,28 @@ ENTRYPOINTS: dict[str, tuple[Chain, ...]] = {
     "sglang.cli": SGLANG_CHAINS,
     "pytest_dflash.refserver": REFSERVER_CHAINS,
 }
-ALL_CHAINS: tuple[str, ...] = tuple(dict.fromkeys(c.name for chains in ENTRYPOINTS.values() for c in chains))
+# The grammar backend a command asks for (--grammar-backend, default xgrammar): SGLang creates it at start-up
+# (create_grammar_backend) and imports the backend's package then. Its version pin is sglang's Requires-Dist
+# (installed_versions_satisfy_requirements). `none` imports nothing: nothing to check, and the generation
+# layer names it (layers/generation/structured.py).
+GRAMMAR_BACKEND_DEFAULT = "xgrammar"
+GRAMMAR_CHAINS: dict[str, dict[str, Chain]] = {
+    # xgrammar, the default, is imported by the "grammar" chain (sglang.srt.constrained.xgrammar_backend)
+    "sglang": {
+        backend: Chain(f"grammar_{backend}", (backend, f"sglang.srt.constrained.{backend}_backend"),
+                       f"--grammar-backend {backend}: SGLang imports it when the server starts; without it "
+                       "constrained requests (json_schema, regex, EBNF, tool-call forcing) cannot be served")
+        for backend in ("outlines", "llguidance")
+    },
+    "pytest_dflash.refserver": {
+        backend: Chain("refserver_grammar", ("xgrammar", "pytest_dflash.refserver.structured"),
+                       "the reference server's constrained decoding (xgrammar, any --grammar-backend)")
+        for backend in ("xgrammar", "outlines", "llguidance")
+    },
+}
+ALL_CHAINS: tuple[str, ...] = tuple(dict.fromkeys(
+    [c.name for chains in ENTRYPOINTS.values() for c in chains]
+    + [c.name for by_backend in GRAMMAR_CHAINS.values() for c in by_backend.values()]))
 
 
 def entrypoint(argv: Sequence[str]) -> str | None:
@@ -57,12 +78,28 @@ def entrypoint(argv: Sequence[str]) -> str | None:
     return None
 
 
+def grammar_backend(argv: Sequence[str]) -> str:
+    """The --grammar-backend a command asks for (`--grammar-backend X` or `=X`), else SGLang's default."""
+    backend = GRAMMAR_BACKEND_DEFAULT
+    for index, token in enumerate(argv):
+        if token == "--grammar-backend" and index + 1 < len(argv):
+            backend = argv[index + 1]
+        elif token.startswith("--grammar-backend="):
+            backend = token.split("=", 1)[1]
+    return backend
+
+
 def chains_for(commands: Iterable[Sequence[str]]) -> list[Chain]:
-    """The chains of every service command, each once, in a stable order."""
+    """The chains of every service command, each once, in a stable order: its entry point's, then its
+    grammar backend's."""
     seen: dict[str, Chain] = {}
     for argv in commands:
-        point = entrypoint(argv)
-        for chain in ENTRYPOINTS.get(point or "", ()):
+        point = entrypoint(argv) or ""
+        for chain in ENTRYPOINTS.get(point, ()):
             seen.setdefault(chain.name, chain)
+        family = "sglang" if ENTRYPOINTS.get(point) is SGLANG_CHAINS else point
+        grammar = GRAMMAR_CHAINS.get(family, {}).get(grammar_backend(argv))
+        if grammar is not None:
+            seen.setdefault(grammar.name, grammar)
     return list(seen.values())
 

@@ -16,15 +16,27 @@ def test_entrypoints() -> None:
     assert entrypoint(["/usr/bin/vllm", "serve"]) is None
 
 
-def test_sglang_services_need_the_four_serving_chains_once() -> None:
+def test_sglang_services_need_the_four_serving_chains_and_their_grammar_backend_once() -> None:
     chains = chains_for([["python", "-m", "sglang.launch_server"], ["sglang", "serve"]])
     assert [c.name for c in chains] == ["http_server", "grammar", "sgl_kernel", "flashinfer"]
     grammar = chains[1]
     assert grammar.modules[0] == "sglang.srt.server_args"  # StructuralTag is imported before args are parsed
+    assert grammar.modules[-1] == "sglang.srt.constrained.xgrammar_backend"  # the default backend: xgrammar
     assert [c.name for c in chains_for([["python", "-m", "pytest_dflash.refserver"]])] == [
-        "refserver_args", "refserver_http"]
+        "refserver_args", "refserver_http", "refserver_grammar"]
     assert set(ALL_CHAINS) == {"http_server", "grammar", "sgl_kernel", "flashinfer", "refserver_args",
-                               "refserver_http"}
+                               "refserver_http", "grammar_outlines", "grammar_llguidance", "refserver_grammar"}
+
+
+def test_the_grammar_backend_the_command_asks_for_is_imported_and_none_imports_nothing() -> None:
+    def grammar_chains(*flags: str) -> list[tuple[str, ...]]:
+        chains = chains_for([["python", "-m", "sglang.launch_server", *flags]])
+        return [c.modules for c in chains if c.name.startswith("grammar_")]
+
+    assert grammar_chains("--grammar-backend", "llguidance") == [
+        ("llguidance", "sglang.srt.constrained.llguidance_backend")]
+    assert grammar_chains("--grammar-backend=outlines") == [("outlines", "sglang.srt.constrained.outlines_backend")]
+    assert grammar_chains("--grammar-backend", "none") == grammar_chains("--grammar-backend", "xgrammar") == []
 
 
 def test_the_projects_unit_template() -> None:

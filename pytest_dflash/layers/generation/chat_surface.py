@@ -1,0 +1,141 @@
+"""The chat surface: forced tool calls where the command sets --tool-call-parser, reasoning separation
+where it sets --reasoning-parser.
+
+SGLang constrains ``tool_choice`` ``"required"`` and a named function with a JSON schema of the call, so
+even an untrained model must return a parseable call: ``finish_reason`` ``"tool_calls"``,
+``message.tool_calls`` naming a given tool (the named one), ``function.arguments`` a JSON string valid under
+the tool's ``parameters``. A reasoning parser splits the output into ``reasoning_content`` and ``content``;
+asked again with ``separate_reasoning: false`` the same greedy output comes back whole, so nothing may be
+lost or duplicated by the split and ``</think>`` belongs to neither part. Each check applies only where the
+command names the parser ("does not apply" otherwise, from the profile).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import TYPE_CHECKING, Any, Literal
+
+import jsonschema  # type: ignore[import-untyped]
+
+from pytest_dflash.errors import ApiError
+from pytest_dflash.layers.generation.requests import messages
+from pytest_dflash.layers.generation.shapes import fail
+from pytest_dflash.layers.generation.structured import (
+    NO_BACKEND_FLAG,
+    NOT_SERVED,
+    SEED_002,
+    GrammarWarning,
+    backend_disabled,
+)
+from pytest_dflash.run.skips import not_applicable
+
+if TYPE_CHECKING:
+    from pytest_dflash.config.profiles import ServiceSpec
+    from pytest_dflash.run.state import ServiceHandle
+
+__all__ = ["TOOLS", "TOOL_CHOICES", "command_flag", "forced_tool_call", "reasoning_separated"]
+
+ToolChoice = Literal["required", "named"]
+TOOL_CHOICES: tuple[ToolChoice, ...] = ("required", "named")
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
+                       "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two integers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a", "b"]}}},
+]  # fmt: skip
+THINK_END = "</think>"
+
+
+def command_flag(spec: ServiceSpec, flag: str) -> str | None:
+    """The value of `flag` in the service's command (`--flag X` or `--flag=X`), or None."""
+    command = list(spec.command)
+    for index, part in enumerate(command):
+        if part == flag and index + 1 < len(command):
+            return command[index + 1]
+        if part.startswith(f"{flag}="):
+            return part.split("=", 1)[1]
+    return None
+
+
+def _chat(service: ServiceHandle, body: dict[str, Any]) -> dict[str, Any]:
+    client = service.client
+    response = client.request("POST", "/v1/chat/completions",
+                              json_body={"model": client.model(), "messages": messages("What should I do?"),
+                                         "temperature": 0, **body})  # fmt: skip
+    if response.status_code >= 400:
+        if "grammar-backend none" in response.text:
+            fail(f"{service.name}: a forced tool call is refused as the server runs `{NO_BACKEND_FLAG}`: "
+                 f"{response.text[:300]}; {SEED_002}")
+        raise ApiError(client.service, "/v1/chat/completions", response.status_code, "chat refused",
+                       response.text[:300])
+    choice = (response.json().get("choices") or [{}])[0]
+    return choice if isinstance(choice, dict) else {}
+
+
+def forced_tool_call(service: ServiceHandle, choice: ToolChoice) -> None:
+    """tool_choice "required" or a named function: a parseable call of a given tool, valid arguments."""
+    __tracebackhide__ = True
+    parser = command_flag(service.spec, "--tool-call-parser")
+    if parser is None:
+        not_applicable("the service's command sets no --tool-call-parser")
+    if not service.spec.structured_output:
+        not_applicable(NOT_SERVED)
+    if backend_disabled(service.spec):
+        fail(f"{service.name}: its command has `{NO_BACKEND_FLAG}`: tool_choice {choice!r} cannot be "
+             f"forced; {SEED_002}")
+    wanted = "add" if choice == "named" else None
+    tool_choice: object = {"type": "function", "function": {"name": wanted}} if wanted else "required"
+    answer = _chat(service, {"tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 200})
+    what = f"{service.name}: tool_choice {json.dumps(tool_choice)} (--tool-call-parser {parser})"
+    reason, message = answer.get("finish_reason"), answer.get("message") or {}
+    if reason == "length":
+        warnings.warn(GrammarWarning(f"{what}: finished by length before the call was complete"),
+                      stacklevel=2)
+        return
+    calls = message.get("tool_calls")
+    if reason != "tool_calls" or not isinstance(calls, list) or not calls:
+        fail(f"{what}: expected finish_reason 'tool_calls' with message.tool_calls, got finish_reason "
+             f"{reason!r}, tool_calls {calls!r}, content {str(message.get('content'))[:200]!r}")
+    parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if name not in parameters or (wanted and name != wanted):
+            fail(f"{what}: the call names {name!r}, not {wanted or ' or '.join(parameters)}: {call!r}")
+        assert isinstance(function, dict)
+        try:
+            arguments = json.loads(function.get("arguments") or "", strict=False)
+            jsonschema.validate(arguments, parameters[name])
+        except (ValueError, jsonschema.ValidationError) as exc:
+            fail(f"{what}: the arguments of {name!r} {function.get('arguments')!r} break its parameters' "
+                 f"schema: {getattr(exc, 'message', exc)}")
+
+
+def reasoning_separated(service: ServiceHandle) -> None:
+    """reasoning_content + content are the whole output, split at </think>; the split loses nothing."""
+    __tracebackhide__ = True
+    parser = command_flag(service.spec, "--reasoning-parser")
+    if parser is None:
+        not_applicable("the service's command sets no --reasoning-parser")
+    body = {"max_tokens": 48, "ignore_eos": True}
+    split = (_chat(service, {**body, "separate_reasoning": True}).get("message") or {})
+    unsplit = _chat(service, {**body, "separate_reasoning": False}).get("message") or {}
+    whole = str(unsplit.get("content") or "")
+    reasoning, content = split.get("reasoning_content"), str(split.get("content") or "")
+    what = f"{service.name} (--reasoning-parser {parser})"
+    if split.get("reasoning_content") is None and THINK_END in whole:
+        fail(f"{what}: the output has {THINK_END!r} but no reasoning_content came back: {whole[:200]!r}")
+    for part, text in (("reasoning_content", reasoning or ""), ("content", content)):
+        if THINK_END in text:
+            fail(f"{what}: {part} still holds {THINK_END!r}: {text[:200]!r}")
+    rebuilt = whole.removeprefix("<think>")
+    before, _, after = rebuilt.partition(THINK_END)
+    expected = (before, after.lstrip("\n")) if reasoning is not None else (None, whole)
+    if (reasoning, content) != expected and (reasoning or "", content) != (rebuilt, ""):
+        fail(f"{what}: reasoning_content {str(reasoning)[:120]!r} and content {content[:120]!r} are not the "
+             f"whole output {whole[:200]!r} split at {THINK_END!r}")

@@ -1,0 +1,252 @@
+"""Structured output: constrained requests (json_schema, regex, EBNF, response_format) and their validation.
+
+Each case is one grammar in one API: native ``/generate`` ``sampling_params`` ``json_schema`` / ``regex`` /
+``ebnf``, or chat ``response_format`` ``json_schema`` / ``json_object``. Every output must be in the grammar's
+language: JSON Schema by the jsonschema library, a regex by a full match, EBNF by xgrammar's own matcher where
+it is importable, else by the case's equivalent regex (the two agree: tests/layers/generation). A finish by
+length is a prefix, not a violation: reported as such (a warning), never as invalid. An ``abort`` finish, a
+stream without ``[DONE]`` or output outside the language fails, naming the grammar.
+
+A server that serves no grammar (``--grammar-backend none``, seed 002's fix; a DDTREE server sets it itself)
+fails every case, naming the flag and the seed, unless its profile says ``structured_output = false``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jsonschema  # type: ignore[import-untyped]
+
+from pytest_dflash.client.bodies import error_message
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Sampling
+from pytest_dflash.errors import ApiError
+from pytest_dflash.layers.generation.requests import PROMPT, Api, messages
+from pytest_dflash.layers.generation.shapes import fail
+from pytest_dflash.run.skips import needs_sglang, not_applicable
+
+if TYPE_CHECKING:
+    from pytest_dflash.config.profiles import ServiceSpec
+    from pytest_dflash.run.state import ServiceHandle
+
+__all__ = [
+    "GRAMMARS",
+    "STRUCTURED_CASES",
+    "Grammar",
+    "Outcome",
+    "backend_disabled",
+    "constrained_body",
+    "ebnf_accepts",
+    "structured_output",
+]
+
+NO_BACKEND_FLAG = "--grammar-backend none"
+SEED_002 = ("seed 002: `--grammar-backend none` was the fix taken for an xgrammar without StructuralTag, "
+            "and it silently turned off JSON mode, regex and EBNF constraints and tool-call forcing for "
+            "every client")
+NOT_SERVED = "the profile says this service serves no structured output (structured_output = false)"
+EBNF = 'root ::= answer "."\nanswer ::= "yes" | "no" | "maybe"'
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "maximum": 999}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+class GrammarWarning(UserWarning):
+    """A constrained output ended by length: a prefix of the language, not checked as complete."""
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """One constraint: how a request carries it and how an output is checked against it."""
+
+    name: str
+    param: str  # the sampling param ("json_schema", "regex", "ebnf") or "response_format"
+    value: Any
+    schema: dict[str, Any] | None = None  # JSON outputs: the schema they validate against
+    pattern: str | None = None  # a regex the whole output must match (an EBNF's language as a regex)
+    ebnf: str | None = None
+
+    def describe(self) -> str:
+        shown = self.value if isinstance(self.value, str) else json.dumps(self.value)
+        return f"{self.name} {shown[:160]!r}"
+
+    def problem(self, text: str) -> str | None:
+        """What is wrong with `text` under this grammar, or None when it is in the language."""
+        if self.schema is not None:
+            try:
+                # strict=False: xgrammar's JSON grammar lets raw control characters into strings
+                document = json.loads(text, strict=False)
+            except ValueError as exc:
+                return f"not JSON ({exc})"
+            try:
+                jsonschema.validate(document, self.schema)
+            except jsonschema.ValidationError as exc:
+                return f"breaks the schema: {exc.message}"
+            return None
+        if self.ebnf is not None:
+            accepted = ebnf_accepts(self.ebnf, text)
+            if accepted is not None:
+                return None if accepted else "not in the EBNF grammar's language (xgrammar's matcher)"
+        if self.pattern is not None and re.fullmatch(self.pattern, text) is None:
+            return f"does not fully match {self.pattern!r}"
+        return None
+
+
+def ebnf_accepts(ebnf: str, text: str) -> bool | None:
+    """Whether xgrammar's matcher accepts `text` as a whole under `ebnf`; None without xgrammar."""
+    try:
+        import xgrammar
+        from xgrammar.testing import _is_grammar_accept_string
+    except ImportError:
+        return None
+    return bool(_is_grammar_accept_string(xgrammar.Grammar.from_ebnf(ebnf), text))
+
+
+GRAMMARS: dict[str, Grammar] = {
+    "json_schema": Grammar("json_schema", "json_schema", json.dumps(PERSON), schema=PERSON),
+    "regex": Grammar("regex", "regex", r"[a-z]{3}-[0-9]{2}", pattern=r"[a-z]{3}-[0-9]{2}"),
+    "ebnf": Grammar("ebnf", "ebnf", EBNF, pattern=r"(yes|no|maybe)\.", ebnf=EBNF),
+    "response_format": Grammar("response_format json_schema", "response_format",
+                               {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+                               schema=PERSON),
+    "json_object": Grammar("response_format json_object", "response_format", {"type": "json_object"},
+                           schema={"type": "object"}),
+}  # fmt: skip
+
+# suite parametrisation: (api, grammar) per case
+STRUCTURED_CASES: dict[str, tuple[Api, str]] = {
+    "generate-json_schema": ("generate", "json_schema"),
+    "generate-regex": ("generate", "regex"),
+    "generate-ebnf": ("generate", "ebnf"),
+    "chat-response_format": ("chat", "response_format"),
+    "chat-json_object": ("chat", "json_object"),
+}
+GREEDY = Sampling(max_tokens=160, temperature=0.0)
+SAMPLED = Sampling(max_tokens=160, temperature=0.8, seed=11)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A constrained request's answer: the text, its finish reason, whether a stream ended with [DONE]."""
+
+    text: str
+    finish_reason: str | None
+    done: bool = True
+    message: str | None = None  # an abort's message, where the server gave one
+
+
+def constrained_body(client: InferenceClient, api: Api, grammar: Grammar, sampling: Sampling, *,
+                     stream: bool) -> tuple[str, dict[str, Any]]:
+    """The path and body of one constrained request."""
+    if api == "generate":
+        params = {**sampling.as_sglang(), grammar.param: grammar.value}
+        return "/generate", {"text": PROMPT, "sampling_params": params, "stream": stream}
+    body: dict[str, Any] = {"model": client.model(), "messages": messages(PROMPT), **sampling.as_openai(),
+                            grammar.param: grammar.value}  # fmt: skip
+    if stream:
+        body["stream"] = True
+    return "/v1/chat/completions", body
+
+
+def send(client: InferenceClient, api: Api, grammar: Grammar, sampling: Sampling, *, stream: bool) -> Outcome:
+    """One constrained request, streamed or not, as an Outcome; ApiError on a refusal."""
+    path, body = constrained_body(client, api, grammar, sampling, stream=stream)
+    if stream:
+        answer = client.stream(path, body)
+        return streamed_outcome(answer.events, api, done=answer.done)
+    response = client.request("POST", path, json_body=body)
+    if response.status_code >= 400:
+        raise ApiError(client.service, path, response.status_code, error_message(response),
+                       response.text[:500])
+    data = response.json()
+    if api == "generate":
+        data = data[0] if isinstance(data, list) and data else data
+        reason = (data.get("meta_info") or {}).get("finish_reason")
+        kind = reason.get("type") if isinstance(reason, dict) else reason
+        message = reason.get("message") if isinstance(reason, dict) else None
+        return Outcome(str(data.get("text", "")), kind, message=message)
+    choice = (data.get("choices") or [{}])[0]
+    return Outcome(str((choice.get("message") or {}).get("content") or ""), choice.get("finish_reason"))
+
+
+def streamed_outcome(events: Sequence[dict[str, Any]], api: Api, *, done: bool) -> Outcome:
+    text, reason, message = "", None, None
+    for event in events:
+        if api == "generate":
+            text = str(event.get("text", text))
+            finish = (event.get("meta_info") or {}).get("finish_reason")
+            if finish:
+                reason = finish.get("type") if isinstance(finish, dict) else finish
+                message = finish.get("message") if isinstance(finish, dict) else None
+            continue
+        for choice in event.get("choices") or []:
+            text += str((choice.get("delta") or {}).get("content") or "")
+            reason = choice.get("finish_reason") or reason
+    return Outcome(text, reason, done, message)
+
+
+def backend_disabled(spec: ServiceSpec) -> bool:
+    """True when the service's command turns the grammar backend off (`--grammar-backend none`)."""
+    command = list(spec.command)
+    for i, part in enumerate(command):
+        if part == "--grammar-backend" and i + 1 < len(command) and command[i + 1] == "none":
+            return True
+        if part == "--grammar-backend=none":
+            return True
+    return False
+
+
+def structured_output(service: ServiceHandle, api: Api, grammar_name: str, *, sampled: bool,
+                      streamed: bool) -> None:
+    """One constrained request: a complete output in the grammar's language, or the failure naming it."""
+    __tracebackhide__ = True
+    if not service.spec.structured_output:
+        not_applicable(NOT_SERVED)
+    if api == "generate":
+        needs_sglang(service, "a constrained request through SGLang's native /generate")
+    grammar = GRAMMARS[grammar_name]
+    if backend_disabled(service.spec):
+        fail(f"{service.name}: its command has `{NO_BACKEND_FLAG}`: every constrained request "
+             f"({grammar.describe()}) is refused, JSON mode and tool-call forcing are off for every client; "
+             f"{SEED_002}. Say `structured_output = false` in its profile if that is intended")
+    sampling = SAMPLED if sampled else GREEDY
+    try:
+        outcome = send(service.client, api, grammar, sampling, stream=streamed)
+    except ApiError as exc:
+        if "grammar-backend none" in str(exc):
+            fail(f"{service.name}: the server refuses {grammar.describe()} as launched with "
+                 f"`{NO_BACKEND_FLAG}` (its command does not say so: a DDTREE server sets it itself): "
+                 f"{exc}; {SEED_002}. Say `structured_output = false` in its profile if that is intended")
+        fail(f"{service.name}: {grammar.describe()} via {api} failed (refused, or the stream broke off): "
+             f"{exc}")
+    check_outcome(outcome, grammar, what=f"{service.name}: {grammar.describe()} via {api}"
+                  f"{' streamed' if streamed else ''} ({'sampled' if sampled else 'greedy'})",
+                  max_tokens=sampling.max_tokens)
+
+
+def check_outcome(outcome: Outcome, grammar: Grammar, *, what: str, max_tokens: int) -> None:
+    """A finished, complete output in the grammar's language; a length finish is reported, not judged."""
+    __tracebackhide__ = True
+    if not outcome.done:
+        fail(f"{what}: the stream stopped without [DONE] after {outcome.text[-80:]!r}")
+    if outcome.finish_reason == "length":
+        warnings.warn(GrammarWarning(f"{what}: finished by length after max_tokens={max_tokens}: a prefix, "
+                                     f"not checked as complete: {outcome.text[:80]!r}…"), stacklevel=2)
+        return
+    if outcome.finish_reason != "stop":
+        detail = f" ({outcome.message})" if outcome.message else ""
+        fail(f"{what}: finish_reason {outcome.finish_reason!r}{detail} after {outcome.text[:120]!r}: a "
+             "constrained request must end by its grammar (stop) or by length")
+    problem = grammar.problem(outcome.text)
+    if problem:
+        fail(f"{what}: the output {outcome.text[:200]!r} {problem}")

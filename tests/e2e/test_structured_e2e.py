@@ -1,0 +1,67 @@
+"""Structured output through the real plugin: `suites/generation -k structured` against refserver processes.
+
+A clean NONE and DFLASH pass; a server with `--grammar-backend none` fails every case naming the flag and
+seed 002 (and is skipped as "does not apply" once its profile says `structured_output = false`); the
+grammar-rollback-bug fault fails under speculation only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from e2e_helpers import write_profile
+from support.pytest_runs import assert_no_crash, verdict
+
+NO_WS = ["--constrained-json-disable-any-whitespace"]
+# one greedy and one sampled case per API: enough to see each behaviour, cheap on two cores
+CASES = "structured and (generate-json_schema or chat-json_object or generate-regex) and whole"
+
+
+def test_grammar_backend_none_fails_naming_the_flag_unless_the_profile_says_so(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    profile = write_profile(tmp_path, "nogrammar",
+                            {"off": ("DFLASH", ["--grammar-backend", "none"]),
+                             "declared": ("NONE", ["--grammar-backend", "none"])},
+                            service_extra={"declared": "structured_output = false"})  # fmt: skip
+    result = run_suite("generation", "--host", str(profile), "-k", CASES)
+    assert_no_crash(result)
+    result.assert_outcomes(failed=6, skipped=6)
+    result.stdout.fnmatch_lines(["*off: its command has `--grammar-backend none`: every constrained request*"
+                                 "seed 002*structured_output = false*",
+                                 "*the profile says this service serves no structured output*"])
+
+
+def test_rollback_bug_fails_under_speculation_and_passes_as_none(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    bug = ["--inject", "grammar-rollback-bug", *NO_WS]
+    profile = write_profile(tmp_path, "rollback", {"none": ("NONE", bug), "dflash": ("DFLASH", bug)})
+    result = run_suite("generation", "--host", str(profile), "-k", CASES)
+    assert_no_crash(result)
+    failed = {f["test"].rsplit("::", 1)[1] for f in verdict(run_suite.reports, "rollback")["failures"]}
+    assert failed and all("rollback/dflash" in test for test in failed), failed
+    assert result.parseoutcomes().get("passed", 0) >= 6  # every NONE case
+    result.stdout.fnmatch_lines(["*AssertionError: dflash: *finish_reason 'abort' (Grammar accept_token failed*",
+                                 "*FAILED*rollback/dflash*[[]grammar-accept-failed[]]*"])
+
+
+def test_rollback_bug_fails_structured_parity_naming_the_token_and_the_grammar(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    profile = write_profile(tmp_path, "gparity", {"none": ("NONE", NO_WS),
+                                                  "dflash": ("DFLASH", ["--inject", "grammar-rollback-bug", *NO_WS])},
+                            parity=("none", ["dflash"]))  # fmt: skip
+    result = run_suite("parity", "--host", str(profile), "-k", "structured_parity")
+    assert_no_crash(result)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*gparity/none vs gparity/dflash under grammars: */9 (grammar, prompt) pairs "
+                                 "token-identical*",
+                                 "*json_schema '{*: *diverges at token * (real*"])
+
+
+def test_forced_tool_calls_and_reasoning_where_the_command_names_a_parser(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    parsers = ["--tool-call-parser", "qwen25", "--reasoning-parser", "deepseek-r1", *NO_WS]
+    profile = write_profile(tmp_path, "chat", {"parsers": ("DFLASH", parsers), "plain": ("NONE", NO_WS),
+                                               "off": ("NONE", ["--tool-call-parser", "qwen25",
+                                                                "--grammar-backend", "none"])})  # fmt: skip
+    result = run_suite("generation", "--host", str(profile), "-k", "forced_tool_call or reasoning_separated")
+    assert_no_crash(result)
+    result.assert_outcomes(passed=3, skipped=4, failed=2)  # plain: no parser; off: no reasoning parser
+    failed = {f["test"].rsplit("::", 1)[1] for f in verdict(run_suite.reports, "chat")["failures"]}
+    assert failed == {f"test_forced_tool_call[chat/off-{c}]" for c in ("required", "named")}, failed
+    result.stdout.fnmatch_lines(["*off: its command has `--grammar-backend none`: tool_choice * cannot be forced*"])

@@ -1,0 +1,91 @@
+"""Structured-output validation: each grammar's language, finish reasons, streams, the disabled backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.layers.generation.structured import (
+    EBNF,
+    GRAMMARS,
+    GrammarWarning,
+    Outcome,
+    backend_disabled,
+    check_outcome,
+    ebnf_accepts,
+    streamed_outcome,
+)
+
+
+@pytest.mark.parametrize(
+    ("grammar", "text", "problem"),
+    [
+        ("json_schema", '{"name": "ab", "age": 3}', None),
+        ("json_schema", '{"name": "a\x08b", "age": 3}', None),  # raw control characters: xgrammar lets them in
+        ("json_schema", '{"name": "ab"}', "breaks the schema: 'age' is a required property"),
+        ("json_schema", '{"name": "ab", "age": 3', "not JSON"),
+        ("json_object", "[1]", "breaks the schema"),
+        ("regex", "abc-12", None),
+        ("regex", "abc-123", "does not fully match"),
+        ("ebnf", "maybe.", None),
+        ("ebnf", "maybe", "not in the EBNF grammar's language"),
+    ],
+)
+def test_problem_names_what_is_wrong(grammar: str, text: str, problem: str | None) -> None:
+    found = GRAMMARS[grammar].problem(text)
+    assert found is None if problem is None else found is not None and found.startswith(problem), found
+
+
+@pytest.mark.parametrize("text", ["yes.", "no.", "maybe.", "yes", "yes..", "Yes.", "", "no.no."])
+def test_ebnf_matcher_and_its_regex_agree(text: str) -> None:
+    """Without xgrammar the EBNF case falls back to its regex: both must accept the same strings."""
+    pytest.importorskip("xgrammar")
+    pattern = GRAMMARS["ebnf"].pattern
+    assert pattern is not None
+    import re
+
+    assert ebnf_accepts(EBNF, text) is (re.fullmatch(pattern, text) is not None)
+
+
+def test_a_length_finish_is_reported_not_judged() -> None:
+    with pytest.warns(GrammarWarning, match="finished by length after max_tokens=8: a prefix"):
+        check_outcome(Outcome('{"name": "a', "length"), GRAMMARS["json_schema"], what="svc", max_tokens=8)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "message"),
+    [
+        (Outcome('{"na', "abort", message="Grammar accept_token failed"),
+         r"svc: finish_reason 'abort' \(Grammar accept_token failed\) after"),
+        (Outcome('{"na', "stop", done=False), "the stream stopped without \\[DONE\\]"),
+        (Outcome('{"name": 1, "age": 2}', "stop"), "breaks the schema"),
+        (Outcome("x", None), "finish_reason None"),
+    ],
+)
+def test_abort_truncation_and_invalid_output_fail(outcome: Outcome, message: str) -> None:
+    with pytest.raises(AssertionError, match=message):
+        check_outcome(outcome, GRAMMARS["json_schema"], what="svc", max_tokens=8)
+
+
+def test_streamed_outcomes_of_both_dialects() -> None:
+    native = [{"text": '{"a"', "meta_info": {"finish_reason": None}},
+              {"text": '{"a": 1}', "meta_info": {"finish_reason": {"type": "stop", "matched": 256}}}]
+    assert streamed_outcome(native, "generate", done=True) == Outcome('{"a": 1}', "stop")
+    chat = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+            {"choices": [{"delta": {"content": '{"a"'}, "finish_reason": None}]},
+            {"choices": [{"delta": {"content": ": 1}"}, "finish_reason": "stop"}]}]
+    assert streamed_outcome(chat, "chat", done=False) == Outcome('{"a": 1}', "stop", done=False)
+
+
+@pytest.mark.parametrize(
+    ("command", "disabled"),
+    [
+        (("python", "-m", "sglang.launch_server", "--grammar-backend", "none"), True),
+        (("python", "-m", "sglang.launch_server", "--grammar-backend=none"), True),
+        (("python", "-m", "sglang.launch_server", "--grammar-backend", "xgrammar"), False),
+        (("python", "-m", "sglang.launch_server"), False),
+    ],
+)
+def test_backend_disabled_reads_the_command(command: tuple[str, ...], disabled: bool) -> None:
+    spec = ServiceSpec(name="s", kind="process", url="http://127.0.0.1:1", algorithm="DFLASH", command=command)
+    assert backend_disabled(spec) is disabled
