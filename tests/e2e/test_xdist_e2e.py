@@ -105,14 +105,19 @@ def test_ids_under_xdist_are_the_ids_without_it(tmp_path: Path) -> None:
     args = ("--fleet", str(fleet), f"--dflash-report={tmp_path / 'reports'}")
     env = {"BROKEN_HOST": "gpu-b"}
     plain = _pytest(tmp_path, "-p", "no:cacheprovider", *args, "--junitxml=plain.xml", env=env)
+    grouped = _pytest(tmp_path, "-p", "no:cacheprovider", *args, "-n", "2", "--dist", "loadgroup",
+                      "--junitxml=grouped.xml", env=env)
     spread = _pytest(tmp_path, *args, "-n", "2", "--junitxml=spread.xml", env=env)
+    failures = verdict(tmp_path / "reports", "gpu-b")["failures"]
     again = _pytest(tmp_path, *args, "--lf", "-v", env=env)
-    for result in (plain, spread, again):
+    for result in (plain, grouped, spread, again):
         assert "INTERNALERROR" not in result.stdout + result.stderr, result.stdout[-3000:]
         assert result.returncode == 1, result.stdout[-3000:]
     assert _junit_names(tmp_path / "spread.xml") == _junit_names(tmp_path / "plain.xml")
+    assert _junit_names(tmp_path / "grouped.xml") == _junit_names(tmp_path / "plain.xml")  # --dist loadgroup too
     assert not any("@" in name for name in _junit_names(tmp_path / "spread.xml"))
-    assert _failed_lines(spread.stdout) == _failed_lines(plain.stdout) == [
+    assert _failed_lines(spread.stdout) == _failed_lines(grouped.stdout) == _failed_lines(plain.stdout) == [
         "FAILED test_fleet_ids.py::test_host[gpu-b-1]"], spread.stdout[-3000:]
+    assert [failure["test"] for failure in failures] == ["test_fleet_ids.py::test_host[gpu-b-1]"], failures
     ran = [line.split(" ")[0] for line in again.stdout.splitlines() if line.startswith("test_fleet_ids.py::")]
     assert ran == ["test_fleet_ids.py::test_host[gpu-b-1]"], again.stdout[-3000:]
