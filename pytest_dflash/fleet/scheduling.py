@@ -60,30 +60,42 @@ def _escaped(text: str) -> str:
     return text if text.isascii() else text.encode("unicode_escape").decode("ascii")
 
 
-def host_of(nodeid: str, ids: ParamIds) -> str | None:
+class HostIds:
+    """Parameter id -> host, built once per run: finding a node id's host costs a few dict lookups (a
+    256-host fleet has thousands of tests, and the controller and every worker look each one up)."""
+
+    def __init__(self, ids: ParamIds) -> None:
+        # pytest escapes a non-ASCII id unless told not to (its "forfeit all rights" ini): both forms count
+        self.hosts = {form: host for host, params in ids.items() for param in params
+                      for form in (param, _escaped(param))}
+
+    def host_of(self, nodeid: str) -> str | None:
+        _, _, names = nodeid.partition("::")  # a test's names hold no "[" before its parameters
+        start = names.find("[")
+        if start < 0 or not names.endswith("]"):
+            return None
+        params = names[start + 1:-1]
+        dashes = [index for index, char in enumerate(params) if char == "-"]
+        starts, ends = [0, *(d + 1 for d in dashes)], [*dashes, len(params)]
+        best, best_len = None, 0
+        for first in starts:
+            for end in ends:
+                if end - first > best_len and (host := self.hosts.get(params[first:end])) is not None:
+                    best, best_len = host, end - first
+        return best
+
+
+def _host_ids(ids: ParamIds | HostIds) -> HostIds:
+    return ids if isinstance(ids, HostIds) else HostIds(ids)
+
+
+def host_of(nodeid: str, ids: ParamIds | HostIds) -> str | None:
     """The host a node id's parameters name (None: no host's test). Parameter ids are joined by `-`, so an id
     counts only where it is a whole part; the longest such id wins (`gpu-a/x` over `gpu`)."""
-    _, _, names = nodeid.partition("::")  # a test's names hold no "[" before its parameters
-    start = names.find("[")
-    if start < 0 or not names.endswith("]"):
-        return None
-    params = names[start + 1:-1]
-    best, best_len = None, 0
-    for host, host_ids in ids.items():
-        for param in map(_escaped, host_ids):
-            if len(param) <= best_len:
-                continue
-            at = params.find(param)
-            while at >= 0:
-                end = at + len(param)
-                if (at == 0 or params[at - 1] == "-") and (end == len(params) or params[end] == "-"):
-                    best, best_len = host, len(param)
-                    break
-                at = params.find(param, at + 1)
-    return best
+    return _host_ids(ids).host_of(nodeid)
 
 
-def scope_of(nodeid: str, ids: ParamIds) -> str:
+def scope_of(nodeid: str, ids: ParamIds | HostIds) -> str:
     """A node id's work unit: its host's, else an `xdist_group`'s (xdist's `@group` under `--dist loadgroup`,
     added by xdist to the tests that ask for one, never by this plugin), else its own."""
     if (host := host_of(nodeid, ids)) is not None:
@@ -93,9 +105,10 @@ def scope_of(nodeid: str, ids: ParamIds) -> str:
     return nodeid
 
 
-def host_list(nodeids: Iterable[str], ids: ParamIds) -> list[str]:
+def host_list(nodeids: Iterable[str], ids: ParamIds | HostIds) -> list[str]:
     """The hosts that have a test in the collection, sorted: the list both sides index."""
-    return sorted({host for nodeid in nodeids if (host := host_of(nodeid, ids)) is not None})
+    by_param = _host_ids(ids)
+    return sorted({host for nodeid in nodeids if (host := by_param.host_of(nodeid)) is not None})
 
 
 def owner_id(host: str, hosts: Sequence[str], workers: int) -> str | None:
@@ -105,7 +118,7 @@ def owner_id(host: str, hosts: Sequence[str], workers: int) -> str | None:
     return f"gw{hosts.index(host) % workers}"
 
 
-def owned_hosts(nodeids: Iterable[str], ids: ParamIds, worker_id: str, workers: int) -> list[str]:
+def owned_hosts(nodeids: Iterable[str], ids: ParamIds | HostIds, worker_id: str, workers: int) -> list[str]:
     """The hosts the worker `worker_id` (of `workers`) runs under HostScheduling; [] for a replacement."""
     match = _WORKER_ID.fullmatch(worker_id)
     if match is None or workers < 1:
@@ -122,7 +135,7 @@ class HostScheduling(LoadScopeScheduling):  # type: ignore[misc]
 
     def __init__(self, config: pytest.Config, log: Producer | None = None, *, ids: ParamIds) -> None:
         super().__init__(config, log)
-        self.ids = ids
+        self.ids = HostIds(ids)
         self.owners: dict[str, str] = {}  # host scope -> owner's gateway id, fixed at the first schedule()
         self._scopes: dict[str, str] = {}
 
@@ -220,5 +233,5 @@ def worker_hosts(config: pytest.Config, nodeids: Iterable[str], run: DflashRun) 
                        int(workerinput.get("workercount", 0)))
 
 
-__all__ = ["HOST_SCOPE", "OWNED_INPUT", "SCHEDULED_DIST", "HostScheduler", "HostScheduling", "host_list",
-           "host_of", "owned_hosts", "owner_id", "scope_of", "worker_hosts"]
+__all__ = ["HOST_SCOPE", "OWNED_INPUT", "SCHEDULED_DIST", "HostIds", "HostScheduler", "HostScheduling",
+           "host_list", "host_of", "owned_hosts", "owner_id", "scope_of", "worker_hosts"]
