@@ -129,7 +129,7 @@ def test_junit_html_and_step_summary_from_one_failing_xdist_run(run_suite, tmp_p
     report = _Report()
     report.feed(page.read_text())
     assert report.headers[:6] == ["Result", "Test", "Host", "Layer", "Service", "Diagnosis"], report.headers
-    rows = {nodeid.rsplit("::", 1)[-1].split("@")[0]: [_cells(t["resultsTableRow"]) for t in tests]
+    rows = {nodeid.rsplit("::", 1)[-1]: [_cells(t["resultsTableRow"]) for t in tests]
             for nodeid, tests in report.blob["tests"].items()}
     failed = next(r for r in rows["test_service_ready[ci/dflash]"] if r["result"][0] == "Failed")
     assert failed["host"][0] == "ci" and failed["layer"][0] == "service" and failed["service"][0] == "dflash"
