@@ -1,4 +1,5 @@
-"""The hosts under test: --host profiles, --attach URLs and --fleet inventories, narrowed by --shard."""
+"""The hosts under test: --host profiles, --attach URLs (named host:port) and --fleet inventories, narrowed by
+--shard, one host per name; and a host's name as a file name (`file_name`, injective)."""
 
 from __future__ import annotations
 
