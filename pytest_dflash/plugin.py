@@ -73,6 +73,9 @@ def _configure_run(config: pytest.Config, profiles: dict[str, HostProfile], run_
         request_timeout_s=options.duration(config, "dflash_request_timeout", "60s") or 60.0,
     )
     config.stash[GATE_KEY] = options.gate_layers(config)
+    if profiles and workerinput is None and getattr(config.option, "dist", "no") == "each":
+        raise pytest.UsageError("--dist each runs every test on every xdist worker: each worker would start "
+                                "the same hosts' services at once; use -n N (--dist load, scheduled by host)")
     for profile in profiles.values():
         if run_options.provision and profile.provision == "never":
             raise pytest.UsageError(f"{profile.source}: host.provision = \"never\" but --provision was given")

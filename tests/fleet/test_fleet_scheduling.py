@@ -250,3 +250,16 @@ def test_workers_pre_flight_by_owner_only_if_xdist_asks_our_scheduler_first(pyte
     node = Node("gw0", 2)
     ours.pytest_configure_node(node)
     assert node.workerinput[OWNED_INPUT] is False
+
+
+def test_dist_each_over_hosts_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    """`--dist each` would run every host's tests in every worker at once (its services started N times)."""
+    pytester.makepyfile("import pytest\n\n@pytest.mark.host\ndef test_host(dflash_host):\n    pass\n")
+    (pytester.path / "solo.toml").write_text('[host]\nconnection = "local://"\n\n[services.dflash]\n'
+                                             'kind = "external"\nalgorithm = "DFLASH"\nurl = "http://127.0.0.1:9"\n')
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--host", "solo.toml", "-n", "2", "--dist",
+                                           "each", f"--dflash-report={reports}")
+    assert result.ret == 4, result.stdout.str()
+    result.stderr.fnmatch_lines(["ERROR: --dist each runs every test on every xdist worker*"])
+    assert '"verdict": "interrupted"' in (reports / "solo.verdict.json").read_text()
