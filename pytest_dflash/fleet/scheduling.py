@@ -9,8 +9,9 @@ mode but `each`:
 
 * A test's host is read from its node id: the parameter ids the plugin gives a host's tests are known on
   the controller too (run/collection.py `param_ids`), so `test_x[sm120/dflash]` belongs to host `sm120`. The
-  longest id found between `[`/`-` and `-`/`]` wins. Every other test is a work unit of its own (or, under
-  `--dist loadgroup`, its own `xdist_group`).
+  longest id found between `[`/`-` and `-`/`]` wins. Every other test is grouped as the `--dist` mode asked
+  groups it: its module or class (`loadscope`), its file (`loadfile`), its `xdist_group` (`loadgroup`), else
+  a work unit of its own (`load`, `worksteal`).
 * Each host has a fixed owner: with the collected hosts sorted by name, host i belongs to worker `gw{i % N}`
   (N = the workers xdist was asked for). A worker, having collected the same items, computes the same list
   (`owned_hosts`) and pre-flights all of its hosts at once before its first test (run/preflight.py), exactly
@@ -95,12 +96,17 @@ def host_of(nodeid: str, ids: ParamIds | HostIds) -> str | None:
     return _host_ids(ids).host_of(nodeid)
 
 
-def scope_of(nodeid: str, ids: ParamIds | HostIds) -> str:
-    """A node id's work unit: its host's, else an `xdist_group`'s (xdist's `@group` under `--dist loadgroup`,
-    added by xdist to the tests that ask for one, never by this plugin), else its own."""
+def scope_of(nodeid: str, ids: ParamIds | HostIds, dist: str = "load") -> str:
+    """A node id's work unit: its host's, else what xdist's own `dist` scheduler would make it: its module or
+    class (loadscope), its file (loadfile), its `xdist_group` (loadgroup: xdist's `@group`, added by xdist to
+    the tests that ask for one, never by this plugin), else its own."""
     if (host := host_of(nodeid, ids)) is not None:
         return HOST_SCOPE + host
-    if nodeid.rfind("@") > nodeid.rfind("]"):  # an "@" inside the params is not a group
+    if dist == "loadscope":
+        return nodeid.rsplit("::", 1)[0]
+    if dist == "loadfile":
+        return nodeid.split("::", 1)[0]
+    if dist == "loadgroup" and nodeid.rfind("@") > nodeid.rfind("]"):  # an "@" inside the params is no group
         return nodeid.split("@")[-1]
     return nodeid
 
@@ -136,12 +142,13 @@ class HostScheduling(LoadScopeScheduling):  # type: ignore[misc]
     def __init__(self, config: pytest.Config, log: Producer | None = None, *, ids: ParamIds) -> None:
         super().__init__(config, log)
         self.ids = HostIds(ids)
+        self.dist = str(getattr(config.option, "dist", "load"))
         self.owners: dict[str, str] = {}  # host scope -> owner's gateway id, fixed at the first schedule()
         self._scopes: dict[str, str] = {}
 
     def _split_scope(self, nodeid: str) -> str:
         if (scope := self._scopes.get(nodeid)) is None:
-            scope = self._scopes[nodeid] = scope_of(nodeid, self.ids)
+            scope = self._scopes[nodeid] = scope_of(nodeid, self.ids, self.dist)
         return scope
 
     def schedule(self) -> None:

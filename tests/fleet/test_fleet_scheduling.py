@@ -214,14 +214,18 @@ def test_host_of(nodeid: str, host: str | None) -> None:
     assert host_of(nodeid, ids) == host
 
 
-@pytest.mark.parametrize(("nodeid", "scope"), [
-    ("t.py::test[h1/dflash]", HOST_SCOPE + "h1"),
-    ("t.py::test[other]@g", "g"),  # a user's xdist_group under --dist loadgroup
-    ("t.py::test[user@example/x]", "t.py::test[user@example/x]"),  # an "@" in the params is not a group
-    ("t.py::test_plain", "t.py::test_plain"),
+@pytest.mark.parametrize(("nodeid", "dist", "scope"), [
+    ("t.py::test[h1/dflash]", "load", HOST_SCOPE + "h1"),
+    ("t.py::C::test[h1/dflash]", "loadscope", HOST_SCOPE + "h1"),
+    ("t.py::test[other]@g", "loadgroup", "g"),  # a user's xdist_group under --dist loadgroup
+    ("t.py::test[user@example/x]", "loadgroup", "t.py::test[user@example/x]"),  # an "@" in the params
+    ("t.py::test_plain", "load", "t.py::test_plain"),
+    ("t.py::test_plain", "worksteal", "t.py::test_plain"),
+    ("d/t.py::C::test_plain", "loadscope", "d/t.py::C"),  # other tests grouped as xdist's own mode would
+    ("d/t.py::C::test_plain", "loadfile", "d/t.py"),
 ])
-def test_scope_of(nodeid: str, scope: str) -> None:
-    assert scope_of(nodeid, param_ids(["h1"])) == scope
+def test_scope_of(nodeid: str, dist: str, scope: str) -> None:
+    assert scope_of(nodeid, param_ids(["h1"]), dist) == scope
 
 
 @pytest.mark.parametrize(("worker", "workers", "owned"), [
