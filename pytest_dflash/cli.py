@@ -210,7 +210,6 @@ def check(args: argparse.Namespace) -> int:
     profiles: dict[str, HostProfile] = {}
     errors: list[str] = []
     kinds = [(_target_kind(spec), spec) for spec in args.targets]
-    attach_index = 0
     # The plugin's order: --host, then --attach, then --fleet (a fleet host whose name is taken is an error).
     for wanted in ("host", "attach", "fleet"):
         for kind, spec in kinds:
@@ -220,8 +219,7 @@ def check(args: argparse.Namespace) -> int:
                 if kind == "host":
                     found = [load_profile(resolve_profile_path(spec, [hosts_dir]))]
                 elif kind == "attach":
-                    found = [attach_profile(spec, attach_index)]
-                    attach_index += 1
+                    found = [attach_profile(spec)]
                 else:
                     found = inventory.load_fleet(spec, hosts_dir)
                     for profile in found:

@@ -73,6 +73,9 @@ def _configure_run(config: pytest.Config, profiles: dict[str, HostProfile], run_
         request_timeout_s=options.duration(config, "dflash_request_timeout", "60s") or 60.0,
     )
     config.stash[GATE_KEY] = options.gate_layers(config)
+    if profiles and workerinput is None and getattr(config.option, "dist", "no") == "each":
+        raise pytest.UsageError("--dist each runs every test on every xdist worker: each worker would start "
+                                "the same hosts' services at once; use -n N (--dist load, scheduled by host)")
     for profile in profiles.values():
         if run_options.provision and profile.provision == "never":
             raise pytest.UsageError(f"{profile.source}: host.provision = \"never\" but --provision was given")
@@ -92,11 +95,10 @@ def _configure_run(config: pytest.Config, profiles: dict[str, HostProfile], run_
     channel.start()
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(run, answers, channel), "dflash-xdist")
-        if getattr(config.option, "dist", "no") == "load":
-            # Each host's tests must run in one worker (its lock, its service state).
-            config.option.dist = "loadgroup"
-        if config.option.dist == "loadgroup" and not hasattr(config, "workerinput"):
-            # Each host to a fixed worker, which readies all of its hosts at once (fleet/scheduling.py).
+        if (getattr(config.option, "dist", "no") in scheduling.SCHEDULED_DIST
+                and not hasattr(config, "workerinput")):
+            # Each host's tests in one worker (its lock, its service state), a fixed one, which readies all of
+            # its hosts at once; test ids stay pytest's own (fleet/scheduling.py).
             config.pluginmanager.register(scheduling.HostScheduler(config, run), "dflash-host-scheduler")
     # Where the tests are collected (an -n controller collects nothing: its workers send theirs).
     config.pluginmanager.register(report_session.SelectionRecorder(config), "dflash-selection")
@@ -162,7 +164,7 @@ def pytest_runtestloop(session: pytest.Session) -> None:
         return
     hosts: list[str] | None = None
     if hasattr(config, "workerinput"):
-        hosts = scheduling.worker_hosts(config, (item.nodeid for item in session.items), run.profiles)
+        hosts = scheduling.worker_hosts(config, (item.nodeid for item in session.items), run)
         if hosts is None:
             return  # a scheduler that hands out hosts as they come: this worker cannot know its hosts
     concurrency = options.number(config, "dflash_fleet_concurrency", int, preflight.DEFAULT_CONCURRENCY,

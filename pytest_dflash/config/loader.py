@@ -137,15 +137,16 @@ def resolve_profile_path(spec: str, hosts_dirs: list[Path]) -> Path:
     )
 
 
-def attach_profile(url: str, index: int) -> HostProfile:
-    """A profile for --attach URL: one external service, no host access."""
+def attach_profile(url: str) -> HostProfile:
+    """A profile for --attach URL: one external service, no host access. Its name is the server's host:port,
+    whatever else is attached, so the same server keeps its verdict file and history from run to run."""
     table = Table({"url": url}, "--attach", "")
     checked = check_url(table, "url", url)
     parsed = urllib.parse.urlparse(checked)
     name = f"{parsed.hostname}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
     service = ServiceSpec(name="attached", kind="external", url=checked, algorithm=AUTO)
     return HostProfile(
-        name=name if index == 0 else f"{name}#{index}",
+        name=name,
         source=Path("--attach"),
         connection=None,
         python="python3",

@@ -1,8 +1,11 @@
-"""The hosts under test: --host profiles, --attach URLs and --fleet inventories, narrowed by --shard."""
+"""The hosts under test: --host profiles, --attach URLs (named host:port) and --fleet inventories, narrowed by
+--shard, one host per name; and a host's name as a file name (`file_name`, injective)."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import string
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,33 @@ from pytest_dflash.errors import InventoryError
 TARGETS_KEY = pytest.StashKey[dict[str, HostProfile]]()
 NAMED_HOSTS_KEY = pytest.StashKey[tuple[str, ...]]()  # every host the run names, before --shard
 EMPTY_SHARD_KEY = pytest.StashKey[str]()
+# A host's file name keeps these as they are; ":" (an attached server's host:port) becomes "_"; anything else,
+# "_" itself included, is percent-escaped (its UTF-8 bytes), so two names never share a file.
+_KEPT = frozenset(string.ascii_letters + string.digits + ".-")
+_MAX_FILE_NAME = 180  # bytes: room for ".verdict.json" and the like under the usual 255
+
+
+def file_name(host: str) -> str:
+    """A host's name as a file or folder name (its verdict file, history and perf folders, HTML anchor).
+    Injective: `alpha beta` -> `alpha%20beta`, `alpha:beta` -> `alpha_beta`, `alpha_beta` -> `alpha%5Fbeta`;
+    a leading "." is escaped (no `..` folder). A name longer than 180 bytes when escaped keeps its first 160
+    and a hash of the whole name after `%~` (a sequence no escaped name contains)."""
+    parts: list[str] = []
+    for index, char in enumerate(host):
+        if char in _KEPT and not (index == 0 and char == "."):
+            parts.append(char)
+        elif char == ":":
+            parts.append("_")
+        else:
+            parts.extend(f"%{byte:02X}" for byte in char.encode("utf-8", "surrogatepass"))
+    name = "".join(parts)
+    if len(name) > _MAX_FILE_NAME:
+        digest = hashlib.sha256(host.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        cut = name[:160]
+        if (escape := cut.rfind("%", len(cut) - 2)) >= 0:
+            cut = cut[:escape]  # not half an escape
+        name = cut + "%~" + digest
+    return name
 
 
 def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
@@ -27,13 +57,12 @@ def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
     profiles: dict[str, HostProfile] = {}
     try:
         for spec in option(config, "dflash_hosts") or []:
-            profile = load_profile(resolve_profile_path(spec, [hosts_dir]))
-            profiles[profile.name] = profile
+            _add(profiles, load_profile(resolve_profile_path(spec, [hosts_dir])), f"--host {spec}")
         urls = list(option(config, "dflash_attach") or [])
         log_commands = attach_log_commands(config, len(urls))
         for index, url in enumerate(urls):
-            profile = with_log_command(attach_profile(url, index), log_commands[index])
-            profiles[profile.name] = profile
+            profile = with_log_command(attach_profile(url), log_commands[index])
+            _add(profiles, profile, f"--attach {profile.services['attached'].display_url}")
         for spec in option(config, "dflash_fleet") or []:
             for profile in inventory.load_fleet(str(spec), hosts_dir):
                 if profile.name in profiles:
@@ -55,6 +84,22 @@ def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
             config.stash[EMPTY_SHARD_KEY] = inventory.empty_shard_line(index, count, profiles)
         profiles = selected
     return profiles
+
+
+def _add(profiles: dict[str, HostProfile], profile: HostProfile, given: str) -> None:
+    """One host per name: the same profile given twice (the same file, the same URL) counts once; two
+    different ones of one name would write one verdict file and one history: a usage error naming both."""
+    known = profiles.get(profile.name)
+    if known is not None and known != profile:
+        raise pytest.UsageError(f"{given}: host {profile.name!r} is already {_given(known)}; two hosts need "
+                                "two names (an attached server is named by its host:port)")
+    profiles[profile.name] = profile
+
+
+def _given(profile: HostProfile) -> str:
+    if profile.connection is None and "attached" in profile.services:
+        return f"--attach {profile.services['attached'].display_url}"
+    return f"the profile {profile.source}"
 
 
 def attach_log_commands(config: pytest.Config, attached: int) -> list[str | None]:
@@ -94,9 +139,9 @@ def named_despite_errors(config: pytest.Config) -> list[str]:
             names.append(load_profile(resolve_profile_path(str(spec), [hosts_dir])).name)
         except Exception:
             names.append(Path(str(spec)).stem)
-    for index, url in enumerate(option(config, "dflash_attach") or []):
+    for url in option(config, "dflash_attach") or []:
         try:
-            names.append(attach_profile(str(url), index).name)
+            names.append(attach_profile(str(url)).name)
         except Exception:
             continue
     for spec in option(config, "dflash_fleet") or []:

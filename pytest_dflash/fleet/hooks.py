@@ -28,11 +28,7 @@ RESULT_KEY = pytest.StashKey[dict[str, Any]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None:
-        if workerinput.get(LOADGROUP_INPUT):
-            # See _LoadGroupToWorkers: without this the worker never tags its items with their xdist_group.
-            config.option.loadgroup = True
+    if hasattr(config, "workerinput"):
         return
     previous = options.path(config, "dflash_previous_summary")
     if previous is not None and not previous.is_file():
@@ -42,65 +38,6 @@ def pytest_configure(config: pytest.Config) -> None:
             prometheus.check_push_url(push_url)
         except prometheus.PushError as exc:
             raise pytest.UsageError(f"--prometheus-push / dflash_prometheus_push: {exc}") from None
-    if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_LoadGroupToWorkers(config), "dflash-fleet-loadgroup")
-
-
-LOADGROUP_INPUT = "dflash_loadgroup"
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Worker side of `--dist loadgroup`: make sure every grouped item's node id ends in `@<group>`.
-
-    xdist (3.8) tags items by assigning `item._nodeid`; since pytest 9.2 node ids are structured (`item._id`)
-    and that assignment silently does nothing, so LoadGroupScheduling sees no groups at all
-    (pytest-dev/pytest-xdist#1386). Where the suffix is missing after xdist's own hook, set it here."""
-    if (getattr(config, "workerinput", None) is None or not config.getvalue("loadgroup")
-            or not _targets(config)):
-        return  # like the rest of the plugin: nothing changes unless hosts are under test
-    for item in items:
-        marks = item.iter_markers("xdist_group")
-        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
-        if names and not item.nodeid.endswith(suffix := "@" + "_".join(sorted(names))):
-            _add_suffix(item, suffix)
-
-
-def _add_suffix(item: Any, suffix: str) -> None:
-    try:
-        from _pytest.nodeid import NodeId  # pytest >= 9.2
-    except ImportError:  # pragma: no cover - older pytest: xdist's own assignment works
-        item._nodeid = item.nodeid + suffix
-        return
-    current = item._id
-    if not current.names:
-        item._id = NodeId.parse(item.nodeid + suffix)
-        return
-    # Fold the params into the last name: the id then prints and round-trips (reports are rebuilt from the
-    # fields on the controller) as "path::test[params]@group", the form LoadGroupScheduling splits on.
-    last = current.names[-1] + (f"[{current.params}]" if current.params is not None else "") + suffix
-    item._id = NodeId(path=current.path, names=(*current.names[:-1], last))
-
-
-class _LoadGroupToWorkers:
-    """One host's tests must run in one worker. The core switches `--dist load` (what `-n N` means) to
-    `loadgroup` in pytest_configure, but only on the controller: xdist workers parse the command line again
-    (dist is "no" there) and decide in their setup, before pytest_configure, whether to add the `@<group>`
-    suffix to their node ids that LoadGroupScheduling groups by. Without it every test is its own group and a
-    host's tests are spread over workers (its service state, lock and layer book are per process). So the
-    controller tells each worker through workerinput, and the worker sets the option itself."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-
-    def pytest_configure_node(self, node: Any) -> None:
-        node.workerinput[LOADGROUP_INPUT] = (self.config.getvalue("dist") == "loadgroup"
-                                             and _targets(self.config))
-
-
-def _targets(config: pytest.Config) -> bool:
-    run = config.stash.get(RUN_KEY, None)
-    return run is not None and bool(run.profiles)
 
 
 def _push_url(config: pytest.Config) -> str:

@@ -1,19 +1,30 @@
-"""Hosts in parallel inside an xdist worker: which worker owns which host, decided the same way on both sides.
+"""Under xdist: one host on one worker, with pytest's own test ids, and no crash can hang the run.
 
-Under `-n N` the plugin runs `--dist loadgroup` (one host = one xdist group = one worker). Plain
-LoadGroupScheduling hands a worker one group at a time, so a worker cannot know its next hosts and readies
-them one after another. HostGroupScheduling instead gives each host group to a fixed owner: with the collected
-host groups sorted by name, host i belongs to worker `gw{i % N}` (N = the workers xdist was asked for). A
-worker, having collected the same items, computes the same list (`owned_hosts`) and pre-flights all of its
-hosts at once before its first test (run/preflight.py), exactly as a run without xdist does.
+A host's lock, services and layer book live in one process, so all of a host's tests must run in one worker.
+xdist's `loadgroup` would do that, but it renames every grouped test `path::test[params]@group` (so ids under
+`-n` differ from ids without it: `--lf`, pasted ids and CI history break) and it hangs a run whose only worker
+crashed (it re-queues the dead worker's finished work units, then sends the replacement an empty one, which
+never reports back). So the plugin brings its own scheduler, HostScheduling, for every distributing `--dist`
+mode but `each`:
 
-Correctness over parallelism:
-
-* A group whose owner is alive runs only on its owner: another worker running it would start the host's
-  services a second time (its host lock, its ports) while the owner's pre-flight holds them.
-* A group whose owner is gone (crashed, or never came up) may run on any worker, like plain loadgroup; so may
-  groups that are not hosts. Replacement workers (`--maxworkerrestart`) get ids past `gw{N-1}`, own nothing,
-  pre-flight nothing and take such orphans as they come.
+* A test's host is read from its node id: the parameter ids the plugin gives a host's tests are known on
+  the controller too (run/collection.py `param_ids`), so `test_x[sm120/dflash]` belongs to host `sm120`. The
+  longest id found between `[`/`-` and `-`/`]` wins. Every other test is grouped as the `--dist` mode asked
+  groups it: its module or class (`loadscope`), its file (`loadfile`), its `xdist_group` (`loadgroup`), else
+  a work unit of its own (`load`, `worksteal`).
+* Each host has a fixed owner: with the collected hosts sorted by name, host i belongs to worker `gw{i % N}`
+  (N = the workers xdist was asked for). A worker, having collected the same items, computes the same list
+  (`owned_hosts`) and pre-flights all of its hosts at once before its first test (run/preflight.py), exactly
+  as a run without xdist does. A host whose owner is alive runs only on its owner (another worker would start
+  its services a second time while the owner's pre-flight holds them); a host whose owner is gone (crashed, or
+  never came up) and tests that are not a host's run on any worker. Replacement workers
+  (`--max-worker-restart`) get ids past `gw{N-1}`, own nothing, pre-flight nothing and take such orphans.
+* A crash loses one test, never the run: the test the dead worker was running is xdist's crash report (a
+  failed test, and the run is interrupted: report/session.py) and is not run again (a test that kills its
+  worker would do so again, until `--max-worker-restart` ends the run); the dead worker's other unfinished
+  tests go back to the front of the queue; finished tests are never sent again, and no worker is ever sent an
+  empty unit (xdist waits for a unit's tests to report back: an empty one never does). With `-n 1` the
+  replacement picks up where the dead worker stopped.
 * A worker left without runnable work waits (it may still inherit an orphan) and is shut down as soon as the
   queue is empty, so nothing hangs.
 """
@@ -21,72 +32,132 @@ Correctness over parallelism:
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import pytest
 
 # xdist ships no py.typed (and pyproject's overrides do not list it): its classes are Any to mypy.
 from xdist.remote import Producer  # type: ignore[import-untyped]
-from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
+from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 from xdist.workermanage import WorkerController  # type: ignore[import-untyped]
 
+from pytest_dflash.run.collection import param_ids
 from pytest_dflash.run.state import DflashRun
 
-# workerinput: the controller schedules hosts by owner (HostGroupScheduling)
+# workerinput: the controller schedules hosts by owner (HostScheduling)
 OWNED_INPUT = "dflash_host_owners"
 _WORKER_ID = re.compile(r"gw(\d+)")
+# A host's work unit; a NUL is in no node id, so it never equals a test's own unit.
+HOST_SCOPE = "\0host:"
+# --dist modes the plugin schedules itself: all but `no` and `each` (every test on every worker).
+SCHEDULED_DIST = frozenset({"load", "loadgroup", "loadscope", "loadfile", "worksteal"})
+
+ParamIds = Mapping[str, Collection[str]]  # host -> the parameter ids of its tests (run/collection.py)
 
 
-def group_of(nodeid: str) -> str:
-    """The xdist group of a node id (`path::test[params]@group` -> `group`), as LoadGroupScheduling splits
-    it."""
-    if nodeid.rfind("@") > nodeid.rfind("]"):  # an "@" inside the params is not a group
+def _escaped(text: str) -> str:
+    """As pytest writes a non-ASCII parameter id into a node id (its `ascii_escaped`)."""
+    return text if text.isascii() else text.encode("unicode_escape").decode("ascii")
+
+
+class HostIds:
+    """Parameter id -> host, built once per run: finding a node id's host costs a few dict lookups (a
+    256-host fleet has thousands of tests, and the controller and every worker look each one up)."""
+
+    def __init__(self, ids: ParamIds) -> None:
+        # pytest escapes a non-ASCII id unless told not to (its "forfeit all rights" ini): both forms count
+        self.hosts = {form: host for host, params in ids.items() for param in params
+                      for form in (param, _escaped(param))}
+
+    def host_of(self, nodeid: str) -> str | None:
+        _, _, names = nodeid.partition("::")  # a test's names hold no "[" before its parameters
+        start = names.find("[")
+        if start < 0 or not names.endswith("]"):
+            return None
+        params = names[start + 1:-1]
+        dashes = [index for index, char in enumerate(params) if char == "-"]
+        starts, ends = [0, *(d + 1 for d in dashes)], [*dashes, len(params)]
+        best, best_len = None, 0
+        for first in starts:
+            for end in ends:
+                if end - first > best_len and (host := self.hosts.get(params[first:end])) is not None:
+                    best, best_len = host, end - first
+        return best
+
+
+def _host_ids(ids: ParamIds | HostIds) -> HostIds:
+    return ids if isinstance(ids, HostIds) else HostIds(ids)
+
+
+def host_of(nodeid: str, ids: ParamIds | HostIds) -> str | None:
+    """The host a node id's parameters name (None: no host's test). Parameter ids are joined by `-`, so an id
+    counts only where it is a whole part; the longest such id wins (`gpu-a/x` over `gpu`)."""
+    return _host_ids(ids).host_of(nodeid)
+
+
+def scope_of(nodeid: str, ids: ParamIds | HostIds, dist: str = "load") -> str:
+    """A node id's work unit: its host's, else what xdist's own `dist` scheduler would make it: its module or
+    class (loadscope), its file (loadfile), its `xdist_group` (loadgroup: xdist's `@group`, added by xdist to
+    the tests that ask for one, never by this plugin), else its own."""
+    if (host := host_of(nodeid, ids)) is not None:
+        return HOST_SCOPE + host
+    if dist == "loadscope":
+        return nodeid.rsplit("::", 1)[0]
+    if dist == "loadfile":
+        return nodeid.split("::", 1)[0]
+    if dist == "loadgroup" and nodeid.rfind("@") > nodeid.rfind("]"):  # an "@" inside the params is no group
         return nodeid.split("@")[-1]
     return nodeid
 
 
-def host_groups(nodeids: Iterable[str], hosts: Collection[str]) -> list[str]:
-    """The targeted hosts that are a group of the collection, sorted: the list both sides index."""
-    return sorted({group for group in map(group_of, nodeids) if group in hosts})
+def host_list(nodeids: Iterable[str], ids: ParamIds | HostIds) -> list[str]:
+    """The hosts that have a test in the collection, sorted: the list both sides index."""
+    by_param = _host_ids(ids)
+    return sorted({host for nodeid in nodeids if (host := by_param.host_of(nodeid)) is not None})
 
 
-def owner_id(host: str, groups: Sequence[str], workers: int) -> str | None:
-    """The gateway id of the worker that owns `host` (None: not a host group, or no workers)."""
-    if workers < 1 or host not in groups:
+def owner_id(host: str, hosts: Sequence[str], workers: int) -> str | None:
+    """The gateway id of the worker that owns `host` (None: not a collected host, or no workers)."""
+    if workers < 1 or host not in hosts:
         return None
-    return f"gw{groups.index(host) % workers}"
+    return f"gw{hosts.index(host) % workers}"
 
 
-def owned_hosts(nodeids: Iterable[str], hosts: Collection[str], worker_id: str, workers: int) -> list[str]:
-    """The hosts the worker `worker_id` (of `workers`) runs under HostGroupScheduling; [] for a
-    replacement."""
+def owned_hosts(nodeids: Iterable[str], ids: ParamIds | HostIds, worker_id: str, workers: int) -> list[str]:
+    """The hosts the worker `worker_id` (of `workers`) runs under HostScheduling; [] for a replacement."""
     match = _WORKER_ID.fullmatch(worker_id)
     if match is None or workers < 1:
         return []
     index = int(match.group(1))
-    return [host for position, host in enumerate(host_groups(nodeids, hosts)) if position % workers == index]
+    return [host for position, host in enumerate(host_list(nodeids, ids)) if position % workers == index]
 
 
-class HostGroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
-    """LoadGroupScheduling whose host groups go to their owner (see the module docstring)."""
+class HostScheduling(LoadScopeScheduling):  # type: ignore[misc]
+    """xdist's scope scheduling with a host as the scope, fixed owners and crash handling that cannot hang
+    (see the module docstring)."""
 
     assigned_work: dict[WorkerController, dict[str, dict[str, bool]]]  # the parent's: node -> its work units
 
-    def __init__(self, config: pytest.Config, log: Producer | None = None, *, hosts: Collection[str]) -> None:
+    def __init__(self, config: pytest.Config, log: Producer | None = None, *, ids: ParamIds) -> None:
         super().__init__(config, log)
-        self.hosts = frozenset(hosts)
-        self.owners: dict[str, str] = {}  # host group -> owner's gateway id, fixed at the first schedule()
+        self.ids = HostIds(ids)
+        self.dist = str(getattr(config.option, "dist", "load"))
+        self.owners: dict[str, str] = {}  # host scope -> owner's gateway id, fixed at the first schedule()
+        self._scopes: dict[str, str] = {}
 
     def _split_scope(self, nodeid: str) -> str:
-        return group_of(nodeid)  # the same function the workers use
+        if (scope := self._scopes.get(nodeid)) is None:
+            scope = self._scopes[nodeid] = scope_of(nodeid, self.ids, self.dist)
+        return scope
 
     def schedule(self) -> None:
         if self.collection is None and self.registered_collections:
             collection = next(iter(self.registered_collections.values()))
             workers = int(next(iter(self.registered_collections)).workerinput["workercount"])
-            groups = host_groups(collection, self.hosts)
-            self.owners = {host: owner for host in groups if (owner := owner_id(host, groups, workers))}
+            hosts = host_list(collection, self.ids)
+            self.owners = {HOST_SCOPE + host: owner for host in hosts
+                           if (owner := owner_id(host, hosts, workers))}
             # With more workers than work units the parent sends away the nodes listed last: list the owners
             # first, so no worker that pre-flights a host is sent away while another runs it.
             owning = set(self.owners.values())
@@ -95,7 +166,7 @@ class HostGroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
         super().schedule()
 
     def may_run(self, node: WorkerController, scope: str) -> bool:
-        """A host group runs on its owner while the owner lives; anything else on any worker."""
+        """A host runs on its owner while the owner lives; anything else on any worker."""
         owner = self.owners.get(scope)
         return (owner is None or owner == node.gateway.id
                 or all(n.gateway.id != owner for n in self.assigned_work))
@@ -116,18 +187,37 @@ class HostGroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
                 if not other.shutting_down:
                     other.shutdown()
 
+    def remove_node(self, node: WorkerController) -> str | None:
+        """A worker is gone: at the end of the run (nothing pending) or dead. Returns the test it died in;
+        its other unfinished tests go back to the front of the queue, only those (see the module
+        docstring)."""
+        workload = self.assigned_work.pop(node)
+        pending = {scope: nodeids for scope, unit in workload.items()
+                   if (nodeids := [nodeid for nodeid, done in unit.items() if not done])}
+        if not pending:
+            return None
+        crashitem = next(iter(pending.values()))[0]  # the first unfinished test it was sent: it ran that one
+        for scope, nodeids in reversed(pending.items()):
+            unit = {nodeid: False for nodeid in nodeids if nodeid != crashitem}
+            if unit:
+                self.workqueue[scope] = unit
+                self.workqueue.move_to_end(scope, last=False)
+        for other in list(self.assigned_work):
+            self._reschedule(other)
+        return crashitem
+
 
 class HostScheduler:
-    """Controller plugin, registered when the plugin's loadgroup switch is on and hosts are targeted: makes
-    xdist use HostGroupScheduling and tells each worker so (it then pre-flights the hosts it owns)."""
+    """Controller plugin, registered when hosts are targeted under a distributing `--dist`: makes xdist use
+    HostScheduling and tells each worker so (it then pre-flights the hosts it owns)."""
 
     def __init__(self, config: pytest.Config, run: DflashRun) -> None:
         self.config = config
         self.run = run
 
     @pytest.hookimpl(tryfirst=True)  # before xdist's own choice (trylast) and a conftest's plain hook
-    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Producer) -> HostGroupScheduling:
-        return HostGroupScheduling(config, log, hosts=list(self.run.profiles))
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Producer) -> HostScheduling:
+        return HostScheduling(config, log, ids=param_ids(self.run.profiles))
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[OWNED_INPUT] = self.asked_first()
@@ -141,14 +231,14 @@ class HostScheduler:
         return bool(impls) and impls[-1].plugin is self  # pluggy calls the last one first
 
 
-def worker_hosts(config: pytest.Config, nodeids: Iterable[str], hosts: Collection[str]) -> list[str] | None:
+def worker_hosts(config: pytest.Config, nodeids: Iterable[str], run: DflashRun) -> list[str] | None:
     """In an xdist worker whose controller schedules hosts by owner: the hosts this worker owns; else None."""
     workerinput = getattr(config, "workerinput", None)
     if not workerinput or not workerinput.get(OWNED_INPUT):
         return None
-    return owned_hosts(nodeids, hosts, str(workerinput.get("workerid", "")),
+    return owned_hosts(nodeids, param_ids(run.profiles), str(workerinput.get("workerid", "")),
                        int(workerinput.get("workercount", 0)))
 
 
-__all__ = ["OWNED_INPUT", "HostGroupScheduling", "HostScheduler", "group_of", "host_groups", "owned_hosts",
-           "owner_id", "worker_hosts"]
+__all__ = ["HOST_SCOPE", "OWNED_INPUT", "SCHEDULED_DIST", "HostIds", "HostScheduler", "HostScheduling",
+           "host_list", "host_of", "owned_hosts", "owner_id", "scope_of", "worker_hosts"]

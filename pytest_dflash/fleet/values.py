@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from pytest_dflash.config.targets import file_name
+
 
 def parse_time(value: Any) -> float | None:
     """A verdict's ISO time (`2026-11-30T04:53:28+0000`) -> unix seconds; None when absent or malformed."""
@@ -58,6 +60,6 @@ def host_numbers(entry: Mapping[str, Any]) -> dict[str, float]:
 
 
 def safe_name(name: str) -> str:
-    """`name` with every character but letters, digits and `-_.` replaced by `_` (history folders,
-    anchors)."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    """A host's name as a history folder or an HTML anchor: the verdict file's encoding, so two hosts never
+    share one (config/targets.py::file_name)."""
+    return file_name(name)

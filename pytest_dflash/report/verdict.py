@@ -45,6 +45,7 @@ from typing import Any
 import pytest
 
 from pytest_dflash.config.layers import LAYERS
+from pytest_dflash.config.targets import file_name
 from pytest_dflash.report.files import atomic_write
 from pytest_dflash.run import skips
 
@@ -336,7 +337,7 @@ BUILDER_KEY = pytest.StashKey[VerdictBuilder]()
 
 
 def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return file_name(name)  # injective: two hosts never share a verdict file (config/targets.py)
 
 
 def subset_reason(ran: Iterable[str], available: Iterable[str]) -> str:

@@ -2,18 +2,19 @@
 
 Tests ask for `dflash_host`, `dflash_service`, `dflash_service_raw` or `dflash_pair`; each is parametrized
 over the run's hosts and their services here. Items are then sorted so the lower layers of a host run first
-(they can block the higher ones), and grouped by host for xdist (a host's lock and services live in one
-worker).
+(they can block the higher ones). Node ids are pytest's own (no xdist `@group` suffix): under xdist the
+controller finds a test's host in its id (`param_ids`, fleet/scheduling.py) and keeps a host on one worker.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pytest
 
 from pytest_dflash.config.layers import LAYERS, rank
-from pytest_dflash.config.profiles import AUTO, ServiceSpec
+from pytest_dflash.config.profiles import AUTO, HostProfile, ServiceSpec
 from pytest_dflash.config.targets import EMPTY_SHARD_KEY
 from pytest_dflash.run.state import DflashRun
 
@@ -50,6 +51,19 @@ def selected(spec: ServiceSpec, marker: pytest.Mark | None) -> bool:
     if speculative is not None and spec.speculative != speculative:
         return False
     return not (algorithms and spec.algorithm not in algorithms)
+
+
+def param_ids(profiles: Mapping[str, HostProfile]) -> dict[str, set[str]]:
+    """Every parameter id `parametrize` can give a host's tests (before any marker filter): the host, its
+    `host/service`s and `host/reference~compared` pairs. The xdist controller reads a test's host from
+    these."""
+    ids: dict[str, set[str]] = {}
+    for host, profile in profiles.items():
+        ids[host] = {host, *(f"{host}/{service}" for service in profile.services)}
+        if profile.parity is not None:
+            reference = profile.parity.reference
+            ids[host].update(f"{host}/{reference}~{compared}" for compared in profile.parity.compare)
+    return ids
 
 
 def parametrize(metafunc: pytest.Metafunc, run: DflashRun) -> None:
@@ -117,7 +131,7 @@ def record_needed(run: DflashRun | None, items: list[pytest.Item]) -> None:
 
 
 def order_items(config: pytest.Config, run: DflashRun | None, items: list[pytest.Item]) -> None:
-    """Record each item's target, group by host for xdist, and sort the lower layers of each host first."""
+    """Record each item's target and sort the lower layers of each host first."""
     dflash_items = [item for item in items if uses_dflash(item)]
     if run is None or not dflash_items:
         return
@@ -136,8 +150,6 @@ def order_items(config: pytest.Config, run: DflashRun | None, items: list[pytest
         if info is None:
             continue
         item.stash[INFO_KEY] = info
-        # Called tryfirst: xdist's loadgroup only sees marks that exist before its own hook runs.
-        item.add_marker(pytest.mark.xdist_group(name=info.host))
 
     def key(item: pytest.Item) -> tuple[int, int]:
         info = item.stash.get(INFO_KEY, None)

@@ -70,7 +70,7 @@ def test_a_malformed_ipv6_host_is_one_line(tmp_path: Path, old: str, new: str, k
 
 def test_a_malformed_attach_url_is_one_line_with_its_password_masked() -> None:
     with pytest.raises(InventoryError) as info:
-        attach_profile("http://user:hunter2hunter2@[::1:30000", 0)
+        attach_profile("http://user:hunter2hunter2@[::1:30000")
     line = error_line(info.value)
     assert line.startswith("--attach: url: expected an http(s) URL, got 'http://user:" + MASK + "@[::1:30000'")
     assert "hunter2" not in line
@@ -84,7 +84,7 @@ def test_an_ipv6_host_that_is_well_formed_gets_bracketed_service_urls(tmp_path: 
     assert profile.address == "fd00::1"
     assert profile.services["a"].url == "http://[fd00::1]:30001"
     assert profile.services["b"].url == "http://[fd00::1]:30002"
-    assert attach_profile("http://[fd00::1]:30000", 0).name == "fd00::1:30000"
+    assert attach_profile("http://[fd00::1]:30000").name == "fd00::1:30000"
 
 
 @pytest.mark.parametrize(("name", "expected"), [
@@ -190,7 +190,7 @@ def test_the_display_forms_mask_passwords(tmp_path: Path) -> None:
     assert profile.services["b"].url == "https://user:s3cr3t-pass@api.example.com:8443"
     assert profile.services["b"].display_url == f"https://user:{MASK}@api.example.com:8443"
     assert profile.services["a"].display_url == "http://10.0.0.1:30001"
-    assert attach_profile("http://u:pw@h:1", 0).services["attached"].display_url == f"http://u:{MASK}@h:1"
+    assert attach_profile("http://u:pw@h:1").services["attached"].display_url == f"http://u:{MASK}@h:1"
 
 
 # ---- --fleet inventories: the same errors for the same bad values ------------------------------------------

@@ -104,10 +104,10 @@ def test_resolve_by_name_path_and_builtin(tmp_path: Path) -> None:
 
 
 def test_attach_profile_validates_url() -> None:
-    profile = attach_profile("http://127.0.0.1:30000/", 0)
+    profile = attach_profile("http://127.0.0.1:30000/")
     assert profile.connection is None and profile.services["attached"].url == "http://127.0.0.1:30000"
     with pytest.raises(InventoryError, match="--attach: url: expected an http"):
-        attach_profile("127.0.0.1:30000", 0)
+        attach_profile("127.0.0.1:30000")
 
 
 def test_render_keeps_systemd_variables_and_rejects_unknown_names() -> None:

@@ -98,8 +98,8 @@ def test_junit_html_and_step_summary_from_one_failing_xdist_run(run_suite, tmp_p
     assert data["verdict"] == "fail"
 
     # JUnit, read back with a JUnit parser: flat properties on every dflash testcase, evidence in <failure>
-    # (under xdist's loadgroup a test's name ends in "@<host>", its xdist group)
-    cases = {case.name.split("@")[0]: case for suite in JUnitXml.fromfile(str(junit)) for case in suite}
+    # (under xdist a test's name is its name without xdist: no "@<group>")
+    cases = {case.name: case for suite in JUnitXml.fromfile(str(junit)) for case in suite}
     ready = cases["test_service_ready[ci/dflash]"]
     props = _properties(ready)
     assert {k: props[k] for k in ("dflash.host", "dflash.layer", "dflash.service", "dflash.algorithm",
@@ -128,7 +128,7 @@ def test_junit_html_and_step_summary_from_one_failing_xdist_run(run_suite, tmp_p
     report = _Report()
     report.feed(page.read_text())
     assert report.headers[:6] == ["Result", "Test", "Host", "Layer", "Service", "Diagnosis"], report.headers
-    rows = {nodeid.rsplit("::", 1)[-1].split("@")[0]: [_cells(t["resultsTableRow"]) for t in tests]
+    rows = {nodeid.rsplit("::", 1)[-1]: [_cells(t["resultsTableRow"]) for t in tests]
             for nodeid, tests in report.blob["tests"].items()}
     failed = next(r for r in rows["test_service_ready[ci/dflash]"] if r["result"][0] == "Failed")
     assert failed["host"][0] == "ci" and failed["layer"][0] == "service" and failed["service"][0] == "dflash"
@@ -158,7 +158,7 @@ def test_junit_html_and_step_summary_from_one_failing_xdist_run(run_suite, tmp_p
     row = dict(zip(header, (c.strip() for c in lines[2].strip("|").split(" | ")), strict=True))
     assert row["host"] == "ci" and "fail" in row["verdict"]
     assert row["service"] == "❌" and row["generation"] == "⛔ blocked" and row["kernels"] == "–"
-    assert row["first failure"].startswith("`suites/smoke/test_smoke.py::test_service_ready[ci/dflash]@ci`")
+    assert row["first failure"].startswith("`suites/smoke/test_smoke.py::test_service_ready[ci/dflash]`")
     assert row["diagnosis"].startswith("`flashinfer-sm12x-nvcc`")
 
 

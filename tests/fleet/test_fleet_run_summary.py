@@ -121,9 +121,8 @@ def test_step(dflash_host, step):
 
 def test_with_xdist_each_host_runs_in_one_worker_and_hosts_spread(pytester: pytest.Pytester, fleet_dir: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """`-n 2` = `--dist load`, switched to loadgroup by the plugin: the workers must tag their items with the
-    host's xdist_group (the controller's switch alone does not reach them; pytest >= 9.2 also ignores xdist's
-    own tagging), else a host's tests are spread over workers."""
+    """`-n 2` = `--dist load`, scheduled by the plugin's HostScheduling: a host's tests run in one worker,
+    else its service state, lock and layer book (per process) would be split."""
     pytester.makepyfile(test_fleet_hosts=GROUPING_TEST)
     log = pytester.path / "log"
     log.mkdir()

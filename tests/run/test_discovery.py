@@ -25,7 +25,7 @@ def _refused_url() -> str:
 def test_an_interrupt_ends_the_wait_for_a_server_not_up_yet_at_once() -> None:
     """Ctrl-C / SIGTERM (a KeyboardInterrupt in the main thread) while a server refuses connections: discover()
     returns control within a retry, not after WAIT_UP_S (the threads asking must not be joined to the end)."""
-    profile = attach_profile(_refused_url(), 0)
+    profile = attach_profile(_refused_url())
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -45,7 +45,7 @@ def test_an_interrupt_ends_the_wait_for_a_server_not_up_yet_at_once() -> None:
 def test_a_server_that_never_comes_up_is_an_answer_with_a_masked_url(capsys: pytest.CaptureFixture[str]) -> None:
     """The wait budget spent: the answer is an error (its service test fails with it) and neither the printed
     line nor the reason kept in the profile carries the password."""
-    profile = attach_profile(_refused_url(), 0)
+    profile = attach_profile(_refused_url())
     answers = discovery.discover({profile.name: profile}, wait_up_s=0.5)
     (answer,) = answers.values()
     assert answer.get("cause") == "refused"

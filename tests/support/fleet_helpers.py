@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.config.targets import file_name
 from pytest_dflash.report.verdict import VerdictBuilder
 
 FLASHINFER = {"id": "flashinfer-sm12x-nvcc", "title": "FlashInfer JIT cannot build for SM 12.x",
@@ -43,16 +43,13 @@ def make_verdict(directory: Path, host: str, outcomes: Mapping[str, str], *, run
     failing = any(outcome in ("failed", "blocked") for outcome in outcomes.values())
     exit_code = 0 if (gate_info and gate_info["passed"]) or not failing else 1  # what pytest-dflash exits with
     (path,) = [p for p in builder.write(directory, exit_code=exit_code, gate=gate_info)
-               if p.name.startswith(_safe(host))]
+               if p.name == f"{file_name(host)}.verdict.json"]
     if finished is not None:
         data = json.loads(path.read_text())
         data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(finished))
         path.write_text(json.dumps(data, indent=2) + "\n")
     return path
 
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 GREEN = {"host": "passed", "service": "passed", "generation": "passed"}

@@ -308,6 +308,12 @@ def _worker_sigkill(w: Path, rng: random.Random) -> Run:
     return run_pytest(w, [*setup(w), "-n", "2", "--gate", "generation"], FUZZ_KILL_WORKER=victim)
 
 
+def _worker_sigkill_one(w: Path, rng: random.Random) -> Run:
+    """`-n 1`: the only worker dies; its replacement must finish the run (xdist's loadgroup hung here)."""
+    victim = rng.choice(["test_a", "test_b", "test_c", "test_d"]) + f"[{rng.choice(HOSTS)}"
+    return run_pytest(w, [*setup(w), "-n", "1", "--gate", "generation"], timeout_s=240, FUZZ_KILL_WORKER=victim)
+
+
 def _x(w: Path, rng: random.Random) -> Run:
     return run_pytest(w, [*setup(w), "-x"], FUZZ_FAIL=f"test_b[{rng.choice(HOSTS)}")
 
@@ -385,6 +391,45 @@ def _check_shard_missing(run: Run) -> None:
         assert code == 1, f"merge of one shard of two exited {code}"
         summary = json.loads((run.workdir / "merged-shards" / "fleet-summary.json").read_text())
         assert all(summary["hosts"][h]["verdict"] == "interrupted" for h in missing), summary["hosts"].keys()
+
+
+@dataclass
+class NamedRun(Run):
+    """A run whose hosts are not HOSTS: their names, and their verdict files under the plugin's encoding."""
+
+    named: tuple[str, ...] = ()
+
+    def verdict(self, host: str) -> dict[str, Any] | None:
+        from pytest_dflash.config.targets import file_name
+
+        path = self.reports / f"{file_name(host)}.verdict.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+COLLIDING = ("alpha beta", "alpha:beta")  # both were alpha_beta.verdict.json
+
+
+def _colliding_names(w: Path, rng: random.Random) -> Run:
+    """Two hosts whose names once shared a verdict file; one fails, one passes, under -n 2 or not."""
+    from pytest_dflash.config.targets import file_name
+
+    hosts = setup(w, hosts=COLLIDING)
+    for host in COLLIDING:  # the stale 'pass' where the plugin really writes the host's verdict
+        (w / "reports" / f"{host}.verdict.json").unlink()
+        (w / "reports" / f"{file_name(host)}.verdict.json").write_text(json.dumps({**STALE, "host": host}))
+    failing = rng.choice(COLLIDING)
+    run = run_pytest(w, [*hosts, *rng.choice([[], ["-n", "2"]])], FUZZ_FAIL=f"test_b[{failing}/")
+    return NamedRun(run.workdir, run.args, run.env, run.returncode, run.output, named=COLLIDING)
+
+
+def _check_colliding_names(run: Run) -> None:
+    failing = next(host for host in COLLIDING if f"[{host}/" in run.env["FUZZ_FAIL"])
+    verdicts = {host: (run.verdict(host) or {}).get("verdict") for host in COLLIDING}
+    assert verdicts == {host: "fail" if host == failing else "pass" for host in COLLIDING}, verdicts
+    for host in COLLIDING:
+        assert f"{host}: {verdicts[host].upper()}" in run.output, run.output[-2000:]  # type: ignore[union-attr]
+    summary = json.loads((run.reports / "fleet-summary.json").read_text())
+    assert {h: e["verdict"] for h, e in summary["hosts"].items()} == verdicts, summary["hosts"].keys()
 
 
 def _signal(signum: int, phase: str) -> Callable[[Path, random.Random], Run]:
@@ -532,6 +577,10 @@ SHAPES: list[Shape] = [
     Shape("healthy", "a whole, healthy run of two hosts with --gate", (0,), "pass", _healthy),
     Shape("worker-sigkill", "-n 2, an xdist worker SIGKILLed mid-test (xdist runs the rest elsewhere)", (1,),
           "interrupted", _worker_sigkill),
+    Shape("worker-sigkill-n1", "-n 1, the only xdist worker SIGKILLed mid-test (its replacement runs the rest)",
+          (1,), "interrupted", _worker_sigkill_one),
+    Shape("colliding-names", "hosts `alpha beta` (one test fails) and `alpha:beta`, with or without -n 2", (1,),
+          "mixed", _colliding_names, _check_colliding_names),
     Shape("x", "-x, one test of one host fails", (1,), "interrupted", _x),
     Shape("maxfail", "--maxfail 1, one test fails on both hosts", (1,), "interrupted", _maxfail),
     Shape("stepwise", "--sw after a failing --sw run (stepwise deselects what passed before)", (0,), "mixed",
@@ -576,6 +625,8 @@ def run_shape(shape: Shape, workdir: Path, seed: int) -> list[str]:
 
 
 def _named_hosts(run: Run) -> list[str]:
+    if isinstance(run, NamedRun):
+        return list(run.named)
     if any(a == "--attach" for a in run.args):
         return [p.name.removesuffix(".verdict.json") for p in run.reports.glob("*.verdict.json")]
     if "--shard-merge" in run.args:

@@ -35,7 +35,7 @@ def test_the_profiles_algorithm_passes_whatever_its_case() -> None:
 
 
 def _attached(answers: dict[str, dict[str, str]] | None) -> ServiceHandle:
-    profile = attach_profile("http://127.0.0.1:30000", 0)
+    profile = attach_profile("http://127.0.0.1:30000")
     profiles = discovery.apply({profile.name: profile}, answers or {})
     return DflashRun(profiles, RunOptions(), "r1").host(profile.name).service("attached")
 

@@ -15,7 +15,7 @@ from pytest_dflash.run.state import DflashRun, RunOptions, ServiceHandle
 
 
 def _attached() -> ServiceHandle:
-    profile = attach_profile("http://127.0.0.1:30000", 0)
+    profile = attach_profile("http://127.0.0.1:30000")
     return DflashRun({profile.name: profile}, RunOptions(), "r1").host(profile.name).service("attached")
 
 
