@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from pytest_dflash.config.layers import LAYERS, rank
+from pytest_dflash.config.options import testinfra_hosts_hint
 from pytest_dflash.config.profiles import AUTO, ServiceSpec
 from pytest_dflash.config.targets import EMPTY_SHARD_KEY
 from pytest_dflash.run.state import DflashRun
@@ -128,6 +129,7 @@ def order_items(config: pytest.Config, run: DflashRun | None, items: list[pytest
         raise pytest.UsageError(
             f"{len(dflash_items)} pytest-dflash tests were collected but no target was given: "
             "pass --host NAME|PATH (e.g. --host local), --attach URL or --fleet FILE"
+            + testinfra_hosts_hint(config)
         )
     order = {name: index for index, name in enumerate(run.profiles)}
     for item in items:
