@@ -226,7 +226,8 @@ PERF_OPTIONS: tuple[Opt, ...] = (
         "record this run of each perf-tested service as its baseline (only a run that passes its floors is "
         "recorded); without it, runs are compared with the recorded baseline", kind="flag"),
     Opt("--baseline-dir", "dflash_baseline_dir",
-        "directory of perf baselines, <dir>/<host>/<service>.json (default: reports/baselines)",
+        "directory of perf baselines, <dir>/<host>/<service>.json (default: baselines/ in the "
+        "--dflash-report directory, reports/baselines)",
         metavar="DIR"),
     Opt("--perf-requests", "dflash_perf_requests",
         "perf runs: measured requests per service (overrides the profile's [perf] requests / duration)"),
