@@ -107,6 +107,8 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
     if report.failed:
         if call.excinfo is not None and _reads_as_diagnosis(call.excinfo):
             report.longrepr = _concise(item, call.excinfo)
+        elif call.excinfo is not None:
+            _short_fixture_values(item, report, call.excinfo)
         # Redacted and capped first: the summary a later blocked skip quotes is taken from this text.
         _bound_longrepr(report, secrets)
         _attach_evidence(item, report, run, host, info, handles)
@@ -289,6 +291,44 @@ def _concise(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) ->
             where = f"\n(raised at {item.location[0]}:{entry.lineno + 1}, in {item.name})"
             break
     return f"{type(excinfo.value).__name__}: {failure_text(excinfo.value)}{where}"
+
+
+def _short_fixture_values(item: pytest.Item, report: pytest.TestReport,
+                          excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """A test's own failing `assert` keeps pytest's traceback and explanation, but the arguments and locals it
+    lists show the plugin's fixtures as what they are (`<ServiceHandle gpu7/dflash>`), not as dataclass dumps
+    with thread events and addresses."""
+    funcargs = getattr(item, "funcargs", {})
+    values = {name: value for name, value in funcargs.items() if name.startswith("dflash_")}
+    if not values:
+        return
+    kinds = tuple({type(v) for value in values.values()
+                   for v in (value if isinstance(value, tuple) else (value,))})
+    frames: dict[str, object] = {}  # the locals of the failing frames that hold one of those objects
+    for entry in excinfo.traceback:
+        with contextlib.suppress(Exception):
+            frames.update((k, v) for k, v in entry.locals.items() if isinstance(v, kinds))
+    short = {name: _short_value(value) for name, value in values.items()}
+    for reprtraceback, _, _ in getattr(report.longrepr, "chain", None) or ():
+        for entry in getattr(reprtraceback, "reprentries", ()):
+            reprfuncargs = getattr(entry, "reprfuncargs", None)
+            if reprfuncargs is not None:
+                reprfuncargs.args = [(name, short.get(name, value)) for name, value in reprfuncargs.args]
+            reprlocals = getattr(entry, "reprlocals", None)
+            if reprlocals is not None:  # --showlocals: "name       = value" lines
+                lines = []
+                for line in reprlocals.lines:
+                    name = line.split(" ", 1)[0]
+                    value = short.get(name) or (_short_value(frames[name]) if name in frames else None)
+                    lines.append(f"{name:<10} = {value}" if value else line)
+                reprlocals.lines = lines
+
+
+def _short_value(value: object) -> str:
+    if isinstance(value, tuple):
+        return f"({', '.join(_short_value(v) for v in value)})"
+    label = getattr(value, "label", None) or getattr(value, "name", None)
+    return f"<{type(value).__name__}{f' {label}' if isinstance(label, str) else ''}>"
 
 
 _ITEMS_KEY = pytest.StashKey[dict[str, pytest.Item]]()

@@ -49,7 +49,7 @@ def missing_log_line(services: list[str]) -> str:
     if not services:
         return ""
     return (f"no service log was read for {', '.join(services)} (attached by URL, nothing to read it with): "
-            "this diagnosis is from what was seen over HTTP; to confirm it from the server's log, rerun with "
+            "only what was seen over HTTP is evidence here; to add the server's log, rerun with "
             "--attach-log-command CMD (e.g. 'journalctl -u sglang --since {since}') or give the service "
             "log_command or log_file in its profile (docs/profiles.md)")
 
