@@ -84,6 +84,24 @@ def test_a_death_on_the_first_sampled_request_is_diagnosed_from_http_and_blocks_
     assert not REPRS.search(out + page)
 
 
+def test_a_test_with_nothing_to_run_against_on_a_host_is_a_skip_of_that_host_saying_why(  # type: ignore[no-untyped-def]
+        run_suite, tmp_path: Path) -> None:
+    """One attached server has no [parity] pair: the parity smoke test is skipped for that host, saying so, not
+    pytest's 'got empty parameter set' with a [NOTSET] row that belongs to no host."""
+    result, junit, page = attached_run(run_suite, tmp_path)
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    host = next(p["dflash.host"] for p in map(properties, junit.values()))
+    result.stdout.fnmatch_lines([f"SKIPPED [[]1] *suites/smoke/test_smoke.py:*: does not apply to {host}: "
+                                 "no [[]parity] table*"])
+    case = junit[f"test_greedy_parity[{host}]"]
+    assert outcome(case, Skipped).message.startswith(f"does not apply to {host}: no [parity] table")
+    assert properties(case)["dflash.host"] == host and properties(case)["dflash.verdict"] == "skipped"
+    xml = (tmp_path / "junit.xml").read_text()
+    for text in (out, xml, page):
+        assert "NOTSET" not in text and "empty parameter set" not in text
+
+
 def test_zero_acceptance_fails_with_its_message_first_and_no_fixture_reprs(  # type: ignore[no-untyped-def]
         run_suite, tmp_path: Path) -> None:
     result, junit, page = attached_run(run_suite, tmp_path, "--random-draft")
@@ -114,3 +132,30 @@ def test_a_wedged_engine_attached_by_url_says_which_evidence_is_missing(  # type
     assert outcome(failed, Failure).message.startswith("DeadlineExceeded: ")
     assert properties(failed)["dflash.diagnosis"] == "engine-stuck"
     assert not REPRS.search(result.stdout.str() + page)
+
+
+def test_a_users_own_assert_keeps_its_explanation_and_shows_fixtures_short(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """A suite's own `assert` keeps pytest's traceback and explanation; the plugin's fixtures in it (arguments,
+    --showlocals) read `<ServiceHandle host/service>`, in the terminal, JUnit and the HTML report."""
+    pytester.makepyfile(test_own="""
+        import pytest
+
+        @pytest.mark.generation
+        def test_mine(dflash_service, dflash_layer_options):
+            handle = dflash_service
+            assert handle.name == "nope"
+        """)
+    junit, page = tmp_path / "junit.xml", tmp_path / "report.html"
+    with RefServerProcess("--speculative-algorithm", "DFLASH") as server:
+        result = pytester.runpytest_subprocess("--attach", server.url, "-p", "no:cacheprovider", "--showlocals",
+                                               f"--dflash-report={tmp_path / 'reports'}", f"--junitxml={junit}",
+                                               f"--html={page}")
+    assert_no_crash(result)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["dflash_service = <ServiceHandle *:*/attached>", "dflash_layer_options = <LayerOptions>",
+                                 '>*assert handle.name == "nope"', "E*AssertionError: assert 'attached' == 'nope'*",
+                                 "dflash_service = <ServiceHandle *:*/attached>",
+                                 "handle * = <ServiceHandle *:*/attached>"])
+    everything = result.stdout.str() + junit.read_text() + html_text(page)
+    assert not REPRS.search(everything), REPRS.search(everything)
