@@ -473,20 +473,21 @@ def bounded_info(info: dict[str, Any], secrets: tuple[str, ...] = ()) -> dict[st
 
 def first_line(text: str, longrepr: object = None) -> str:
     """What a summary shows of a failure: pytest's crash line ('ExcType: message', the exception's own words)
-    when the report has one, else a plain-text failure's first line, else the assertion's first line
-    ('E ...'), else the last line. Never the log tail an exception's message carries after its first line."""
+    when the report has one, else the assertion's first line ('E ...': a traceback kept as text, e.g. once
+    capped), else a plain-text failure's first line, else the last line. Never the log tail an exception's
+    message carries after its first line."""
     crash = getattr(longrepr, "reprcrash", None)
     message = str(getattr(crash, "message", "") or "").strip()
     if message:
         return scrub(message.splitlines()[0], LINE_BYTES, "summary")
-    if isinstance(longrepr, str) and longrepr.strip():
-        # a plain-text failure (the exception and its message first, or a pytest.fail message):
-        # its own first line, not the text's (under xdist, the worker's "[gw0] linux -- …" line)
-        return scrub(longrepr.strip().splitlines()[0], LINE_BYTES, "summary")
     for line in text.splitlines():
         line = line.strip()
         if line.startswith("E "):
             return scrub(line[2:].strip(), LINE_BYTES, "summary")
+    if isinstance(longrepr, str) and longrepr.strip():
+        # a plain-text failure (the exception and its message first, or a pytest.fail message):
+        # its own first line, not the text's (under xdist, the worker's "[gw0] linux -- …" line)
+        return scrub(longrepr.strip().splitlines()[0], LINE_BYTES, "summary")
     return scrub((text.strip().splitlines() or [""])[-1], LINE_BYTES, "summary")
 
 
