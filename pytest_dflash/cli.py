@@ -231,16 +231,28 @@ def check(args: argparse.Namespace) -> int:
                 continue
             profiles.update((profile.name, profile) for profile in found)
     if args.json:
-        print(json.dumps({"hosts": {name: describe(p) for name, p in profiles.items()}, "errors": errors},
+        print(json.dumps({"hosts": {name: describe(p) for name, p in profiles.items()}, "errors": errors,
+                          "not_contacted": [name for name, p in profiles.items()
+                                            if str(p.source) == ATTACH_SOURCE]},
                          indent=2))
     else:
+        attached = 0
         for profile in profiles.values():
             for line in _describe_lines(describe(profile)):
                 print(line)
+            if str(profile.source) == ATTACH_SOURCE:
+                attached += 1
+                print(f"  not contacted: {NOT_CONTACTED}")
         for message in errors:
             print(f"pytest-dflash check: error: {message}", file=sys.stderr)
-        print(f"{len(profiles)} host(s) valid" + (f", {len(errors)} error(s)" if errors else ""))
+        print(f"{len(profiles)} host(s) valid" + (f", {len(errors)} error(s)" if errors else "")
+              + (f" ({attached} URL(s) checked as written, not contacted)" if attached else ""))
     return EXIT_USAGE if errors else EXIT_OK
+
+
+ATTACH_SOURCE = "--attach"  # the source of a profile made from a URL (config/loader.py attach_profile)
+NOT_CONTACTED = ("check reads the URL, it sends nothing to it; whether the server answers, and the algorithm "
+                 "it serves, are seen when `pytest --attach URL` runs")
 
 
 def _target_kind(spec: str) -> str:

@@ -60,7 +60,10 @@ def test_check_prints_what_each_host_resolves_to(capsys: pytest.CaptureFixture[s
     assert "  dflash: process DFLASH http://127.0.0.1:{port}" in out
     assert "10.1.2.9:30000: no host access (attached by URL) (provision never; python python3) <- --attach" in out
     assert "  attached: external AUTO http://10.1.2.9:30000" in out
-    assert out[-1] == "3 host(s) valid"
+    # a URL is validated as written: check says it did not contact it (issue 32)
+    assert out[out.index("  attached: external AUTO http://10.1.2.9:30000") + 1].startswith(
+        "  not contacted: check reads the URL, it sends nothing to it;")
+    assert out[-1] == "3 host(s) valid (1 URL(s) checked as written, not contacted)"
 
 
 def test_check_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,6 +78,9 @@ def test_check_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "kind": "systemd", "algorithm": "DFLASH", "url": "http://10.0.0.2:30001", "unit": "sglang-dflash.service",
         "ready_timeout": "15m00s"}
     assert report["hosts"]["g2"]["provision"] == "allowed" and report["hosts"]["g2"]["parity"] is None
+    assert report["not_contacted"] == []
+    # an inventory host names the inventory and the host, not a file "gpu-base@g2.toml" that does not exist
+    assert report["hosts"]["g2"]["source"] == f"{tmp_path}/gpu-base.toml (host g2 of inventory fleet.yml)"
 
 
 def _plugin_error(pytester: pytest.Pytester, *args: str) -> str:

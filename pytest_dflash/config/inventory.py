@@ -354,5 +354,8 @@ def _profile_for(inventory: Path, name: str, hostvars: Mapping[str, Any], hosts_
         host["python"] = hostvars["dflash_python"]
     if "dflash_gpus" in hostvars:
         host["gpus"] = hostvars["dflash_gpus"]
-    # Relative paths (unit templates) stay relative to the base profile's folder.
-    return profile_from_dict(data, source=base_path.with_name(f"{base_path.stem}@{name}.toml"), name=name)
+    # Named for what it is, the base profile as the inventory's host, not a file of its own (an "@host.toml"
+    # name read as one that does not exist); in the base profile's folder, so relative paths (unit templates)
+    # stay relative to it.
+    source = base_path.with_name(f"{base_path.name} (host {name} of inventory {inventory.name})")
+    return profile_from_dict(data, source=source, name=name)

@@ -104,6 +104,16 @@ def option(config: pytest.Config, name: str) -> Any:
     return value
 
 
+def testinfra_hosts_hint(config: pytest.Config) -> str:
+    """' (--hosts X is testinfra's option: did you mean --host X?)' when testinfra's --hosts was given (a
+    user who meant this plugin's --host types it easily); else ''."""
+    given = getattr(config.option, "hosts", None)  # testinfra's dest; absent when testinfra is not installed
+    if not given:
+        return ""
+    value = given if isinstance(given, str) else ",".join(map(str, given))
+    return f" (--hosts {value} is testinfra's option: did you mean --host {value.split(',')[0]}?)"
+
+
 def gate_layers(config: pytest.Config) -> list[str]:
     """--gate / dflash_gate as layers. Given but blank (`--gate ' '`, `dflash_gate =`) is a usage error: a
     pipeline that means to gate must never be switched off silently by an empty variable."""
@@ -242,7 +252,8 @@ PERF_OPTIONS: tuple[Opt, ...] = (
         "record this run of each perf-tested service as its baseline (only a run that passes its floors is "
         "recorded); without it, runs are compared with the recorded baseline", kind="flag"),
     Opt("--baseline-dir", "dflash_baseline_dir",
-        "directory of perf baselines, <dir>/<host>/<service>.json (default: reports/baselines)",
+        "directory of perf baselines, <dir>/<host>/<service>.json (default: baselines/ in the "
+        "--dflash-report directory, reports/baselines)",
         metavar="DIR"),
     Opt("--perf-requests", "dflash_perf_requests",
         "perf runs: measured requests per service (overrides the profile's [perf] requests / duration)"),

@@ -14,6 +14,7 @@ import os
 import time
 import types
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -104,8 +105,10 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
                     report.longrepr = f"the test passed but {death}"
                 break
     if report.failed:
-        if call.excinfo is not None and isinstance(call.excinfo.value, DflashError):
+        if call.excinfo is not None and _reads_as_diagnosis(call.excinfo):
             report.longrepr = _concise(item, call.excinfo)
+        elif call.excinfo is not None:
+            _short_fixture_values(item, report, call.excinfo)
         # Redacted and capped first: the summary a later blocked skip quotes is taken from this text.
         _bound_longrepr(report, secrets)
         _attach_evidence(item, report, run, host, info, handles)
@@ -118,6 +121,8 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
         _bound_longrepr(report, secrets)
         if report.when in ("setup", "call"):
             info.blocked = is_blocked(skip_message(report))
+            if info.blocked:
+                _point_at_root(item, report, run, info, handles)
     news = _report_info(host, info, handles)
     junit_reads = report.when == "teardown" and _junit(item)  # JUnit takes a testcase's properties from there
     if report.passed and report.when != "call" and not _has_news(news) and not junit_reads:
@@ -265,15 +270,92 @@ def _secrets(handles: list[ServiceHandle]) -> tuple[str, ...]:
     return tuple(key for h in handles if (key := h.api_key_in_use))
 
 
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def _reads_as_diagnosis(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
+    """A service/transport/API failure, or a check of the plugin's that failed (an AssertionError raised
+    inside pytest_dflash: its message is the evidence). Not a test's own `assert` (pytest's explanation of it
+    is the point) and not a bug of the plugin (its traceback is)."""
+    if isinstance(excinfo.value, DflashError):
+        return True
+    if not isinstance(excinfo.value, AssertionError) or not excinfo.traceback:
+        return False
+    return Path(str(excinfo.traceback[-1].path)).resolve().is_relative_to(_PACKAGE)
+
+
 def _concise(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> str:
-    """A service/transport/API failure needs its message and the service log, not plugin internals."""
+    """The exception and its message first (the short summary, JUnit's message= and the verdict quote that
+    line), then where in the test it was raised; no traceback through the plugin, no repr of its fixtures."""
     where = ""
     path = str(getattr(item, "path", ""))
     for entry in reversed(excinfo.traceback):
         if str(entry.path) == path:
-            where = f"{entry.path}:{entry.lineno + 1}: "
+            where = f"\n(raised at {item.location[0]}:{entry.lineno + 1}, in {item.name})"
             break
-    return f"{where}{type(excinfo.value).__name__}: {failure_text(excinfo.value)}"
+    return f"{type(excinfo.value).__name__}: {failure_text(excinfo.value)}{where}"
+
+
+def _short_fixture_values(item: pytest.Item, report: pytest.TestReport,
+                          excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """A test's own failing `assert` keeps pytest's traceback and explanation, but the arguments and locals it
+    lists show the plugin's fixtures as what they are (`<ServiceHandle gpu7/dflash>`), not as dataclass dumps
+    with thread events and addresses."""
+    funcargs = getattr(item, "funcargs", {})
+    values = {name: value for name, value in funcargs.items() if name.startswith("dflash_")}
+    if not values:
+        return
+    kinds = tuple({type(v) for value in values.values()
+                   for v in (value if isinstance(value, tuple) else (value,))})
+    frames: dict[str, object] = {}  # the locals of the failing frames that hold one of those objects
+    for entry in excinfo.traceback:
+        with contextlib.suppress(Exception):
+            frames.update((k, v) for k, v in entry.locals.items() if isinstance(v, kinds))
+    short = {name: _short_value(value) for name, value in values.items()}
+    for reprtraceback, _, _ in getattr(report.longrepr, "chain", None) or ():
+        for entry in getattr(reprtraceback, "reprentries", ()):
+            reprfuncargs = getattr(entry, "reprfuncargs", None)
+            if reprfuncargs is not None:
+                reprfuncargs.args = [(name, short.get(name, value)) for name, value in reprfuncargs.args]
+            reprlocals = getattr(entry, "reprlocals", None)
+            if reprlocals is not None:  # --showlocals: "name       = value" lines
+                lines = []
+                for line in reprlocals.lines:
+                    name = line.split(" ", 1)[0]
+                    value = short.get(name) or (_short_value(frames[name]) if name in frames else None)
+                    lines.append(f"{name:<10} = {value}" if value else line)
+                reprlocals.lines = lines
+
+
+def _short_value(value: object) -> str:
+    if isinstance(value, tuple):
+        return f"({', '.join(_short_value(v) for v in value)})"
+    label = getattr(value, "label", None) or getattr(value, "name", None)
+    return f"<{type(value).__name__}{f' {label}' if isinstance(label, str) else ''}>"
+
+
+_ITEMS_KEY = pytest.StashKey[dict[str, pytest.Item]]()
+
+
+def _point_at_root(item: pytest.Item, report: pytest.TestReport, run: DflashRun, info: ItemInfo,
+                   handles: list[ServiceHandle]) -> None:
+    """A blocked skip's location: the test that failed (its file and line), not the plugin line that raised
+    the skip; the skips one failure blocks then fold into one line of the short summary."""
+    longrepr = report.longrepr
+    if not (isinstance(longrepr, tuple) and len(longrepr) == 3):
+        return
+    failure = run.book.blocker(info.host, info.layer, info.services)
+    root = failure.test if failure is not None else next(
+        (h.failure_reported_by for h in handles if h.failure_reported_by), None)
+    session = item.session
+    items = session.stash.get(_ITEMS_KEY, None)
+    if items is None or root not in items:
+        items = session.stash[_ITEMS_KEY] = {i.nodeid: i for i in session.items}
+    failed = items.get(root or "")
+    if failed is None:
+        return
+    path, lineno, _ = failed.reportinfo()
+    report.longrepr = (str(path), (lineno or 0) + 1, longrepr[2])
 
 
 def skip_message(report: pytest.TestReport) -> str:
@@ -306,7 +388,11 @@ def _attach_evidence(item: pytest.Item, report: pytest.TestReport, run: DflashRu
             run.book.record_death(Failure(info.host, "service", handle.name, item.nodeid,
                                           scrub(readiness_error_summary(handle.failure), LINE_BYTES,
                                                 "summary", extra=secrets)))
-    report.sections.append(("dflash evidence", f"collected in {time.monotonic() - started:.2f}s"))
+    read = [title for title, _ in evidence.sections if title != "dflash diagnosis"]
+    report.sections.append(("dflash evidence",
+                            f"collected in {time.monotonic() - started:.2f}s: {'; '.join(read) or 'nothing'}"
+                            + (f"\nmissing: {evidence.missing}" if evidence.missing and not evidence.diagnoses
+                               else "")))
 
 
 def _bound_longrepr(report: pytest.TestReport, secrets: tuple[str, ...]) -> None:
@@ -390,8 +476,9 @@ def bounded_info(info: dict[str, Any], secrets: tuple[str, ...] = ()) -> dict[st
 
 def first_line(text: str, longrepr: object = None) -> str:
     """What a summary shows of a failure: pytest's crash line ('ExcType: message', the exception's own words)
-    when the report has one, else the assertion's first line ('E ...'), else the last line. Never the log tail
-    an exception's message carries after its first line."""
+    when the report has one, else the assertion's first line ('E ...': a traceback kept as text, e.g. once
+    capped), else a plain-text failure's first line, else the last line. Never the log tail an exception's
+    message carries after its first line."""
     crash = getattr(longrepr, "reprcrash", None)
     message = str(getattr(crash, "message", "") or "").strip()
     if message:
@@ -400,6 +487,10 @@ def first_line(text: str, longrepr: object = None) -> str:
         line = line.strip()
         if line.startswith("E "):
             return scrub(line[2:].strip(), LINE_BYTES, "summary")
+    if isinstance(longrepr, str) and longrepr.strip():
+        # a plain-text failure (the exception and its message first, or a pytest.fail message):
+        # its own first line, not the text's (under xdist, the worker's "[gw0] linux -- …" line)
+        return scrub(longrepr.strip().splitlines()[0], LINE_BYTES, "summary")
     return scrub((text.strip().splitlines() or [""])[-1], LINE_BYTES, "summary")
 
 

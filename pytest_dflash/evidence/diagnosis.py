@@ -1,6 +1,8 @@
 """Diagnosis: match failure text (logs, journals, error messages) against a catalog of signatures.
 
-The catalog is data (`catalog.toml`), not code: adding a failure mode is adding a table.
+The catalog is data (`catalog.toml`), not code: adding a failure mode is adding a table. A signature may also
+name `symptoms`: what the plugin itself saw over HTTP (in the failure text) that points at it when no log was
+read (a server attached by URL); such a diagnosis says which evidence is missing and how to add it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Signature:
     priority: int = 50
     layer: str = ""
     seen: str = ""
+    symptoms: tuple[re.Pattern[str], ...] = ()
 
     def find(self, text: str) -> str | None:
         """The evidence line that matched, or None."""
@@ -34,6 +37,14 @@ class Signature:
         if not all(p.search(text) for p in self.all):
             return None
         for pattern in self.any:
+            match = pattern.search(text)
+            if match:
+                return _line_at(text, match.start())
+        return None
+
+    def find_symptom(self, text: str) -> str | None:
+        """The line of the failure text (what was seen over HTTP) that matched a symptom, or None."""
+        for pattern in self.symptoms:
             match = pattern.search(text)
             if match:
                 return _line_at(text, match.start())
@@ -50,13 +61,17 @@ class Diagnosis:
     evidence: str
     layer: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
+    missing: str = ""  # a diagnosis from symptoms: the evidence that would confirm it, and how to add it
 
     def one_line(self) -> str:
         return f"[{self.id}] {self.title}"
 
     def as_dict(self) -> dict[str, str]:
-        return {"id": self.id, "title": self.title, "remedy": self.remedy, "evidence": self.evidence,
-                "layer": self.layer}
+        out = {"id": self.id, "title": self.title, "remedy": self.remedy, "evidence": self.evidence,
+               "layer": self.layer}
+        if self.missing:
+            out["missing"] = self.missing
+        return out
 
 
 def _line_at(text: str, pos: int) -> str:
@@ -86,18 +101,26 @@ class Catalog:
             return text
         return "\n".join(line for line in text.splitlines() if not any(p.search(line) for p in self.benign))
 
-    def diagnose(self, *texts: str, values: Mapping[str, str] | None = None) -> list[Diagnosis]:
-        """All matching signatures, most specific (highest priority) first."""
+    def diagnose(self, *texts: str, values: Mapping[str, str] | None = None, symptoms: str = "",
+                 missing: str = "") -> list[Diagnosis]:
+        """All matching signatures, most specific (highest priority) first.
+
+        `symptoms`: the failure text alone, given when no log could be read; a signature not found in the
+        texts but whose symptoms it shows is diagnosed from them; with no log, every diagnosis carries
+        `missing` (the log that would confirm it and how to get it)."""
         text = self.strip_benign("\n".join(t for t in texts if t))
         found: list[tuple[int, Diagnosis]] = []
         for sig in self.signatures:
             evidence = sig.find(text)
+            if evidence is None and symptoms and (seen := sig.find_symptom(symptoms)) is not None:
+                evidence = f"seen over HTTP: {seen}"
             if evidence is None:
                 continue
             remedy = sig.remedy
             for key, value in (values or {}).items():
                 remedy = remedy.replace("{" + key + "}", value)
-            found.append((sig.priority, Diagnosis(sig.id, sig.title, remedy, evidence, sig.layer)))
+            found.append((sig.priority, Diagnosis(sig.id, sig.title, remedy, evidence, sig.layer,
+                                                  missing=missing if symptoms else "")))
         found.sort(key=lambda pair: -pair[0])
         return [diagnosis for _, diagnosis in found]
 
@@ -114,7 +137,8 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
     seen: set[str] = set()
     for index, raw in enumerate(data.get("signature", [])):
         where = f"{path.name}: signature[{index}]"
-        unknown = set(raw) - {"id", "title", "remedy", "any", "all", "unless", "priority", "layer", "seen"}
+        unknown = set(raw) - {"id", "title", "remedy", "any", "all", "unless", "priority", "layer", "seen",
+                                   "symptoms"}
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
         if raw["id"] in seen:
@@ -131,6 +155,7 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
                 priority=int(raw.get("priority", 50)),
                 layer=raw.get("layer", ""),
                 seen=raw.get("seen", ""),
+                symptoms=_compile(raw.get("symptoms", ()), where),
             )
         )
     benign = _compile(data.get("benign", {}).get("lines", ()), f"{path.name}: benign")
@@ -142,6 +167,7 @@ def default_catalog() -> Catalog:
     return load_catalog()
 
 
-def diagnose(*texts: str, values: Mapping[str, str] | None = None) -> list[Diagnosis]:
+def diagnose(*texts: str, values: Mapping[str, str] | None = None, symptoms: str = "",
+             missing: str = "") -> list[Diagnosis]:
     """Diagnose with the built-in catalog."""
-    return default_catalog().diagnose(*texts, values=values)
+    return default_catalog().diagnose(*texts, values=values, symptoms=symptoms, missing=missing)

@@ -31,6 +31,7 @@ KERNEL_PATTERN = (r"Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|f
 class Evidence:
     sections: list[tuple[str, str]] = field(default_factory=list)
     diagnoses: list[Diagnosis] = field(default_factory=list)
+    missing: str = ""  # the log no one could read, and how to make it readable
 
     def diagnosis_text(self) -> str:
         lines = []
@@ -40,7 +41,19 @@ class Evidence:
                 lines.append(f"    remedy: {diagnosis.remedy}")
             if diagnosis.evidence:
                 lines.append(f"    evidence: {diagnosis.evidence}")
+            if diagnosis.missing:
+                lines.append(f"    missing: {diagnosis.missing}")
         return "\n".join(lines)
+
+
+def missing_log_line(services: list[str]) -> str:
+    """What evidence a diagnosis made without any service log lacks, and how to add it."""
+    if not services:
+        return ""
+    return (f"no service log was read for {', '.join(services)} (attached by URL, nothing to read it with): "
+            "only what was seen over HTTP is evidence here; to add the server's log, rerun with "
+            "--attach-log-command CMD (e.g. 'journalctl -u sglang --since {since}') or give the service "
+            "log_command or log_file in its profile (docs/profiles.md)")
 
 
 def _since(mark: LogMark | None) -> str:
@@ -78,6 +91,7 @@ def gather(
 
     # Diagnose redacted text: a diagnosis quotes the log line that matched, and goes into the verdict JSON.
     texts = [clean(failure_text, DIAGNOSIS_INPUT_BYTES, "diagnosed text")]
+    logless: list[str] = []  # services with no log source at all (attached by URL): diagnosed from symptoms
     dead_since: list[LogMark | None] = []  # where the windows of dead services begin: the kernel log's too
     for handle in handles:
         manager = handle.manager
@@ -99,6 +113,8 @@ def gather(
         except DflashError as exc:
             log = f"(could not read the log: {exc})"
         what = "journal" if getattr(manager, "unit", None) else "log"
+        if not log.strip() and str(props.get("logs", "")).startswith("none"):
+            logless.append(handle.label)
         if log.strip():
             log = clean(log, DIAGNOSIS_INPUT_BYTES, f"{what} tail", "tail")
             texts.append(log)
@@ -120,8 +136,10 @@ def gather(
             texts.append(kernel)
             evidence.sections.append((f"kernel log {host.name} (OOM / Xid)", kernel))
     python = host.profile.python
+    evidence.missing = missing_log_line(logless)
     evidence.diagnoses = diagnose(*texts,
-                                  values={"python": python, "service": ",".join(h.label for h in handles)})
+                                  values={"python": python, "service": ",".join(h.label for h in handles)},
+                                  symptoms=texts[0] if logless else "", missing=evidence.missing)
     if evidence.diagnoses:
         evidence.sections.insert(0, ("dflash diagnosis",
                                      clean(evidence.diagnosis_text(), ITEM_BYTES, "diagnosis")))

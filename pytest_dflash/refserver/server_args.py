@@ -19,7 +19,7 @@ from typing import Any
 from pytest_dflash.refserver import grammar  # noqa: F401
 from pytest_dflash.refserver.chat_surface import REASONING_PARSERS, TOOL_CALL_PARSERS
 from pytest_dflash.refserver.faults import FAULTS, parse_inject
-from pytest_dflash.refserver.mimic import Mimic
+from pytest_dflash.refserver.mimic import KNOWN, MIRRORED, Mimic
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "DEFAULT_DDTREE_BUDGET", "ServerArgs", "build_parser", "prepare_server_args"]
 
@@ -317,6 +317,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME[=VALUE][,...]",
         help=f"fault injection, NAME[=VALUE],...: {', '.join(FAULTS)} (docs/refserver.md)",
+    )
+    # Taken out of argv before parsing (refserver/mimic.py split_argv: a flag the release removed exits 2 as
+    # SGLang's parser does); declared here so --help lists it.
+    a(
+        "--mimic-version",
+        metavar="VERSION",
+        choices=KNOWN,
+        default=MIRRORED,
+        help=f"refserver only: answer as this SGLang release would (flags, endpoints, log lines): "
+        f"{', '.join(KNOWN)}; default {MIRRORED} (docs/refserver.md)",
     )
     return p
 

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from pytest_dflash.config.layers import LAYERS, rank
+from pytest_dflash.config.options import testinfra_hosts_hint
 from pytest_dflash.config.profiles import AUTO, HostProfile, ServiceSpec
 from pytest_dflash.config.targets import EMPTY_SHARD_KEY
 from pytest_dflash.run.state import DflashRun
 
 DFLASH_FIXTURES = ("dflash_host", "dflash_service", "dflash_service_raw", "dflash_pair")
 GPU_FIXTURE = "dflash_gpu"  # the host / env / kernels layers' view of a host (layers/gpu/hooks.py)
+DOES_NOT_APPLY = "does not apply to "  # the skip reason's start: a test with nothing on a host to run against
 SERVICES_MARKER = ("dflash_services(speculative=None, algorithms=None): run only against services that match "
                    "(e.g. speculative=True for accept-length checks)")
 
@@ -71,21 +74,43 @@ def parametrize(metafunc: pytest.Metafunc, run: DflashRun) -> None:
     names = metafunc.fixturenames
     marker = metafunc.definition.get_closest_marker("dflash_services")
     if "dflash_pair" in names:
-        pairs = []
+        pairs: list[Any] = []
         for host, profile in run.profiles.items():
-            if profile.parity is None:
+            parity = profile.parity
+            if parity is None:
+                pairs.append(does_not_apply(host, "no [parity] table (a reference service and the ones "
+                                                  "compared with it)"))
                 continue
-            for compared in profile.parity.compare:
-                if selected(profile.services[compared], marker):
-                    pairs.append(f"{host}/{profile.parity.reference}~{compared}")
-        metafunc.parametrize("dflash_pair", pairs, indirect=True, ids=pairs)
+            found = [_param(f"{host}/{parity.reference}~{compared}") for compared in parity.compare
+                     if selected(profile.services[compared], marker)]
+            pairs.extend(found or [does_not_apply(host, f"no service its [parity] table compares matches "
+                                                        f"{_marker_text(marker)}")])
+        metafunc.parametrize("dflash_pair", pairs, indirect=True)
     elif "dflash_service" in names or "dflash_service_raw" in names:
         fixture = "dflash_service" if "dflash_service" in names else "dflash_service_raw"
-        params = [f"{host}/{service}" for host, profile in run.profiles.items()
-                  for service, spec in profile.services.items() if selected(spec, marker)]
-        metafunc.parametrize(fixture, params, indirect=True, ids=params)
+        params: list[Any] = []
+        for host, profile in run.profiles.items():
+            found = [_param(f"{host}/{service}") for service, spec in profile.services.items()
+                     if selected(spec, marker)]
+            params.extend(found or [does_not_apply(host, f"no service matches {_marker_text(marker)}")])
+        metafunc.parametrize(fixture, params, indirect=True)
     elif "dflash_host" in names:
         metafunc.parametrize("dflash_host", list(run.profiles), indirect=True, ids=list(run.profiles))
+
+
+def does_not_apply(host: str, why: str) -> Any:
+    """The one case of a test on a host that has nothing it applies to: a skip that says so, counted for that
+    host (not pytest's 'got empty parameter set' and a [NOTSET] row that belong to no host)."""
+    return pytest.param(host, id=host, marks=pytest.mark.skip(reason=f"{DOES_NOT_APPLY}{host}: {why}"))
+
+
+def _param(value: str) -> Any:
+    return pytest.param(value, id=value)
+
+
+def _marker_text(marker: pytest.Mark | None) -> str:
+    kwargs = ", ".join(f"{k}={v!r}" for k, v in (marker.kwargs if marker else {}).items())
+    return f"this test's dflash_services({kwargs})"
 
 
 def uses_dflash(item: pytest.Item) -> bool:
@@ -103,14 +128,13 @@ def item_info(item: pytest.Item) -> ItemInfo | None:
             if not isinstance(callspec.params[name], str):
                 return None  # an empty parameter set (e.g. no [parity] table): pytest skips it itself
             param = callspec.params[name]
+            host, sep, rest = param.partition("/")  # no "/": a host the test does not apply to
             if name == "dflash_pair":
-                host, _, pair = param.partition("/")
-                services: tuple[str, ...] = tuple(pair.split("~"))
+                services: tuple[str, ...] = tuple(rest.split("~")) if sep else ()
             elif name == "dflash_host":
                 host, services = param, ()
             else:
-                host, _, service = param.partition("/")
-                services = (service,)
+                services = (rest,) if sep else ()
             default = "host" if name == "dflash_host" else "generation"
             return ItemInfo(host, services, layer_mark or default, param)
     return None
@@ -143,6 +167,7 @@ def order_items(config: pytest.Config, run: DflashRun | None, items: list[pytest
         raise pytest.UsageError(
             f"{len(dflash_items)} pytest-dflash tests were collected but no target was given: "
             "pass --host NAME|PATH (e.g. --host local), --attach URL or --fleet FILE"
+            + testinfra_hosts_hint(config)
         )
     order = {name: index for index, name in enumerate(run.profiles)}
     for item in items:

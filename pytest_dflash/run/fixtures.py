@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_dflash.errors import DflashError
-from pytest_dflash.run.blocking import blocked_message
+from pytest_dflash.run.blocking import Failure, blocked_reason
 from pytest_dflash.run.stash import HANDLES_KEY, RUN_KEY
 from pytest_dflash.run.state import DflashRun, HostContext, ServiceHandle, readiness_error_summary
 from pytest_dflash.scrub.bounds import failure_text
@@ -50,8 +50,9 @@ def ready_or_blocked(handle: ServiceHandle, node: pytest.Item | None, *, role: s
         reported = handle.failure_reported_by
         test = node.nodeid if node is not None else "?"
         if reported is not None and reported != test:
-            pytest.skip(blocked_message(f"{handle.label} is not usable (failed in {reported}): "
-                                        f"{readiness_error_summary(exc)}"))
+            # worded as the layer book's blocks of the same failure: one root cause, one line per host
+            pytest.skip(blocked_reason(Failure(handle.host.name, "service", handle.name, reported,
+                                               readiness_error_summary(exc))))
         handle.failure_reported_by = test
         what = f"{handle.label} ({role}) is not ready: " if role else ""
         pytest.fail(what + failure_text(exc), pytrace=False)

@@ -221,10 +221,10 @@ BASE = SSH.replace('port = 30001', 'url = "http://{address}:30001"')
     ('all:\n  vars: {dflash_profile: base.toml}\n  hosts:\n    "a\\tb": {ansible_host: 10.0.0.1}\n',
      "{inv}: hosts: expected a host name without control or invisible characters, got 'a\\tb'"),
     ('all:\n  vars: {dflash_profile: base.toml}\n  hosts:\n    g1: {ansible_host: "[fd00::1"}\n',
-     "{dir}/base@g1.toml: host.connection: expected local:// or ssh://[user@]host[:port][?timeout=N], got "
+     "{dir}/base.toml (host g1 of inventory {name}): host.connection: expected local:// or ssh://[user@]host[:port][?timeout=N], got "
      "'ssh://[fd00::1' (malformed host"),
     ('all:\n  vars: {dflash_profile: big.toml}\n  hosts:\n    g1: {ansible_host: 10.0.0.1}\n',
-     "{dir}/big@g1.toml: services.a.ready_timeout: expected a duration of at most 7 days (604800s, 168h), got "
+     "{dir}/big.toml (host g1 of inventory {name}): services.a.ready_timeout: expected a duration of at most 7 days (604800s, 168h), got "
      "'99999999999999999999h'"),
     ('all:\n  vars: {dflash_profile: latin1.toml}\n  hosts:\n    g1: {ansible_host: 10.0.0.1}\n',
      "{dir}/latin1.toml: cannot read base profile: expected UTF-8 text, got byte 0xe9 at line 3"),
@@ -242,7 +242,7 @@ def test_an_inventory_gives_the_same_one_line_errors(tmp_path: Path, parser: str
     else:
         inv.write_text(inventory)
     line = _fleet_error(inv, tmp_path)
-    assert line.startswith(expected.format(inv=inv, dir=tmp_path)), line
+    assert line.startswith(expected.format(inv=inv, dir=tmp_path, name=inv.name)), line
 
 
 def test_an_ini_inventory_that_is_not_utf8_is_one_line(tmp_path: Path, parser: str) -> None:

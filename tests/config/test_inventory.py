@@ -131,7 +131,7 @@ def test_base_profile_errors_name_the_host(tmp_path: Path, parser: str) -> None:
     (tmp_path / "b.toml").write_text(BASE.replace('url = "http://{address}:30001"', 'url = "nope"'))
     inventory = tmp_path / "f.yml"
     inventory.write_text("all:\n  hosts:\n    gpu9: {ansible_host: 10.0.0.9, dflash_profile: b.toml}\n")
-    with pytest.raises(InventoryError, match=r"b@gpu9\.toml: services\.dflash\.url: expected an http"):
+    with pytest.raises(InventoryError, match=r"b\.toml \(host gpu9 of inventory f\.yml\): services\.dflash\.url: expected an http"):
         load_fleet(str(inventory), tmp_path)
 
 

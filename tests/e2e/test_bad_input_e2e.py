@@ -71,7 +71,7 @@ CASES: list[tuple[str, dict[str, str | bytes], tuple[str, str], str]] = [
      ("--fleet", "fleet.yml"), "fleet.yml: expected UTF-8 text, got byte 0xe9 at line 4"),
     ("fleet-ipv6", {"base.toml": SSH_BASE, "fleet.yml": "all:\n  vars: {dflash_profile: base.toml}\n  hosts:\n"
                                                        "    g1: {ansible_host: '[fd00::7'}\n"},
-     ("--fleet", "fleet.yml"), "base@g1.toml: host.connection: expected local:// or ssh://[user@]host[:port]"
+     ("--fleet", "fleet.yml"), "base.toml (host g1 of inventory fleet.yml): host.connection: expected local:// or ssh://[user@]host[:port]"
                                "[?timeout=N], got 'ssh://[fd00::7?timeout=3' (malformed host"),
 ]
 

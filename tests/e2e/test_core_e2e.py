@@ -68,6 +68,15 @@ def test_no_target_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess(str(SUITES / "smoke"), "-p", "no:cacheprovider")
     assert result.ret == 4
     result.stderr.fnmatch_lines(["ERROR: *no target was given: pass --host NAME|PATH*"])
+    assert "did you mean" not in result.stderr.str()
+
+
+def test_testinfras_hosts_option_gets_a_did_you_mean(pytester: pytest.Pytester) -> None:
+    """--hosts is testinfra's (its plugin loads with it): a user who meant --host is told so."""
+    result = pytester.runpytest_subprocess(str(SUITES / "smoke"), "--hosts", "local", "-p", "no:cacheprovider")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["ERROR: *no target was given: pass --host NAME|PATH*"
+                                 "(--hosts local is testinfra's option: did you mean --host local?)"])
 
 
 def test_unknown_host_name_lists_the_known_ones(pytester: pytest.Pytester) -> None:

@@ -103,7 +103,9 @@ def test_fleet_runs_hosts_in_parallel_one_broken_host_fails_alone(run_suite, tmp
             "alpha": 1, "beta": 1, "gamma": 0}
         bad = {(s["host"], s["layer"], s["outcome"]) for s in families["dflash_layer_outcome"].series()
                if s["outcome"] != "passed"}
-        assert bad == {("gamma", "service", "failed"), ("gamma", "generation", "blocked"), ("gamma", "perf", "blocked")}
+        # parity: skipped on every host, as "does not apply" (no [parity] table in these profiles)
+        assert bad == {("gamma", "service", "failed"), ("gamma", "generation", "blocked"), ("gamma", "perf", "blocked"),
+                       *((host, "parity", "skipped") for host in ("alpha", "beta", "gamma"))}
         assert {(s["host"], s["diagnosis"]) for s in families["dflash_failure_diagnosis"].series()} >= {
             ("gamma", "flashinfer-sm12x-nvcc")}
         assert {s["host"] for s in families["dflash_failure_diagnosis"].series()} == {"gamma"}

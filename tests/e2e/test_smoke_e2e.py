@@ -40,8 +40,9 @@ def test_sampling_crash_fails_readiness_with_traceback_and_flashinfer_diagnosis(
     result.assert_outcomes(passed=2, failed=1, skipped=12)
     result.stdout.fnmatch_lines([
         "*_ test_service_ready[[]sm120/dflash[]] _*",
-        "*test_smoke.py:*: ServiceCrashed: service dflash died during readiness: first sampled generation*"
-        "killed by SIGKILL*",
+        # the exception and its message first (no path before it), then where in the test, then the evidence
+        "ServiceCrashed: service dflash died during readiness: first sampled generation*killed by SIGKILL*",
+        "*(raised at suites/smoke/test_smoke.py:*, in test_service_ready[[]sm120/dflash[]])",
         "*dflash diagnosis*",
         "*[[]flashinfer-sm12x-nvcc[]]*",
         "*[[]sampling-jit-first-sampled-request[]]*",

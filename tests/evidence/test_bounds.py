@@ -185,3 +185,11 @@ def test_verdict_messages_are_capped_and_redacted() -> None:
                                 ("t.py", 1, "Skipped: blocked: " + "s" * 10_000 + " DB_PASSWORD=hunter22"), "setup")
     message = _message(skipped)
     assert nbytes(message) <= LINE_BYTES and message.startswith("blocked: sss")
+
+
+def test_first_line_of_a_plain_text_failure_is_its_exception_and_message() -> None:
+    """The plugin's concise failure text: the exception and its message first, evidence and where after it."""
+    text = ("AssertionError: [curand-header-missing] no curand headers\n    remedy: install them\n"
+            "(raised at suites/env/test_env.py:103, in test_toolkit_has_curand_headers[local])")
+    assert first_line(text, text) == "AssertionError: [curand-header-missing] no curand headers"
+    assert first_line("[gw0] linux -- Python 3.11\n" + text, text).startswith("AssertionError: [curand")

@@ -193,3 +193,20 @@ def test_a_paused_server_is_diagnosed_paused_not_stuck(not_ready: str, expected:
 )
 def test_structured_output_failures_are_named(text: str, expected: str) -> None:
     assert ids(text)[0] == expected
+
+
+def test_symptoms_diagnose_only_when_no_log_was_read_and_say_what_is_missing() -> None:
+    """What was seen over HTTP names the catalog entry when there is no log; with the log's own line it is
+    not needed, and the text alone (as a log) never matches a symptom."""
+    seen = ("ServiceGone: service attached is gone during readiness: first sampled generation (temperature 0.8): "
+            "POST /generate killed it: no HTTP response (connection dropped), then connections refused")
+    assert "sampling-jit-first-sampled-request" not in ids(seen)
+    (found, *_) = diagnose(seen, symptoms=seen, missing="no service log was read")
+    assert found.id == "sampling-jit-first-sampled-request"
+    assert found.evidence.startswith("seen over HTTP: ServiceGone:") and found.missing == "no service log was read"
+    assert found.as_dict()["missing"] == "no service log was read"
+    assert "missing" not in diagnose("accept len: 1.00, accept rate: 0.00\nno speculation in practice")[0].as_dict()
+    zero = "AssertionError: h/dflash: no speculation in practice: accept length 1.016 (accept rate 0.000) < 1.1"
+    assert [d.id for d in diagnose(zero, symptoms=zero, missing="m")] == ["draft-never-accepted"]
+    assert diagnose("no speculation in practice: accept length 1.4 (accept rate 0.400)",
+                    symptoms="no speculation in practice: accept length 1.4 (accept rate 0.400)") == []

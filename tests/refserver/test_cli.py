@@ -86,7 +86,7 @@ def test_help_lists_every_flag_and_fault() -> None:
     text = build_parser().format_help()
     for flag in ("--host", "--port", "--model-path", "--speculative-algorithm", "--speculative-num-draft-tokens",
                  "--speculative-dflash-block-size", "--speculative-ddtree-budget", "--context-length", "--enable-metrics",
-                 "--api-key", "--inject"):  # fmt: skip
+                 "--api-key", "--inject", "--mimic-version"):  # fmt: skip
         assert flag in text
     docs = (Path(__file__).parents[2] / "docs" / "refserver.md").read_text()
     text = re.sub(r"-\n\s+", "-", text)  # argparse wraps the help at hyphens too

@@ -66,8 +66,9 @@ def options_from_config(config: pytest.Config) -> PerfOptions:
     ceiling, ceiling_off = _ceiling(config)
     return PerfOptions(
         update_baseline=options.flag(config, "dflash_update_baseline"),
+        # beside the run's other files: --dflash-report elsewhere takes the baselines with it
         baseline_dir=(options.path(config, "dflash_baseline_dir")
-                      or config.invocation_params.dir / "reports/baselines"),
+                      or options.report_dir(config) / "baselines"),
         overrides=PerfOverrides(
             requests=options.number(config, "dflash_perf_requests", int, None, low=1),
             duration_s=options.duration(config, "dflash_perf_duration", None),

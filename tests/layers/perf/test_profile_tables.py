@@ -8,6 +8,7 @@ import pytest
 
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import InventoryError
+from pytest_dflash.layers.perf.options import options_from_config
 from pytest_dflash.layers.perf.settings import PerfOverrides, PerfSettings
 
 ROOT = Path(__file__).parents[3]
@@ -181,3 +182,14 @@ def test_option(pytestconfig):
     assert pytestconfig.stash[OPTIONS_KEY].overrides.client_procs == 3
 """)
     pytester.runpytest("--perf-client-procs", "3", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_baselines_live_in_the_report_directory_unless_given(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """--dflash-report elsewhere takes the baselines with it (issue 32); --baseline-dir still wins."""
+    default = options_from_config(pytester.parseconfig())
+    assert default.baseline_dir == pytester.path / "reports" / "baselines"
+    moved = options_from_config(pytester.parseconfig(f"--dflash-report={tmp_path / 'out'}"))
+    assert moved.baseline_dir == tmp_path / "out" / "baselines"
+    given = options_from_config(pytester.parseconfig(f"--dflash-report={tmp_path / 'out'}",
+                                                     f"--baseline-dir={tmp_path / 'b'}"))
+    assert given.baseline_dir == tmp_path / "b"
