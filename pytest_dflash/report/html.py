@@ -103,7 +103,7 @@ class HtmlHooks:
             return
         if self._page is not None:
             self._page.title = run_title(builder)
-        head = "".join(f"<th>{layer}</th>" for layer in LAYERS)
+        head = "".join(f"<th>{'host layer' if layer == 'host' else layer}</th>" for layer in LAYERS)
         rows = []
         for name, verdict in sorted(builder.hosts.items()):
             cells = "".join(

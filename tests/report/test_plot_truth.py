@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from support.svgtext import NS, overflowing_texts, texts
 
 from pytest_dflash.layers.perf.judgement import Judgement
 from pytest_dflash.layers.perf.report import svg_plots
@@ -16,7 +17,6 @@ from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.load import LoadResult
 from pytest_dflash.report.plots import cold_start_timeline_svg, readiness_spread_svg
-from tests.support.svgtext import NS, overflowing_texts, texts
 
 PERF = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200-ddtree" / "run2-three" / "perf"
 

@@ -14,9 +14,11 @@ import pytest
 from pytest_dflash.config.tables.floors import LATENCY_FLOOR
 from pytest_dflash.layers.perf.judgement import Judgement
 from pytest_dflash.layers.perf.service_run import ServiceRun
+from pytest_dflash.report.perf_table import perf_table, rows_from_metrics
 from pytest_dflash.report.plots import Threshold, plots_for_result
 
-__all__ = ["PerfSummary", "html_block", "plot_thresholds", "section_text", "summary_lines", "svg_plots"]
+__all__ = ["PerfSummary", "html_block", "plot_thresholds", "runs_table", "section_text", "summary_lines",
+           "svg_plots"]
 
 
 def section_text(runs: Sequence[ServiceRun], judgements: Sequence[tuple[ServiceRun, Judgement]]) -> str:
@@ -55,6 +57,14 @@ def svg_plots(run: ServiceRun) -> dict[str, str]:
     if run.accept_length is None:
         svgs.pop("accept_length", None)  # NONE, or no native API: nothing to draw
     return svgs
+
+
+def runs_table(runs: Sequence[ServiceRun]) -> str:
+    """The test's services in one table (output tok/s, TTFT / ITL p50 and p99, accept length, speed-up)."""
+    rows = [row for run in runs
+            for row in rows_from_metrics(run.host, run.metrics(), {run.service: run.algorithm},
+                                         failing=any(j.outcome == "fail" for j in run.judgements.values()))]
+    return perf_table(rows, hosts=len({run.host for run in runs}) > 1)
 
 
 def html_block(run: ServiceRun, *, plots: bool) -> str:
