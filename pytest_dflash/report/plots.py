@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from pytest_dflash.load import LoadResult
 
 __all__ = ["Threshold", "accept_length_histogram_svg", "cold_start_phases", "cold_start_timeline_svg",
-           "latency_cdf_svg", "phase_order", "phase_style", "plots_for_result", "readiness_spread_svg",
-           "text_width", "tokens_over_time_svg"]
+           "latency_cdf_svg", "phase_legend_svg", "phase_order", "phase_style", "plots_for_result",
+           "readiness_spread_svg", "text_width", "tokens_over_time_svg"]
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 _W, _H = 640, 360
@@ -442,11 +442,16 @@ def phase_style(name: str) -> tuple[str, str]:
 
 
 def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, title: str = "Cold start",
-                            width: int = 900) -> str | None:
+                            width: int = 900, legend: bool = True,
+                            failed: Mapping[str, str] | None = None) -> str | None:
     """One host's services side by side on one clock (seconds from the first wait's start; each service's bar
     starts where its own wait began, `waited_from`), each bar cut into its phases, coloured, with a tooltip
-    per phase and the total at its end. `services`: {name: the verdict's ready dict}. None when none has
-    one."""
+    per phase and the total at its end. `services`: {name: the verdict's ready dict}. `failed`: {name: where
+    it stopped} of the services that never became ready, each drawn as a red row saying so (first). None
+    when there is nothing to draw. `legend=False`: no legend (a page of several hosts draws one,
+    :func:`phase_legend_svg`)."""
+    failed = {name: why for name, why in (failed or {}).items()
+              if not cold_start_phases(services.get(name, {}))}
     rows: list[tuple[str, float, list[tuple[str, float, float]]]] = []
     starts = [w for r in services.values() if (w := _seconds(r.get("waited_from"))) is not None]
     t0 = min(starts) if starts else 0.0
@@ -456,19 +461,28 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
             continue
         waited = _seconds(ready.get("waited_from"))
         rows.append((name, (waited - t0) if waited is not None else 0.0, phases))
-    if not rows:
+    if not rows and not failed:
         return None
     label_w, row_h, top = 150, 26, 34
-    legend_names = phase_order(ph for _, _, phases in rows for ph, _, _ in phases)
-    height = top + row_h * len(rows) + 40 + 18 * ((len(legend_names) + 2) // 3)
+    legend_names = phase_order(ph for _, _, phases in rows for ph, _, _ in phases) if legend else []
+    height = (top + row_h * (len(rows) + len(failed)) + 40 + 18 * ((len(legend_names) + 2) // 3)
+              + (0 if legend else -4))
     c = _Canvas(title, "", "", width, height)
-    span = max(offset + phases[-1][2] for _, offset, phases in rows) or 1.0
+    span = max((offset + phases[-1][2] for _, offset, phases in rows), default=1.0) or 1.0
     lo, hi, ticks = _linear_ticks(0.0, span)
     x0, x1 = label_w, width - 70
 
     def px(t: float) -> float:
         return x0 + (t - lo) / ((hi - lo) or 1.0) * (x1 - x0)
 
+    for i, (name, why) in enumerate(failed.items()):
+        y = top + i * row_h
+        c.parts.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end" class="dflash-service">'
+                       f"{_label(name, label_w - 12)}</text>")
+        c.parts.append(f'<rect x="{x0}" y="{y + 3}" width="4" height="{row_h - 8}" fill="{_FAILED}" '
+                       f'class="dflash-failed-start"/><text x="{x0 + 10}" y="{y + 15}" fill="{_FAILED}">'
+                       f"{_label('never ready: ' + why, width - x0 - 14)}</text>")
+    top += row_h * len(failed)
     axis_y = top + row_h * len(rows) + 4
     for t in ticks:
         c.parts.append(f'<line x1="{px(t):.1f}" y1="{top - 4}" x2="{px(t):.1f}" y2="{axis_y}" '
@@ -489,14 +503,32 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
                            f"{escape(label)} {start:.1f}–{end:.1f} s ({end - start:.1f} s)</title></rect>")
         total = phases[-1][2]
         c.parts.append(f'<text x="{px(offset + total) + 4:.1f}" y="{y + 15}">{total:.1f} s</text>')
-    ly = axis_y + 46
-    for j, phase in enumerate(legend_names):
+    c.parts += _phase_legend(legend_names, axis_y + 46, width)
+    return c.svg()
+
+
+def _phase_legend(names: Sequence[str], top: float, width: int) -> list[str]:
+    out = []
+    for j, phase in enumerate(names):
         label, colour = phase_style(phase)
         lx = 10 + (j % 3) * (width // 3)
-        yy = ly + (j // 3) * 18
-        c.parts.append(f'<rect x="{lx}" y="{yy - 9}" width="12" height="10" fill="{colour}"/>'
-                       f'<text x="{lx + 16}" y="{yy}">{escape(label)}</text>')
-    return c.svg()
+        yy = top + (j // 3) * 18
+        out.append(f'<rect x="{lx}" y="{yy - 9}" width="12" height="10" fill="{colour}"/>'
+                   f'<text x="{lx + 16}" y="{yy}">{_label(label, width // 3 - 24)}</text>')
+    return out
+
+
+def phase_legend_svg(phases: Iterable[str], *, width: int = 900) -> str | None:
+    """The start-up phases' colours, once for a page of timelines; None for no phase."""
+    names = phase_order(phases)
+    if not names:
+        return None
+    height = 18 * ((len(names) + 2) // 3) + 8
+    c = _Canvas("start-up phases", "", "", width, height)
+    c.parts += _phase_legend(names, 16, width)
+    # the canvas's own title text would take the first row: keep only its <title> for screen readers
+    return c.svg().replace(f'<text x="{width / 2:.1f}" y="18" text-anchor="middle" font-size="13" '
+                           'font-weight="bold">start-up phases</text>', "", 1)
 
 
 def readiness_spread_svg(ready_s: Mapping[str, Mapping[str, float]], *, title: str = "Readiness across hosts",

@@ -88,3 +88,17 @@ def test_cold_start_labels_fit_for_long_service_names() -> None:
     svg = cold_start_timeline_svg({"x" * 60: {"http_s": 1.0, "greedy_s": 2.0, "sampled_s": 3.0, "total_s": 3.0}})
     assert svg is not None
     assert overflowing_texts(svg) == []
+
+
+def test_a_service_that_never_became_ready_is_drawn_first_saying_where_it_stopped() -> None:
+    ready = {"none": {"http_s": 1.0, "greedy_s": 2.0, "sampled_s": 3.0, "total_s": 3.0}}
+    why = "ServiceCrashed: service dflash died during readiness: first sampled generation: killed by SIGKILL"
+    svg = cold_start_timeline_svg(ready, failed={"dflash": why})
+    assert svg is not None
+    drawn = texts(svg)
+    assert drawn.index("dflash") < drawn.index("none")
+    (line,) = [t for t in drawn if t.startswith("never ready: ServiceCrashed: service dflash died")]
+    assert line.endswith("killed by SIGKILL"), "shortened in the middle to fit, the end kept"
+    assert overflowing_texts(svg) == []
+    alone = cold_start_timeline_svg({}, failed={"dflash": why})  # the host's only service died
+    assert alone is not None and any(t.startswith("never ready: ") for t in texts(alone))
