@@ -52,8 +52,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return report
     report.sections.append(("dflash perf", section_text(perf.runs, perf.judgements)))
     report.user_properties.append(("dflash_perf", [run.summary() for run in perf.runs]))
-    for run in perf.runs:  # flat, so JUnit carries the numbers themselves
-        report.user_properties.extend(run.junit_properties())
+    for run in perf.runs:  # flat, so JUnit carries the numbers themselves; junitxml reads the teardown
+        item.user_properties.extend(run.junit_properties())  # report's properties: the item's reach it
     if item.config.pluginmanager.hasplugin("html"):
         from pytest_html import extras
 
