@@ -51,3 +51,20 @@ def test_an_attached_host_shows_how_it_was_reached(tmp_path: Path) -> None:
     main(["merge", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "-q"])
     page = (tmp_path / "out" / "fleet-summary.html").read_text()
     assert "connection <code>none: attached by URL (http://127.0.0.1:30001)</code>" in page
+
+
+def test_perf_deltas_are_coloured_by_direction_worse_first(tmp_path: Path) -> None:
+    before = {"perf": {"dflash": {"output_throughput": 500.0, "p99_ttft_ms": 50.0}},
+              "acceptance:dflash": {"accept_rate": 0.0008}}
+    after = {"perf": {"dflash": {"output_throughput": 400.0, "p99_ttft_ms": 40.0}},
+             "acceptance:dflash": {"accept_rate": 0.3747}}
+    make_verdict(tmp_path / "n1", "gpu-a", GREEN, run_id="n1", finished=1796000000.0, metrics=before)
+    main(["merge", str(tmp_path / "n1"), "--out", str(tmp_path / "out"), "-q"])
+    make_verdict(tmp_path / "n2", "gpu-a", GREEN, run_id="n2", finished=1796086400.0, metrics=after)
+    main(["merge", str(tmp_path / "n2"), "--out", str(tmp_path / "out"), "-q"])
+    page = (tmp_path / "out" / "fleet-summary.html").read_text()
+    table = page.split("<h3>Perf deltas", 1)[1].split("</table>", 1)[0]
+    rows = table.split("<tr>")[2:]
+    assert "perf.dflash.output_throughput" in rows[0] and '<td class="worse">-20.0% worse</td>' in rows[0]
+    assert any("acceptance:dflash.accept_rate" in r and '<td class="good">+46737.5% better</td>' in r for r in rows)
+    assert any("perf.dflash.p99_ttft_ms" in r and '<td class="good">-20.0% better</td>' in r for r in rows)
