@@ -141,7 +141,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if run is None or not run.profiles:
         return []
     mode = "provision" if run.options.provision else "attach"
-    hosts = ", ".join(f"{p.name} ({p.display_connection or 'url only'}; {len(p.services)} services; "
+    hosts = ", ".join(f"{p.name} ({p.display_connection or 'url only'}; {len(p.services)} "
+                      f"service{'s' if len(p.services) != 1 else ''}; "
                       f"{'provision' if p.provision == 'always' else mode})" for p in run.profiles.values())
     return [f"dflash: run {run.run_id}; hosts: {hosts}"]
 

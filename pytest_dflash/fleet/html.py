@@ -14,7 +14,8 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_dflash.fleet.values import safe_name
+from pytest_dflash.fleet.values import measurements, safe_name
+from pytest_dflash.report.perf_table import perf_table, rows_from_metrics
 from pytest_dflash.scrub.terminal import terminal_safe
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "blocked": "#ef6c00", "skipped": "#757575",
@@ -32,7 +33,8 @@ td.o-not-run{color:#555}td.o-not-run a{color:#555}
 .remedy{color:#333}.muted{color:#777}code,pre{font:12px/1.35 ui-monospace,Menlo,Consolas,monospace}
 pre{white-space:pre-wrap;background:#fafafa;border:1px solid #eee;padding:4px 6px;margin:2px 0}
 article{border:1px solid #e0e0e0;border-radius:4px;padding:.2em 1em 1em;margin:1em 0}
-article:target{box-shadow:0 0 0 3px #ffb300}.bad{color:#c62828}.good{color:#2e7d32}
+article:target{box-shadow:0 0 0 3px #ffb300}.bad{color:#c62828;font-weight:600}.good{color:#2e7d32}
+.worse{color:#c62828}
 #controls{margin:.5em 0}
 """
 SCRIPT = """
@@ -47,6 +49,12 @@ r.style.display=ok?'':'none';});}f.addEventListener('input',apply);c.addEventLis
 def e(value: Any) -> str:
     """HTML-escaped, and its control characters written out (html.escape leaves ESC and BEL as they are)."""
     return html.escape(terminal_safe("" if value is None else str(value)), quote=True)
+
+
+def layer_header(layer: str) -> str:
+    """A layer's column header: "host layer" for the host layer, which a bare "host" would make a second
+    column named like the host names' one."""
+    return "host layer" if layer == "host" else layer
 
 
 def anchor(host: str) -> str:
@@ -83,6 +91,7 @@ def render_html(summary: Mapping[str, Any]) -> str:
     out += _diagnoses(summary.get("diagnoses") or {})
     out += _matrix(hosts, shown)
     out += _readiness(hosts)
+    out += _perf_table(hosts)
     failing = [(name, entry) for name, entry in hosts.items() if entry["verdict"] != "pass"]
     if failing:
         out.append(f"<h2>Failing hosts ({len(failing)})</h2>")
@@ -141,8 +150,7 @@ def _trend(trend: Mapping[str, Any] | None) -> list[str]:
                    + "<table><tr><th>host</th><th>number</th><th>previous</th><th>current</th><th>change</th>"
                    "<th>judged</th></tr>")
         for item in perf[:200]:
-            css = "bad" if item["regression"] else "muted"
-            pct = f"{item['pct']:+.1f}%" if item["pct"] is not None else "new"
+            css, pct = _delta_cells(item)
             out.append(f'<tr><td><a href="#{anchor(item["host"])}">{e(item["host"])}</a></td>'
                        f'<td>{e(item["metric"])}</td><td>{item["previous"]:g}</td>'
                        f'<td>{item["current"]:g}</td><td class="{css}">{pct}</td>'
@@ -170,6 +178,17 @@ def _readiness(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return ['<h2>Readiness across hosts</h2><div class="readiness-spread">', svg, "</div>"]
 
 
+def _perf_table(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Every host's perf services in one table, failing hosts first."""
+    rows = [row for name, entry in hosts.items()
+            for row in rows_from_metrics(name, entry.get("metrics") or {},
+                                         {s: str(f.get("algorithm") or "")
+                                          for s, f in (entry.get("services") or {}).items()},
+                                         failing=entry["verdict"] != "pass")]
+    table = perf_table(rows)
+    return ["<h2>Perf across services</h2>", table] if table else []
+
+
 def _diagnoses(diagnoses: Mapping[str, Mapping[str, Any]]) -> list[str]:
     if not diagnoses:
         return []
@@ -187,7 +206,7 @@ def _matrix(hosts: Mapping[str, Mapping[str, Any]], layers: list[str]) -> list[s
     out = ['<h2>Hosts × layers</h2><div id="controls"><label><input type="checkbox" id="only-failing"> '
            'failing hosts only</label> <input id="filter" placeholder="filter hosts" size="24"></div>',
            '<table id="matrix"><thead><tr><th>host</th><th>verdict</th>'
-           + "".join(f"<th>{e(layer)}</th>" for layer in layers)
+           + "".join(f"<th>{e(layer_header(layer))}</th>" for layer in layers)
            + "<th>failing since</th></tr></thead><tbody>"]
     order = sorted(hosts.items(), key=lambda kv: (kv[1]["verdict"] != "fail", kv[0]))
     for name, entry in order:
@@ -277,12 +296,21 @@ def _perf_delta(entry: Mapping[str, Any]) -> list[str]:
     out = ["<table><tr><th>number</th><th>previous run</th><th>this run</th>"
            "<th>change</th><th>judged</th></tr>"]
     for key, item in deltas.items():
-        css = "bad" if item["regression"] else "muted"
-        pct = f"{item['pct']:+.1f}%" if item["pct"] is not None else "new"
+        css, pct = _delta_cells(item)
         out.append(f'<tr><td>{e(key)}</td><td>{item["previous"]:g}</td><td>{item["current"]:g}</td>'
                    f'<td class="{css}">{pct}</td><td class="{css}">{e(item.get("rule") or "")}</td></tr>')
     out.append("</table>")
     return out
+
+
+def _delta_cells(item: Mapping[str, Any]) -> tuple[str, str]:
+    """(css class, shown change) of a perf delta: red when worse (bold when a regression), green when better,
+    by the number's direction (tok/s and accept length up, latencies down), with the word beside it."""
+    direction = item.get("direction")
+    css = ("bad" if item["regression"] else "worse" if direction == "worse" else "good" if direction
+           else "muted")
+    pct = f"{item['pct']:+.1f}%" if item["pct"] is not None else "new"
+    return css, f"{pct} {direction}" if direction else pct
 
 
 def _services(entry: Mapping[str, Any]) -> list[str]:
@@ -299,8 +327,9 @@ def _services(entry: Mapping[str, Any]) -> list[str]:
                        f"<td>{'' if ready is None else f'{ready:.2f}'}</td>"
                        f"<td>{'' if accept is None else f'{accept:.2f}'}</td></tr>")
         out.append("</table>")
-    if metrics:
-        out.append("<table><tr><th>perf number</th><th>value</th></tr>"
+    measured = measurements(metrics)  # thresholds, settings and intervals stay in fleet-summary.json
+    if measured:
+        out.append("<table><tr><th>measured</th><th>value</th></tr>"
                    + "".join(f"<tr><td>{e(k)}</td><td>{v:g}</td></tr>"
-                             for k, v in metrics.items()) + "</table>")
+                             for k, v in measured.items()) + "</table>")
     return out

@@ -77,8 +77,13 @@ def headline(summary: Mapping[str, Any], *, gate_line: bool = True) -> list[str]
     at the end of a run: its dflash verdict section already has the gate's one line."""
     totals = summary["totals"]
     incomplete = [f"{totals[v]} {v}" for v in ("partial", "interrupted") if totals.get(v)]
-    lines = [f"fleet: {totals['pass']}/{totals['hosts']} hosts pass"
-             + (f" ({', '.join(incomplete)})" if incomplete else "")
+    if totals["hosts"] == 1:  # "0/1 hosts pass" on a one-host run: say which host and how it ended
+        ((name, entry),) = summary["hosts"].items()
+        first = f"fleet: one host, {name}: {str(entry['verdict']).upper()}"
+    else:
+        first = (f"fleet: {totals['pass']}/{totals['hosts']} hosts pass"
+                 + (f" ({', '.join(incomplete)})" if incomplete else ""))
+    lines = [first
              + (f"; excluded: {', '.join(summary['excluded'])}" if summary.get("excluded") else "")]
     gate = summary.get("gate")
     if gate and gate_line:

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest, push_to_gatewa
 from prometheus_client.exposition import basic_auth_handler, default_handler
 from prometheus_client.metrics_core import Metric
 
+from pytest_dflash.fleet.values import measurements
 from pytest_dflash.report.files import atomic_write
 
 NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -59,7 +60,7 @@ METRICS: dict[str, str] = {
     "dflash_service_ready_seconds": "seconds from launch/attach until the service was ready (greedy + "
                                     "sampled generation succeeded)",
     "dflash_service_accept_length": "mean accept length measured on the service (speculative decoding)",
-    "dflash_perf": "a perf-layer number of the host (from the verdict's metrics), by metric name",
+    "dflash_perf": "a measured number of the host (the verdict's metrics, no thresholds), by metric name",
 }
 
 
@@ -173,7 +174,7 @@ def fleet_metrics(summary: Mapping[str, Any]) -> Exposition:
             _maybe(out, "dflash_service_ready_seconds", labels, facts.get("ready_s"))
             _maybe(out, "dflash_service_accept_length", labels, facts.get("accept_length"))
     for name, host in hosts.items():
-        for metric, value in host.get("metrics", {}).items():
+        for metric, value in measurements(host.get("metrics", {})).items():  # thresholds stay out
             _maybe(out, "dflash_perf", {"host": name, "metric": metric}, value)
     return out
 

@@ -61,6 +61,12 @@ def _service_entry(facts: Mapping[str, Any]) -> dict[str, Any]:
     return entry
 
 
+def _attached(services: Mapping[str, Any]) -> str:
+    """What a host without a connection (its services attached by URL) shows instead of a blank."""
+    urls = sorted({str(f["url"]) for f in services.values() if isinstance(f, Mapping) and f.get("url")})
+    return "none: attached by URL" + (f" ({', '.join(urls)})" if urls else "")
+
+
 def _failure_entry(failure: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "test": failure.get("test", ""),
@@ -105,7 +111,7 @@ def host_entry(verdict: LoadedVerdict) -> dict[str, Any]:
         "partial": [str(p) for p in data.get("partial") or []],
         "gate_refused": [str(r) for r in (data.get("gate") or {}).get("refused") or []],
         "profile": data.get("profile"),
-        "connection": data.get("connection"),
+        "connection": data.get("connection") or _attached(data.get("services") or {}),
         "layers": outcomes,
         "failures": [_failure_entry(f) for f in data.get("failures", []) if isinstance(f, Mapping)],
         "blocked": _blocked_entries([b for b in data.get("blocked", []) if isinstance(b, Mapping)]),

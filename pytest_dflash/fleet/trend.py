@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_dflash.config.layers import LAYERS
-from pytest_dflash.fleet.values import flatten, host_numbers, parse_time, safe_name
+from pytest_dflash.fleet.values import flatten, host_numbers, is_measurement, parse_time, safe_name
 
 FAILING = ("failed", "blocked")
 MAX_CHANGES = 200  # per host, in the summary ("what changed" of a whole package set can be long)
@@ -120,7 +120,7 @@ def perf_deltas(before: Mapping[str, float], after: Mapping[str, float], thresho
     the host's recent good runs, newest last."""
     deltas: dict[str, Any] = {}
     for key in sorted(set(before) & set(after)):
-        if key.endswith(NOT_TRENDED):
+        if key.endswith(NOT_TRENDED) or not is_measurement(key):  # a threshold moving is not a perf change
             continue
         old, new = before[key], after[key]
         if old == new:
@@ -128,10 +128,17 @@ def perf_deltas(before: Mapping[str, float], after: Mapping[str, float], thresho
         pct = (new - old) / abs(old) * 100.0 if old else None
         significant = pct is None or abs(pct) >= threshold_pct
         regression, rule = judge_change(key, before, after, history, threshold_pct)
+        better = new < old if lower_is_better(key) else new > old
         deltas[key] = {"previous": old, "current": new, "delta": round(new - old, 6),
                        "pct": None if pct is None else round(pct, 2),
+                       "direction": "better" if better else "worse",
                        "regression": regression, "significant": significant or regression, "rule": rule}
-    return deltas
+    return dict(sorted(deltas.items(), key=lambda kv: _delta_rank(kv[1])))
+
+
+def _delta_rank(delta: Mapping[str, Any]) -> tuple[bool, bool, float]:
+    """Regressions first, then the other changes for the worse, then the better ones; larger first within."""
+    return (not delta["regression"], delta.get("direction") != "worse", -abs(delta["pct"] or 0.0))
 
 
 def _interval(numbers: Mapping[str, float], key: str) -> tuple[float, float] | None:
@@ -279,7 +286,7 @@ def build_trend(hosts: Mapping[str, dict[str, Any]], previous: Mapping[str, Any]
         entry["perf_delta"] = deltas
         perf.extend({"host": name, "metric": key, **delta} for key, delta in deltas.items()
                     if delta["significant"])
-    perf.sort(key=lambda d: (not d["regression"], -abs(d["pct"] or 0.0), d["host"], d["metric"]))
+    perf.sort(key=lambda d: (*_delta_rank(d), d["host"], d["metric"]))
     return {
         "previous": {"source": source, "generated": previous.get("generated"),
                      "finished": _last_finished(previous), "run_ids": previous.get("run_ids", []),

@@ -4,6 +4,7 @@ name made safe for a file name or an HTML anchor (:func:`safe_name`)."""
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -63,3 +64,29 @@ def safe_name(name: str) -> str:
     """A host's name as a history folder or an HTML anchor: the verdict file's encoding, so two hosts never
     share one (config/targets.py::file_name)."""
     return file_name(name)
+
+
+# The measured numbers among a verdict's metrics (what a dashboard charts and a trend compares), by the
+# source's prefix; everything else there is a threshold (`ceiling_ms`, `max_tie_rate`, `.bound`), a setting
+# (`concurrency`, `tie_gap`), an interval (`.lower` / `.upper`, kept for the trend's judging), a pass flag or
+# a statistical test's internals, which stay in the JSON.
+_MEASURED = re.compile(
+    r"^(?:perf\.[^.]+\.(?:output_throughput|request_throughput|completed|failed|duration|median_ttft_ms"
+    r"|p99_ttft_ms|median_itl_ms|p99_itl_ms|mean_tpot_ms|p99_e2e_latency_ms|accept_length|server_accept_length"
+    r"|speedup_vs_[^.]+|accept_length_by_category\.[^.]+)"
+    r"|token_latency:[^.]+\.(?:ttft_ms|tpot_ms)"
+    r"|acceptance:[^.]+\.(?:mean|accept_rate|per_category\.[^.]+)"
+    r"|accept_ratio:[^.]+"
+    r"|parity[\w-]*:[^.]+\.(?:exact_rate|tie_rate)"
+    r"|service:[^.]+\.(?:ready_s|accept_length))$")
+
+
+def is_measurement(key: str) -> bool:
+    """Whether a flattened metric key (`perf.dflash.output_throughput`) is a measured number, not a threshold,
+    setting, interval or pass flag (`token_latency:none.ceiling_ms`, `perf.dflash.output_tok_s.bound`)."""
+    return _MEASURED.match(key) is not None
+
+
+def measurements(values: Mapping[str, float]) -> dict[str, float]:
+    """The measured numbers of `values` (see :func:`is_measurement`), in their order."""
+    return {key: value for key, value in values.items() if is_measurement(key)}

@@ -105,7 +105,7 @@ class HtmlHooks:
             return
         if self._page is not None:
             self._page.title = run_title(builder)
-        head = "".join(f"<th>{layer}</th>" for layer in LAYERS)
+        head = "".join(f"<th>{'host layer' if layer == 'host' else layer}</th>" for layer in LAYERS)
         rows = []
         for name, verdict in sorted(builder.hosts.items()):
             cells = "".join(
@@ -203,22 +203,34 @@ def skip_sentence(path: str, line: int | None, reason: str) -> str:
     return f"{reason} ({where}{line_text})"
 
 
+# the phase table under each timeline: headers apart, padded, dark text (pytest-html's own CSS greys tables)
+PHASES_CSS = ("<style>table.dflash-cold-start-phases{border-collapse:collapse;margin:4px 0 14px}"
+              "table.dflash-cold-start-phases th,table.dflash-cold-start-phases td{border:1px solid #ccc;"
+              "padding:3px 8px;color:#222;text-align:right}"
+              "table.dflash-cold-start-phases th{background:#f0f0f0;text-align:left}</style>")
+
+
 def cold_start_section(builder: VerdictBuilder) -> str:
     """Each host's cold start: its services' readiness on one clock, phases coloured; '' when no service has
     readiness facts (nothing was started or attached in this run)."""
-    from pytest_dflash.report.plots import cold_start_timeline_svg
+    from pytest_dflash.report.plots import cold_start_phases, cold_start_timeline_svg, phase_legend_svg
 
-    blocks = []
-    for name, verdict in sorted(builder.hosts.items()):
+    blocks, phases = [], set()
+    # failing hosts first; one legend for the page
+    for name, verdict in sorted(builder.hosts.items(), key=lambda kv: (kv[1].verdict == "pass", kv[0])):
         ready = {svc: facts["ready"] for svc, facts in sorted(verdict.services.items())
                  if isinstance(facts.get("ready"), dict)}
-        svg = cold_start_timeline_svg(ready, title=f"{name}: cold start") if ready else None
+        # a service that never became ready is drawn too, saying where it stopped (its service-layer failure)
+        failed = {svc: str(f["message"]).strip().splitlines()[0] for f in verdict.failures
+                  if f.get("layer") == "service" for svc in f.get("services") or [] if svc not in ready}
+        svg = cold_start_timeline_svg(ready, title=f"{name}: cold start", legend=False, failed=failed)
         if svg is not None:
+            phases |= {phase for facts in ready.values() for phase, _, _ in cold_start_phases(facts)}
             blocks.append(f'<div class="dflash-cold-start" data-host="{html.escape(name)}">{svg}'
-                          f"{cold_start_table(ready)}</div>")
+                          f"{cold_start_table(ready) if ready else ''}</div>")
     if not blocks:
         return ""
-    return "<h2>dflash cold start</h2>" + "".join(blocks)
+    return ("<h2>dflash cold start</h2>" + PHASES_CSS + (phase_legend_svg(phases) or "") + "".join(blocks))
 
 
 def cold_start_table(ready: dict[str, Any]) -> str:
@@ -242,8 +254,8 @@ def cold_start_table(ready: dict[str, Any]) -> str:
                 cells.append("<td></td>")
         total = max((end for _, end in phases.values()), default=0.0)
         body.append(f"<tr><th>{html.escape(svc)}</th>{''.join(cells)}<td>{total:.1f} s</td></tr>")
-    return (f'<table class="dflash-cold-start-phases"><tr><th>service</th>{head}<th>ready after</th></tr>'
-            f"{''.join(body)}</table>")
+    return (f'<table class="dflash-cold-start-phases"><tr><th>service</th>{head}<th>ready after</th>'
+            f"</tr>{''.join(body)}</table>")
 
 
 def versions_seen(builder: VerdictBuilder) -> dict[str, str]:

@@ -17,18 +17,62 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 from xml.sax.saxutils import escape
 
 if TYPE_CHECKING:
     from pytest_dflash.load import LoadResult
 
-__all__ = ["accept_length_histogram_svg", "cold_start_phases", "cold_start_timeline_svg", "latency_cdf_svg",
-           "phase_order", "phase_style", "plots_for_result", "readiness_spread_svg", "tokens_over_time_svg"]
+__all__ = ["Threshold", "accept_length_histogram_svg", "cold_start_phases", "cold_start_timeline_svg",
+           "latency_cdf_svg", "phase_legend_svg", "phase_order", "phase_style", "plots_for_result",
+           "readiness_spread_svg", "text_width", "tokens_over_time_svg"]
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 _W, _H = 640, 360
 _M_LEFT, _M_RIGHT, _M_TOP, _M_BOTTOM = 64, 20, 50, 52
+
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class Threshold:
+    """A floor or ceiling a test judged the plotted number against: drawn as a line, red and marked FAILED
+    when the judgement did not pass. `series` names the plotted series it applies to (a CDF's "TTFT"), or
+    None for the plot's only one."""
+
+    label: str
+    value: float
+    kind: Literal["floor", "ceiling"]
+    failed: bool = False
+    series: str | None = None
+
+    def text(self) -> str:
+        return f"{self.kind} {self.label} {_fmt(self.value)}" + (" FAILED" if self.failed else "")
+
+
+_FAILED, _THRESHOLD = "#c62828", "#555"
+
+
+def text_width(text: str, font_size: float = 11) -> float:
+    """A generous estimate of a sans-serif text's width in px (0.62 em a character: wider than the average
+    glyph of DejaVu Sans / Arial), so that a label placed by it stays inside the SVG."""
+    return 0.62 * font_size * len(text)
+
+
+def _fit(text: str, room: float, font_size: float = 11) -> str:
+    """`text`, shortened in the middle with an ellipsis, so that it fits in `room` px."""
+    if text_width(text, font_size) <= room:
+        return text
+    keep = max(int(room / (0.62 * font_size)) - 1, 2)
+    head = (keep + 1) // 2
+    return text[:head] + "…" + text[len(text) - (keep - head):]
+
+
+def _label(text: str, room: float) -> str:
+    """`text` escaped, shortened to fit `room` px; a shortened one keeps the whole text as its tooltip."""
+    shown = _fit(text, room)
+    return escape(shown) + (f"<title>{escape(text)}</title>" if shown != text else "")
 
 
 def _nice_step(span: float, target: int = 6) -> float:
@@ -121,13 +165,43 @@ class _Canvas:
                  f'{escape(self.ylabel)}</text>')
 
     def legend(self, names: Sequence[str], colors: Sequence[str] = PALETTE) -> None:
-        x = self.x0 + 10
+        """One row of entries above the plot area, wrapped onto a second row (then shortened) when they do
+        not fit in the width."""
+        x, y = float(self.x0 + 10), float(self.y1 - 12)
+        right = self.w - 8
         for i, name in enumerate(names):
-            y = self.y1 - 12
+            width = 16 + text_width(name)
+            if x + width > right and x > self.x0 + 10:
+                x, y = float(self.x0 + 10), y + 14
+            shown = _fit(name, right - x - 16)
             color = colors[i % len(colors)]
-            self.parts.append(f'<rect x="{x}" y="{y - 8}" width="12" height="8" fill="{color}"/>')
-            self.parts.append(f'<text x="{x + 16}" y="{y}">{escape(name)}</text>')
-            x += 16 + 7 * len(name) + 24  # about 7 px per character at font-size 11
+            self.parts.append(f'<rect x="{x:.1f}" y="{y - 8:.1f}" width="12" height="8" fill="{color}"/>')
+            self.parts.append(f'<text x="{x + 16:.1f}" y="{y:.1f}">{escape(shown)}</text>')
+            x += 16 + text_width(shown) + 18
+
+    def hline(self, value: float, threshold: Threshold) -> None:
+        """A horizontal threshold line across the plot area, labelled at its right end."""
+        colour = _FAILED if threshold.failed else _THRESHOLD
+        y = self.py(value)
+        self.parts.append(f'<line x1="{self.x0}" y1="{y:.1f}" x2="{self.x1}" y2="{y:.1f}" stroke="{colour}" '
+                          f'stroke-width="1.5" stroke-dasharray="8 3" class="dflash-threshold">'
+                          f"<title>{escape(threshold.text())}</title></line>")
+        text = _fit(threshold.text(), self.x1 - self.x0 - 8)
+        self.parts.append(f'<text x="{self.x1 - 4}" y="{y - 4:.1f}" text-anchor="end" fill="{colour}">'
+                          f"{escape(text)}</text>")
+
+    def vline(self, value: float, threshold: Threshold, *, row: int = 0) -> None:
+        """A vertical threshold line over the plot area, labelled beside it (left of it near the right
+        edge)."""
+        colour = _FAILED if threshold.failed else _THRESHOLD
+        x = self.px(value)
+        self.parts.append(f'<line x1="{x:.1f}" y1="{self.y0}" x2="{x:.1f}" y2="{self.y1}" stroke="{colour}" '
+                          f'stroke-width="1.5" stroke-dasharray="8 3" class="dflash-threshold">'
+                          f"<title>{escape(threshold.text())}</title></line>")
+        text = _fit(threshold.text(), max(x - self.x0, self.x1 - x) - 8)
+        left = x + 4 + text_width(text) > self.w - 4
+        self.parts.append(f'<text x="{x - 4 if left else x + 4:.1f}" y="{self.y1 + 12 + 13 * row:.1f}" '
+                          f'text-anchor="{"end" if left else "start"}" fill="{colour}">{escape(text)}</text>')
 
     def svg(self) -> str:
         head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.w}" height="{self.h}" '
@@ -147,14 +221,16 @@ def _empty(title: str, width: int, height: int, why: str) -> str:
 
 def latency_cdf_svg(series: Mapping[str, Sequence[float]], *, title: str = "Latency CDF",
                     xlabel: str = "latency (ms)", log_x: bool | None = None, width: int = _W,
-                    height: int = _H) -> str:
-    """Empirical CDFs (step lines) of one or more latency series, with p50/p99 in the legend."""
+                    height: int = _H, thresholds: Sequence[Threshold] = ()) -> str:
+    """Empirical CDFs (step lines) of one or more latency series, with p50/p99 in the legend and each ceiling
+    judged on them as a vertical line (the axis stretched to show it)."""
     data = {k: sorted(float(v) for v in vs if math.isfinite(v)) for k, vs in series.items()}
     data = {k: v for k, v in data.items() if v}
     if not data:
         return _empty(title, width, height, "no successful requests")
+    lines = [t for t in thresholds if math.isfinite(t.value) and t.value > 0]
     lo = min(v[0] for v in data.values())
-    hi = max(v[-1] for v in data.values())
+    hi = max([v[-1] for v in data.values()] + [t.value for t in lines])
     if log_x is None:
         log_x = lo > 0 and hi / lo > 30
     if log_x and lo <= 0:
@@ -178,35 +254,67 @@ def latency_cdf_svg(series: Mapping[str, Sequence[float]], *, title: str = "Late
         p99 = vals[min(n - 1, int(0.99 * n))]
         names.append(f"{name} p50 {_fmt(p50)} p99 {_fmt(p99)}")
     c.legend(names)
+    for row, threshold in enumerate(lines):
+        c.vline(threshold.value, threshold, row=row + 2)
     return c.svg()
 
 
 def tokens_over_time_svg(points: Sequence[tuple[float, float]], *, title: str = "Output tokens/s over time",
-                         width: int = _W, height: int = _H) -> str:
-    """A line of (time s, tokens/s) points, e.g. from :func:`pytest_dflash.load.tokens_over_time`."""
+                         width: int = _W, height: int = _H, headline: float | None = None,
+                         partial: tuple[float, float] | None = None,
+                         thresholds: Sequence[Threshold] = ()) -> str:
+    """A line of (time s, tokens/s) points, e.g. from :func:`pytest_dflash.load.tokens_over_time`.
+
+    `headline`: the run's output tok/s (all output tokens / the run's duration), drawn as the dashed mean, so
+    the plot and the headline show one number (a mean of the bins would weigh a short last bin like a full
+    one). `partial`: (seconds covered, bin seconds) of the last point when its bin was cut short by the end of
+    the run: it is left out of the line and drawn as a hollow marker, labelled, not as a collapse.
+    `thresholds`: the output tok/s floor(s) judged on the run."""
     pts = [(float(t), float(v)) for t, v in points if math.isfinite(t) and math.isfinite(v)]
     if not pts:
         return _empty(title, width, height, "no token timing data")
+    last = pts.pop() if partial is not None and len(pts) > 1 else None
+    lines = [t for t in thresholds if math.isfinite(t.value)]
     c = _Canvas(title, "time since start (s)", "output tokens/s", width, height)
-    xticks = c.set_x(min(t for t, _ in pts), max(t for t, _ in pts))
-    yticks = c.set_y(0.0, max(v for _, v in pts) * 1.05 or 1.0)
+    xticks = c.set_x(min(t for t, _ in pts), max(t for t, _ in [*pts, *([last] if last else [])]))
+    top = max([v for _, v in pts] + [t.value for t in lines] + [headline or 0.0])
+    yticks = c.set_y(0.0, top * 1.12 or 1.0)
     c.axes(xticks, yticks)
     path = " ".join(f"{c.px(t):.1f},{c.py(v):.1f}" for t, v in pts)
     c.parts.append(f'<polyline fill="none" stroke="{PALETTE[0]}" stroke-width="1.5" points="{path}"/>')
-    mean = sum(v for _, v in pts) / len(pts)
-    y = c.py(mean)
-    c.parts.append(f'<line x1="{c.x0}" y1="{y:.1f}" x2="{c.x1}" y2="{y:.1f}" stroke="{PALETTE[1]}" '
-                   f'stroke-dasharray="4 3"/>')
-    c.legend(["tokens/s per bin", f"mean {_fmt(mean)}"])
+    names, colours = ["tokens/s per bin"], [PALETTE[0]]
+    if last is not None and partial is not None:
+        covered, bin_s = partial
+        c.parts.append(f'<circle cx="{c.px(last[0]):.1f}" cy="{c.py(last[1]):.1f}" r="3.5" fill="none" '
+                       f'stroke="#999" class="dflash-partial-bin"><title>last bin: only {covered:.2f} s of '
+                       f"{bin_s:.2f} s before the run ended ({_fmt(last[1])} tok/s), not a slow-down"
+                       "</title></circle>")
+        names.append("○ last bin partial (not in the line)")
+        colours.append("#999")
+    if headline is not None and math.isfinite(headline):
+        y = c.py(headline)
+        c.parts.append(f'<line x1="{c.x0}" y1="{y:.1f}" x2="{c.x1}" y2="{y:.1f}" stroke="{PALETTE[1]}" '
+                       f'stroke-dasharray="4 3" class="dflash-mean"/>')
+        names.append(f"mean {headline:.1f} tok/s (the headline)")
+        colours.append(PALETTE[1])
+    for threshold in lines:
+        c.hline(threshold.value, threshold)
+    c.legend(names, colours)
     return c.svg()
 
 
 def accept_length_histogram_svg(values: Sequence[float], *, title: str = "Accept length per request",
-                                bins: int | None = None, width: int = _W, height: int = _H) -> str:
-    """Histogram of per-request accept lengths (tokens per verify step)."""
+                                bins: int | None = None, width: int = _W, height: int = _H,
+                                mean: float | None = None, thresholds: Sequence[Threshold] = ()) -> str:
+    """Histogram of per-request accept lengths (tokens per verify step).
+
+    `mean`: the run's accept length as its headline states it (Σ output tokens / Σ verify steps, which weighs
+    a long request more than the plain mean of the per-request values does), drawn as a vertical line; the
+    plain mean of `values` when not given. `thresholds`: the accept-length floor judged on the run."""
     vals = [float(v) for v in values if math.isfinite(v)]
     if not vals:
         return _empty(title, width, height, "no accept-length data (native /generate with speculation only)")
+    lines = [t for t in thresholds if math.isfinite(t.value)]
     lo, hi = min(vals), max(vals)
     if bins is None:
         bins = max(1, min(30, int(math.sqrt(len(vals))) + 1))
@@ -217,8 +325,8 @@ def accept_length_histogram_svg(values: Sequence[float], *, title: str = "Accept
     for v in vals:
         counts[min(int((v - lo) / (hi - lo) * bins), bins - 1)] += 1
     c = _Canvas(title, "accept length (tokens per verify step)", "requests", width, height)
-    xticks = c.set_x(lo, hi)
-    yticks = c.set_y(0.0, max(counts) * 1.1)
+    xticks = c.set_x(min([lo] + [t.value for t in lines]), max([hi] + [t.value for t in lines]))
+    yticks = c.set_y(0.0, max(counts) * 1.25)
     c.axes(xticks, yticks)
     for i, n in enumerate(counts):
         x1, x2 = c.px(edges[i]), c.px(edges[i + 1])
@@ -226,26 +334,49 @@ def accept_length_histogram_svg(values: Sequence[float], *, title: str = "Accept
         c.parts.append(f'<rect x="{x1 + 0.5:.1f}" y="{y:.1f}" width="{max(x2 - x1 - 1, 0.5):.1f}" '
                        f'height="{c.y0 - y:.1f}" fill="{PALETTE[2]}"><title>{escape(_fmt(edges[i]))}–'
                        f'{escape(_fmt(edges[i + 1]))}: {n}</title></rect>')
-    mean = sum(vals) / len(vals)
-    c.legend([f"n={len(vals)} requests, mean {mean:.3f}"], colors=[PALETTE[2]])
+    weighted = mean is not None and math.isfinite(mean)
+    shown = mean if mean is not None and weighted else sum(vals) / len(vals)
+    x = c.px(shown)
+    c.parts.append(f'<line x1="{x:.1f}" y1="{c.y0}" x2="{x:.1f}" y2="{c.y1}" stroke="{PALETTE[1]}" '
+                   f'stroke-dasharray="4 3" class="dflash-mean"/>')
+    how = " (Σ tokens / Σ verify steps)" if weighted else ""
+    c.legend([f"n={len(vals)} requests", f"accept length {shown:.3f}{how}"], colors=[PALETTE[2], PALETTE[1]])
+    for row, threshold in enumerate(lines):
+        c.vline(threshold.value, threshold, row=row + 2)
     return c.svg()
 
 
-def plots_for_result(result: LoadResult, *, bin_s: float | None = None) -> dict[str, str]:
-    """``{"latency_cdf", "tokens_over_time", "accept_length"}`` SVGs for one load run."""
+def plots_for_result(result: LoadResult, *, bin_s: float | None = None, accept_length: float | None = None,
+                     thresholds: Sequence[Threshold] = ()) -> dict[str, str]:
+    """``{"latency_cdf", "tokens_over_time", "accept_length"}`` SVGs for one load run, each mean the number
+    its headline states (`accept_length`: the run's, Σ tokens / Σ verify steps). `thresholds` are sorted onto
+    their plot by label: "output_tok_s" (tokens/s), "accept_length", and the latency ceilings ("ttft_…",
+    "e2e_…", drawn on the CDF of their series)."""
     from pytest_dflash.load import tokens_over_time
 
     ok = result.successful
     duration = float(result.metrics.get("duration") or 0.0)
     if bin_s is None:
         bin_s = max(0.1, duration / 60) if duration > 0 else 1.0
+    points = tokens_over_time(ok, bin_s=bin_s)
+    partial = None
+    ends = [t for r in ok if not r.warmup for t in (r.token_times_s or [r.end_s or 0.0])]
+    if points and ends:
+        covered = max(ends) - points[-1][0]
+        if covered < bin_s * 0.999:
+            partial = (covered, bin_s)
+    headline = result.metrics.get("output_throughput")
+    cdf = [t for t in thresholds if t.series in ("TTFT", "e2e")]
     return {
         "latency_cdf": latency_cdf_svg({"TTFT": [r.ttft_ms for r in ok if r.ttft_ms is not None],
                                         "e2e": [r.e2e_ms for r in ok if r.e2e_ms is not None]},
-                                       title="Latency CDF (TTFT, end to end)"),
-        "tokens_over_time": tokens_over_time_svg(tokens_over_time(ok, bin_s=bin_s)),
-        "accept_length": accept_length_histogram_svg([r.accept_length for r in ok
-                                                      if r.accept_length is not None]),
+                                       title="Latency CDF (TTFT, end to end)", thresholds=cdf),
+        "tokens_over_time": tokens_over_time_svg(
+            points, partial=partial, headline=float(headline) if isinstance(headline, int | float) else None,
+            thresholds=[t for t in thresholds if t.series == "output_tok_s"]),
+        "accept_length": accept_length_histogram_svg(
+            [r.accept_length for r in ok if r.accept_length is not None], mean=accept_length,
+            thresholds=[t for t in thresholds if t.series == "accept_length"]),
     }
 
 
@@ -311,11 +442,16 @@ def phase_style(name: str) -> tuple[str, str]:
 
 
 def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, title: str = "Cold start",
-                            width: int = 900) -> str | None:
+                            width: int = 900, legend: bool = True,
+                            failed: Mapping[str, str] | None = None) -> str | None:
     """One host's services side by side on one clock (seconds from the first wait's start; each service's bar
     starts where its own wait began, `waited_from`), each bar cut into its phases, coloured, with a tooltip
-    per phase and the total at its end. `services`: {name: the verdict's ready dict}. None when none has
-    one."""
+    per phase and the total at its end. `services`: {name: the verdict's ready dict}. `failed`: {name: where
+    it stopped} of the services that never became ready, each drawn as a red row saying so (first). None
+    when there is nothing to draw. `legend=False`: no legend (a page of several hosts draws one,
+    :func:`phase_legend_svg`)."""
+    failed = {name: why for name, why in (failed or {}).items()
+              if not cold_start_phases(services.get(name, {}))}
     rows: list[tuple[str, float, list[tuple[str, float, float]]]] = []
     starts = [w for r in services.values() if (w := _seconds(r.get("waited_from"))) is not None]
     t0 = min(starts) if starts else 0.0
@@ -325,19 +461,28 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
             continue
         waited = _seconds(ready.get("waited_from"))
         rows.append((name, (waited - t0) if waited is not None else 0.0, phases))
-    if not rows:
+    if not rows and not failed:
         return None
     label_w, row_h, top = 150, 26, 34
-    legend_names = phase_order(ph for _, _, phases in rows for ph, _, _ in phases)
-    height = top + row_h * len(rows) + 40 + 18 * ((len(legend_names) + 2) // 3)
+    legend_names = phase_order(ph for _, _, phases in rows for ph, _, _ in phases) if legend else []
+    height = (top + row_h * (len(rows) + len(failed)) + 40 + 18 * ((len(legend_names) + 2) // 3)
+              + (0 if legend else -4))
     c = _Canvas(title, "", "", width, height)
-    span = max(offset + phases[-1][2] for _, offset, phases in rows) or 1.0
+    span = max((offset + phases[-1][2] for _, offset, phases in rows), default=1.0) or 1.0
     lo, hi, ticks = _linear_ticks(0.0, span)
     x0, x1 = label_w, width - 70
 
     def px(t: float) -> float:
         return x0 + (t - lo) / ((hi - lo) or 1.0) * (x1 - x0)
 
+    for i, (name, why) in enumerate(failed.items()):
+        y = top + i * row_h
+        c.parts.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end" class="dflash-service">'
+                       f"{_label(name, label_w - 12)}</text>")
+        c.parts.append(f'<rect x="{x0}" y="{y + 3}" width="4" height="{row_h - 8}" fill="{_FAILED}" '
+                       f'class="dflash-failed-start"/><text x="{x0 + 10}" y="{y + 15}" fill="{_FAILED}">'
+                       f"{_label('never ready: ' + why, width - x0 - 14)}</text>")
+    top += row_h * len(failed)
     axis_y = top + row_h * len(rows) + 4
     for t in ticks:
         c.parts.append(f'<line x1="{px(t):.1f}" y1="{top - 4}" x2="{px(t):.1f}" y2="{axis_y}" '
@@ -349,7 +494,7 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
     for i, (name, offset, phases) in enumerate(rows):
         y = top + i * row_h
         c.parts.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end" class="dflash-service">'
-                       f"{escape(name)}</text>")
+                       f"{_label(name, label_w - 12)}</text>")
         for phase, start, end in phases:
             label, colour = phase_style(phase)
             x, w = px(offset + start), max(px(offset + end) - px(offset + start), 1.0)
@@ -358,14 +503,32 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
                            f"{escape(label)} {start:.1f}–{end:.1f} s ({end - start:.1f} s)</title></rect>")
         total = phases[-1][2]
         c.parts.append(f'<text x="{px(offset + total) + 4:.1f}" y="{y + 15}">{total:.1f} s</text>')
-    ly = axis_y + 46
-    for j, phase in enumerate(legend_names):
+    c.parts += _phase_legend(legend_names, axis_y + 46, width)
+    return c.svg()
+
+
+def _phase_legend(names: Sequence[str], top: float, width: int) -> list[str]:
+    out = []
+    for j, phase in enumerate(names):
         label, colour = phase_style(phase)
         lx = 10 + (j % 3) * (width // 3)
-        yy = ly + (j // 3) * 18
-        c.parts.append(f'<rect x="{lx}" y="{yy - 9}" width="12" height="10" fill="{colour}"/>'
-                       f'<text x="{lx + 16}" y="{yy}">{escape(label)}</text>')
-    return c.svg()
+        yy = top + (j // 3) * 18
+        out.append(f'<rect x="{lx}" y="{yy - 9}" width="12" height="10" fill="{colour}"/>'
+                   f'<text x="{lx + 16}" y="{yy}">{_label(label, width // 3 - 24)}</text>')
+    return out
+
+
+def phase_legend_svg(phases: Iterable[str], *, width: int = 900) -> str | None:
+    """The start-up phases' colours, once for a page of timelines; None for no phase."""
+    names = phase_order(phases)
+    if not names:
+        return None
+    height = 18 * ((len(names) + 2) // 3) + 8
+    c = _Canvas("start-up phases", "", "", width, height)
+    c.parts += _phase_legend(names, 16, width)
+    # the canvas's own title text would take the first row: keep only its <title> for screen readers
+    return c.svg().replace(f'<text x="{width / 2:.1f}" y="18" text-anchor="middle" font-size="13" '
+                           'font-weight="bold">start-up phases</text>', "", 1)
 
 
 def readiness_spread_svg(ready_s: Mapping[str, Mapping[str, float]], *, title: str = "Readiness across hosts",
@@ -378,14 +541,18 @@ def readiness_spread_svg(ready_s: Mapping[str, Mapping[str, float]], *, title: s
     rows = {name: hosts for name, hosts in rows.items() if hosts}
     if not rows:
         return None
-    label_w, row_h, top, right = 150, 30, 34, 250
+    summaries = {name: _spread_summary(hosts) for name, hosts in rows.items()}
+    label_w = min(max(text_width(name) for name in rows) + 16, width * 0.25)
+    # the summaries (which name the slowest host) get the room they need, up to half the width
+    right = min(max(text_width(text) for text in summaries.values()) + 20, width * 0.5)
+    row_h, top = 30, 34
     height = top + row_h * len(rows) + 44
     c = _Canvas(title, "", "", width, height)
     values = [v for hosts in rows.values() for v in hosts.values()]
     low, high = min(values), max(values)
     positive = [v for v in values if v > 0]
     log = bool(positive) and min(positive) > 0 and high / min(positive) > 30
-    c.x0, c.x1 = label_w, width - right
+    c.x0, c.x1 = round(label_w), round(width - right)
     c.set_x(min(positive) if log else 0.0, high if high > low else high + 1.0, log=log)
     ticks = _log_ticks(c.xlo, c.xhi)[2] if log else _linear_ticks(c.xlo, c.xhi)[2]
     axis_y = top + row_h * len(rows) + 2
@@ -399,10 +566,9 @@ def readiness_spread_svg(ready_s: Mapping[str, Mapping[str, float]], *, title: s
     for i, (name, hosts) in enumerate(sorted(rows.items())):
         y = top + i * row_h + row_h / 2
         ordered = sorted(hosts.values())
-        mid = len(ordered) // 2
-        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-        slowest = max(hosts, key=lambda h: hosts[h])
-        c.parts.append(f'<text x="{label_w - 8}" y="{y + 4:.1f}" text-anchor="end">{escape(name)}</text>')
+        median = _median(ordered)
+        c.parts.append(f'<text x="{label_w - 8:.1f}" y="{y + 4:.1f}" text-anchor="end">'
+                       f"{_label(name, label_w - 12)}</text>")
         c.parts.append(f'<line x1="{c.px(ordered[0]):.1f}" y1="{y:.1f}" x2="{c.px(ordered[-1]):.1f}" '
                        f'y2="{y:.1f}" stroke="#bbb" stroke-width="2"/>')
         for host, value in sorted(hosts.items()):
@@ -411,7 +577,25 @@ def readiness_spread_svg(ready_s: Mapping[str, Mapping[str, float]], *, title: s
         mx = c.px(median)
         c.parts.append(f'<line x1="{mx:.1f}" y1="{y - 9:.1f}" x2="{mx:.1f}" y2="{y + 9:.1f}" '
                        f'stroke="{PALETTE[1]}" stroke-width="2"/>')
-        summary = (f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}: min {_fmt(ordered[0])}, median "
-                   f"{_fmt(median)}, max {_fmt(ordered[-1])} s ({slowest})")
-        c.parts.append(f'<text x="{c.x1 + 10}" y="{y + 4:.1f}">{escape(summary)}</text>')
+        summary = summaries[name]
+        shown = _spread_summary(hosts, room=width - c.x1 - 14)
+        tip = f"<title>{escape(summary)}</title>" if shown != summary else ""
+        c.parts.append(f'<text x="{c.x1 + 10:.1f}" y="{y + 4:.1f}">{escape(shown)}{tip}</text>')
     return c.svg()
+
+
+def _median(ordered: Sequence[float]) -> float:
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _spread_summary(hosts: Mapping[str, float], *, room: float | None = None) -> str:
+    """'3 hosts: min 2.1, median 2.4, max 6.7 s (slowest-host)'; within `room` px the numbers stay whole and
+    the slowest host's name is shortened in the middle."""
+    ordered = sorted(hosts.values())
+    slowest = max(hosts, key=lambda h: hosts[h])
+    numbers = (f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}: min {_fmt(ordered[0])}, median "
+               f"{_fmt(_median(ordered))}, max {_fmt(ordered[-1])} s")
+    if room is not None:
+        slowest = _fit(slowest, room - text_width(numbers + " ()"))
+    return f"{numbers} ({slowest})"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,9 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
     for title in ("Latency CDF", "Output tokens/s over time", "Accept length per request"):
         assert title in page, title
 
+    junit, slow_html = tmp_path / "slow.xml", tmp_path / "slow.html"
     slow = run_suite("perf", "--host", str(local_profile(tmp_path / "slow", slow_dflash=SLOW_DECODE)),
-                     "-k", "not ddtree", f"--baseline-dir={baselines}")
+                     "-k", "not ddtree", f"--baseline-dir={baselines}", f"--junitxml={junit}", f"--html={slow_html}")
     assert_no_crash(slow)
     slow.assert_outcomes(failed=3, passed=3, skipped=1)  # DFLASH: floors, speed-up, baseline fail; accept length holds
     floor = floors("dflash")["output_tok_s"]
@@ -112,6 +114,19 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
     assert data["metrics"]["perf.dflash.output_tok_s.bound"] == pytest.approx(bound, rel=1e-3)
     assert data["metrics"]["perf.none.output_tok_s.pass"] == 1.0
     assert "output_tok_s: FAIL" in data["failures"][0]["message"]
+    # JUnit carries the measurements as flat properties (docs/gating.md), never a threshold
+    properties = {p.get("name"): p.get("value") for case in ET.parse(junit).getroot().iter("testcase")
+                  if "dflash" in case.get("name", "") for p in case.iter("property")}
+    assert float(properties["dflash.perf.dflash.output_tok_s"]) == pytest.approx(
+        data["metrics"]["perf.dflash.output_throughput"], rel=1e-3)
+    assert {"dflash.perf.dflash.ttft_p99_ms", "dflash.perf.dflash.itl_p99_ms", "dflash.perf.dflash.accept_length",
+            "dflash.perf.dflash.speedup_vs_none"} <= set(properties)
+    assert not [name for name in properties if name.startswith("dflash.perf.") and name.endswith((".bound", ".pass"))]
+    # the failed floor is drawn on the plot, marked, and the plot's mean is the headline's number
+    page = slow_html.read_text()
+    assert f"floor output_tok_s {floor:g} FAILED" in page
+    headline = re.search(r"perf-local/dflash \(DFLASH\): ([\d.]+) output tok/s", page)
+    assert headline is not None and f"mean {headline.group(1)} tok/s (the headline)" in page
     # the baseline is not replaced by a bad run
     assert load_baseline(baselines / HOST / "dflash.json").result.metrics["output_throughput"] > floor
 

@@ -78,7 +78,7 @@ def test_sigterm_during_a_run_is_interrupted_never_pass(tmp_path: Path) -> None:
     assert "term: INTERRUPTED" in out
     summary = json.loads((tmp_path / "fleet-summary.json").read_text())
     assert summary["totals"]["pass"] == 0 and summary["totals"]["interrupted"] == 1
-    assert "fleet: 0/1 hosts pass (1 interrupted)" in out
+    assert "fleet: one host, term: INTERRUPTED" in out
     assert "dflash_host_pass{" in (tmp_path / "fleet.prom").read_text()
     assert 'dflash_host_pass{host="term"} 0' in (tmp_path / "fleet.prom").read_text()
     assert not (tmp_path / "history" / "term" / "last-good.verdict.json").exists()
@@ -126,7 +126,7 @@ def test_a_narrowed_run_is_partial_and_never_green_in_the_fleet_view(run_suite, 
     assert data["partial"][0] == "-k 'greedy'"  # what the options say, then what pytest did: it deselected tests
     assert data["selection"]["plugin_version"] and "-k" in data["selection"]["args"]
     assert data["selection"]["suites"] == ["smoke"] and "generation" in data["selection"]["layers"]
-    result.stdout.fnmatch_lines(["*fleet: 0/1 hosts pass (1 partial)*"])
+    result.stdout.fnmatch_lines(["*fleet: one host, narrow: PARTIAL*"])
     assert not (run_suite.reports / "history" / "narrow" / "last-good.verdict.json").exists()
     whole = run_suite("smoke", "--host", str(profile))
     assert whole.ret == 0 and verdict(run_suite.reports, "narrow")["verdict"] == "pass"

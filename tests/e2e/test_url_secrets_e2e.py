@@ -42,7 +42,7 @@ def test_the_report_header_masks_the_connections_password(pytester: pytest.Pytes
     assert_no_crash(result)
     output = result.stdout.str() + result.stderr.str()
     assert PASSWORD not in output
-    result.stdout.fnmatch_lines([f"dflash: run *; hosts: gpu7 (ssh://root:{MASK}@127.0.0.1:1?timeout=4; 1 services; "
+    result.stdout.fnmatch_lines([f"dflash: run *; hosts: gpu7 (ssh://root:{MASK}@127.0.0.1:1?timeout=4; 1 service; "
                                  "attach)"])
 
 

@@ -216,7 +216,7 @@ def test_merge_counts_partial_hosts_as_not_passing(tmp_path: Path, capsys: pytes
     data["verdict"], data["partial"], data["complete"] = "partial", ["-m 'service'"], False
     path.write_text(json.dumps(data))
     assert main(["merge", str(root), "--out", str(tmp_path / "fleet")]) == 1
-    assert "fleet: 0/1 hosts pass (1 partial)" in capsys.readouterr().out
+    assert "fleet: one host, gpu-a: PARTIAL" in capsys.readouterr().out
     assert not (tmp_path / "fleet" / "history" / "gpu-a" / "last-good.verdict.json").exists()
 
 

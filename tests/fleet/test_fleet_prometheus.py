@@ -31,7 +31,7 @@ def _summary(tmp_path: Path, **kwargs):  # type: ignore[no-untyped-def]
 
 
 def test_exposition_shows_exactly_the_fleet_state(tmp_path: Path) -> None:
-    make_verdict(tmp_path / "in", "gpu-a", GREEN, metrics={"dflash": {"output_tok_s": 812.5, "ttft_p99_ms": 40}})
+    make_verdict(tmp_path / "in", "gpu-a", GREEN, metrics={"perf": {"dflash": {"output_throughput": 812.5, "p99_ttft_ms": 40, "output_tok_s.bound": 790.0}}, "token_latency:none": {"ttft_ms": 30.0, "ceiling_ms": 250.0}})
     make_verdict(tmp_path / "in", "gpu-b", BROKEN)
     families = parse(fleet_exposition(_summary(tmp_path, gate_layers=["service", "generation"])))
     for name, family in families.items():
@@ -53,8 +53,12 @@ def test_exposition_shows_exactly_the_fleet_state(tmp_path: Path) -> None:
     assert families["dflash_service_accept_length"].value(host="gpu-a", service="dflash", algorithm="DFLASH") == 3.6
     assert families["dflash_service_info"].value(host="gpu-a", service="dflash", algorithm="DFLASH",
                                                   version="0.5.17") == 1
-    assert families["dflash_perf"].value(host="gpu-a", metric="dflash.output_tok_s") == 812.5
-    assert families["dflash_perf"].value(host="gpu-a", metric="dflash.ttft_p99_ms") == 40
+    assert families["dflash_perf"].value(host="gpu-a", metric="perf.dflash.output_throughput") == 812.5
+    assert families["dflash_perf"].value(host="gpu-a", metric="perf.dflash.p99_ttft_ms") == 40
+    assert families["dflash_perf"].value(host="gpu-a", metric="token_latency:none.ttft_ms") == 30
+    # measurements only: a threshold (a ceiling, a judged bound) is not charted as if it were measured
+    assert {s["metric"] for s in families["dflash_perf"].series()} == {
+        "perf.dflash.output_throughput", "perf.dflash.p99_ttft_ms", "token_latency:none.ttft_ms"}
     assert families["dflash_host_run_timestamp_seconds"].value(host="gpu-a") > 1.7e9
     assert families["dflash_host_failing_since_timestamp_seconds"].series() == [{"host": "gpu-b"}]
     assert families["dflash_fleet_summary_timestamp_seconds"].value() > 1.7e9

@@ -82,7 +82,7 @@ def gateway() -> Iterator[Gateway]:
 
 @pytest.fixture
 def verdicts(tmp_path: Path) -> Path:
-    make_verdict(tmp_path / "in", "gpu-a", GREEN, metrics={"dflash": {"output_tok_s": 812.5}})
+    make_verdict(tmp_path / "in", "gpu-a", GREEN, metrics={"perf": {"dflash": {"output_throughput": 812.5}}})
     make_verdict(tmp_path / "in", "gpu-b", BROKEN)
     return tmp_path / "in"
 

@@ -36,12 +36,12 @@ def test_three_nights_new_failure_still_failing_fixed_disappeared(tmp_path: Path
     night1 = tmp_path / "n1"
     for host in ("gpu-a", "gpu-b", "gpu-c"):
         make_verdict(night1, host, GREEN, run_id="n1", finished=T0,
-                     metrics={"dflash": {"output_tok_s": 800.0, "ttft_p99_ms": 50.0}})
+                     metrics={"perf": {"dflash": {"output_throughput": 800.0, "p99_ttft_ms": 50.0}}})
     first = _merge(night1, out)
     assert first["trend"] is None and first["totals"]["pass"] == 3
     night2 = tmp_path / "n2"
     make_verdict(night2, "gpu-a", GREEN, run_id="n2", finished=T0 + DAY,
-                 metrics={"dflash": {"output_tok_s": 600.0, "ttft_p99_ms": 80.0}})   # slower, still passes
+                 metrics={"perf": {"dflash": {"output_throughput": 600.0, "p99_ttft_ms": 80.0}}})   # slower, still passes
     make_verdict(night2, "gpu-b", BROKEN, run_id="n2", finished=T0 + DAY)
     make_verdict(night2, "gpu-d", GREEN, run_id="n2", finished=T0 + DAY)             # new host; gpu-c is gone
     second = _merge(night2, out)  # --previous defaults to the summary already in --out
@@ -51,18 +51,19 @@ def test_three_nights_new_failure_still_failing_fixed_disappeared(tmp_path: Path
                                       "diagnosis": ["flashinfer-sm12x-nvcc"]}]
     assert trend["fixed"] == [] and trend["disappeared"] == ["gpu-c"] and trend["new_hosts"] == ["gpu-d"]
     perf = {(p["host"], p["metric"]): p for p in trend["perf"]}
-    tok = perf[("gpu-a", "dflash.output_tok_s")]
+    tok = perf[("gpu-a", "perf.dflash.output_throughput")]
     assert (tok["previous"], tok["current"], tok["pct"], tok["regression"]) == (800.0, 600.0, -25.0, False)
     assert tok["rule"] == "not judged: 1 good run on record, 3 needed", "one earlier run is no spread to judge by"
-    ttft = perf[("gpu-a", "dflash.ttft_p99_ms")]
+    ttft = perf[("gpu-a", "perf.dflash.p99_ttft_ms")]
     assert ttft["pct"] == 60.0 and ttft["significant"] and not ttft["regression"]
+    assert (tok["direction"], ttft["direction"]) == ("worse", "worse")
     gpu_b = second["hosts"]["gpu-b"]
     assert gpu_b["failing_since"] == iso(T0 + DAY)
     assert gpu_b["last_good"]["run_id"] == "n1"
     assert gpu_b["changed"]["basis"] == "services" and gpu_b["changed"]["count"] == 0
     night3 = tmp_path / "n3"
     make_verdict(night3, "gpu-a", GREEN, run_id="n3", finished=T0 + 2 * DAY,
-                 metrics={"dflash": {"output_tok_s": 805.0, "ttft_p99_ms": 50.0}})
+                 metrics={"perf": {"dflash": {"output_throughput": 805.0, "p99_ttft_ms": 50.0}}})
     make_verdict(night3, "gpu-b", BROKEN, run_id="n3", finished=T0 + 2 * DAY)
     make_verdict(night3, "gpu-d", BROKEN, run_id="n3", finished=T0 + 2 * DAY)
     third = _merge(night3, out)
@@ -302,3 +303,18 @@ def test_a_changed_launch_command_is_what_changed_unless_the_run_started_it(tmp_
         "category": "service", "key": "services.dflash.launch_command",
         "before": "--port 41000 --speculative-algorithm DFLASH --speculative-num-draft-tokens 8",
         "after": "--port 41000 --speculative-algorithm DFLASH --speculative-num-draft-tokens 16"}])
+
+
+def test_deltas_are_measurements_marked_better_or_worse_by_direction_worse_first() -> None:
+    """A tok/s or accept length going up is better, a latency going up is worse; a threshold that moved is no
+    perf change; the worse ones come first, whatever the size of the better ones."""
+    before = {"perf.dflash.output_throughput": 500.0, "perf.dflash.p99_ttft_ms": 50.0,
+              "acceptance:dflash.accept_rate": 0.0008, "token_latency:none.ceiling_ms": 250.0,
+              "parity-slice:none~dflash.max_tie_rate": 0.25, "perf.dflash.accept_length": 4.0}
+    after = {"perf.dflash.output_throughput": 520.0, "perf.dflash.p99_ttft_ms": 60.0,
+             "acceptance:dflash.accept_rate": 0.3747, "token_latency:none.ceiling_ms": 300.0,
+             "parity-slice:none~dflash.max_tie_rate": 0.3, "perf.dflash.accept_length": 3.5}
+    deltas = trend.perf_deltas(before, after, 5.0)
+    assert list(deltas) == ["perf.dflash.p99_ttft_ms", "perf.dflash.accept_length",
+                            "acceptance:dflash.accept_rate", "perf.dflash.output_throughput"]
+    assert [d["direction"] for d in deltas.values()] == ["worse", "worse", "better", "better"]

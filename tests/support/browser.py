@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu")
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run")
 
 
 def _chromium() -> str:
@@ -25,10 +26,17 @@ def _chromium() -> str:
     return found
 
 
+def _run(html_path: Path, extra: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    # a profile directory of its own: two runs at once (xdist workers) do not share, and lock, one
+    with tempfile.TemporaryDirectory(prefix="dflash-chromium-") as profile:
+        return subprocess.run([_chromium(), *FLAGS, f"--user-data-dir={profile}", *extra,
+                               html_path.resolve().as_uri()],
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
 def dump_dom(html_path: Path, *, timeout_s: float = 60) -> str:
     """The page's DOM after its scripts ran, as chromium --dump-dom serialises it."""
-    done = subprocess.run([_chromium(), *FLAGS, "--dump-dom", html_path.resolve().as_uri()], capture_output=True,
-                          text=True, timeout=timeout_s, check=False)
+    done = _run(html_path, ["--dump-dom"], timeout_s)
     assert done.returncode == 0 and done.stdout.strip(), f"chromium --dump-dom failed: {done.stderr[-2000:]}"
     return done.stdout
 
@@ -37,8 +45,6 @@ def screenshot(html_path: Path, png_path: Path, *, width: int = 1400, height: in
                timeout_s: float = 60) -> None:
     """A PNG of the page as chromium draws it at width x height."""
     png_path.parent.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([_chromium(), *FLAGS, f"--window-size={width},{height}", "--hide-scrollbars",
-                           f"--screenshot={png_path.resolve()}", html_path.resolve().as_uri()],
-                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    done = _run(html_path, [f"--window-size={width},{height}", f"--screenshot={png_path.resolve()}"], timeout_s)
     assert done.returncode == 0 and png_path.is_file(), f"chromium --screenshot failed: {done.stderr[-2000:]}"
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{png_path} is not a PNG"

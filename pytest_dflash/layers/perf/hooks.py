@@ -21,7 +21,7 @@ import pytest
 from pytest_dflash.layers.perf.book import PerfBook, PerfItem
 from pytest_dflash.layers.perf.layer import PerfLayer
 from pytest_dflash.layers.perf.options import PerfOptions, options_from_config
-from pytest_dflash.layers.perf.report import PerfSummary, html_block, section_text
+from pytest_dflash.layers.perf.report import PerfSummary, html_block, runs_table, section_text
 
 OPTIONS_KEY = pytest.StashKey[PerfOptions]()
 BOOK_KEY = pytest.StashKey[PerfBook]()
@@ -52,10 +52,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return report
     report.sections.append(("dflash perf", section_text(perf.runs, perf.judgements)))
     report.user_properties.append(("dflash_perf", [run.summary() for run in perf.runs]))
+    for run in perf.runs:  # flat, so JUnit carries the numbers themselves; junitxml reads the teardown
+        item.user_properties.extend(run.junit_properties())  # report's properties: the item's reach it
     if item.config.pluginmanager.hasplugin("html"):
         from pytest_html import extras
 
-        blocks = [html_block(run, plots=run in perf.measured) for run in perf.runs]
+        blocks = [runs_table(perf.runs)] + [html_block(run, plots=run in perf.measured) for run in perf.runs]
         report.extras = [*getattr(report, "extras", []),  # type: ignore[attr-defined]
                          extras.html("".join(blocks))]
     return report

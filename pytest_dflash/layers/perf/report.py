@@ -11,10 +11,14 @@ from typing import Any
 
 import pytest
 
+from pytest_dflash.config.tables.floors import LATENCY_FLOOR
 from pytest_dflash.layers.perf.judgement import Judgement
 from pytest_dflash.layers.perf.service_run import ServiceRun
+from pytest_dflash.report.perf_table import perf_table, rows_from_metrics
+from pytest_dflash.report.plots import Threshold, plots_for_result
 
-__all__ = ["PerfSummary", "html_block", "section_text", "summary_lines", "svg_plots"]
+__all__ = ["PerfSummary", "html_block", "plot_thresholds", "runs_table", "section_text", "summary_lines",
+           "svg_plots"]
 
 
 def section_text(runs: Sequence[ServiceRun], judgements: Sequence[tuple[ServiceRun, Judgement]]) -> str:
@@ -29,14 +33,38 @@ def section_text(runs: Sequence[ServiceRun], judgements: Sequence[tuple[ServiceR
     return "\n".join(text)
 
 
-def svg_plots(run: ServiceRun) -> dict[str, str]:
-    """Latency CDF, tokens/s over time and (speculative services) the accept-length histogram, as SVG."""
-    from pytest_dflash.report.plots import plots_for_result
+def plot_thresholds(run: ServiceRun) -> list[Threshold]:
+    """The floors and ceilings judged on `run`, for its plots: output tok/s and accept length (floors), TTFT
+    and end-to-end latency ceilings (the ITL / TPOT ones have no plot); a failed one is marked."""
+    out = []
+    for key, judgement in run.judgements.items():
+        if judgement.threshold is None or not math.isfinite(judgement.threshold):
+            continue
+        failed = judgement.outcome == "fail"
+        if key in ("output_tok_s", "accept_length"):
+            out.append(Threshold(label=key, value=judgement.threshold, kind="floor", failed=failed,
+                                 series=key))
+        elif (latency := LATENCY_FLOOR.match(key)) and latency.group(1) in ("ttft", "e2e"):
+            out.append(Threshold(label=key, value=judgement.threshold, kind="ceiling", failed=failed,
+                                 series="TTFT" if latency.group(1) == "ttft" else "e2e"))
+    return out
 
-    svgs = plots_for_result(run.result)
+
+def svg_plots(run: ServiceRun) -> dict[str, str]:
+    """Latency CDF, tokens/s over time and (speculative services) the accept-length histogram, as SVG, with
+    the floors and ceilings judged on the run, each mean the headline's number."""
+    svgs = plots_for_result(run.result, accept_length=run.accept_length, thresholds=plot_thresholds(run))
     if run.accept_length is None:
         svgs.pop("accept_length", None)  # NONE, or no native API: nothing to draw
     return svgs
+
+
+def runs_table(runs: Sequence[ServiceRun]) -> str:
+    """The test's services in one table (output tok/s, TTFT / ITL p50 and p99, accept length, speed-up)."""
+    rows = [row for run in runs
+            for row in rows_from_metrics(run.host, run.metrics(), {run.service: run.algorithm},
+                                         failing=any(j.outcome == "fail" for j in run.judgements.values()))]
+    return perf_table(rows, hosts=len({run.host for run in runs}) > 1)
 
 
 def html_block(run: ServiceRun, *, plots: bool) -> str:

@@ -193,6 +193,21 @@ class ServiceRun:
             out[f"{prefix}speedup_vs_{versus}.upper"] = round(comparison.upper, 4)
         return out
 
+    def junit_properties(self) -> list[tuple[str, float]]:
+        """The measurements as flat JUnit properties a CI tool can chart (`dflash.perf.dflash.output_tok_s`):
+        output tok/s, TTFT and ITL p50 / p99, mean TPOT, accept length, each speed-up; no thresholds."""
+        m = self.result.metrics
+        names = (("output_tok_s", "output_throughput"), ("ttft_p50_ms", "median_ttft_ms"),
+                 ("ttft_p99_ms", "p99_ttft_ms"), ("itl_p50_ms", "median_itl_ms"),
+                 ("itl_p99_ms", "p99_itl_ms"),
+                 ("tpot_mean_ms", "mean_tpot_ms"))
+        values: list[tuple[str, object]] = [(name, m.get(key)) for name, key in names]
+        values.append(("accept_length", self.accept_length))
+        values += [(f"speedup_vs_{versus}", c.point) for versus, c in self.comparisons.items()]
+        prefix = f"dflash.perf.{self.service}."
+        return [(prefix + name, round(float(value), 4)) for name, value in values
+                if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)]
+
     def summary(self) -> dict[str, Any]:
         """A small JSON-able record for the terminal summary (sent from xdist workers in the report)."""
         m = self.result.metrics

@@ -1,0 +1,104 @@
+"""Plots that tell the truth: each mean on a plot is the headline's number, the floors and ceilings judged are
+drawn (and marked when failed), the partial last bin is not drawn as a collapse, and labels fit the SVG —
+on a real recorded H200 DFLASH load run (tests/data/sglang-0.5.17-h200-ddtree/run2-three/perf)."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from support.svgtext import NS, overflowing_texts, texts
+
+from pytest_dflash.layers.perf.judgement import Judgement
+from pytest_dflash.layers.perf.report import svg_plots
+from pytest_dflash.layers.perf.service_run import ServiceRun
+from pytest_dflash.layers.perf.settings import PerfSettings
+from pytest_dflash.load import LoadResult
+from pytest_dflash.report.plots import cold_start_timeline_svg, readiness_spread_svg
+
+PERF = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200-ddtree" / "run2-three" / "perf"
+
+
+def _run(name: str = "dflash", *judgements: Judgement) -> ServiceRun:
+    result = LoadResult.from_json((PERF / f"{name}.json").read_text())
+    run = ServiceRun(host="h200", service=name, algorithm="DFLASH", settings=PerfSettings(), result=result)
+    run.judge(judgements)
+    return run
+
+
+def test_the_tokens_plot_mean_is_the_headline_output_tok_s() -> None:
+    run = _run()
+    headline = re.search(r"([\d.]+) output tok/s", run.headline())
+    assert headline is not None
+    drawn = texts(svg_plots(run)["tokens_over_time"])
+    assert f"mean {headline.group(1)} tok/s (the headline)" in drawn, drawn
+
+
+def test_the_histogram_mean_is_the_headline_accept_length() -> None:
+    run = _run()
+    headline = re.search(r"accept length ([\d.]+)", run.headline())
+    assert headline is not None
+    drawn = texts(svg_plots(run)["accept_length"])
+    assert any(t.startswith(f"accept length {headline.group(1)} (Σ tokens / Σ verify steps)") for t in drawn), drawn
+
+
+def test_the_partial_last_bin_is_marked_not_drawn_as_a_collapse() -> None:
+    svg = svg_plots(_run())["tokens_over_time"]
+    root = ET.fromstring(svg)
+    (line,) = root.iter(f"{NS}polyline")
+    (partial,) = [c for c in root.iter(f"{NS}circle") if c.get("class") == "dflash-partial-bin"]
+    last_x = float(line.get("points", "").split()[-1].split(",")[0])
+    assert float(partial.get("cx", "0")) > last_x  # the recorded run's 4.7 s bin holds 0.04 s of tokens
+    assert "last bin partial (not in the line)" in " ".join(texts(svg))
+
+
+@pytest.mark.parametrize(("key", "plot", "outcome", "text"), [
+    ("output_tok_s", "tokens_over_time", "fail", "floor output_tok_s 700 FAILED"),
+    ("accept_length", "accept_length", "pass", "floor accept_length 1.2"),
+    ("ttft_p99_ms", "latency_cdf", "fail", "ceiling ttft_p99_ms 50 FAILED"),
+])
+def test_floors_and_ceilings_are_drawn_and_marked_when_failed(key: str, plot: str, outcome: str,
+                                                              text: str) -> None:
+    threshold = float(text.split()[2])
+    run = _run("dflash", Judgement(key=key, outcome=outcome, message="m", threshold=threshold))  # type: ignore[arg-type]
+    svg = svg_plots(run)[plot]
+    assert text in texts(svg)
+    (line,) = [x for x in ET.fromstring(svg).iter(f"{NS}line") if x.get("class") == "dflash-threshold"]
+    assert line.get("stroke") == ("#c62828" if outcome == "fail" else "#555")
+
+
+def test_every_recorded_plot_keeps_its_text_inside() -> None:
+    run = _run("dflash", Judgement(key="output_tok_s", outcome="fail", message="m", threshold=700.0))
+    for name, svg in svg_plots(run).items():
+        assert overflowing_texts(svg) == [], name
+
+
+def test_readiness_labels_fit_for_long_host_names() -> None:
+    long = "gpu-node-with-a-very-long-fully-qualified-name.rack-17.datacenter-west.example.internal"
+    svg = readiness_spread_svg({"dflash": {"a": 2.1, "b": 2.4, long: 6.7},
+                                "a-service-with-a-long-name-too-long-for-its-column": {"a": 1.0, long: 3.0}})
+    assert svg is not None
+    assert overflowing_texts(svg) == []
+    assert any("max 6.7 s (gpu-node" in t and t.endswith(".internal)") for t in texts(svg))
+
+
+def test_cold_start_labels_fit_for_long_service_names() -> None:
+    svg = cold_start_timeline_svg({"x" * 60: {"http_s": 1.0, "greedy_s": 2.0, "sampled_s": 3.0, "total_s": 3.0}})
+    assert svg is not None
+    assert overflowing_texts(svg) == []
+
+
+def test_a_service_that_never_became_ready_is_drawn_first_saying_where_it_stopped() -> None:
+    ready = {"none": {"http_s": 1.0, "greedy_s": 2.0, "sampled_s": 3.0, "total_s": 3.0}}
+    why = "ServiceCrashed: service dflash died during readiness: first sampled generation: killed by SIGKILL"
+    svg = cold_start_timeline_svg(ready, failed={"dflash": why})
+    assert svg is not None
+    drawn = texts(svg)
+    assert drawn.index("dflash") < drawn.index("none")
+    (line,) = [t for t in drawn if t.startswith("never ready: ServiceCrashed: service dflash died")]
+    assert line.endswith("killed by SIGKILL"), "shortened in the middle to fit, the end kept"
+    assert overflowing_texts(svg) == []
+    alone = cold_start_timeline_svg({}, failed={"dflash": why})  # the host's only service died
+    assert alone is not None and any(t.startswith("never ready: ") for t in texts(alone))
