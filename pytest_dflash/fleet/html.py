@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_dflash.fleet.values import measurements, safe_name
+from pytest_dflash.report.gpus import gpu_matrix_table
 from pytest_dflash.report.perf_table import perf_table, rows_from_metrics
 from pytest_dflash.scrub.terminal import terminal_safe
 
@@ -253,6 +254,7 @@ def _host_section(name: str, entry: Mapping[str, Any]) -> list[str]:
     for blocked in entry["blocked"]:
         out.append(f'<p class="muted">{blocked["count"]} test(s) blocked '
                    f'({e(", ".join(blocked["layers"]))}): {e(blocked["message"])}</p>')
+    out.append(gpu_matrix_table(name, entry.get("gpu_matrix") or {}))
     out += _changed(entry.get("changed"))
     out += _perf_delta(entry)
     out += _services(entry)

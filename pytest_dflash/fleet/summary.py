@@ -119,6 +119,8 @@ def host_entry(verdict: LoadedVerdict) -> dict[str, Any]:
                      for name, facts in sorted((data.get("services") or {}).items())
                      if isinstance(facts, Mapping)},
         "metrics": numbers(data.get("metrics") or {}),
+        # a multi-GPU host: each GPU, its services and what the host layer found wrong (layers/gpu/host.py)
+        "gpu_matrix": dict((data.get("facts") or {}).get("gpu_matrix") or {}),
         "notes": [str(n) for n in data.get("notes", [])][:20],
         "source": str(verdict.path),
         "failing_since": None,
