@@ -4,6 +4,7 @@ generation and parity check."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from e2e_helpers import write_profile
@@ -69,9 +70,14 @@ def test_ngram_and_eagle3_beside_plain_pass_smoke_generation_and_parity(run_suit
                        "-k", "not long_prompt and not (distribution_parity and ngram) and not (concurrent and ngram)")
     assert_no_crash(result)
     outcomes = result.parseoutcomes()
-    # skipped: plain's speculation check, and the DDTREE-vs-DFLASH acceptance test (no DDTREE here)
-    assert outcomes.get("passed", 0) >= 120 and set(outcomes) == {"passed", "skipped", "deselected"}, outcomes
-    assert outcomes["skipped"] == 2, result.stdout.str()[-4000:]
+    # skipped: plain's speculation check, the DDTREE-vs-DFLASH acceptance test (no DDTREE here), and the chat
+    # surface's forced tool calls and reasoning split, which do not apply without --tool-call-parser /
+    # --reasoning-parser in a command; warnings: constrained JSON that ran to max_tokens on free whitespace
+    assert outcomes.get("passed", 0) >= 120 and set(outcomes) - {"warnings"} == {"passed", "skipped", "deselected"}, outcomes
+    skips = re.findall(r"^SKIPPED \[(\d+)\] .*: (.*)$", result.stdout.str(), re.MULTILINE)
+    unexpected = [why for _, why in skips if not re.search(r"does not use speculative|DDTREE|--tool-call-parser|"
+                                                           r"--reasoning-parser", why)]
+    assert not unexpected and outcomes["skipped"] == sum(int(n) for n, _ in skips), skips
     data = verdict(run_suite.reports, "algos")
     assert data["services"]["ngram"]["speculation"]["speculative_algorithm"] == "NGRAM"
     assert data["services"]["eagle3"]["speculation"]["speculative_eagle_topk"] == 4

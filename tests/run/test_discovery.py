@@ -69,7 +69,7 @@ def test_a_transient_5xx_is_asked_again_and_only_not_served_means_plain(status: 
 
     rule = FlakyRoute(status=status, times=times)
     with RefServerProcess("--speculative-algorithm", "DFLASH") as server, FaultProxy(server.url, rule) as proxy:
-        (spec,) = attach_profile(proxy.url, 0).services.values()
+        (spec,) = attach_profile(proxy.url).services.values()
         answer = discovery.ask(spec)
     assert answer.get("algorithm") == algorithm, answer
     assert rule.replaced == 2  # 503: twice, then through; 405: each of the two names once, not retried

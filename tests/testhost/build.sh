@@ -35,9 +35,7 @@ refserver_deps() {
 import sys, tomllib
 with open(sys.argv[1], "rb") as f:
     deps = tomllib.load(f)["project"]["optional-dependencies"]["refserver"]
-# xgrammar (constrained decoding) is left out: no guest scenario sends a grammar, and its own needs (triton,
-# transformers) would add about a gigabyte and minutes to every cold build. The refserver imports it lazily.
-print(" ".join(d.replace(" ", "") for d in deps if not d.startswith("xgrammar")))
+print(" ".join(d.replace(" ", "") for d in deps))
 PY
 }
 VENV_PKGS=${DFLASH_TESTHOST_VENV_PKGS:-$(refserver_deps || echo "torch==2.13.0 fastapi uvicorn soundfile") numpy httpx}
