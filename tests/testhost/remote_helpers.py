@@ -99,7 +99,8 @@ def write_profile(directory: Path, th: TestHost, name: str, services: Mapping[st
         lines += [f"[services.{service}]", 'kind = "systemd"', f"unit = {_toml(spec.unit)}",
                   f"template = {_toml(str(UNITS / spec.template))}", f"algorithm = {_toml(spec.algorithm)}",
                   f"url = {_toml(f'http://{th.guest_ip}:{spec.port}')}", f"port = {spec.port}",
-                  f"ready_timeout = {_toml(spec.ready_timeout)}", 'sampled_timeout = "30s"']
+                  f"ready_timeout = {_toml(spec.ready_timeout)}", 'sampled_timeout = "30s"',
+                  "structured_output = false"]  # the guest has no xgrammar: its units say --grammar-backend none
         if spec.api_key_env:
             lines.append(f"api_key_env = {_toml(spec.api_key_env)}")
         if spec.gpus:
