@@ -298,6 +298,12 @@ class ServiceHandle:
 
     def _become_ready(self) -> ReadyReport:
         progress = self.host.run.progress
+        # the restarts before the wait: one during the wait fails readiness; one between the wait and a later
+        # read (a /server_info retried while the unit came back) would otherwise be taken for the baseline
+        try:
+            self.base_restarts = self.manager.state().restarts
+        except TransportError:
+            self.base_restarts = 0
         try:
             self.ready = self._wait(progress)
         except DflashError as exc:
@@ -313,10 +319,6 @@ class ServiceHandle:
             self.server_info = None
             said = f"HTTP {exc.status}" if exc.status is not None else "no HTTP response"
             self.server_info_error = f"GET {exc.endpoint}: {said}: {exc.message}"[:300]
-        try:
-            self.base_restarts = self.manager.state().restarts
-        except TransportError:
-            self.base_restarts = 0
         return self.ready
 
     def _wait(self, progress: Callable[[str], None]) -> ReadyReport:
