@@ -40,8 +40,8 @@ class Failure:
             return False
         if self.gpus is not None:
             # a bad GPU: the services that use it (or may: one that names no GPU), never a host-wide check
-            return any(not (service_gpus or {}).get(s) or set((service_gpus or {})[s]) & set(self.gpus)
-                       for s in services)
+            given = service_gpus or {}
+            return any(not given.get(s) or set(given[s]) & set(self.gpus) for s in services)
         if self.layer in HOST_WIDE or self.service is None:
             return True
         return self.service in set(services)

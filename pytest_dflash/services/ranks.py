@@ -18,12 +18,14 @@ from pytest_dflash.config.parallel import LayoutError, parse_layout
 from pytest_dflash.errors import DflashError
 from pytest_dflash.hostaccess.transport import Transport
 from pytest_dflash.services.base import LaunchesOnHost, LogMark, ServiceManager
+from pytest_dflash.services.phases import STAMP
 
 __all__ = ["last_rank_lines", "rank_on_gpu", "rank_processes", "ranks_named_in_log", "tensor_parallel_wedge",
            "tp_size_of", "wedge_at_tp"]
 
 _CHILD_DIED = re.compile(r"Subprocess scheduler_(\d+) \(pid=(\d+)\) crashed with exit code (-?\d+)")
-_RANK_FAILED = re.compile(r"\[[0-9: -]+ ((?:(?:DP|PP)\d+ )*TP(\d+))\] Scheduler hit an exception")
+# a rank's own traceback: its time stamp (phases.STAMP: the time, then its " DP{d} PP{p} TP{t}" label) first
+_RANK_FAILED = re.compile(STAMP.pattern + r"Scheduler hit an exception")
 _RANK_ERROR = re.compile(r"^(\w+(?:Error|Exception)): (.+)$", re.MULTILINE)
 
 
@@ -46,9 +48,12 @@ def ranks_named_in_log(log: str, gpus: Sequence[int]) -> list[str]:
         out.append(f"tensor-parallel rank {rank_on_gpu(f'TP{rank}', gpus)} died: scheduler_{rank} pid {pid}, "
                    f"{how}")
     for match in _RANK_FAILED.finditer(log):
+        label = match.group(2).strip()
+        if "TP" not in label:
+            continue
         error = _RANK_ERROR.search(log, match.end())
         why = f": {error.group(1)}: {error.group(2)[:200]}" if error else ""
-        out.append(f"tensor-parallel rank {rank_on_gpu(match.group(1), gpus)} failed at start-up{why}")
+        out.append(f"tensor-parallel rank {rank_on_gpu(label, gpus)} failed at start-up{why}")
     return list(dict.fromkeys(out))
 
 
@@ -92,8 +97,11 @@ def rank_processes(ps_text: str, main_pid: int | None) -> dict[int, tuple[int, s
 def last_rank_lines(log: str) -> dict[str, str]:
     """Each rank label's last timestamped line ('TP1' -> '[2026-12-04 21:29:48 TP1] ...')."""
     out: dict[str, str] = {}
-    for match in re.finditer(r"^.*\[[0-9: -]+ ((?:(?:DP|PP)\d+ )*TP\d+)\] .*$", log, re.MULTILINE):
-        out[match.group(1)] = match.group(0).strip()[:200]
+    for line in log.splitlines():
+        match = STAMP.search(line)
+        label = match.group(2).strip() if match else ""
+        if "TP" in label:
+            out[label] = line.strip()[:200]
     return out
 
 
