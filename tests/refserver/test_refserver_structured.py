@@ -226,6 +226,18 @@ def test_chat_reasons_then_answers_in_the_schema_streamed_and_not(reasoning_serv
     assert whole["choices"][0]["message"]["content"] == f"{message['reasoning_content']}</think>{message['content']}"
 
 
+def test_a_forced_tool_call_reasons_first_then_calls(reasoning_server: RefServerProcess) -> None:
+    """tool_choice "required" is a grammar too: it holds after </think>, the call parses from the content."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": SCHEMA}}]
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 160, "temperature": 0,
+            "tools": tools, "tool_choice": "required"}  # fmt: skip
+    choice = post(reasoning_server, "/v1/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["reasoning_content"]
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "add"
+    jsonschema.validate(json.loads(call["arguments"], strict=False), SCHEMA)
+
+
 def test_generate_does_not_reason_under_the_parser(reasoning_server: RefServerProcess) -> None:
     """Native /generate has no require_reasoning: its grammar holds from the first token."""
     body = {"text": "Hi", "sampling_params": {"temperature": 0, "max_new_tokens": 80, "regex": REGEX}}
