@@ -18,7 +18,12 @@ one a suite calls.
 
 from __future__ import annotations
 
-from pytest_dflash.layers.generation.chat_surface import TOOL_CHOICES, forced_tool_call, reasoning_separated
+from pytest_dflash.layers.generation.chat_surface import (
+    TOOL_CHOICES,
+    forced_tool_call,
+    reasoning_separated,
+    reasoning_structured,
+)
 from pytest_dflash.layers.generation.checks import (
     SAMPLING_CASES,
     bad_parameters,
@@ -153,6 +158,7 @@ __all__ = [
     "quick_accept_length",
     "ready_by_real_generation",
     "reasoning_separated",
+    "reasoning_structured",
     "sampled",
     "sampled_case",
     "sampling_respects_top_k_top_p",

@@ -69,6 +69,7 @@ EXPORTED = [
     "quick_accept_length",
     "ready_by_real_generation",
     "reasoning_separated",
+    "reasoning_structured",
     "sampled",
     "sampled_case",
     "sampling_respects_top_k_top_p",

@@ -9,10 +9,13 @@ is then parsed into ``message.tool_calls`` (``function.arguments`` a JSON string
 ``--tool-call-parser qwen25`` (alias ``qwen``) also parses ``<tool_call>{...}</tool_call>`` blocks out of
 free text under ``tool_choice`` ``"auto"``.
 
-Reasoning: ``--reasoning-parser deepseek-r1`` treats the output as reasoning up to ``</think>`` (the model
-starts inside it, so no ``</think>`` means all reasoning); ``qwen3`` only when it opens with ``<think>``.
-With ``separate_reasoning`` (default true) the reasoning goes to ``message.reasoning_content``, the rest to
-``content``; false keeps the text whole. Non-streamed responses only: a stream carries the text whole.
+Reasoning: a chat request under ``--reasoning-parser`` reasons (SGLang's ``require_reasoning``): always with
+``deepseek-r1``, with ``qwen3`` unless ``chat_template_kwargs`` says ``enable_thinking: false``. Its output is
+reasoning up to ``</think>`` (the model starts inside it, so no ``</think>`` means all reasoning); a request
+that does not reason splits only an output that opens with ``<think>``. With ``separate_reasoning`` (default
+true) the reasoning goes to ``message.reasoning_content`` (streamed: ``delta.reasoning_content``), the rest to
+``content``; false keeps the text whole. A constrained request that reasons gets its grammar only after
+``</think>`` (structured.py: ThinkPhase), so its ``content`` is the grammar's answer.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ import re
 import uuid
 from typing import Any
 
+from pytest_dflash.refserver.model import ByteTokenizer
 from pytest_dflash.refserver.structured import InvalidGrammar
 
 __all__ = [
     "REASONING_PARSERS",
     "TOOL_CALL_PARSERS",
     "parse_tool_calls",
+    "require_reasoning",
     "split_reasoning",
+    "think_end_ids",
     "tool_call_schema",
     "tool_calls_from_constrained",
 ]
@@ -104,16 +110,42 @@ def parse_tool_calls(text: str, parser: str | None) -> tuple[str, list[dict[str,
     return QWEN_TOOL_CALL.sub("", text).strip(), calls
 
 
-def split_reasoning(text: str, parser: str | None) -> tuple[str | None, str]:
-    """(reasoning_content, content) of an output under a reasoning parser; (None, text) without one."""
+def think_end_ids(parser: str | None) -> tuple[int, ...]:
+    """The parser's think-end as token ids (SGLang: tokenizer.encode(think_end_token)); () without one."""
+    return tuple(ByteTokenizer().encode(THINK_END)) if parser in REASONING_PARSERS else ()
+
+
+def require_reasoning(parser: str | None, body: dict[str, Any]) -> bool:
+    """Whether a chat request reasons (SGLang serving_chat's _get_reasoning_from_request)."""
+    if parser not in REASONING_PARSERS:
+        return False
+    if parser == "qwen3":  # thinks by default; the chat template's enable_thinking turns it off
+        kwargs = body.get("chat_template_kwargs")
+        return not isinstance(kwargs, dict) or kwargs.get("enable_thinking", True) is not False
+    return True
+
+
+def split_reasoning(text: str, parser: str | None, *, force: bool = False,
+                    partial: bool = False) -> tuple[str | None, str]:
+    """(reasoning_content, content) of an output under a reasoning parser; (None, text) without one.
+
+    ``force``: the request reasons, so the output starts inside the reasoning (deepseek-r1: always).
+    ``partial``: a stream's text so far; what may be the start of ``<think>`` / ``</think>`` is held back.
+    """
     if parser not in REASONING_PARSERS:
         return None, text
     body = text
     if body.startswith(THINK_START):
         body = body[len(THINK_START) :]
-    elif parser == "qwen3":
-        return None, text  # qwen3 reasons only inside an explicit <think>
+    elif partial and THINK_START.startswith(body):
+        return "", ""  # maybe the start of <think>
+    elif parser == "qwen3" and not force:
+        return None, text  # qwen3 not asked to reason: only inside an explicit <think>
     if THINK_END not in body:
+        if partial:
+            for k in range(min(len(THINK_END) - 1, len(body)), 0, -1):
+                if body.endswith(THINK_END[:k]):
+                    return body[:-k], ""
         return body, ""
     reasoning, _, content = body.partition(THINK_END)
     return reasoning, content.lstrip("\n")

@@ -49,6 +49,7 @@ FAULTS: dict[str, FaultSpec] = {
     "bad-json": FaultSpec("", 0.0),
     "tree-verify-bug": FaultSpec("", 0.0),
     "grammar-rollback-bug": FaultSpec("", 0.0),
+    "reasoning-grammar-bug": FaultSpec("", 0.0),
     "greedy-fallback": FaultSpec("", 0.0),
     "slow-decode": FaultSpec("factor", None),
     "token-delay": FaultSpec("seconds_per_token", None),

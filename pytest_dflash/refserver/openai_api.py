@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pytest_dflash.refserver.chat_surface import (
     parse_tool_calls,
+    require_reasoning,
     split_reasoning,
     tool_call_schema,
     tool_calls_from_constrained,
@@ -148,6 +149,7 @@ async def _complete(
             if not prompt:
                 raise BadRequest("The input is empty.")
             params = parse_sampling_params(raw, context_length=state.context_length, prompt_len=len(prompt))
+            params.reasoning = chat and require_reasoning(state.args.reasoning_parser, body)
             check_grammar(params, state.engine.grammar)
             for i in range(n):
                 seed = state.seed_for(params.sampling_seed, i)
@@ -165,6 +167,9 @@ async def _complete(
         "chat": chat,
         "n": n,
         "include_usage": bool((body.get("stream_options") or {}).get("include_usage")),
+        # the reasoning parser a chat stream splits by (SGLang: stream_reasoning, the default)
+        "reasoning_parser": state.args.reasoning_parser if chat and body.get("separate_reasoning", True)
+        else None,
     }
     if body.get("stream"):
         batch.streaming = True
@@ -177,9 +182,9 @@ async def _complete(
         choice: dict[str, Any] = {"index": i}
         reason, matched = _finish(gen.last)
         if chat:
-            forced, constrained = tool_schema is not None, gen.req.params.grammar is not None
-            choice["message"], reason = _chat_message(state, body, text, reason, forced=forced,
-                                                      constrained=constrained)
+            choice["message"], reason = _chat_message(state, body, text, reason,
+                                                      forced=tool_schema is not None,
+                                                      reasoning=gen.req.params.reasoning)
         else:
             choice["text"] = text
         choice["logprobs"] = _logprobs(state, gen, chat) if want_logprobs else None
@@ -196,20 +201,21 @@ async def _complete(
 
 
 def _chat_message(state: ServerState, body: dict[str, Any], text: str, reason: str | None, *,
-                  forced: bool, constrained: bool) -> tuple[dict[str, Any], str | None]:
-    """The assistant message (reasoning, content, tool calls) and the finish reason, as SGLang serves chat."""
-    reasoning = None
-    # A constrained request is all answer here: the grammar holds from the first token (SGLang's reasoner
-    # backend would let reasoning run free up to </think> first; the refserver does not mimic that).
-    if body.get("separate_reasoning", True) and not constrained:
-        reasoning, text = split_reasoning(text, state.args.reasoning_parser)
+                  forced: bool, reasoning: bool) -> tuple[dict[str, Any], str | None]:
+    """The assistant message (reasoning, content, tool calls) and the finish reason, as SGLang serves chat.
+
+    A constrained request that reasons was free up to </think> and constrained after it (structured.py's
+    ThinkPhase), so its content, and a forced call's array, is the part after the split."""
+    thought = None
+    if body.get("separate_reasoning", True):
+        thought, text = split_reasoning(text, state.args.reasoning_parser, force=reasoning)
     calls: list[dict[str, Any]] = []
     if forced and reason == "stop":
         calls = tool_calls_from_constrained(text) or []
     elif body.get("tools") and body.get("tool_choice") != "none":
         text, calls = parse_tool_calls(text, state.args.tool_call_parser)
     message: dict[str, Any] = {"role": "assistant", "content": None if forced and calls else text,
-                               "reasoning_content": reasoning, "tool_calls": calls or None}  # fmt: skip
+                               "reasoning_content": thought, "tool_calls": calls or None}  # fmt: skip
     return message, "tool_calls" if calls and reason == "stop" else reason
 
 
@@ -218,6 +224,8 @@ async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> Asy
     chat = meta["chat"]
     obj = "chat.completion.chunk" if chat else "text_completion"
     sent = [""] * len(batch.gens)
+    parser = meta.get("reasoning_parser")
+    sent_parts = [("", "")] * len(batch.gens)  # (reasoning_content, content) streamed so far
     truncate = "truncated-stream" in state.faults
 
     def event(choices: list[dict[str, Any]], usage: object = None, with_usage_key: bool = not chat) -> str:
@@ -243,7 +251,21 @@ async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> Asy
             delta_text = text[len(sent[i]) :] if text.startswith(sent[i]) else ""
             sent[i] = text if text.startswith(sent[i]) else sent[i]
             reason, matched = _finish(out) if final else (None, None)
-            if chat:
+            if chat and parser is not None:
+                thought, content = split_reasoning(text, parser, force=gen.req.params.reasoning,
+                                                   partial=not final)
+                new = [_grown(before, now) for before, now in zip(sent_parts[i], (thought or "", content),
+                                                                   strict=True)]  # fmt: skip
+                sent_parts[i] = (sent_parts[i][0] + new[0], sent_parts[i][1] + new[1])
+                if new[0]:
+                    yield event([_chunk_choice(i, {"reasoning_content": new[0], "content": None}, None, None,
+                                               chat)])  # fmt: skip
+                if new[1]:
+                    yield event([_chunk_choice(i, {"reasoning_content": None, "content": new[1]}, None, None,
+                                               chat)])  # fmt: skip
+                if final:
+                    yield event([_chunk_choice(i, {"reasoning_content": None}, reason, matched, chat)])
+            elif chat:
                 if delta_text or not final:
                     delta = {"reasoning_content": None, "content": delta_text}
                     yield event([_chunk_choice(i, delta, None, None, chat)])
@@ -256,6 +278,11 @@ async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> Asy
         yield "data: [DONE]\n\n"
     finally:
         batch.abort()
+
+
+def _grown(sent: str, now: str) -> str:
+    """What a stream has not sent yet of a part that only grows; '' when it did not grow."""
+    return now[len(sent) :] if now.startswith(sent) else ""
 
 
 def _chunk_choice(i: int, delta: object, reason: str | None, matched: object, chat: bool) -> dict[str, Any]:

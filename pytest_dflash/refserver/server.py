@@ -26,6 +26,7 @@ import torch
 import uvicorn
 
 from pytest_dflash.refserver import faults
+from pytest_dflash.refserver.chat_surface import think_end_ids
 from pytest_dflash.refserver.cost_model import avail_mem_gb, gpu_step_seconds, weights_gb
 from pytest_dflash.refserver.logs import setup_logging, uvicorn_log_config
 from pytest_dflash.refserver.model import ModelConfig, TinyLM
@@ -114,7 +115,10 @@ def launch_server(args: ServerArgs) -> None:
         topk=args.speculative_eagle_topk or 1,
         random_draft=args.random_draft,
         grammar=None if args.grammar_backend == "none" else GrammarBackend(
-            any_whitespace=not args.constrained_json_disable_any_whitespace
+            any_whitespace=not args.constrained_json_disable_any_whitespace,
+            # SGLang wraps the backend in its ReasonerGrammarBackend when a reasoning parser is set; the
+            # reasoning-grammar-bug fault leaves the wrapper out (the grammar holds from the first token)
+            think_end_ids=() if "reasoning-grammar-bug" in active else think_end_ids(args.reasoning_parser),
         ),
         grammar_rollback_bug="grammar-rollback-bug" in active,
     )

@@ -55,6 +55,8 @@ class SamplingParams:
     sampling_seed: int | None = None
     n: int = 1
     grammar: tuple[str, str] | None = None  # SGLang's grammar key: ("json" | "regex" | "ebnf", value)
+    # SGLang's req.require_reasoning (a chat under --reasoning-parser): the grammar waits for the think-end
+    reasoning: bool = False
 
     @property
     def is_greedy(self) -> bool:
@@ -180,7 +182,7 @@ class Engine:
         seq.cache.keep(list(range(len(prompt))))
         row = logits[-1]
         if params.grammar is not None and self.grammar is not None:
-            seq.constraint = self.grammar.constraint(params.grammar)
+            seq.constraint = self.grammar.constraint(params.grammar, reasoning=params.reasoning)
             row = masked(row, seq.constraint.allowed())
         first = choose(row, params, seq.rng)
         if seq.constraint is not None:

@@ -12,6 +12,16 @@ target chooses from each masked row, then the matcher is rolled back to the last
 takes the emitted tokens. A token the matcher refuses ends the request with an abort, as SGLang's
 "Grammar accept_token failed". The fault ``grammar-rollback-bug`` leaves the first rejected draft token
 in the matcher (a missed rollback): output breaks the grammar under speculation, never under NONE.
+
+Reasoning (SGLang's ReasonerGrammarBackend, wrapped around the backend when ``--reasoning-parser`` is set):
+a request that reasons (``require_reasoning``: a chat under the parser) gets a ``ThinkPhase`` in front of
+its matcher. Until the think-end token sequence (``</think>``'s bytes) is out, no grammar applies and no
+token reaches the matcher; from the token after it, the grammar holds. Masks, the verify's tree walk and
+rollbacks go through the phase the same way (a rollback across the think-end re-opens the thinking), so the
+answer is constrained and lossless under speculation. The refserver's random model never closes its thinking
+by itself, so the phase is SGLang's strict thinking with ``SGLANG_MAX_THINK_TOKENS``: after ``THINK_TOKENS``
+tokens only the next think-end token is allowed, and EOS is never allowed while thinking (qwen3's
+``think_excluded_tokens``), so a constrained answer always follows.
 """
 
 from __future__ import annotations
@@ -28,15 +38,18 @@ from pytest_dflash.refserver.model import EOS_IDS, SPECIAL_TOKENS, VOCAB_SIZE
 __all__ = [
     "GRAMMAR_KINDS",
     "NO_BACKEND",
+    "THINK_TOKENS",
     "Constraint",
     "GrammarBackend",
     "InvalidGrammar",
+    "ThinkPhase",
     "grammar_key",
     "response_format_schema",
 ]
 
 logger = logging.getLogger("pytest_dflash.refserver")
 
+THINK_TOKENS = 24  # tokens of reasoning before the think-end is forced (SGLANG_MAX_THINK_TOKENS)
 GRAMMAR_KINDS = {"json_schema": "json", "regex": "regex", "ebnf": "ebnf"}  # sampling param -> SGLang's key
 # SGLang's GrammarManager, word for word: the abort (HTTP 400) of a constrained request on a server started
 # with --grammar-backend none.
@@ -87,8 +100,10 @@ def response_format_schema(response_format: object) -> str | None:
 class GrammarBackend:
     """xgrammar's compiler over the byte vocabulary, with SGLang's cache of compiled grammars by key."""
 
-    def __init__(self, *, any_whitespace: bool = True) -> None:
+    def __init__(self, *, any_whitespace: bool = True, think_end_ids: tuple[int, ...] = ()) -> None:
         self.any_whitespace = any_whitespace  # SGLang: not --constrained-json-disable-any-whitespace
+        # SGLang's ReasonerGrammarBackend: set with --reasoning-parser (the parser's think-end token ids)
+        self.think_end_ids = think_end_ids
         self._compiler: Any = None
         self._cache: dict[tuple[str, str], Any] = {}
 
@@ -112,10 +127,12 @@ class GrammarBackend:
         self._cache[key] = compiled
         return compiled
 
-    def constraint(self, key: tuple[str, str]) -> Constraint:
+    def constraint(self, key: tuple[str, str], *, reasoning: bool = False) -> Constraint:
+        """A request's matcher; behind a think phase when it reasons and the backend has a think-end."""
         import xgrammar
 
-        return Constraint(key, xgrammar.GrammarMatcher(self.compile(key)))
+        think = ThinkPhase(self.think_end_ids) if reasoning and self.think_end_ids else None
+        return Constraint(key, xgrammar.GrammarMatcher(self.compile(key)), think=think)
 
     def _compiler_once(self) -> Any:
         if self._compiler is None:
@@ -131,6 +148,71 @@ class GrammarBackend:
 
 
 @dataclass
+class ThinkPhase:
+    """SGLang's ReasonerGrammarObject state: thinking until the think-end sequence is out, then the answer.
+
+    ``matched`` is how much of the think-end the latest tokens spell (SGLang's TokenSequenceMatcher, a KMP
+    step); ``history`` keeps it per thinking token so a rollback can undo each one.
+    """
+
+    end_ids: tuple[int, ...]
+    in_think: int = 0  # thinking tokens that are not part of a pending think-end match
+    after_end: int = -1  # -1 while thinking; then the answer tokens given to the grammar
+    matched: int = 0
+    history: list[int] = field(default_factory=list)
+
+    @property
+    def thinking(self) -> bool:
+        return self.after_end == -1
+
+    def advance(self, token: int) -> None:
+        """One emitted token (SGLang's transfer_state)."""
+        if not self.thinking:
+            self.after_end += 1
+            return
+        before = self.matched
+        self.history.append(before)
+        matched = before
+        while matched > 0 and token != self.end_ids[matched]:
+            matched = self._fallback(matched)
+        matched += token == self.end_ids[matched]
+        if matched == len(self.end_ids):
+            self.matched, self.after_end = 0, 0
+        else:
+            self.in_think += before + 1 - matched
+            self.matched = matched
+
+    def back(self) -> None:
+        """Undo the latest token (SGLang's rollback_state); undoing the think-end's last re-opens thinking."""
+        if self.after_end > 0:
+            self.after_end -= 1
+        elif self.history:
+            before = self.history.pop()
+            if self.after_end == 0:
+                self.after_end = -1
+            else:
+                self.in_think -= before + 1 - self.matched
+            self.matched = before
+
+    def allowed(self) -> np.ndarray:
+        """The thinking mask: anything but EOS while the budget lasts, then only the next think-end token."""
+        if self.in_think + self.matched < THINK_TOKENS:
+            row = np.ones(VOCAB_SIZE, dtype=bool)
+            row[list(EOS_IDS)] = False
+            return row
+        row = np.zeros(VOCAB_SIZE, dtype=bool)
+        row[self.end_ids[self.matched]] = True
+        return row
+
+    def _fallback(self, matched: int) -> int:
+        """The longest proper prefix of the think-end that is also a suffix of its first `matched` ids."""
+        for k in range(matched - 1, 0, -1):
+            if self.end_ids[:k] == self.end_ids[matched - k : matched]:
+                return k
+        return 0
+
+
+@dataclass
 class Constraint:
     """One request's grammar matcher, and the token it refused (the request then ends with an abort)."""
 
@@ -138,12 +220,15 @@ class Constraint:
     matcher: Any
     refused: int | None = None
     taken: int = 0  # tokens accepted through accept(): the refused token's index in the output
+    think: ThinkPhase | None = None  # the request reasons first: no grammar until the think-end
     _bitmask: Any = field(default=None, repr=False)
 
     def allowed(self) -> np.ndarray:
         """Which tokens the grammar allows next, as a bool row over the vocabulary."""
         import xgrammar
 
+        if self.think is not None and self.think.thinking:
+            return self.think.allowed()
         if self._bitmask is None:
             self._bitmask = xgrammar.allocate_token_bitmask(1, VOCAB_SIZE)
         self.matcher.fill_next_token_bitmask(self._bitmask)
@@ -155,11 +240,32 @@ class Constraint:
         """Advance by one emitted token; False (and remembered) when the grammar refuses it."""
         if self.refused is not None:
             return False
-        if not self.matcher.accept_token(token):
+        if not self._take(token):
             self.refused = token
             return False
         self.taken += 1
         return True
+
+    def _take(self, token: int) -> bool:
+        """A token through the think phase into the matcher (SGLang: ReasonerGrammarObject.accept_token)."""
+        if self.think is None:
+            return bool(self.matcher.accept_token(token))
+        if not self.think.thinking and not self.matcher.accept_token(token):
+            return False
+        self.think.advance(token)
+        return True
+
+    def _untake(self) -> None:
+        """Roll the latest token back: out of the matcher only if it was an answer token."""
+        if self.think is None or self.think.after_end > 0:
+            self.matcher.rollback(1)
+        if self.think is not None:
+            self.think.back()
+
+    def _terminated(self) -> bool:
+        if self.think is not None and self.think.thinking:
+            return False
+        return bool(self.matcher.is_terminated())
 
     def refusal(self, output_len: int) -> dict[str, Any] | None:
         """The abort finish once the output reaches the refused token (SGLang aborts the request there)."""
@@ -182,12 +288,12 @@ class Constraint:
 
         def visit(node: int) -> None:
             masks[node] = self.allowed()
-            if self.matcher.is_terminated():
+            if self._terminated():
                 return
             for child in children.get(node, []):
-                if self.matcher.accept_token(tokens[child - 1]):
+                if self._take(tokens[child - 1]):
                     visit(child)
-                    self.matcher.rollback(1)
+                    self._untake()
 
         visit(0)
         return masks
@@ -201,8 +307,8 @@ class Constraint:
         for token in emitted[:-1]:
             if not self.accept(token):
                 return
-        if rollback_bug and rejected is not None and not self.matcher.is_terminated():
-            self.matcher.accept_token(rejected)  # never rolled back
+        if rollback_bug and rejected is not None and not self._terminated():
+            self._take(rejected)  # never rolled back
         self.accept(emitted[-1])
 
 

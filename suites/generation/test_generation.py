@@ -28,6 +28,7 @@ from pytest_dflash.api import (
     max_tokens_boundary,
     n_samples,
     reasoning_separated,
+    reasoning_structured,
     sampled_case,
     sampling_varies_with_seed,
     still_serving,
@@ -146,3 +147,10 @@ def test_reasoning_separated(dflash_service: ServiceHandle) -> None:
     """Where the command sets --reasoning-parser: reasoning_content and content are the whole output split at
     </think>, nothing lost."""
     reasoning_separated(dflash_service)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sse"])
+def test_reasoning_structured(dflash_service: ServiceHandle, streamed: bool) -> None:
+    """Where the command sets --reasoning-parser: response_format json_schema holds after the reasoning, so
+    content validates against the schema and reasoning_content is separate free text."""
+    reasoning_structured(dflash_service, streamed=streamed)

@@ -2,7 +2,8 @@
 
 A clean NONE and DFLASH pass; a server with `--grammar-backend none` fails every case naming the flag and
 seed 002 (and is skipped as "does not apply" once its profile says `structured_output = false`); the
-grammar-rollback-bug fault fails under speculation only.
+grammar-rollback-bug fault fails under speculation only. Under --reasoning-parser the chat's answer after the
+reasoning validates against the schema; the reasoning-grammar-bug fault (the answer in reasoning_content) fails.
 """
 
 from __future__ import annotations
@@ -65,3 +66,16 @@ def test_forced_tool_calls_and_reasoning_where_the_command_names_a_parser(run_su
     failed = {f["test"].rsplit("::", 1)[1] for f in verdict(run_suite.reports, "chat")["failures"]}
     assert failed == {f"test_forced_tool_call[chat/off-{c}]" for c in ("required", "named")}, failed
     result.stdout.fnmatch_lines(["*off: its command has `--grammar-backend none`: tool_choice * cannot be forced*"])
+
+
+def test_the_answer_after_the_reasoning_validates_and_an_answer_in_reasoning_content_fails(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    reasoner = ["--reasoning-parser", "deepseek-r1", *NO_WS]
+    profile = write_profile(tmp_path, "reasoned", {"thinks": ("DFLASH", reasoner), "plain": ("NONE", NO_WS),
+                                                   "bug": ("NONE", [*reasoner, "--inject", "reasoning-grammar-bug"])})  # fmt: skip
+    result = run_suite("generation", "--host", str(profile), "-k", "reasoning_structured")
+    assert_no_crash(result)
+    result.assert_outcomes(passed=2, skipped=2, failed=2)  # plain: no --reasoning-parser
+    failed = {f["test"].rsplit("::", 1)[1] for f in verdict(run_suite.reports, "reasoned")["failures"]}
+    assert failed == {f"test_reasoning_structured[reasoned/bug-{s}]" for s in ("whole", "sse")}, failed
+    result.stdout.fnmatch_lines(["*bug: response_format json_schema '{*' after reasoning (--reasoning-parser "
+                                 "deepseek-r1)*: content '' not JSON*the answer is in reasoning_content*"])

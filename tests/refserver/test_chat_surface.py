@@ -1,4 +1,5 @@
-"""Forced tool calls and reasoning separation: SGLang's schema of a forced call, the parsers' splits."""
+"""Forced tool calls and reasoning separation: SGLang's schema of a forced call, the parsers' splits, which
+requests reason."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 
 from pytest_dflash.refserver.chat_surface import (
     parse_tool_calls,
+    require_reasoning,
     split_reasoning,
+    think_end_ids,
     tool_call_schema,
     tool_calls_from_constrained,
 )
@@ -54,3 +57,24 @@ def test_constrained_output_and_qwen25_blocks_become_tool_calls() -> None:
 ])
 def test_reasoning_splits_at_think_end(text: str, parser: str | None, split: tuple[str | None, str]) -> None:
     assert split_reasoning(text, parser) == split
+
+
+@pytest.mark.parametrize(("text", "parser", "kw", "split"), [
+    ("plain answer</think>x", "qwen3", {"force": True}, ("plain answer", "x")),  # qwen3 asked to reason
+    ("plain answer</think>x", "qwen3", {}, (None, "plain answer</think>x")),
+    ("thinking</thi", "deepseek-r1", {"partial": True}, ("thinking", "")),  # maybe the think-end: held back
+    ("<th", "qwen3", {"partial": True}, ("", "")),
+    ("thinking</think>\n{", "deepseek-r1", {"partial": True}, ("thinking", "{")),
+])
+def test_reasoning_splits_forced_and_streamed(text: str, parser: str, kw: dict[str, bool],
+                                              split: tuple[str | None, str]) -> None:
+    assert split_reasoning(text, parser, **kw) == split
+
+
+def test_which_requests_reason_and_where_their_thinking_ends() -> None:
+    """SGLang's require_reasoning: deepseek-r1 always, qwen3 unless enable_thinking is false."""
+    assert require_reasoning("deepseek-r1", {"chat_template_kwargs": {"enable_thinking": False}})
+    assert require_reasoning("qwen3", {}) and require_reasoning("qwen3", {"chat_template_kwargs": {}})
+    assert not require_reasoning("qwen3", {"chat_template_kwargs": {"enable_thinking": False}})
+    assert not require_reasoning(None, {})
+    assert think_end_ids("qwen3") == tuple(b"</think>") and think_end_ids(None) == ()

@@ -1,4 +1,5 @@
-"""Constrained decoding: xgrammar masks in NONE and in every verify, SGLang's answers to bad grammars."""
+"""Constrained decoding: xgrammar masks in NONE and in every verify, SGLang's answers to bad grammars, and
+the grammar that waits for the end of the reasoning."""
 
 from __future__ import annotations
 
@@ -6,14 +7,22 @@ import json
 import re
 from collections.abc import Iterator
 
+import httpx
 import jsonschema
 import pytest
 from refserver_helpers import Job, post, run_jobs
 
+from pytest_dflash.refserver.chat_surface import split_reasoning
 from pytest_dflash.refserver.launch import RefServerProcess
-from pytest_dflash.refserver.model import ByteTokenizer, TinyLM
+from pytest_dflash.refserver.model import EOS_IDS, ByteTokenizer, TinyLM
 from pytest_dflash.refserver.spec import Engine, SamplingParams
-from pytest_dflash.refserver.structured import NO_BACKEND, GrammarBackend, response_format_schema
+from pytest_dflash.refserver.structured import (
+    NO_BACKEND,
+    THINK_TOKENS,
+    Constraint,
+    GrammarBackend,
+    response_format_schema,
+)
 
 pytest.importorskip("xgrammar")
 
@@ -127,3 +136,118 @@ def test_grammar_backend_none_refuses_constrained_requests() -> None:
         answer = post(server, "/generate", body)
         assert answer.status_code == 400
         assert answer.json()["error"]["message"] == NO_BACKEND
+
+
+# --- reasoning first, then the constrained answer (SGLang's ReasonerGrammarBackend) ----------------------
+
+THINK_END = tuple(b"</think>")
+
+
+def reasoner(key: tuple[str, str] = ("json", json.dumps(SCHEMA))) -> Constraint:
+    return GrammarBackend(any_whitespace=False, think_end_ids=THINK_END).constraint(key, reasoning=True)
+
+
+def test_the_grammar_waits_for_the_think_end_and_the_verify_walk_crosses_it() -> None:
+    """No mask while thinking; the draft rows after a think-end inside the block get the grammar's mask; the
+    walk leaves the matcher and the think phase where they were."""
+    constraint = reasoner()
+    for token in tok.encode("ab</thi"):
+        assert constraint.accept(token)
+    assert constraint.allowed()[ord("x")]  # still thinking: free text (the budget is not spent)
+    draft = tok.encode("nk>{")
+    masks = constraint.draft_masks(draft, list(range(len(draft))))
+    assert masks[2][ord("x")] and not masks[3][ord("x")] and masks[3][ord("{")]  # the answer starts after '>'
+    assert not masks[4][ord("{")] and masks[4][ord('"')]
+    assert constraint.think is not None and constraint.think.thinking and constraint.think.matched == 5
+    assert (constraint.allowed() == masks[0]).all()
+    constraint.commit([*draft[:3], ord("{")], None, rollback_bug=False)
+    assert not constraint.think.thinking and constraint.allowed()[ord('"')]
+
+
+def test_a_spent_thinking_budget_forces_the_think_end_and_eos_never_ends_thinking() -> None:
+    constraint = reasoner(("regex", "[0-9]{2}"))
+    assert not constraint.allowed()[EOS_IDS[0]]
+    for _ in range(THINK_TOKENS):
+        assert constraint.accept(ord("x"))
+    for token in THINK_END:
+        assert constraint.allowed().nonzero()[0].tolist() == [token]
+        assert constraint.accept(token)
+    assert constraint.allowed()[ord("7")] and not constraint.allowed()[ord("x")]
+
+
+def reasoning_jobs(greedy: bool) -> list[Job]:
+    params = SamplingParams(max_new_tokens=160, top_k=1 if greedy else -1, grammar=("json", json.dumps(SCHEMA)),
+                            reasoning=True)  # fmt: skip
+    return [Job(tok.encode(prompt), params, seed=i) for i, prompt in enumerate(PROMPTS)]
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_reasoning_then_a_valid_answer_on_every_algorithm(model: TinyLM, greedy: bool) -> None:
+    """Reasoning runs free up to </think>, the answer after it validates; the same tokens on NONE, DFLASH and
+    DDTREE (masks only after the think-end in every verify)."""
+    outputs = {}
+    for algorithm in ("NONE", "DFLASH", "DDTREE"):
+        grammar = GrammarBackend(any_whitespace=False, think_end_ids=THINK_END)
+        outputs[algorithm] = [o.output_ids for o in run_jobs(Engine(model, algorithm, grammar=grammar),
+                                                             reasoning_jobs(greedy))]  # fmt: skip
+    assert outputs["DFLASH"] == outputs["NONE"] == outputs["DDTREE"]
+    for ids in outputs["NONE"]:
+        reasoning, content = split_reasoning(tok.decode(ids), "deepseek-r1", force=True)
+        assert reasoning and not reasoning.startswith("{")
+        jsonschema.validate(json.loads(content, strict=False), SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def reasoning_server() -> Iterator[RefServerProcess]:
+    with RefServerProcess("--speculative-algorithm", "DFLASH", "--reasoning-parser", "deepseek-r1",
+                          "--constrained-json-disable-any-whitespace") as s:  # fmt: skip
+        yield s
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 160, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}}  # fmt: skip
+
+
+def test_chat_reasons_then_answers_in_the_schema_streamed_and_not(reasoning_server: RefServerProcess) -> None:
+    """SGLang's shape: reasoning_content free text, content the schema's JSON; a stream splits them the same."""
+    message = post(reasoning_server, "/v1/chat/completions", CHAT).json()["choices"][0]["message"]
+    assert message["reasoning_content"] and "</think>" not in message["reasoning_content"]
+    jsonschema.validate(json.loads(message["content"], strict=False), SCHEMA)
+    parts = {"reasoning_content": "", "content": ""}
+    with httpx.stream("POST", reasoning_server.url + "/v1/chat/completions", json={**CHAT, "stream": True},
+                      timeout=60) as response:  # fmt: skip
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    for part in parts:
+                        parts[part] += choice["delta"].get(part) or ""
+    assert parts == {"reasoning_content": message["reasoning_content"], "content": message["content"]}
+    whole = post(reasoning_server, "/v1/chat/completions", {**CHAT, "separate_reasoning": False}).json()
+    assert whole["choices"][0]["message"]["content"] == f"{message['reasoning_content']}</think>{message['content']}"
+
+
+def test_a_forced_tool_call_reasons_first_then_calls(reasoning_server: RefServerProcess) -> None:
+    """tool_choice "required" is a grammar too: it holds after </think>, the call parses from the content."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": SCHEMA}}]
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 160, "temperature": 0,
+            "tools": tools, "tool_choice": "required"}  # fmt: skip
+    choice = post(reasoning_server, "/v1/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["reasoning_content"]
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "add"
+    jsonschema.validate(json.loads(call["arguments"], strict=False), SCHEMA)
+
+
+def test_generate_does_not_reason_under_the_parser(reasoning_server: RefServerProcess) -> None:
+    """Native /generate has no require_reasoning: its grammar holds from the first token."""
+    body = {"text": "Hi", "sampling_params": {"temperature": 0, "max_new_tokens": 80, "regex": REGEX}}
+    assert re.fullmatch(REGEX, post(reasoning_server, "/generate", body).json()["text"])
+
+
+def test_reasoning_grammar_bug_puts_the_answer_into_reasoning_content() -> None:
+    """The fault leaves SGLang's reasoner wrapper out: the grammar holds from the first token, no </think>."""
+    with RefServerProcess("--reasoning-parser", "deepseek-r1", "--constrained-json-disable-any-whitespace",
+                          "--inject", "reasoning-grammar-bug") as server:  # fmt: skip
+        message = post(server, "/v1/chat/completions", CHAT).json()["choices"][0]["message"]
+    assert message["content"] == ""
+    jsonschema.validate(json.loads(message["reasoning_content"], strict=False), SCHEMA)

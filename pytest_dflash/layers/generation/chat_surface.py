@@ -8,25 +8,38 @@ the tool's ``parameters``. A reasoning parser splits the output into ``reasoning
 asked again with ``separate_reasoning: false`` the same greedy output comes back whole, so nothing may be
 lost or duplicated by the split and ``</think>`` belongs to neither part. Each check applies only where the
 command names the parser ("does not apply" otherwise, from the profile).
+
+Reasoning, then a constrained answer: under a reasoning parser SGLang applies a chat's grammar only after the
+reasoning ends (its ReasonerGrammarBackend waits for the think-end token), so ``response_format`` holds for
+``content`` alone: ``reasoning_content`` is free text, ``content`` must validate against the schema, streamed
+and not. An answer that lands in ``reasoning_content`` (the grammar applied from the first token, so the model
+never closed its thinking) or a ``</think>`` left in either part fails, naming the grammar.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import jsonschema  # type: ignore[import-untyped]
 
+from pytest_dflash.client.bodies import error_message
+from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.generation.requests import messages
 from pytest_dflash.layers.generation.shapes import fail
 from pytest_dflash.layers.generation.structured import (
+    GRAMMARS,
     NO_BACKEND_FLAG,
     NOT_SERVED,
     SEED_002,
+    Grammar,
     GrammarWarning,
     backend_disabled,
+    constrained_body,
 )
 from pytest_dflash.run.skips import not_applicable
 
@@ -34,7 +47,17 @@ if TYPE_CHECKING:
     from pytest_dflash.config.profiles import ServiceSpec
     from pytest_dflash.run.state import ServiceHandle
 
-__all__ = ["TOOLS", "TOOL_CHOICES", "command_flag", "forced_tool_call", "reasoning_separated"]
+__all__ = [
+    "TOOLS",
+    "TOOL_CHOICES",
+    "ReasonedAnswer",
+    "check_reasoned",
+    "command_flag",
+    "forced_tool_call",
+    "reasoned_answer",
+    "reasoning_separated",
+    "reasoning_structured",
+]
 
 ToolChoice = Literal["required", "named"]
 TOOL_CHOICES: tuple[ToolChoice, ...] = ("required", "named")
@@ -49,6 +72,8 @@ TOOLS: list[dict[str, Any]] = [
                        "required": ["a", "b"]}}},
 ]  # fmt: skip
 THINK_END = "</think>"
+# room for a reasoning model's thinking before the answer; a length finish is reported, not judged
+REASONED = Sampling(max_tokens=400, temperature=0.0)
 
 
 def command_flag(spec: ServiceSpec, flag: str) -> str | None:
@@ -139,3 +164,92 @@ def reasoning_separated(service: ServiceHandle) -> None:
     if (reasoning, content) != expected and (reasoning or "", content) != (rebuilt, ""):
         fail(f"{what}: reasoning_content {str(reasoning)[:120]!r} and content {content[:120]!r} are not the "
              f"whole output {whole[:200]!r} split at {THINK_END!r}")
+
+
+@dataclass(frozen=True)
+class ReasonedAnswer:
+    """A chat answer under a reasoning parser: its two parts, the finish reason, whether a stream ended."""
+
+    reasoning: str | None
+    content: str
+    finish_reason: str | None
+    done: bool = True  # a stream ended with [DONE]
+
+
+def reasoned_answer(data: dict[str, Any] | None = None, events: Sequence[dict[str, Any]] = (), *,
+                    done: bool = True) -> ReasonedAnswer:
+    """The answer of a chat response body, or of a stream's chunks (reasoning and content deltas added up)."""
+    if data is not None:
+        choice = (data.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        thought = message.get("reasoning_content")
+        thought = None if thought is None else str(thought)
+        return ReasonedAnswer(thought, str(message.get("content") or ""), choice.get("finish_reason"))
+    parts: dict[str, str | None] = {"reasoning_content": None, "content": ""}
+    reason = None
+    for event in events:
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            for part in parts:
+                if delta.get(part):
+                    parts[part] = (parts[part] or "") + str(delta[part])
+            reason = choice.get("finish_reason") or reason
+    return ReasonedAnswer(parts["reasoning_content"], parts["content"] or "", reason, done)
+
+
+def check_reasoned(answer: ReasonedAnswer, grammar: Grammar, *, what: str, max_tokens: int) -> None:
+    """The reasoning separated from the answer, the answer complete and in the grammar's language."""
+    __tracebackhide__ = True
+    reasoning = answer.reasoning or ""
+    if not answer.done:
+        fail(f"{what}: the stream stopped without [DONE] after content {answer.content[-80:]!r}")
+    if answer.finish_reason == "length":
+        where = "the answer" if answer.content else "the reasoning (no answer yet)"
+        warnings.warn(GrammarWarning(f"{what}: finished by length in {where} after max_tokens={max_tokens}: "
+                                     f"not checked as complete: {answer.content[:80]!r}"), stacklevel=2)
+        return
+    if answer.finish_reason != "stop":
+        fail(f"{what}: finish_reason {answer.finish_reason!r} after reasoning {reasoning[-80:]!r} and "
+             f"content {answer.content[:120]!r}: a constrained answer must end by its grammar (stop) or by "
+             "length")
+    for part, text in (("reasoning_content", reasoning), ("content", answer.content)):
+        if THINK_END in text:
+            fail(f"{what}: {part} still holds {THINK_END!r}, the reasoning is not separated: {text[:200]!r}")
+    problem = grammar.problem(answer.content)
+    if problem is None:
+        return
+    landed = ""
+    if reasoning and grammar.problem(reasoning.strip()) is None:
+        landed = (f"; the answer is in reasoning_content ({reasoning[:120]!r}): the grammar held from the "
+                  f"first token instead of after {THINK_END!r}, so the thinking never ended")
+    fail(f"{what}: content {answer.content[:200]!r} {problem}{landed}")
+
+
+def reasoning_structured(service: ServiceHandle, *, streamed: bool) -> None:
+    """response_format json_schema under --reasoning-parser: reasoning_content free, content in the schema."""
+    __tracebackhide__ = True
+    parser = command_flag(service.spec, "--reasoning-parser")
+    if parser is None:
+        not_applicable("the service's command sets no --reasoning-parser")
+    if not service.spec.structured_output:
+        not_applicable(NOT_SERVED)
+    grammar = GRAMMARS["response_format"]
+    what = (f"{service.name}: {grammar.describe()} after reasoning (--reasoning-parser {parser})"
+            f"{' streamed' if streamed else ''}")
+    if backend_disabled(service.spec):
+        fail(f"{what}: its command has `{NO_BACKEND_FLAG}`: the answer cannot be constrained; {SEED_002}")
+    client = service.client
+    path, body = constrained_body(client, "chat", grammar, REASONED, stream=streamed)
+    try:
+        if streamed:
+            stream = client.stream(path, body)
+            answer = reasoned_answer(events=stream.events, done=stream.done)
+        else:
+            response = client.request("POST", path, json_body=body)
+            if response.status_code >= 400:
+                raise ApiError(client.service, path, response.status_code, error_message(response),
+                               response.text[:500])
+            answer = reasoned_answer(response.json())
+    except ApiError as exc:
+        fail(f"{what}: failed (refused, or the stream broke off): {exc}")
+    check_reasoned(answer, grammar, what=what, max_tokens=REASONED.max_tokens)

@@ -1,10 +1,12 @@
-"""Structured-output validation: each grammar's language, finish reasons, streams, the disabled backend."""
+"""Structured-output validation: each grammar's language, finish reasons, streams, the disabled backend, and
+the constrained answer after the reasoning."""
 
 from __future__ import annotations
 
 import pytest
 
 from pytest_dflash.config.profiles import ServiceSpec
+from pytest_dflash.layers.generation.chat_surface import ReasonedAnswer, check_reasoned, reasoned_answer
 from pytest_dflash.layers.generation.structured import (
     EBNF,
     GRAMMARS,
@@ -89,3 +91,46 @@ def test_streamed_outcomes_of_both_dialects() -> None:
 def test_backend_disabled_reads_the_command(command: tuple[str, ...], disabled: bool) -> None:
     spec = ServiceSpec(name="s", kind="process", url="http://127.0.0.1:1", algorithm="DFLASH", command=command)
     assert backend_disabled(spec) is disabled
+
+
+# --- reasoning, then the constrained answer (layers/generation/chat_surface.py) ---------------------------
+
+ANSWER = '{"name": "ab", "age": 3}'
+
+
+def test_a_reasoned_answer_is_read_from_a_body_and_from_a_stream() -> None:
+    body = {"choices": [{"message": {"reasoning_content": "hm", "content": ANSWER}, "finish_reason": "stop"}]}
+    assert reasoned_answer(body) == ReasonedAnswer("hm", ANSWER, "stop")
+    chunks = [{"choices": [{"delta": {"role": "assistant", "content": "", "reasoning_content": None}}]},
+              {"choices": [{"delta": {"reasoning_content": "h", "content": None}}]},
+              {"choices": [{"delta": {"reasoning_content": "m", "content": None}}]},
+              {"choices": [{"delta": {"reasoning_content": None, "content": ANSWER}}]},
+              {"choices": [{"delta": {"reasoning_content": None}, "finish_reason": "stop"}]}]  # fmt: skip
+    assert reasoned_answer(events=chunks, done=False) == ReasonedAnswer("hm", ANSWER, "stop", done=False)
+
+
+def test_content_in_the_schema_after_free_reasoning_passes() -> None:
+    check_reasoned(ReasonedAnswer("not JSON at all {", ANSWER, "stop"), GRAMMARS["response_format"], what="svc",
+                   max_tokens=8)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (ReasonedAnswer(ANSWER, "", "stop"), r"svc: content '' not JSON .*the answer is in reasoning_content "
+                                             r"\('\{\"name\".*the grammar held from the first token"),
+        (ReasonedAnswer("hm</think>", ANSWER, "stop"), "reasoning_content still holds '</think>'"),
+        (ReasonedAnswer("hm", "</think>" + ANSWER, "stop"), "content still holds '</think>'"),
+        (ReasonedAnswer("hm", '{"name": 1}', "stop"), "breaks the schema"),
+        (ReasonedAnswer("hm", '{"na', "abort"), "finish_reason 'abort' after reasoning 'hm'"),
+        (ReasonedAnswer("hm", ANSWER, "stop", done=False), r"the stream stopped without \[DONE\]"),
+    ],
+)
+def test_an_answer_outside_the_schema_or_not_separated_fails(answer: ReasonedAnswer, message: str) -> None:
+    with pytest.raises(AssertionError, match=message):
+        check_reasoned(answer, GRAMMARS["response_format"], what="svc", max_tokens=8)
+
+
+def test_a_length_finish_while_reasoning_is_reported_not_judged() -> None:
+    with pytest.warns(GrammarWarning, match=r"finished by length in the reasoning \(no answer yet\)"):
+        check_reasoned(ReasonedAnswer("hmm", "", "length"), GRAMMARS["response_format"], what="svc", max_tokens=8)
