@@ -20,7 +20,9 @@ if [ "$DRAFTS" = 1 ]; then
     echo "[dev] drafts at $(el)s"
 fi
 mkdir -p /tmp/plugin-site && for w in .device/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/plugin-site; done
-export PYTHONPATH=/tmp/plugin-site:$PWD
+# /tmp/site last: the structured checks need jsonschema and xgrammar, which the image lacks; the image's own
+# packages (httpx, pytest, torch) still come first
+export PYTHONPATH=/tmp/plugin-site:$PWD:/tmp/site
 export DFLASH_STATE_DIR=/tmp/dflash-state
 python3 -c 'import pytest, testinfra, httpx; print("pytest", pytest.__version__)'
 if [ "${RECORD_STRUCTURED:-0}" = 1 ]; then  # issue 33: SGLang's raw answers to constrained requests, server by server
