@@ -495,7 +495,8 @@ def first_line(text: str, longrepr: object = None) -> str:
 
 
 def _report_info(host: HostContext, info: ItemInfo, handles: list[ServiceHandle]) -> dict[str, Any]:
-    facts = {h.name: h.facts() for h in handles if h.ready is not None}
+    # a service that never became ready is recorded too: how far its start-up got (`stopped`)
+    facts = {h.name: h.facts() for h in handles if h.ready is not None or h.stopped is not None}
     for handle in handles:
         accept = handle.host.facts.accept_lengths.get(handle.name)
         if accept is not None:

@@ -25,7 +25,7 @@ from pytest_dflash.fleet.values import flatten, host_numbers, is_measurement, pa
 FAILING = ("failed", "blocked")
 MAX_CHANGES = 200  # per host, in the summary ("what changed" of a whole package set can be long)
 # Service facts that are measurements of one run, not configuration: never "what changed".
-VOLATILE_SERVICE_KEYS = frozenset({"ready", "accept_length", "provisioned", "ready_s"})
+VOLATILE_SERVICE_KEYS = frozenset({"ready", "stopped", "accept_length", "provisioned", "ready_s"})
 # Perf numbers where a smaller value is better (latencies, durations); the rest (tokens/s, accept length)
 # grow.
 LOWER_IS_BETTER = ("ttft", "itl", "tpot", "latency", "_ms", "duration", "ready_s", "e2e", "_p50",

@@ -211,9 +211,15 @@ PHASES_CSS = ("<style>table.dflash-cold-start-phases{border-collapse:collapse;ma
 
 
 def cold_start_section(builder: VerdictBuilder) -> str:
-    """Each host's cold start: its services' readiness on one clock, phases coloured; '' when no service has
-    readiness facts (nothing was started or attached in this run)."""
-    from pytest_dflash.report.plots import cold_start_phases, cold_start_timeline_svg, phase_legend_svg
+    """Each host's cold start: its services' readiness on one clock, phases coloured, the ones that never
+    became ready first, drawn up to where they stopped; '' when no service has readiness facts (nothing was
+    started or attached in this run)."""
+    from pytest_dflash.report.plots import (
+        cold_start_phases,
+        cold_start_timeline_svg,
+        phase_legend_svg,
+        stopped_phases,
+    )
 
     blocks, phases = [], set()
     # failing hosts first; one legend for the page
@@ -223,23 +229,38 @@ def cold_start_section(builder: VerdictBuilder) -> str:
         # a service that never became ready is drawn too, saying where it stopped (its service-layer failure)
         failed = {svc: str(f["message"]).strip().splitlines()[0] for f in verdict.failures
                   if f.get("layer") == "service" for svc in f.get("services") or [] if svc not in ready}
-        svg = cold_start_timeline_svg(ready, title=f"{name}: cold start", legend=False, failed=failed)
+        stopped = {svc: facts["stopped"] for svc, facts in verdict.services.items()
+                   if svc in failed and isinstance(facts.get("stopped"), dict)}
+        svg = cold_start_timeline_svg(ready, title=f"{name}: cold start", legend=False, failed=failed,
+                                      stopped=stopped)
         if svg is not None:
-            phases |= {phase for facts in ready.values() for phase, _, _ in cold_start_phases(facts)}
+            drawn = [*map(cold_start_phases, ready.values()), *map(stopped_phases, stopped.values())]
+            phases |= {phase for row in drawn for phase, _, _ in row}
+            table = cold_start_table(ready, stopped) if ready or stopped else ""
             blocks.append(f'<div class="dflash-cold-start" data-host="{html.escape(name)}">{svg}'
-                          f"{cold_start_table(ready) if ready else ''}</div>")
+                          f"{table}</div>")
     if not blocks:
         return ""
     return ("<h2>dflash cold start</h2>" + PHASES_CSS + (phase_legend_svg(phases) or "") + "".join(blocks))
 
 
-def cold_start_table(ready: dict[str, Any]) -> str:
-    """The timeline's numbers as columns: one row per service, one column per phase (its duration, and when it
-    ended from the start of that service's wait), then the total; a phase a service never logged is blank."""
-    from pytest_dflash.report.plots import cold_start_phases, phase_order, phase_style
+def cold_start_table(ready: dict[str, Any], stopped: dict[str, Any] | None = None) -> str:
+    """The timeline's numbers as columns: one row per service (the ones that never became ready first), one
+    column per phase (its duration, and when it ended from the start of that service's wait), then the total
+    or where it stopped; a phase a service never logged is blank."""
+    from pytest_dflash.report.plots import (
+        cold_start_phases,
+        phase_order,
+        phase_style,
+        stopped_in,
+        stopped_phases,
+    )
 
-    rows = {svc: {phase: (start, end) for phase, start, end in cold_start_phases(facts)}
-            for svc, facts in ready.items()}
+    stopped = stopped or {}
+    rows = {svc: {phase: (start, end) for phase, start, end in stopped_phases(facts)}
+            for svc, facts in stopped.items()}
+    rows |= {svc: {phase: (start, end) for phase, start, end in cold_start_phases(facts)}
+             for svc, facts in ready.items()}
     columns = phase_order(phase for phases in rows.values() for phase in phases)
     head = "".join(f"<th>{html.escape(phase_style(p)[0])}</th>" for p in columns)
     body = []
@@ -252,8 +273,15 @@ def cold_start_table(ready: dict[str, Any]) -> str:
                              f"{end - start:.1f} s</td>")
             else:
                 cells.append("<td></td>")
-        total = max((end for _, end in phases.values()), default=0.0)
-        body.append(f"<tr><th>{html.escape(svc)}</th>{''.join(cells)}<td>{total:.1f} s</td></tr>")
+        if svc in ready:
+            total = max((end for _, end in phases.values()), default=0.0)
+            body.append(f"<tr><th>{html.escape(svc)}</th>{''.join(cells)}<td>{total:.1f} s</td></tr>")
+        else:
+            facts = stopped[svc]
+            waited = float(facts.get("total_s") or 0.0)
+            body.append(f'<tr class="dflash-never-ready"><th>{html.escape(svc)}</th>{"".join(cells)}'
+                        f'<td style="color:#c62828">never ready: stopped {html.escape(stopped_in(facts))} '
+                        f"after {waited:.1f} s</td></tr>")
     return (f'<table class="dflash-cold-start-phases"><tr><th>service</th>{head}<th>ready after</th>'
             f"</tr>{''.join(body)}</table>")
 

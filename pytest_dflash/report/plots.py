@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Threshold", "accept_length_histogram_svg", "cold_start_phases", "cold_start_timeline_svg",
            "latency_cdf_svg", "phase_legend_svg", "phase_order", "phase_style", "plots_for_result",
-           "readiness_spread_svg", "text_width", "tokens_over_time_svg"]
+           "readiness_spread_svg", "stopped_in", "stopped_phases", "text_width", "tokens_over_time_svg"]
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 _W, _H = 640, 360
@@ -441,68 +441,112 @@ def phase_style(name: str) -> tuple[str, str]:
     return PHASES.get(name, (name.replace("_", " "), "#bcbd22"))
 
 
+def stopped_phases(stopped: Mapping[str, object]) -> list[tuple[str, float, float]]:
+    """The phases a start-up that never became ready finished: its time after the last one is where it
+    stopped, not "other"."""
+    return [phase for phase in cold_start_phases(stopped) if phase[0] != "other"]
+
+
+def stopped_in(stopped: Mapping[str, object]) -> str:
+    """Where a start-up that never became ready stopped, from the HTTP milestones it reached."""
+    if _seconds(stopped.get("http_s")) is None:
+        return "before its port opened"
+    if _seconds(stopped.get("greedy_s")) is None:
+        return "in its first greedy request"
+    return "in its first sampled request"
+
+
 def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, title: str = "Cold start",
                             width: int = 900, legend: bool = True,
-                            failed: Mapping[str, str] | None = None) -> str | None:
+                            failed: Mapping[str, str] | None = None,
+                            stopped: Mapping[str, Mapping[str, object]] | None = None) -> str | None:
     """One host's services side by side on one clock (seconds from the first wait's start; each service's bar
     starts where its own wait began, `waited_from`), each bar cut into its phases, coloured, with a tooltip
-    per phase and the total at its end. `services`: {name: the verdict's ready dict}. `failed`: {name: where
-    it stopped} of the services that never became ready, each drawn as a red row saying so (first). None
-    when there is nothing to draw. `legend=False`: no legend (a page of several hosts draws one,
-    :func:`phase_legend_svg`)."""
+    per phase and the total at its end. `services`: {name: the verdict's ready dict}. `failed`: {name: why}
+    of the services that never became ready, drawn first, in red: their phases up to where they stopped
+    (`stopped`: {name: the verdict's stopped dict}, when the wait recorded one), the time after the last
+    phase until the failure hatched, and a line saying where it stopped and why. None when there is nothing
+    to draw. `legend=False`: no legend (a page of several hosts draws one, :func:`phase_legend_svg`)."""
+    stopped = stopped or {}
     failed = {name: why for name, why in (failed or {}).items()
               if not cold_start_phases(services.get(name, {}))}
     rows: list[tuple[str, float, list[tuple[str, float, float]]]] = []
-    starts = [w for r in services.values() if (w := _seconds(r.get("waited_from"))) is not None]
+    partial: list[tuple[str, float, list[tuple[str, float, float]], float, str]] = []
+    starts = [w for r in [*services.values(), *(stopped.get(n, {}) for n in failed)]
+              if (w := _seconds(r.get("waited_from"))) is not None]
     t0 = min(starts) if starts else 0.0
+
+    def offset(facts: Mapping[str, object]) -> float:
+        waited = _seconds(facts.get("waited_from"))
+        return (waited - t0) if waited is not None else 0.0
+
     for name, ready in services.items():
-        phases = cold_start_phases(ready)
-        if not phases:
-            continue
-        waited = _seconds(ready.get("waited_from"))
-        rows.append((name, (waited - t0) if waited is not None else 0.0, phases))
-    if not rows and not failed:
+        if phases := cold_start_phases(ready):
+            rows.append((name, offset(ready), phases))
+    for name, why in failed.items():
+        facts = stopped.get(name) or {}
+        phases = stopped_phases(facts)
+        total = _seconds(facts.get("total_s")) or 0.0
+        where = f" (stopped {stopped_in(facts)}, after {total:.1f} s)" if facts else ""
+        partial.append((name, offset(facts), phases, total, f"never ready{where}: {why}"))
+    if not rows and not partial:
         return None
     label_w, row_h, top = 150, 26, 34
-    legend_names = phase_order(ph for _, _, phases in rows for ph, _, _ in phases) if legend else []
-    height = (top + row_h * (len(rows) + len(failed)) + 40 + 18 * ((len(legend_names) + 2) // 3)
+    fail_h = row_h + 30  # a failed row: its bar, then two lines saying where and why it stopped
+    drawn = [*(phases for _, _, phases in rows), *(phases for _, _, phases, _, _ in partial)]
+    legend_names = phase_order(ph for phases in drawn for ph, _, _ in phases) if legend else []
+    height = (top + row_h * len(rows) + fail_h * len(partial) + 40 + 18 * ((len(legend_names) + 2) // 3)
               + (0 if legend else -4))
     c = _Canvas(title, "", "", width, height)
-    span = max((offset + phases[-1][2] for _, offset, phases in rows), default=1.0) or 1.0
+    span = max([*(off + phases[-1][2] for _, off, phases in rows),
+                *(off + total for _, off, _, total, _ in partial)], default=1.0) or 1.0
     lo, hi, ticks = _linear_ticks(0.0, span)
     x0, x1 = label_w, width - 70
 
     def px(t: float) -> float:
         return x0 + (t - lo) / ((hi - lo) or 1.0) * (x1 - x0)
 
-    for i, (name, why) in enumerate(failed.items()):
-        y = top + i * row_h
-        c.parts.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end" class="dflash-service">'
-                       f"{_label(name, label_w - 12)}</text>")
-        c.parts.append(f'<rect x="{x0}" y="{y + 3}" width="4" height="{row_h - 8}" fill="{_FAILED}" '
-                       f'class="dflash-failed-start"/><text x="{x0 + 10}" y="{y + 15}" fill="{_FAILED}">'
-                       f"{_label('never ready: ' + why, width - x0 - 14)}</text>")
-    top += row_h * len(failed)
+    def bar(name: str, y: float, off: float, phases: list[tuple[str, float, float]]) -> None:
+        for phase, start, end in phases:
+            label, colour = phase_style(phase)
+            x, w = px(off + start), max(px(off + end) - px(off + start), 1.0)
+            c.parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 8}" '
+                           f'fill="{colour}" data-phase="{escape(phase)}"><title>{escape(name)}: '
+                           f"{escape(label)} {start:.1f}–{end:.1f} s ({end - start:.1f} s)</title></rect>")
+
+    for name, off, phases, total, line in partial:
+        c.parts.append(f'<text x="{label_w - 8}" y="{top + 15}" text-anchor="end" class="dflash-service" '
+                       f'fill="{_FAILED}">{_label(name, label_w - 12)}</text>')
+        bar(name, top, off, phases)
+        last = phases[-1][2] if phases else 0.0
+        if total > last:  # the phase it was in when the wait failed
+            x, w = px(off + last), max(px(off + total) - px(off + last), 1.0)
+            c.parts.append(f'<rect x="{x:.1f}" y="{top + 3}" width="{w:.1f}" height="{row_h - 8}" '
+                           f'fill="#fdecea" stroke="{_FAILED}" stroke-dasharray="3,2" data-phase="stopped">'
+                           f"<title>{escape(name)}: {escape(line)}</title></rect>")
+        end_x = px(off + total) if total else x0
+        c.parts.append(f'<rect x="{end_x:.1f}" y="{top + 1}" width="4" height="{row_h - 4}" fill="{_FAILED}" '
+                       f'class="dflash-failed-start"/>')
+        head, _, why = line.partition(": ")  # where it stopped, then why, each on a line of its own
+        for j, text in enumerate((f"{head}:", why)):
+            c.parts.append(f'<text x="{x0}" y="{top + row_h + 6 + 14 * j}" fill="{_FAILED}" '
+                           f'class="dflash-stopped">{_label(text, width - x0 - 14)}</text>')
+        top += fail_h
     axis_y = top + row_h * len(rows) + 4
     for t in ticks:
-        c.parts.append(f'<line x1="{px(t):.1f}" y1="{top - 4}" x2="{px(t):.1f}" y2="{axis_y}" '
+        c.parts.append(f'<line x1="{px(t):.1f}" y1="{34 - 4}" x2="{px(t):.1f}" y2="{axis_y}" '
                        f'stroke="#eee"/>')
         c.parts.append(f'<text x="{px(t):.1f}" y="{axis_y + 14}" '
                        f'text-anchor="middle">{escape(_fmt(t))}</text>')
     c.parts.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{axis_y + 30}" text-anchor="middle">seconds since the '
                    "first service's wait began</text>")
-    for i, (name, offset, phases) in enumerate(rows):
+    for i, (name, off, phases) in enumerate(rows):
         y = top + i * row_h
         c.parts.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end" class="dflash-service">'
                        f"{_label(name, label_w - 12)}</text>")
-        for phase, start, end in phases:
-            label, colour = phase_style(phase)
-            x, w = px(offset + start), max(px(offset + end) - px(offset + start), 1.0)
-            c.parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 8}" '
-                           f'fill="{colour}" data-phase="{escape(phase)}"><title>{escape(name)}: '
-                           f"{escape(label)} {start:.1f}–{end:.1f} s ({end - start:.1f} s)</title></rect>")
+        bar(name, y, off, phases)
         total = phases[-1][2]
-        c.parts.append(f'<text x="{px(offset + total) + 4:.1f}" y="{y + 15}">{total:.1f} s</text>')
+        c.parts.append(f'<text x="{px(off + total) + 4:.1f}" y="{y + 15}">{total:.1f} s</text>')
     c.parts += _phase_legend(legend_names, axis_y + 46, width)
     return c.svg()
 

@@ -121,7 +121,9 @@ class _Fleet:
         if state == "started" or counts == self.last:
             return None
         self.last = counts
-        return f"fleet: {ready} of {len(self.hosts)} host(s) ready, {failed} failed, {counts[2]} pending"
+        if len(self.hosts) < 2:  # one host: its service's own ready / failed line says it all
+            return None
+        return f"fleet: {ready} of {len(self.hosts)} hosts ready, {failed} failed, {counts[2]} pending"
 
 
 class _Direct:

@@ -47,6 +47,7 @@ import pytest
 from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.config.targets import file_name
 from pytest_dflash.report.files import atomic_write
+from pytest_dflash.report.plots import stopped_in
 from pytest_dflash.run import skips
 
 SCHEMA = "pytest-dflash/verdict/1"
@@ -378,6 +379,8 @@ def summary_lines(builder: VerdictBuilder) -> list[str]:
             ready = facts.get("ready") or {}
             if isinstance(ready, dict) and ready.get("total_s") is not None:
                 parts.append(f"ready in {ready['total_s']:.1f}s")
+            elif isinstance(stopped := facts.get("stopped"), dict) and stopped.get("total_s") is not None:
+                parts.append(f"never ready: stopped {stopped_in(stopped)} after {stopped['total_s']:.1f}s")
             if facts.get("accept_length") is not None:
                 parts.append(f"accept length {facts['accept_length']:.2f}")
             lines.append(f"    {service}: {', '.join(parts)}")

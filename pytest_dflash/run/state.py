@@ -82,6 +82,8 @@ class ServiceHandle:
     host: HostContext
     manager: ServiceManager
     ready: ReadyReport | None = None
+    # a readiness wait that failed: how far the start-up got (its timeline row in the report)
+    stopped: ReadyReport | None = None
     failure: DflashError | None = None
     started_mark: LogMark | None = None
     server_info: dict[str, Any] | None = None
@@ -213,6 +215,7 @@ class ServiceHandle:
             "frontend": info.get("frontend"),
             "provisioned": self.manager.provisioned,
             "ready": self.ready.as_dict() if self.ready else None,
+            "stopped": self.stopped.as_dict() if self.stopped else None,
             "server_info_error": self.server_info_error,
         }
 
@@ -344,7 +347,10 @@ class ServiceHandle:
             health_bypassed=self.health_bypassed, nccl_init_budget_s=self.spec.nccl_init_timeout_s,
             gpus=self.spec.gpus, label=self.label,
         )
-        return watcher.wait()
+        try:
+            return watcher.wait()
+        finally:
+            self.stopped = watcher.stopped
 
     def check_alive(self) -> ServiceCrashed | ServiceRestarted | None:
         """After a test: did the service die or restart? (one cheap state read)"""

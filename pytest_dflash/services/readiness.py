@@ -40,6 +40,7 @@ from pytest_dflash.config.durations import format_seconds
 from pytest_dflash.errors import (
     ApiError,
     Death,
+    DflashError,
     ServiceCrashed,
     ServiceGone,
     ServiceNotReady,
@@ -171,6 +172,13 @@ class ReadinessWatcher:
     _beat: Callable[[], str] | None = None
     _pacemaker: _Pacemaker | None = None
     _pass_at: float = 0.0
+    # the running wait's report and start-up watch: what it had seen when it failed (`stopped`)
+    _report: ReadyReport | None = None
+    _startup: StartupWatch | None = None
+    _started: float = 0.0
+    # set when the wait failed: how far the start-up got (its phases so far, `total_s` = the time waited), so
+    # a report can draw the service's timeline up to where it stopped
+    stopped: ReadyReport | None = None
 
     def _check_abandoned(self, phase: str, started: float) -> None:
         if self.abandoned is not None and self.abandoned():
@@ -242,16 +250,31 @@ class ReadinessWatcher:
     def wait(self) -> ReadyReport:
         self._beat, self._pass_at = None, time.monotonic()
         self._pacemaker = _Pacemaker(self._heartbeat, self.progress_every_s) if self.progress else None
-        with self._pacemaker or contextlib.nullcontext():
-            if self.service.state().running is None:
-                return self._wait_over_http()  # attached by URL: no process to ask
-            return self._wait_for_process()
+        self._report, self._startup, self._started = None, None, time.monotonic()
+        try:
+            with self._pacemaker or contextlib.nullcontext():
+                if self.service.state().running is None:
+                    return self._wait_over_http()  # attached by URL: no process to ask
+                return self._wait_for_process()
+        except DflashError:
+            self.stopped = self._stopped_report()
+            raise
+
+    def _stopped_report(self) -> ReadyReport:
+        """The failed wait's report: the phases it saw end (log and HTTP), `total_s` the time it waited."""
+        report = self._report or ReadyReport()
+        report.total_s = time.monotonic() - self._started
+        # the log as already read (no new read: the service may be gone), then what HTTP saw
+        report.phases = (self._startup.phases(report) if self._startup is not None
+                         else finish_phases({}, report))
+        return report
 
     def _wait_for_process(self) -> ReadyReport:
         """Readiness of a service with a process (or unit, or container) to ask: death read from its state."""
         report = ReadyReport()
         started = time.monotonic()
         startup = StartupWatch(self.service, self.log_mark, report.waited_from, self.on_settled)
+        self._report, self._startup = report, startup
         deadline = started + self.budget_s
         phase = "http"
         problem = "no HTTP answer yet"
@@ -336,6 +359,7 @@ class ReadinessWatcher:
         """Readiness with no process state: death and silence read from HTTP (see the module docstring)."""
         report = ReadyReport()
         started = time.monotonic()
+        self._report = report
         deadline = started + self.budget_s
         live = HttpLiveness(self.client)
         phase, problem = "http", "no HTTP answer yet (connection refused: not up yet)"

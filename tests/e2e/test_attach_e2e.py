@@ -5,6 +5,7 @@ and silence are read over HTTP; each must end in a failing verdict in seconds, n
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -51,6 +52,31 @@ def test_a_server_killed_by_its_first_sampled_request_fails_the_run_within_secon
     data = verdict(run_suite.reports, host_name(server.url))
     assert data["verdict"] == "fail" and data["layers"]["service"]["outcome"] == "failed"
     assert data["layers"]["generation"]["outcome"] == "blocked"
+
+
+def test_an_attached_server_that_died_is_drawn_in_the_cold_start_up_to_where_it_stopped(  # type: ignore[no-untyped-def]
+        run_suite, tmp_path: Path) -> None:
+    """Its port opened and its greedy request was answered, then its first sampled request took it down: the
+    verdict records that much (`stopped`), and the HTML report's timeline draws it, in red, with where it
+    stopped."""
+    page = tmp_path / "report.html"
+    with RefServerProcess("--speculative-algorithm", "DFLASH", "--inject", "flashinfer-sm120") as server:
+        result = run_suite("smoke", "--attach", server.url, f"--html={page}")
+    assert_no_crash(result)
+    assert result.ret == 1
+    facts = verdict(run_suite.reports, host_name(server.url))["services"]["attached"]
+    assert "ready" not in facts
+    stopped = facts["stopped"]
+    assert stopped["http_s"] is not None and stopped["greedy_s"] is not None and stopped["sampled_s"] is None
+    assert set(stopped["phases"]) == {"port_open", "first_greedy"}, stopped["phases"]
+    assert stopped["total_s"] >= stopped["greedy_s"]
+    html = page.read_text()
+    block = html.split('class="dflash-cold-start" data-host=', 1)[1].split("</table>", 1)[0]
+    assert "never ready (stopped in its first sampled request, after " in block
+    assert re.findall(r'data-phase="([a-z_]+)"><title>attached:', block) == ["port_open", "first_greedy",
+                                                                          "stopped"]
+    assert "[sampling-jit-first-sampled-request] the service died on its first sampled request" in block
+    assert 'class="dflash-never-ready"' in block  # its row in the phase table, too
 
 
 def test_a_greedy_request_never_answered_fails_the_run_at_the_request_timeout(run_suite) -> None:  # type: ignore[no-untyped-def]

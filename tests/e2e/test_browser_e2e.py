@@ -132,7 +132,10 @@ def test_a_failing_three_host_fleet_as_chromium_renders_it(browser: None, run_su
     # the cold start: the failing host first, its service that died drawn, one legend for the page
     hosts = re.findall(r'class="dflash-cold-start" data-host="([^"]+)"', dom)
     assert hosts == ["gamma", "alpha", LONG], hosts
-    assert "never ready: " in dom.split('class="dflash-cold-start" data-host="gamma"', 1)[1].split("</svg>", 1)[0]
+    gamma_start = dom.split('class="dflash-cold-start" data-host="gamma"', 1)[1].split("</svg>", 1)[0]
+    # drawn up to where it stopped: its port and greedy answer, then the first sampled request that killed it
+    assert "never ready (stopped in its first sampled request, after " in gamma_start
+    assert 'data-phase="first_greedy"' in gamma_start and 'data-phase="stopped"' in gamma_start
     assert dom.count("<title>start-up phases</title>") == 1
 
     screenshot(fleet_page, SHOTS / "fleet-summary.png")

@@ -97,8 +97,38 @@ def test_a_service_that_never_became_ready_is_drawn_first_saying_where_it_stoppe
     assert svg is not None
     drawn = texts(svg)
     assert drawn.index("dflash") < drawn.index("none")
-    (line,) = [t for t in drawn if t.startswith("never ready: ServiceCrashed: service dflash died")]
-    assert line.endswith("killed by SIGKILL"), "shortened in the middle to fit, the end kept"
+    assert drawn[drawn.index("never ready:") + 1] == why
     assert overflowing_texts(svg) == []
+    longer = cold_start_timeline_svg(ready, failed={"dflash": why + ", " + " ".join(["its last log line"] * 8)})
+    assert longer is not None
+    (line,) = [t for t in texts(longer) if t.startswith("ServiceCrashed")]
+    assert line.endswith("its last log line") and "…" in line, "shortened in the middle to fit, the end kept"
+    assert overflowing_texts(longer) == []
     alone = cold_start_timeline_svg({}, failed={"dflash": why})  # the host's only service died
-    assert alone is not None and any(t.startswith("never ready: ") for t in texts(alone))
+    assert alone is not None and "never ready:" in texts(alone)
+
+
+def test_a_service_that_never_became_ready_is_drawn_up_to_where_it_stopped() -> None:
+    """The phases it finished, coloured as for a ready service; the time after them, until the wait failed,
+    hatched red; the line under the bar says in which phase it stopped, after how long, and why."""
+    ready = {"none": {"http_s": 1.0, "greedy_s": 2.0, "sampled_s": 3.0, "total_s": 3.0, "waited_from": 100.0}}
+    stopped = {"dflash": {"http_s": 20.0, "greedy_s": 21.5, "sampled_s": None, "total_s": 41.0,
+                          "waited_from": 102.0, "phases": {"weights_loaded": 12.0, "port_open": 20.0,
+                                                           "first_greedy": 21.5}}}
+    why = "ServiceCrashed: service dflash died during readiness: killed by SIGKILL"
+    svg = cold_start_timeline_svg(ready, failed={"dflash": why}, stopped=stopped)
+    assert svg is not None
+    phases = re.findall(r'data-phase="([a-z_]+)"><title>dflash:', svg)
+    assert phases == ["weights_loaded", "port_open", "first_greedy", "stopped"], phases
+    assert "other" not in re.findall(r'data-phase="([a-z_]+)"><title>dflash', svg)
+    drawn = texts(svg)
+    assert "never ready (stopped in its first sampled request, after 41.0 s):" in drawn
+    assert drawn[drawn.index("never ready (stopped in its first sampled request, after 41.0 s):") + 1] == why
+    # one clock: the failed service's wait began 2 s after the other's, so its bar ends at 43 s, the axis's end
+    ticks = [float(t) for t in texts(svg) if re.fullmatch(r"\d+(\.\d+)?", t)]
+    assert max(ticks) >= 43.0, ticks
+    assert overflowing_texts(svg) == []
+    never_answered = cold_start_timeline_svg({}, failed={"dflash": why},
+                                             stopped={"dflash": {"http_s": None, "total_s": 300.0}})
+    assert never_answered is not None
+    assert "never ready (stopped before its port opened, after 300.0 s):" in texts(never_answered)

@@ -69,7 +69,7 @@ def test_live_line_rate_limit_fleet_and_thread_lines_on_a_terminal(tmp_path: Pat
     assert "\r[dflash] other: waiting 10.0s in http phase" in out, out
     assert "[dflash] h1/svc: started\r\n" in out, out
     assert "[dflash] h1/svc: ready after 12.0s\r\n" in out, out
-    assert "[dflash] fleet: 1 of 2 host(s) ready, 0 failed, 1 pending" in out, out
+    assert "[dflash] fleet: 1 of 2 hosts ready, 0 failed, 1 pending" in out, out
     assert out.count("said from a thread") == 1, out
     captured = out.split("Captured stdout call", 1)[1]
     assert "CAPTURED-MARKER" in captured and "said from a thread" not in captured, out
@@ -80,7 +80,7 @@ def test_quiet_prints_events_only(tmp_path: Path, quiet: str) -> None:
     out = run_on_a_tty(tmp_path, quiet)
     assert "waiting" not in out, out
     assert "[dflash] h1/svc: started" in out and "[dflash] h1/svc: ready after 12.0s" in out, out
-    assert "[dflash] fleet: 1 of 2 host(s) ready, 0 failed, 1 pending" in out, out
+    assert "[dflash] fleet: 1 of 2 hosts ready, 0 failed, 1 pending" in out, out
 
 
 # ---- the single-process writer: straight to the terminal, from any thread ----------------------------------
@@ -170,7 +170,7 @@ def test_a_background_wait_draws_the_live_line_on_a_terminal_and_leaves_the_scre
     assert "\r[dflash] h2/b: waiting 10.0s in sampled phase: request in flight\x1b[K" in out, out
     screen = render(raw)
     assert "[dflash] h1/a: started" in screen and "[dflash] h1/a: ready after 12.0s" in screen, screen
-    assert "[dflash] fleet: 1 of 2 host(s) ready, 0 failed, 1 pending" in screen, screen
+    assert "[dflash] fleet: 1 of 2 hosts ready, 0 failed, 1 pending" in screen, screen
     assert not any("waiting" in row for row in screen), screen  # the live line is gone once the run ends
     # the reporter's own line is whole: its two results and the progress, right-aligned to the width
     assert any(re.fullmatch(r"\.\. +\[100%\]", row) and len(row) == 119 for row in screen), screen
