@@ -14,7 +14,7 @@ import pytest
 
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.profiles import ServiceSpec
-from pytest_dflash.errors import ServiceNotReady
+from pytest_dflash.errors import DflashError, ServiceNotReady
 from pytest_dflash.services.phases import PHASE_NAMES
 from pytest_dflash.services.process import ProcessService
 from pytest_dflash.services.readiness import ReadinessWatcher
@@ -67,3 +67,30 @@ def test_a_server_whose_log_says_nothing_of_its_pools_is_settled_when_its_port_o
     finally:
         service.stop()
     assert len(settled) == 1 and settled[0].startswith("its port opened"), settled
+
+
+def test_a_wait_that_fails_records_how_far_the_start_up_got(tmp_path: Path) -> None:
+    """A DFLASH refserver that dies on its first sampled request (flashinfer-sm120): the wait fails, and
+    `watcher.stopped` holds every phase its log and HTTP showed up to then (the port, the greedy answer), no
+    sampled answer, and the time it waited; the cold-start timeline draws that row (report/plots.py)."""
+    spec = ServiceSpec(name="svc", kind="process", url="http://127.0.0.1:{port}", algorithm="DFLASH",
+                       command=(sys.executable, "-m", "pytest_dflash.refserver", "--host", "127.0.0.1", "--port",
+                                "{port}", "--speculative-algorithm", "DFLASH", "--inject", "flashinfer-sm120"))
+    service = ProcessService(spec, host="h", run_id="stopped", python=sys.executable, log_dir=tmp_path)
+    mark = service.log_mark()
+    service.start()
+    try:
+        client = InferenceClient(service.url, service="svc", timeout=httpx.Timeout(20, connect=5.0))
+        watcher = ReadinessWatcher(service, client, native=True, budget_s=60, sampled_budget_s=60, log_mark=mark)
+        assert watcher.stopped is None
+        with pytest.raises(DflashError, match="first sampled"):
+            watcher.wait()
+    finally:
+        service.stop()
+    stopped = watcher.stopped
+    assert stopped is not None
+    assert stopped.http_s is not None and stopped.greedy_s is not None and stopped.sampled_s is None
+    phases = list(stopped.phases)
+    assert phases[:2] == ["process_started", "weights_loaded"] and phases[-2:] == ["port_open", "first_greedy"]
+    assert "first_sampled" not in phases
+    assert stopped.total_s >= stopped.phases["first_greedy"], (stopped.total_s, stopped.phases)
