@@ -1,8 +1,9 @@
 """Structured output through the real plugin: `suites/generation -k structured` against refserver processes.
 
 A clean NONE and DFLASH pass; a server with `--grammar-backend none` fails every case naming the flag and
-seed 002 (and is skipped as "does not apply" once its profile says `structured_output = false`); the
-grammar-rollback-bug fault fails under speculation only. Under --reasoning-parser the chat's answer after the
+seed 002; once its profile says `structured_output = false` its clean refusal (HTTP 400) passes, while a
+server so declared that accepts a grammar and ignores it, or answers 500, fails; the grammar-rollback-bug
+fault fails under speculation only. Under --reasoning-parser the chat's answer after the
 reasoning validates against the schema; the reasoning-grammar-bug fault (the answer in reasoning_content) fails.
 """
 
@@ -11,7 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from e2e_helpers import write_profile
+from services.http_doubles import FaultProxy, grammar_500, grammar_ignored
 from support.pytest_runs import assert_no_crash, verdict
+
+from pytest_dflash.refserver.launch import RefServerProcess
 
 NO_WS = ["--constrained-json-disable-any-whitespace"]
 # one greedy and one sampled case per API: enough to see each behaviour, cheap on two cores
@@ -25,10 +29,36 @@ def test_grammar_backend_none_fails_naming_the_flag_unless_the_profile_says_so(r
                             service_extra={"declared": "structured_output = false"})  # fmt: skip
     result = run_suite("generation", "--host", str(profile), "-k", CASES)
     assert_no_crash(result)
-    result.assert_outcomes(failed=6, skipped=6)
+    result.assert_outcomes(failed=6, passed=6)  # declared: refused with SGLang's 400, as it should be
     result.stdout.fnmatch_lines(["*off: its command has `--grammar-backend none`: every constrained request*"
-                                 "seed 002*structured_output = false*",
-                                 "*the profile says this service serves no structured output*"])
+                                 "seed 002*structured_output = false*"])
+    failed = {f["test"].rsplit("::", 1)[1] for f in verdict(run_suite.reports, "nogrammar")["failures"]}
+    assert all("nogrammar/off-" in test for test in failed), failed
+
+
+def test_a_server_declared_without_structured_output_must_refuse_not_ignore_the_grammar(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """structured_output = false: a 200 whose output ignores the grammar (the client asked for JSON and silently got
+    text) fails, naming the grammar; so does a 500; the same server behind no fault refuses with 400 and passes."""
+    with RefServerProcess("--speculative-algorithm", "DFLASH", "--grammar-backend", "none") as server, \
+            FaultProxy(server.url, grammar_ignored(server.url)) as ignoring, \
+            FaultProxy(server.url, grammar_500) as crashing:
+        profile = tmp_path / "declared.toml"
+        profile.write_text('[host]\nname = "declared"\nconnection = "local://"\n' + "".join(
+            f'[services.{name}]\nkind = "external"\nurl = "{url}"\nalgorithm = "DFLASH"\n'
+            "structured_output = false\n"
+            for name, url in (("ignores", ignoring.url), ("crashes", crashing.url), ("refuses", server.url))))
+        result = run_suite("generation", "--host", str(profile), "-k", CASES)
+    assert_no_crash(result)
+    failed = {f["test"].rsplit("::", 1)[1].split("[", 1)[1].split("-", 1)[0]
+              for f in verdict(run_suite.reports, "declared")["failures"]}
+    assert failed == {"declared/ignores", "declared/crashes"}, failed
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed") == 6 and outcomes.get("failed") == 12, outcomes  # refuses: every case passes
+    result.stdout.fnmatch_lines(["*ignores: json_schema * via generate (greedy): accepted and answered *, which "
+                                 "*not even a prefix of the grammar's language*silently gets unconstrained output; "
+                                 "its profile says structured_output = false*",
+                                 "*crashes: * its profile says structured_output = false, so a constrained request "
+                                 "must be refused (HTTP 4xx), got * HTTP 500*"])
 
 
 def test_rollback_bug_fails_under_speculation_and_passes_as_none(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -337,3 +337,37 @@ class DripServer:
 
 def _chunk_bytes(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "response_format")
+
+
+def _constrained(body: Any) -> bool:
+    if not isinstance(body, dict):
+        return False
+    params = body.get("sampling_params") if isinstance(body.get("sampling_params"), dict) else {}
+    return any(field in body or field in params for field in GRAMMAR_FIELDS)
+
+
+def grammar_ignored(upstream: str) -> Rule:
+    """A server that accepts a constrained request and ignores its grammar: the request is sent on without its
+    json_schema / regex / ebnf / response_format, and the unconstrained answer (200) comes back."""
+    def rule(method: str, path: str, body: Any) -> Reply | None:
+        if method != "POST" or not _constrained(body):
+            return None
+        stripped = {k: v for k, v in body.items() if k not in GRAMMAR_FIELDS}
+        if isinstance(body.get("sampling_params"), dict):
+            stripped["sampling_params"] = {k: v for k, v in body["sampling_params"].items()
+                                           if k not in GRAMMAR_FIELDS}
+        answer = httpx.post(upstream + path, json=stripped, timeout=60.0)
+        return Reply(answer.status_code, answer.content,
+                     content_type=answer.headers.get("content-type", "application/json"))
+    return rule
+
+
+def grammar_500(method: str, path: str, body: Any) -> Reply | None:
+    """SGLang's shape of an internal error, for every constrained request (a grammar backend that crashes)."""
+    if method != "POST" or not _constrained(body):
+        return None
+    return Reply(500, json.dumps({"object": "error", "message": "Internal server error", "type":
+                                  "InternalServerError", "param": None, "code": 500}).encode())

@@ -8,7 +8,10 @@ length is a prefix, not a violation: reported as such (a warning), never as inva
 stream without ``[DONE]`` or output outside the language fails, naming the grammar.
 
 A server that serves no grammar (``--grammar-backend none``, seed 002's fix; a DDTREE server sets it itself)
-fails every case, naming the flag and the seed, unless its profile says ``structured_output = false``.
+fails every case, naming the flag and the seed, unless its profile says ``structured_output = false``. Then
+the same requests check that it says so: a refusal (HTTP 4xx, or an ``abort`` finish) passes, and so does
+output in the grammar's language; a 200 whose output ignores the grammar (a client asking for JSON silently
+gets text), a 5xx, a dropped connection or a death fails, naming the grammar.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.generation.requests import PROMPT, Api, messages
 from pytest_dflash.layers.generation.shapes import fail
-from pytest_dflash.run.skips import needs_sglang, not_applicable
+from pytest_dflash.run.skips import needs_sglang
 
 if TYPE_CHECKING:
     from pytest_dflash.config.profiles import ServiceSpec
@@ -42,6 +45,7 @@ __all__ = [
     "backend_disabled",
     "constrained_body",
     "ebnf_accepts",
+    "refused_or_served",
     "structured_output",
 ]
 
@@ -100,6 +104,27 @@ class Grammar:
         if self.pattern is not None and re.fullmatch(self.pattern, text) is None:
             return f"does not fully match {self.pattern!r}"
         return None
+
+    def prefix_problem(self, text: str) -> str | None:
+        """What makes `text` not even a prefix of the language (a length finish cut the output, so only a
+        prefix can be asked of it), or None: it may be one, or xgrammar (which decides it) is missing."""
+        try:
+            import xgrammar
+            from xgrammar.testing import _is_grammar_accept_string
+        except ImportError:
+            return None
+        if self.schema is not None:  # lenient: any whitespace, extra properties (a server may be stricter)
+            grammar = xgrammar.Grammar.from_json_schema(json.dumps(self.schema), any_whitespace=True,
+                                                        strict_mode=False)
+        elif self.ebnf is not None:
+            grammar = xgrammar.Grammar.from_ebnf(self.ebnf)
+        elif self.param == "regex":
+            grammar = xgrammar.Grammar.from_regex(str(self.value))
+        else:
+            return None
+        if _is_grammar_accept_string(grammar, text, require_termination=False):
+            return None
+        return "is not even a prefix of the grammar's language (xgrammar's matcher)"
 
 
 def ebnf_accepts(ebnf: str, text: str) -> bool | None:
@@ -210,16 +235,19 @@ def structured_output(service: ServiceHandle, api: Api, grammar_name: str, *, sa
                       streamed: bool) -> None:
     """One constrained request: a complete output in the grammar's language, or the failure naming it."""
     __tracebackhide__ = True
-    if not service.spec.structured_output:
-        not_applicable(NOT_SERVED)
     if api == "generate":
         needs_sglang(service, "a constrained request through SGLang's native /generate")
     grammar = GRAMMARS[grammar_name]
+    sampling = SAMPLED if sampled else GREEDY
+    what = (f"{service.name}: {grammar.describe()} via {api}{' streamed' if streamed else ''} "
+            f"({'sampled' if sampled else 'greedy'})")
+    if not service.spec.structured_output:
+        refused_or_served(service, api, grammar, sampling, streamed=streamed, what=what)
+        return
     if backend_disabled(service.spec):
         fail(f"{service.name}: its command has `{NO_BACKEND_FLAG}`: every constrained request "
              f"({grammar.describe()}) is refused, JSON mode and tool-call forcing are off for every client; "
              f"{SEED_002}. Say `structured_output = false` in its profile if that is intended")
-    sampling = SAMPLED if sampled else GREEDY
     try:
         outcome = send(service.client, api, grammar, sampling, stream=streamed)
     except ApiError as exc:
@@ -229,9 +257,33 @@ def structured_output(service: ServiceHandle, api: Api, grammar_name: str, *, sa
                  f"{exc}; {SEED_002}. Say `structured_output = false` in its profile if that is intended")
         fail(f"{service.name}: {grammar.describe()} via {api} failed (refused, or the stream broke off): "
              f"{exc}")
-    check_outcome(outcome, grammar, what=f"{service.name}: {grammar.describe()} via {api}"
-                  f"{' streamed' if streamed else ''} ({'sampled' if sampled else 'greedy'})",
-                  max_tokens=sampling.max_tokens)
+    check_outcome(outcome, grammar, what=what, max_tokens=sampling.max_tokens)
+
+
+def refused_or_served(service: ServiceHandle, api: Api, grammar: Grammar, sampling: Sampling, *,
+                      streamed: bool, what: str) -> None:
+    """A service whose profile says it serves no structured output: it must refuse a constrained request
+    (4xx, or an abort finish), or serve it right; never answer 200 with output that ignores the grammar."""
+    __tracebackhide__ = True
+    why = "its profile says structured_output = false, so a constrained request must be refused (HTTP 4xx)"
+    try:
+        outcome = send(service.client, api, grammar, sampling, stream=streamed)
+    except ApiError as exc:
+        if exc.status is not None and 400 <= exc.status < 500:
+            return  # refused, as SGLang refuses under --grammar-backend none: the client is told
+        fail(f"{what}: {why}, got {exc}")
+    if outcome.finish_reason == "abort":
+        return  # refused after it was accepted: the client is told, with the abort's message
+    if not outcome.done:
+        problem: str | None = "the stream stopped without [DONE]"
+    elif outcome.finish_reason == "length":
+        problem = grammar.prefix_problem(outcome.text)  # cut by max_tokens: a prefix is all it can be
+    else:
+        problem = grammar.problem(outcome.text)
+    if problem is None:
+        return  # served after all
+    fail(f"{what}: accepted and answered {outcome.text[:160]!r} (finish_reason {outcome.finish_reason!r}), "
+         f"which {problem}: a client asking for this grammar silently gets unconstrained output; {why}")
 
 
 def check_outcome(outcome: Outcome, grammar: Grammar, *, what: str, max_tokens: int) -> None:
@@ -240,6 +292,9 @@ def check_outcome(outcome: Outcome, grammar: Grammar, *, what: str, max_tokens: 
     if not outcome.done:
         fail(f"{what}: the stream stopped without [DONE] after {outcome.text[-80:]!r}")
     if outcome.finish_reason == "length":
+        if problem := grammar.prefix_problem(outcome.text):
+            fail(f"{what}: finished by length after max_tokens={max_tokens}, and the output "
+                 f"{outcome.text[:200]!r} {problem}")
         warnings.warn(GrammarWarning(f"{what}: finished by length after max_tokens={max_tokens}: a prefix, "
                                      f"not checked as complete: {outcome.text[:80]!r}…"), stacklevel=2)
         return

@@ -55,6 +55,26 @@ def test_a_length_finish_is_reported_not_judged() -> None:
 
 
 @pytest.mark.parametrize(
+    ("grammar", "prefix", "outside"),
+    [
+        ("json_schema", '{ "name" : "ab", "ag', 'The quick {"name"'),
+        ("json_object", '{"k": [1, ', "[1, 2"),
+        ("regex", "ab", "ab-"),
+        ("ebnf", "may", "maybe.."),
+        ("response_format", '{"age": 12', '{"age": "12'),
+    ],
+)
+def test_a_length_finish_outside_the_language_fails(grammar: str, prefix: str, outside: str) -> None:
+    """Cut by max_tokens, the output can only be asked to be a prefix of the language: xgrammar's matcher
+    says whether it is one. A prefix passes (with its warning); text no grammar could have produced fails."""
+    pytest.importorskip("xgrammar")
+    with pytest.warns(GrammarWarning):
+        check_outcome(Outcome(prefix, "length"), GRAMMARS[grammar], what="svc", max_tokens=8)
+    with pytest.raises(AssertionError, match="svc: finished by length .* is not even a prefix"):
+        check_outcome(Outcome(outside, "length"), GRAMMARS[grammar], what="svc", max_tokens=8)
+
+
+@pytest.mark.parametrize(
     ("outcome", "message"),
     [
         (Outcome('{"na', "abort", message="Grammar accept_token failed"),
