@@ -61,7 +61,7 @@ def test_a_length_finish_is_reported_not_judged() -> None:
         ("json_object", '{"k": [1, ', "[1, 2"),
         ("regex", "ab", "ab-"),
         ("ebnf", "may", "maybe.."),
-        ("response_format", '{"age": 12', '{"age": "12'),
+        ("response_format", '{"name": "x", "age": 12', '{"name": "x", "age": "12'),
     ],
 )
 def test_a_length_finish_outside_the_language_fails(grammar: str, prefix: str, outside: str) -> None:
