@@ -73,3 +73,20 @@ def test_a_transient_5xx_is_asked_again_and_only_not_served_means_plain(status: 
         answer = discovery.ask(spec)
     assert answer.get("algorithm") == algorithm, answer
     assert rule.replaced == 2  # 503: twice, then through; 405: each of the two names once, not retried
+
+
+def test_discovery_asks_both_names_within_one_deadline() -> None:
+    """/server_info answers 404 late, /get_server_info is accepted and never answered: the answer (an error) comes
+    within the one discovery deadline, not one per name."""
+    from services.http_doubles import StallServer
+
+    limit_s = 2.0
+    with StallServer({"/server_info": (404, 0.8 * limit_s)}) as server:
+        (spec,) = attach_profile(server.url).services.values()
+        started = time.monotonic()
+        answer = discovery.ask(spec, timeout_s=limit_s)
+        took = time.monotonic() - started
+        asked = list(server.requests)
+    assert asked[:2] == ["/server_info", "/get_server_info"], asked
+    assert "error" in answer and answer.get("cause") == "timeout", answer
+    assert took < 1.5 * limit_s, f"{took:.1f}s for a {limit_s:g}s deadline"
