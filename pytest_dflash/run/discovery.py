@@ -4,14 +4,15 @@
 time, for /server_info's speculative_algorithm, so that speculative-only tests are never collected for a plain
 server (and the algorithm filter applies to attached servers as to provisioned ones). One read-only GET per
 service, in parallel across services. A server that refuses connections is not up yet (a deploy pipeline
-attaches right after a restart): it is asked again every 0.25 s until it answers, up to WAIT_UP_S (at most
-the service's ready_timeout). A transient answer (HTTP 5xx, 429, a timeout, a dropped connection) is asked
-again within the GET's own total deadline (client/inference.py `metadata_get`); any other failure (an HTTP
-error, garbage) is an answer at once. Only "not served" (404, 405, 410, 501) on both paths means "not SGLang:
-plain". The GETs of both names share one total deadline of DISCOVERY_TIMEOUT_S, retries included (not per
-read: a server dripping /server_info a byte every 2 s is cut off there, and the error says how far it got; not
-per name: /get_server_info gets what /server_info left of it), so discovery ends within WAIT_UP_S + 5 s. An
-answer that cannot be had leaves the service AUTO with the reason, and its service-layer test fails with it.
+attaches right after a restart): it is asked again every 0.25 s until it answers, up to WAIT_UP_S (at most the
+service's ready_timeout). A transient answer (HTTP 5xx, 429, a timeout, a dropped connection) is asked again
+within the total deadline (client/inference.py `metadata_get`); any other failure (an HTTP error, garbage) is
+an answer at once. Only "not served" (404, 405, 410; not 501: SGLang never answers it, a proxy in between
+does) on both paths means "not SGLang: plain". The GETs of both names share one total deadline of
+DISCOVERY_TIMEOUT_S, retries included (not per read: a server dripping /server_info a byte every 2 s is cut
+off there, and the error says how far it got; not per name: /get_server_info gets what /server_info left of
+it), so discovery ends within WAIT_UP_S + 5 s. An answer that cannot be had leaves the service AUTO with the
+reason, and its service-layer test fails with it.
 
 Under xdist the controller asks and the workers take its answers (workerinput), so that every worker collects
 the same tests.

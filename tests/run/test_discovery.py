@@ -90,3 +90,19 @@ def test_discovery_asks_both_names_within_one_deadline() -> None:
     assert asked[:2] == ["/server_info", "/get_server_info"], asked
     assert "error" in answer and answer.get("cause") == "timeout", answer
     assert took < 1.5 * limit_s, f"{took:.1f}s for a {limit_s:g}s deadline"
+
+
+def test_a_501_on_server_info_is_an_error_naming_it_never_plain() -> None:
+    """A proxy answering 501 for /server_info in front of a DFLASH server: the algorithm is unknown (an error that
+    names HTTP 501: the service-layer test fails with it), never "not SGLang: plain", which would leave every
+    speculative test of the service unselected and the host passing."""
+    from services.http_doubles import FaultProxy, FlakyRoute
+
+    from pytest_dflash.refserver.launch import RefServerProcess
+
+    rule = FlakyRoute(status=501, times=None)
+    with RefServerProcess("--speculative-algorithm", "DFLASH") as server, FaultProxy(server.url, rule) as proxy:
+        (spec,) = attach_profile(proxy.url).services.values()
+        answer = discovery.ask(spec, timeout_s=2.0)
+    assert "algorithm" not in answer, answer
+    assert "HTTP 501" in answer["error"] and "/server_info" in answer["error"], answer

@@ -15,8 +15,11 @@ from pytest_dflash.errors import ApiError
 from pytest_dflash.refserver.launch import RefServerProcess
 
 
-def test_two_503s_on_server_info_are_ridden_out(refserver: RefServerProcess) -> None:
-    rule = FlakyRoute(status=503, times=2)
+@pytest.mark.parametrize("status", [503, 501])
+def test_two_5xx_on_server_info_are_ridden_out(refserver: RefServerProcess, status: int) -> None:
+    """A gateway's passing 503 or 501 (Not Implemented: some proxies answer it for a while, or for a method they
+    do not forward) is asked again."""
+    rule = FlakyRoute(status=status, times=2)
     with FaultProxy(refserver.url, rule) as proxy, InferenceClient(proxy.url) as client:
         info = client.server_info()
     assert info is not None and info["speculative_algorithm"] == "DFLASH"
@@ -43,9 +46,27 @@ def test_a_5xx_that_never_ends_is_an_error_within_the_calls_time_never_not_sglan
     assert rule.replaced >= 3  # asked again, not answered at the first 503
 
 
-@pytest.mark.parametrize("status", [404, 405])
+@pytest.mark.parametrize("status", [404, 405, 410])
 def test_only_not_served_on_every_path_means_not_sglang(refserver: RefServerProcess, status: int) -> None:
     rule = FlakyRoute(status=status, times=None)
     with FaultProxy(refserver.url, rule) as proxy, InferenceClient(proxy.url) as client:
         assert client.server_info() is None
     assert rule.replaced == 2  # both names, each once: a "not served" is not retried
+
+
+@pytest.mark.parametrize("call", ["server_info", "model_info"])
+def test_a_501_that_never_ends_names_its_status_and_is_never_not_sglang(refserver: RefServerProcess,
+                                                                        call: str) -> None:
+    """SGLang answers an unknown path 404 and a wrong method 405 (FastAPI; recorded on 0.5.17), never 501: a 501
+    on a route SGLang always serves comes from something in between, so it says nothing about the server. Still
+    501 when the call's time is spent: an error naming HTTP 501 (its checks could not be made), not None."""
+    paths = ("/server_info", "/get_server_info") if call == "server_info" else ("/model_info", "/get_model_info")
+    rule = FlakyRoute(paths=paths, status=501, times=None)
+    with FaultProxy(refserver.url, rule) as proxy, InferenceClient(proxy.url) as client:
+        started = time.monotonic()
+        with pytest.raises(ApiError) as caught:
+            getattr(client, call)(timeout_s=3)
+        took = time.monotonic() - started
+    assert caught.value.status == 501 and caught.value.endpoint == paths[0], caught.value
+    assert "HTTP 501" in str(caught.value) and took < 4, (str(caught.value), took)
+    assert rule.replaced >= 3  # asked again within the call's time, as any 5xx
