@@ -332,19 +332,26 @@ class InferenceClient:
     def metadata_get(self, path: str, *, timeout_s: float | None = None,
                      max_bytes: int | None = None) -> httpx.Response:
         """GET a metadata route, asked again while its answer is transient (module docstring) and its total
-        time `timeout_s` lasts; returns the last answer (any status), raises the last ApiError when no answer
-        came."""
+        time `timeout_s` lasts; returns the last answer (any status; also when a later try, cut short by the
+        deadline or dropped, got none: a 501 or 503 said is more than "timed out"), raises the last ApiError
+        when no answer came at all."""
         total = timeout_s if timeout_s is not None else self.default_limit_s
         started = time.monotonic()
         pause, left = 0.25, total
+        answered: httpx.Response | None = None
         while True:
             limit = left / 2 if left >= 2 * MIN_ATTEMPT_S else left
             try:
                 response = self.request("GET", path, timeout_s=limit, max_bytes=max_bytes)
             except ApiError as exc:
-                if exc.cause not in TRANSIENT_CAUSES or time.monotonic() - started + pause >= total:
+                if exc.cause not in TRANSIENT_CAUSES:
+                    raise
+                if time.monotonic() - started + pause >= total:
+                    if answered is not None:
+                        return answered
                     raise
             else:
+                answered = response
                 transient = response.status_code == 429 or response.status_code >= 500
                 if not transient or time.monotonic() - started + pause >= total:
                     return response

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from services.http_doubles import FaultProxy, FlakyRoute
 from support.pytest_runs import assert_no_crash, verdict
 
@@ -70,8 +71,12 @@ def test_a_gateway_without_server_info_leaves_a_dflash_profile_partial_and_fails
     assert any("only /v1/models was compared" in note for note in data["notes"]), data["notes"]
 
 
-def test_a_server_info_that_keeps_failing_after_readiness_is_could_not_check_never_not_sglang(run_suite) -> None:  # type: ignore[no-untyped-def]
-    rule = FlakyRoute(status=503, times=None, after_generations=2)  # read at discovery, then 503 for good
+@pytest.mark.parametrize("status", [503, 501])
+def test_a_server_info_that_keeps_failing_after_readiness_is_could_not_check_never_not_sglang(  # type: ignore[no-untyped-def]
+        run_suite, status: int) -> None:
+    """Read at discovery, then 503 (or a proxy's 501, which SGLang never answers) for good: the checks that need
+    /server_info could not be made, naming the status; never "not an SGLang server"."""
+    rule = FlakyRoute(status=status, times=None, after_generations=2)
     with RefServerProcess("--speculative-algorithm", "DFLASH", "--random-draft") as server, \
             FaultProxy(server.url, rule) as proxy:
         result = run_suite("smoke", "--attach", proxy.url, *GATE)
@@ -80,10 +85,10 @@ def test_a_server_info_that_keeps_failing_after_readiness_is_could_not_check_nev
     text = result.stdout.str()
     assert "not an SGLang server" not in text
     result.stdout.fnmatch_lines(["  gate refused: * check(s) of the service layer could not be made (first: *"
-                                 "but /server_info could not be read: GET /server_info: HTTP 503: *"])
+                                 f"but /server_info could not be read: GET /server_info: HTTP {status}: *"])
     data = verdict(run_suite.reports, host_name(proxy.url))
     assert data["verdict"] in ("partial", "fail") and data["verdict"] != "pass"
-    assert "HTTP 503" in data["services"]["attached"]["server_info_error"]
+    assert f"HTTP {status}" in data["services"]["attached"]["server_info_error"]
     unchecked = {s["test"].split("::")[-1].split("[")[0] for s in data["skipped"] if s["kind"] == "could not check"}
     assert {"test_serves_the_profiles_speculation", "test_accept_length"} <= unchecked, unchecked
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from http_doubles import FaultProxy, FlakyRoute
+from http_doubles import FaultProxy, FlakyRoute, Reply
 
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.errors import ApiError
@@ -70,3 +70,23 @@ def test_a_501_that_never_ends_names_its_status_and_is_never_not_sglang(refserve
     assert caught.value.status == 501 and caught.value.endpoint == paths[0], caught.value
     assert "HTTP 501" in str(caught.value) and took < 4, (str(caught.value), took)
     assert rule.replaced >= 3  # asked again within the call's time, as any 5xx
+
+
+def test_a_last_try_cut_short_does_not_hide_the_status_the_earlier_ones_got(refserver: RefServerProcess) -> None:
+    """501 at once, then every later try held unanswered: when the call's time is spent, the error names the HTTP
+    501 the route kept answering, not only "timed out" (the last try was cut short by the deadline)."""
+    asked = {"n": 0}
+
+    def rule(method: str, path: str, body: object) -> Reply | None:
+        if method != "GET" or path != "/server_info":
+            return None
+        asked["n"] += 1
+        if asked["n"] == 1:
+            return Reply(501, b'{"error": "HTTP 501 from the proxy"}')
+        return Reply(200, b" ", drip_every_s=0.2, drip_for_s=10.0)  # headers, then a body that never ends
+
+    with FaultProxy(refserver.url, rule) as proxy, InferenceClient(proxy.url) as client, \
+            pytest.raises(ApiError) as caught:
+        client.server_info(timeout_s=2)
+    assert asked["n"] >= 2, asked  # asked again after the 501
+    assert caught.value.status == 501 and "HTTP 501" in str(caught.value), caught.value
