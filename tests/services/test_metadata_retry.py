@@ -57,7 +57,7 @@ def test_only_not_served_on_every_path_means_not_sglang(refserver: RefServerProc
 @pytest.mark.parametrize("call", ["server_info", "model_info"])
 def test_a_501_that_never_ends_names_its_status_and_is_never_not_sglang(refserver: RefServerProcess,
                                                                         call: str) -> None:
-    """SGLang answers an unknown path 404 and a wrong method 405 (FastAPI; recorded on 0.5.17), never 501: a 501
+    """SGLang answers an unknown path 404 (recorded on 0.5.17) and a wrong method 405 (FastAPI), never 501: a 501
     on a route SGLang always serves comes from something in between, so it says nothing about the server. Still
     501 when the call's time is spent: an error naming HTTP 501 (its checks could not be made), not None."""
     paths = ("/server_info", "/get_server_info") if call == "server_info" else ("/model_info", "/get_model_info")
