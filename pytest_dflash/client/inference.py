@@ -3,12 +3,14 @@ explicit timeouts, every failure mapped to `ApiError`, bodies read under their c
 every call bounded by its total time (client/deadline.py).
 
 No retries, except on the metadata routes (/server_info, /model_info, /metrics and their older names): a
-transient answer there (HTTP 5xx other than 501, HTTP 429, a timeout, a dropped connection) is asked again,
+transient answer there (HTTP 5xx, 501 included; HTTP 429, a timeout, a dropped connection) is asked again,
 after 0.25 s then doubling, within the call's own timeout, which stays its TOTAL time, retries included (10 s
 by default; an attempt gets half of what is left while that is at least 2 x MIN_ATTEMPT_S, so a timed-out
-attempt can be retried): one 503 right after a restart must not turn a speculative SGLang server into "not
-SGLang". Only "not served" answers (NOT_SERVED: 404, 405, 410, 501) on every path mean that the server is not
-SGLang; anything else still wrong when the time is spent is an ApiError."""
+attempt can be retried; a route's older name, asked after the newer one answered "not served", gets what is
+left of that same total time: `metadata_first`): one 503 right after a restart must not turn a speculative
+SGLang server into "not SGLang". Only "not served" answers (NOT_SERVED: 404, 405, 410; not 501, which SGLang
+never answers) on every path mean that the server is not SGLang; anything else still wrong when the time is
+spent is an ApiError."""
 
 from __future__ import annotations
 
@@ -44,7 +46,12 @@ from pytest_dflash.errors import ApiError
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 DROPPED = "connection dropped"
 MIN_ATTEMPT_S = 3.0  # a metadata GET's attempt is never cut below this to leave time for a retry
-NOT_SERVED = frozenset({404, 405, 410, 501})  # a route the server does not have (not a passing fault)
+# A route the server does not have (not a passing fault). SGLang's FastAPI app answers an unknown path 404
+# (recorded on 0.5.17) and a wrong method 405; it never answers 501, so a 501 on a route SGLang always serves
+# comes from something in between (a proxy or gateway: for a while, or for a method it does not forward) and
+# says nothing about the server: a 5xx like any other, asked again, and "could not check" naming it if it
+# stays.
+NOT_SERVED = frozenset({404, 405, 410})
 TRANSIENT_CAUSES = frozenset({"timeout", "dropped"})
 
 
@@ -280,41 +287,72 @@ class InferenceClient:
 
     def _native_info(self, paths: tuple[str, ...], timeout_s: float | None) -> dict[str, Any] | None:
         """The first path's JSON object; None only when every path answered "not served" (NOT_SERVED)."""
-        for path in paths:
-            response = self.metadata_get(path, timeout_s=timeout_s)
-            if response.status_code in NOT_SERVED:
-                continue
-            if response.status_code != 200:
-                raise ApiError(self.service, path, response.status_code, error_message(response),
-                               response.text[:300])
+        path, response = self.metadata_first(paths, timeout_s=timeout_s)
+        if response.status_code in NOT_SERVED:
+            return None
+        if response.status_code != 200:
+            raise ApiError(self.service, path, response.status_code, error_message(response),
+                           response.text[:300])
+        try:
+            body = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(self.service, path, 200, f"malformed JSON body: {exc}",
+                           response.text[:300]) from exc
+        if not isinstance(body, dict):
+            raise ApiError(self.service, path, 200, "not a JSON object", response.text[:300])
+        return body
+
+    def metadata_first(self, paths: Sequence[str], *, timeout_s: float | None = None,
+                       max_bytes: int | None = None) -> tuple[str, httpx.Response]:
+        """GET each of `paths` in turn (a route's name, then its older names) until one answers other than
+        "not served": that path and its answer (every path "not served": the last one's). ONE total deadline,
+        `timeout_s`, for all of them: a later name gets what is left of it, never a deadline of its own (a
+        newer name answering 404 late, then an older one never answering, must not double the wait)."""
+        total = timeout_s if timeout_s is not None else self.default_limit_s
+        deadline_at = time.monotonic() + total
+        asked: list[str] = []
+        for index, path in enumerate(paths):
+            left = deadline_at - time.monotonic() if index else total
+            if index and left <= 0:
+                raise ApiError(self.service, path, None,
+                               f"not asked: {', '.join(asked)} took the whole {total:g}s (total time) to "
+                               "answer \"not served\"", cause="timeout")
             try:
-                body = response.json()
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ApiError(self.service, path, 200, f"malformed JSON body: {exc}",
-                               response.text[:300]) from exc
-            if not isinstance(body, dict):
-                raise ApiError(self.service, path, 200, "not a JSON object", response.text[:300])
-            return body
-        return None
+                response = self.metadata_get(path, timeout_s=left, max_bytes=max_bytes)
+            except ApiError as exc:
+                if asked and exc.cause == "timeout":
+                    exc.message += (f" (what was left of {total:g}s of total time after {', '.join(asked)} "
+                                    "answered \"not served\")")
+                raise
+            asked.append(path)
+            if response.status_code not in NOT_SERVED or index == len(paths) - 1:
+                return path, response
+        raise ValueError("metadata_first: no path to ask")
 
     def metadata_get(self, path: str, *, timeout_s: float | None = None,
                      max_bytes: int | None = None) -> httpx.Response:
         """GET a metadata route, asked again while its answer is transient (module docstring) and its total
-        time `timeout_s` lasts; returns the last answer (any status), raises the last ApiError when no answer
-        came."""
+        time `timeout_s` lasts; returns the last answer (any status; also when a later try, cut short by the
+        deadline or dropped, got none: a 501 or 503 said is more than "timed out"), raises the last ApiError
+        when no answer came at all."""
         total = timeout_s if timeout_s is not None else self.default_limit_s
         started = time.monotonic()
         pause, left = 0.25, total
+        answered: httpx.Response | None = None
         while True:
             limit = left / 2 if left >= 2 * MIN_ATTEMPT_S else left
             try:
                 response = self.request("GET", path, timeout_s=limit, max_bytes=max_bytes)
             except ApiError as exc:
-                if exc.cause not in TRANSIENT_CAUSES or time.monotonic() - started + pause >= total:
+                if exc.cause not in TRANSIENT_CAUSES:
+                    raise
+                if time.monotonic() - started + pause >= total:
+                    if answered is not None:
+                        return answered
                     raise
             else:
-                transient = response.status_code == 429 or (
-                    response.status_code >= 500 and response.status_code not in NOT_SERVED)
+                answered = response
+                transient = response.status_code == 429 or response.status_code >= 500
                 if not transient or time.monotonic() - started + pause >= total:
                     return response
             time.sleep(pause)

@@ -1,5 +1,6 @@
 """The hosts under test: --host profiles, --attach URLs (named host:port) and --fleet inventories, narrowed by
---shard, one host per name; and a host's name as a file name (`file_name`, injective)."""
+--shard, one host per name; and a host's or a service's name as a file name (`file_name`, `service_file_name`:
+injective)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ EMPTY_SHARD_KEY = pytest.StashKey[str]()
 # A host's file name keeps these as they are; ":" (an attached server's host:port) becomes "_"; anything else,
 # "_" itself included, is percent-escaped (its UTF-8 bytes), so two names never share a file.
 _KEPT = frozenset(string.ascii_letters + string.digits + ".-")
+# A service's file name keeps "_" too (no ":" is mapped to it): a name a profile may give a service is kept.
+_KEPT_FOR_SERVICES = _KEPT | {"_"}
 _MAX_FILE_NAME = 180  # bytes: room for ".verdict.json" and the like under the usual 255
 
 
@@ -31,22 +34,36 @@ def file_name(host: str) -> str:
     Injective: `alpha beta` -> `alpha%20beta`, `alpha:beta` -> `alpha_beta`, `alpha_beta` -> `alpha%5Fbeta`;
     a leading "." is escaped (no `..` folder). A name longer than 180 bytes when escaped keeps its first 160
     and a hash of the whole name after `%~` (a sequence no escaped name contains)."""
+    return _escaped(host, _KEPT, colon="_")
+
+
+def service_file_name(service: str) -> str:
+    """A service's name as a file name (its perf JSON and plots, its perf baseline), injective as `file_name`
+    is, and unchanged for every name a profile may give a service (letters, digits, `_`, `-`, `.`; so a
+    baseline recorded before keeps its file): `a b` -> `a%20b`, `a:b` -> `a%3Ab`, `a/b` -> `a%2Fb`, `a_b` ->
+    `a_b`."""
+    return _escaped(service, _KEPT_FOR_SERVICES, colon=None)
+
+
+def _escaped(name: str, kept: frozenset[str], *, colon: str | None) -> str:
+    """`name` with every character outside `kept` (and a leading ".") percent-escaped, its UTF-8 bytes as %XX;
+    ":" written as `colon` instead when that is given (`colon` must not be in `kept`)."""
     parts: list[str] = []
-    for index, char in enumerate(host):
-        if char in _KEPT and not (index == 0 and char == "."):
+    for index, char in enumerate(name):
+        if char in kept and not (index == 0 and char == "."):
             parts.append(char)
-        elif char == ":":
-            parts.append("_")
+        elif char == ":" and colon is not None:
+            parts.append(colon)
         else:
             parts.extend(f"%{byte:02X}" for byte in char.encode("utf-8", "surrogatepass"))
-    name = "".join(parts)
-    if len(name) > _MAX_FILE_NAME:
-        digest = hashlib.sha256(host.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        cut = name[:160]
+    escaped = "".join(parts)
+    if len(escaped) > _MAX_FILE_NAME:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        cut = escaped[:160]
         if (escape := cut.rfind("%", len(cut) - 2)) >= 0:
             cut = cut[:escape]  # not half an escape
-        name = cut + "%~" + digest
-    return name
+        escaped = cut + "%~" + digest
+    return escaped
 
 
 def load_targets(config: pytest.Config) -> dict[str, HostProfile]:

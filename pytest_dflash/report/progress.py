@@ -31,6 +31,11 @@ controller thread (:class:`_Tail`) tails it every 0.25 s and prints through the 
 bounded (:data:`MAX_FILE_BYTES`: heartbeats are dropped past it, events past twice it), the thread is stopped
 and the file removed at session end; files that killed runs left behind are removed after a day.
 
+A reader that goes away (`pytest … | head -1` past its line, a CI log reader killed: EPIPE) ends the progress
+lines for good, the live line included (:meth:`Terminal._guarded`, :attr:`_Direct.gone`): no write of a
+progress line raises, into a test, a hook or the controller's tail thread; pytest's own next write then ends
+the run as it ends any run whose output pipe closed (status 1, nothing on stderr).
+
 Where stdout has no descriptor (an in-process pytester run) a line said on the main thread is written through
 the terminal reporter with the capture manager's global and fixture capture disabled, and one said on another
 thread is queued for the main thread's next progress line or test report. The controller's tail thread writes
@@ -41,13 +46,14 @@ serialises them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -148,12 +154,22 @@ class _Direct:
             return None
 
     def write(self, text: str) -> None:
+        """Write `text` whole; never raises. The reader gone (`pytest … | head -1` past its line: EPIPE)
+        closes this copy, and nothing is written to it again (:attr:`gone`); any other failed write loses the
+        line."""
         data = text.encode(self.encoding, errors="replace")
         while data and self.fd is not None:
             try:
                 data = data[os.write(self.fd, data):]
-            except OSError:
-                return  # a closed pipe: the line is lost, the run goes on
+            except OSError as exc:
+                if _reader_gone(exc):
+                    self.close()
+                return  # the line is lost, the run goes on
+
+    @property
+    def gone(self) -> bool:
+        """True once the terminal or pipe is gone (or the copy was closed): nothing more is written."""
+        return self.fd is None
 
     def close(self) -> None:
         if self.fd is not None:
@@ -191,6 +207,7 @@ class Terminal:
         self._held = False
         self._pending: deque[Line] = deque(maxlen=200)
         self._ended = False
+        self._gone = False  # the terminal or pipe went away (EPIPE): no line is written any more (_guarded)
 
     @property
     def reporter(self) -> Any:
@@ -226,13 +243,30 @@ class Terminal:
                 self._direct = None
         return self._direct
 
+    @contextlib.contextmanager
+    def _guarded(self) -> Iterator[None]:
+        """Around every write (under the lock): a progress line never fails a test or the run. A terminal or
+        pipe that went away (the reader of `pytest … | head -1` exited: EPIPE) ends the lines for good, the
+        live line included; any other failed write loses that line only."""
+        try:
+            yield
+        except OSError as exc:
+            if _reader_gone(exc):
+                self._gone = True
+        except ValueError as exc:  # the reporter's file object closed under it
+            if "closed file" not in str(exc):
+                raise
+            self._gone = True
+        if self._direct is not None and self._direct.gone:
+            self._gone = True
+
     def show(self, line: Line) -> None:
         reporter = self.reporter
-        if reporter is None:
+        if reporter is None or self._gone:
             return
         line = replace(line, text=terminal_safe(line.text))  # also a line read back from a worker's file
-        with self._lock:
-            if line.heartbeat and self.quiet:
+        with self._lock, self._guarded():
+            if (line.heartbeat and self.quiet) or self._gone:
                 return
             direct = self._direct_writer(reporter)
             if direct is None:
@@ -314,26 +348,27 @@ class Terminal:
         """The reporter is about to write (the main thread, in a per-test hook): the live line is erased and
         lines said meanwhile wait for :meth:`release`."""
         reporter = self.reporter
-        with self._lock:
+        with self._lock, self._guarded():
             direct = self._direct_writer(reporter)
             if direct is None:
                 return
             self._held = True
-            if self._drawn:
+            if self._drawn and not self._gone:
                 direct.write(self._erase_live(reporter._tw))
 
     def release(self) -> None:
         """The reporter wrote: its output flushed, the lines said meanwhile written, the live line drawn
         again."""
         reporter = self.reporter
-        with self._lock:
+        with self._lock, self._guarded():
             direct = self._direct_writer(reporter)
             if direct is None or not self._held:
                 return
             self._held = False
             pending = list(self._pending)
             self._pending.clear()
-            self._show_direct(reporter, direct, pending)
+            if not self._gone:
+                self._show_direct(reporter, direct, pending)
 
     # ---- through the terminal reporter ------------------------------------------------------------------
 
@@ -362,8 +397,10 @@ class Terminal:
     def end_live(self) -> None:
         """Session end: the live line erased, and not drawn again."""
         reporter = self.reporter
-        with self._lock:
+        with self._lock, self._guarded():
             self._ended = True
+            if self._gone:
+                return
             direct = self._direct_writer(reporter)
             if direct is not None and self._drawn:
                 direct.write(self._erase_live(reporter._tw))
@@ -382,6 +419,12 @@ class Terminal:
             reporter.write("\r")
             reporter.flush()
             self._live_shown = False
+
+
+def _reader_gone(exc: OSError) -> bool:
+    """Did a write fail because nothing reads the terminal or pipe any more (EPIPE: a closed pipe; EIO: a
+    terminal that went away; EBADF: the descriptor closed)?"""
+    return isinstance(exc, BrokenPipeError) or exc.errno in (errno.EPIPE, errno.EIO, errno.EBADF)
 
 
 def _who(text: str) -> str:

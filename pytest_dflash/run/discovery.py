@@ -4,14 +4,15 @@
 time, for /server_info's speculative_algorithm, so that speculative-only tests are never collected for a plain
 server (and the algorithm filter applies to attached servers as to provisioned ones). One read-only GET per
 service, in parallel across services. A server that refuses connections is not up yet (a deploy pipeline
-attaches right after a restart): it is asked again every 0.25 s until it answers, up to WAIT_UP_S (at most
-the service's ready_timeout). A transient answer (HTTP 5xx, 429, a timeout, a dropped connection) is asked
-again within the GET's own total deadline (client/inference.py `metadata_get`); any other failure (an HTTP
-error, garbage) is an answer at once. Only "not served" (404, 405, 410, 501) on both paths means "not SGLang:
-plain". Every GET has a total deadline of DISCOVERY_TIMEOUT_S, retries included (not per read: a server
-dripping /server_info a byte every 2 s is cut off there, and the error says how far it got), so discovery ends
-within WAIT_UP_S + 2 x 5 s. An answer that cannot be had leaves the service AUTO with the reason, and its
-service-layer test fails with it.
+attaches right after a restart): it is asked again every 0.25 s until it answers, up to WAIT_UP_S (at most the
+service's ready_timeout). A transient answer (HTTP 5xx, 429, a timeout, a dropped connection) is asked again
+within the total deadline (client/inference.py `metadata_get`); any other failure (an HTTP error, garbage) is
+an answer at once. Only "not served" (404, 405, 410; not 501: SGLang never answers it, a proxy in between
+does) on both paths means "not SGLang: plain". The GETs of both names share one total deadline of
+DISCOVERY_TIMEOUT_S, retries included (not per read: a server dripping /server_info a byte every 2 s is cut
+off there, and the error says how far it got; not per name: /get_server_info gets what /server_info left of
+it), so discovery ends within WAIT_UP_S + 5 s. An answer that cannot be had leaves the service AUTO with the
+reason, and its service-layer test fails with it.
 
 Under xdist the controller asks and the workers take its answers (workerinput), so that every worker collects
 the same tests.
@@ -50,25 +51,26 @@ def pending(profiles: Mapping[str, HostProfile]) -> list[tuple[str, ServiceSpec]
 def ask(spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S) -> dict[str, str]:
     """{"algorithm": "DFLASH" | "NONE" | ...} from the server's /server_info, or {"error": why, "cause": ...}.
 
-    Each GET is bounded by `timeout_s` of TOTAL time (client/deadline.py), so a server that drips its answer a
-    byte at a time cannot hold the run in pytest_configure."""
+    Both names together are bounded by `timeout_s` of TOTAL time (client/deadline.py, `metadata_first`), so
+    a server that drips its answer a byte at a time, or answers one name late and never the other, cannot
+    hold the run in pytest_configure."""
     url = spec.url.rstrip("/")
     key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
     timeout = httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))
     try:
         with InferenceClient(url, service=spec.name, timeout=timeout, api_key=key,
                              limit_name="the discovery timeout") as client:
-            for path in ("/server_info", "/get_server_info"):
-                try:
-                    response = client.metadata_get(path, timeout_s=timeout_s, max_bytes=INFO_CAP)
-                except ApiError as exc:
-                    if exc.cause == "too-large":
-                        return {"error": f"GET {path} sent more than {INFO_CAP // 1024} KB: not SGLang's "
-                                         f"server_info"}
-                    return {"error": scrub(f"GET {path}: {exc.message}", 300, "discovery"),
-                            "cause": exc.cause}
-                if response.status_code in NOT_SERVED:
-                    continue
+            try:
+                # one deadline for both names (the older one gets what is left): client/inference.py
+                path, response = client.metadata_first(("/server_info", "/get_server_info"),
+                                                        timeout_s=timeout_s, max_bytes=INFO_CAP)
+            except ApiError as exc:
+                if exc.cause == "too-large":
+                    return {"error": f"GET {exc.endpoint} sent more than {INFO_CAP // 1024} KB: not SGLang's "
+                                     f"server_info"}
+                return {"error": scrub(f"GET {exc.endpoint}: {exc.message}", 300, "discovery"),
+                        "cause": exc.cause}
+            if response.status_code not in NOT_SERVED:
                 if response.status_code != 200:
                     return {"error": f"GET {path} answered HTTP {response.status_code}"}
                 info = response.json()

@@ -16,6 +16,7 @@ import pytest
 from e2e_helpers import ROOT
 from support.pytest_runs import assert_no_crash, verdict
 
+from pytest_dflash.config.targets import file_name
 from pytest_dflash.layers.perf.baseline import load_baseline
 
 LOCAL = ROOT / "hosts" / "local.toml"
@@ -164,3 +165,30 @@ def test_a_saturated_client_refuses_to_judge_and_says_so(run_suite, tmp_path: Pa
     assert data["layers"]["perf"]["outcome"] == "failed"
     assert data["metrics"]["perf.dflash.client_saturated"] == 1.0
     assert data["metrics"]["perf.dflash.output_tok_s.pass"] == 0.0
+
+
+def test_a_baseline_under_the_old_lossy_host_folder_is_still_compared_and_recorded_anew(  # type: ignore[no-untyped-def]
+        run_suite, tmp_path: Path) -> None:
+    """A host named `perf_local` records its baselines in `perf%5Flocal/` now (injective: `perf:local` is
+    `perf_local/`). One recorded before in `perf_local/` (the lossy name) is still compared, with a note naming
+    both places (never skipped as "no baseline", which would hide a regression); --update-baseline records it
+    under the new name."""
+    profile = local_profile(tmp_path / "p").read_text()
+    path = tmp_path / "p" / "perf_local.toml"
+    path.write_text(profile)
+    baselines = tmp_path / "baselines"
+    recorded = run_suite("perf", "--host", str(path), "-k", "baseline and dflash and not ddtree", "--update-baseline",
+                         f"--baseline-dir={baselines}")
+    assert_no_crash(recorded)
+    recorded.assert_outcomes(passed=1, deselected=10)
+    new = baselines / "perf%5Flocal" / "dflash.json"
+    assert new.is_file() and (run_suite.reports / "perf" / "perf%5Flocal" / "dflash.json").is_file()
+    old = baselines / "perf_local" / "dflash.json"
+    old.parent.mkdir()
+    new.rename(old)  # where an earlier release recorded it
+    compared = run_suite("perf", "--host", str(path), "-k", "baseline and dflash and not ddtree",
+                         f"--baseline-dir={baselines}")
+    assert_no_crash(compared)
+    compared.assert_outcomes(passed=1, deselected=10)
+    notes = verdict(run_suite.reports, file_name("perf_local"))["notes"]  # perf%5Flocal.verdict.json
+    assert any(f"perf baseline read from {old}" in note and str(new) in note for note in notes), notes

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from services.http_doubles import FaultProxy, FlakyRoute
 from support.pytest_runs import assert_no_crash, verdict
 
@@ -70,8 +71,12 @@ def test_a_gateway_without_server_info_leaves_a_dflash_profile_partial_and_fails
     assert any("only /v1/models was compared" in note for note in data["notes"]), data["notes"]
 
 
-def test_a_server_info_that_keeps_failing_after_readiness_is_could_not_check_never_not_sglang(run_suite) -> None:  # type: ignore[no-untyped-def]
-    rule = FlakyRoute(status=503, times=None, after_generations=2)  # read at discovery, then 503 for good
+@pytest.mark.parametrize("status", [503, 501])
+def test_a_server_info_that_keeps_failing_after_readiness_is_could_not_check_never_not_sglang(  # type: ignore[no-untyped-def]
+        run_suite, status: int) -> None:
+    """Read at discovery, then 503 (or a proxy's 501, which SGLang never answers) for good: the checks that need
+    /server_info could not be made, naming the status; never "not an SGLang server"."""
+    rule = FlakyRoute(status=status, times=None, after_generations=2)
     with RefServerProcess("--speculative-algorithm", "DFLASH", "--random-draft") as server, \
             FaultProxy(server.url, rule) as proxy:
         result = run_suite("smoke", "--attach", proxy.url, *GATE)
@@ -80,9 +85,28 @@ def test_a_server_info_that_keeps_failing_after_readiness_is_could_not_check_nev
     text = result.stdout.str()
     assert "not an SGLang server" not in text
     result.stdout.fnmatch_lines(["  gate refused: * check(s) of the service layer could not be made (first: *"
-                                 "but /server_info could not be read: GET /server_info: HTTP 503: *"])
+                                 f"but /server_info could not be read: GET /server_info: HTTP {status}: *"])
     data = verdict(run_suite.reports, host_name(proxy.url))
     assert data["verdict"] in ("partial", "fail") and data["verdict"] != "pass"
-    assert "HTTP 503" in data["services"]["attached"]["server_info_error"]
+    assert f"HTTP {status}" in data["services"]["attached"]["server_info_error"]
     unchecked = {s["test"].split("::")[-1].split("[")[0] for s in data["skipped"] if s["kind"] == "could not check"}
     assert {"test_serves_the_profiles_speculation", "test_accept_length"} <= unchecked, unchecked
+
+
+def test_a_proxy_answering_501_for_server_info_never_makes_a_dflash_server_plain(run_suite) -> None:  # type: ignore[no-untyped-def]
+    """A proxy that answers 501 (Not Implemented) for /server_info in front of an attached DFLASH server: SGLang
+    never answers 501 (404 for an unknown path), so this is no proof that the server is not SGLang. Its algorithm
+    stays unknown (discovery names HTTP 501) and the service layer fails: never a PASS with every speculative
+    check unselected, as "not SGLang: plain" gave."""
+    rule = FlakyRoute(status=501, times=None)
+    with RefServerProcess("--speculative-algorithm", "DFLASH") as server, FaultProxy(server.url, rule) as proxy:
+        result = run_suite("smoke", "--attach", proxy.url, *GATE)
+    assert_no_crash(result)
+    assert result.ret == 1, result.stdout.str()[-3000:]
+    assert "not an SGLang server" not in result.stdout.str()
+    result.stderr.fnmatch_lines(["*/server_info could not be read: GET /server_info answered HTTP 501*"])
+    data = verdict(run_suite.reports, host_name(proxy.url))
+    assert data["verdict"] == "fail", data["verdict"]
+    failures = {f["test"].split("::")[-1].split("[")[0]: f for f in data["failures"]}
+    assert "HTTP 501" in json.dumps(failures["test_serves_the_profiles_algorithm"]), failures
+    assert rule.replaced >= 2

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from support.terminal import render
@@ -128,6 +129,14 @@ def test_next():
 '''
 
 
+def _env(**more: str) -> dict[str, str]:
+    """An environment built from scratch (no PYTHONUNBUFFERED), importing the pytest_dflash under test."""
+    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": os.environ.get("PATH", ""), "COLUMNS": "120", **more}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
 def run_threads(tmp_path: Path, *args: str, terminal: bool) -> bytes:
     """A real pytest run whose progress channel is made as the plugin makes it, its output read through a
     pseudo-terminal or a pipe; the environment built from scratch (no PYTHONUNBUFFERED)."""
@@ -135,7 +144,7 @@ def run_threads(tmp_path: Path, *args: str, terminal: bool) -> bytes:
     (tmp_path / "test_threads.py").write_text(TEST_THREADS)
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-rP",
                "test_threads.py", *args]
-    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": os.environ.get("PATH", ""), "COLUMNS": "120"}
+    env = _env()
     if not terminal:
         done = subprocess.run(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, timeout=60)
@@ -215,7 +224,7 @@ def test_the_live_line_waits_while_a_debugger_prompts(tmp_path: Path) -> None:
     """A background wait's heartbeat is not drawn over pdb's prompt: it is drawn once the debugger is left."""
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_pdb.py").write_text(TEST_PDB)
-    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": os.environ.get("PATH", ""), "COLUMNS": "120"}
+    env = _env()
     main, secondary = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
                              "test_pdb.py"], cwd=tmp_path, stdout=secondary, stderr=secondary, stdin=secondary,
@@ -250,3 +259,102 @@ def test_with_s_the_heartbeats_are_lines_not_a_live_line(tmp_path: Path) -> None
     out = run_threads(tmp_path, "-s", terminal=True).decode(errors="replace")
     assert "\n[dflash] h1/a: waiting 10.0s in http phase: in CUDA-graph capture\r\n" in out, out
     assert "\x1b[K" not in out, out
+
+
+# ---- a reader that goes away: `pytest ... | head -1` ---------------------------------------------------------
+
+CONFTEST_XDIST = CONFTEST + '''
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput.update(CHANNEL[0].workerinput())  # as the plugin does: the worker's end of the file
+'''
+
+TEST_CLOSED = '''
+import os
+import threading
+import time
+
+from pytest_dflash.services.events import Heartbeat, ServiceEvent
+
+
+def test_says_on_after_the_reader_left(say):
+    say("h1/a: the line the reader waits for")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.environ["READER_GONE"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(os.environ["READER_GONE"]), "the reader never left"
+    for i in range(3):  # from the main thread and from another, events and heartbeats
+        say(ServiceEvent(f"h1/a: started {i}", host="h1", service="a", state="started"))
+        thread = threading.Thread(target=say, args=(Heartbeat(f"h2/b: waiting {i}.0s in http phase"),))
+        thread.start()
+        thread.join()
+    with open(os.environ["SAID"], "w") as said:  # no line raised into the test
+        said.write("said")
+    time.sleep(1.0)  # an xdist controller's tail (every 0.25 s) writes them meanwhile, before pytest writes again
+'''
+
+
+@pytest.mark.parametrize("mode", ["single", "xdist"])
+def test_a_reader_that_goes_away_ends_the_progress_lines_without_a_traceback(tmp_path: Path, mode: str) -> None:
+    """`pytest ... | head -1`: the parent reads up to the first progress line, then closes its end of the pipe;
+    the lines said after that (straight to the descriptor in a single process, through the terminal reporter
+    from an xdist controller's tail thread) hit EPIPE. They stop quietly: no traceback, no INTERNALERROR, no
+    "Exception in thread" on stderr, the exit status Python's for a closed pipe (1), and the run still ends as
+    pytest ends it (at its own next write: the session-end hooks after the progress channel's, JUnit's here,
+    still run, and no error in its report was raised by pytest_dflash)."""
+    (tmp_path / "conftest.py").write_text(CONFTEST_XDIST)
+    (tmp_path / "test_closed.py").write_text(TEST_CLOSED)
+    gone, said = tmp_path / "reader-gone", tmp_path / "said"
+    junit = tmp_path / "junit.xml"
+    args = ["-p", "xdist", "-n", "1"] if mode == "xdist" else ["-p", "no:xdist"]
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "test_closed.py",
+                             f"--junitxml={junit}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=_env(READER_GONE=str(gone), SAID=str(said),
+                                                               DFLASH_STATE_DIR=str(tmp_path / "state")))
+    assert proc.stdout is not None and proc.stderr is not None
+    read = b""
+    while b"[dflash] h1/a: the line the reader waits for" not in read:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        read += line
+    proc.stdout.close()  # the reader leaves, as `head -1` does after its line
+    gone.touch()
+    try:
+        stderr = proc.stderr.read().decode(errors="replace")
+        returncode = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert b"the line the reader waits for" in read, read.decode(errors="replace")
+    assert "Traceback" not in stderr and "INTERNALERROR" not in stderr and "Exception in thread" not in stderr, (
+        stderr)
+    assert said.is_file(), "a progress line said after the reader left raised into the test"
+    assert returncode in (0, 1), (returncode, stderr)  # 1: Python's status on EPIPE (pytest's console_main)
+    assert junit.is_file(), "the session-end hooks after the progress channel's did not run"
+    # pytest's own next write to the closed pipe ends the run (its internal error, in JUnit): never a write of
+    # a progress line (no error raised in pytest_dflash's code), and never a test failed by one
+    report = junit.read_text()
+    for error in ElementTree.parse(junit).iter():
+        frames = re.findall(r'File "([^"]+)"', error.text or "")
+        assert not frames or "pytest_dflash" not in frames[-1], report  # where the error was raised
+    cases = {case.get("name"): case for case in ElementTree.parse(junit).iter("testcase")}
+    case = cases.get("test_says_on_after_the_reader_left")
+    assert case is None or not list(case), report  # when recorded: passed (no failure, error or skip in it)
+
+
+def test_the_direct_writer_stops_for_good_once_the_reader_is_gone() -> None:
+    """os.write to a pipe whose reader closed: EPIPE. The line is dropped without raising, the descriptor copy is
+    closed, and nothing is written to it again."""
+    from pytest_dflash.report.progress import _Direct
+
+    read_end, write_end = os.pipe()
+    direct = _Direct(sys.stdout, write_end)
+    direct.write("[dflash] before\n")
+    assert os.read(read_end, 100) == b"[dflash] before\n"
+    os.close(read_end)
+    direct.write("[dflash] after the reader left\n")  # EPIPE: must not raise
+    assert direct.gone and direct.fd is None
+    with pytest.raises(OSError):
+        os.fstat(write_end)  # closed by the writer, not left open for the next line to fail on
+    direct.write("[dflash] later\n")  # a no-op

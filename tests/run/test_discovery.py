@@ -73,3 +73,36 @@ def test_a_transient_5xx_is_asked_again_and_only_not_served_means_plain(status: 
         answer = discovery.ask(spec)
     assert answer.get("algorithm") == algorithm, answer
     assert rule.replaced == 2  # 503: twice, then through; 405: each of the two names once, not retried
+
+
+def test_discovery_asks_both_names_within_one_deadline() -> None:
+    """/server_info answers 404 late, /get_server_info is accepted and never answered: the answer (an error) comes
+    within the one discovery deadline, not one per name."""
+    from services.http_doubles import StallServer
+
+    limit_s = 2.0
+    with StallServer({"/server_info": (404, 0.8 * limit_s)}) as server:
+        (spec,) = attach_profile(server.url).services.values()
+        started = time.monotonic()
+        answer = discovery.ask(spec, timeout_s=limit_s)
+        took = time.monotonic() - started
+        asked = list(server.requests)
+    assert asked[:2] == ["/server_info", "/get_server_info"], asked
+    assert "error" in answer and answer.get("cause") == "timeout", answer
+    assert took < 1.5 * limit_s, f"{took:.1f}s for a {limit_s:g}s deadline"
+
+
+def test_a_501_on_server_info_is_an_error_naming_it_never_plain() -> None:
+    """A proxy answering 501 for /server_info in front of a DFLASH server: the algorithm is unknown (an error that
+    names HTTP 501: the service-layer test fails with it), never "not SGLang: plain", which would leave every
+    speculative test of the service unselected and the host passing."""
+    from services.http_doubles import FaultProxy, FlakyRoute
+
+    from pytest_dflash.refserver.launch import RefServerProcess
+
+    rule = FlakyRoute(status=501, times=None)
+    with RefServerProcess("--speculative-algorithm", "DFLASH") as server, FaultProxy(server.url, rule) as proxy:
+        (spec,) = attach_profile(proxy.url).services.values()
+        answer = discovery.ask(spec, timeout_s=2.0)
+    assert "algorithm" not in answer, answer
+    assert "HTTP 501" in answer["error"] and "/server_info" in answer["error"], answer

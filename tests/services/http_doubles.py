@@ -3,11 +3,13 @@
 `FaultProxy` forwards every request to a real server (a refserver process) and lets a rule replace
 the answer to some of them: an HTTP 500 to sampled requests, megabytes for max_tokens=4.
 `SilentServer` listens and never answers (the kernel accepts the connection from its backlog).
+`StallServer` answers some paths late and holds every other request open, never answered.
 `DripServer` answers a byte, a blank line or a token at a time: no read waits long, no answer ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -23,7 +25,7 @@ import httpx
 # imported during a test, and a second copy of httpcore raises exceptions that httpx no longer maps.
 httpx.HTTPTransport().close()
 
-__all__ = ["DripServer", "FaultProxy", "FlakyRoute", "Reply", "SilentServer", "blank_stream", "huge_generation",
+__all__ = ["DripServer", "FaultProxy", "FlakyRoute", "Reply", "SilentServer", "StallServer", "blank_stream", "huge_generation",
            "is_sampled", "sampled_500"]
 
 
@@ -233,6 +235,61 @@ class SilentServer:
         self._sock.close()
 
     def __enter__(self) -> SilentServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StallServer:
+    """Answers each path of `answers` ({path: (status, after_s)}) with that status after that many seconds, and
+    holds every other request open, never answered, until closed: a gateway that accepts a route and forwards it
+    nowhere. `requests` lists the paths asked, in order."""
+
+    def __init__(self, answers: dict[str, tuple[int, float]]) -> None:
+        self.answers = answers
+        self.requests: list[str] = []
+        self._closed = threading.Event()
+        stall = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet: the tests read outcomes, not access lines."""
+
+            def do_GET(self) -> None:
+                stall._handle(self)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="stall-server", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        path = handler.path.split("?")[0]
+        self.requests.append(path)
+        handler.close_connection = True
+        if path not in self.answers:
+            self._closed.wait()  # accepted, never answered
+            return
+        status, after_s = self.answers[path]
+        if self._closed.wait(after_s):
+            return
+        with contextlib.suppress(OSError):  # the client may have given up meanwhile
+            _send(handler, Reply(status, json.dumps({"detail": f"HTTP {status} after {after_s:g}s"}).encode()))
+
+    def close(self) -> None:
+        self._closed.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> StallServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from http_doubles import DripServer
+from http_doubles import DripServer, SilentServer, StallServer
 
 from pytest_dflash.client.deadline import DeadlineExceeded
 from pytest_dflash.client.inference import InferenceClient
@@ -103,3 +103,27 @@ def test_the_load_generators_side_calls_end_at_their_deadline(call: str) -> None
             asyncio.run(getattr(load_run, call)(server.url, timeout_s=LIMIT_S))
         took = time.monotonic() - started
     assert took < LIMIT_S + SLACK_S, f"{took:.1f}s"
+
+
+@pytest.mark.parametrize("call", ["server_info", "model_info"])
+def test_the_older_name_gets_what_is_left_of_one_deadline_not_a_fresh_one(call: str) -> None:
+    """The newer name answers "not served" late (at 0.8 of the limit), the older one is accepted and never
+    answered: the call ends at its one total deadline (the older name gets what is left), not at 1.8 x."""
+    limit_s = 2.0
+    newer, older = ("/server_info", "/get_server_info") if call == "server_info" else ("/model_info",
+                                                                                       "/get_model_info")
+    with StallServer({newer: (404, 0.8 * limit_s)}) as server, client(server.url) as http:
+        error, took = timed(lambda: getattr(http, call)(timeout_s=limit_s))
+        asked = list(server.requests)
+    assert asked[:2] == [newer, older], asked  # the older name was asked, after the newer one's 404
+    assert error.cause == "timeout" and error.endpoint == older, error
+    assert f"what was left of 2s of total time after {newer}" in str(error), error  # says why it had less time
+    assert took < 1.5 * limit_s, f"{took:.1f}s for a {limit_s:g}s call: the older name got a deadline of its own"
+
+
+def test_a_server_that_never_answers_costs_one_deadline() -> None:
+    """Accepted and never answered on any path: one deadline in all (retries and both names included)."""
+    with SilentServer() as server, client(server.url) as http:
+        error, took = timed(lambda: http.server_info(timeout_s=LIMIT_S))
+    assert error.cause == "timeout", error
+    assert took < 1.5 * LIMIT_S, f"{took:.1f}s"

@@ -9,30 +9,62 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_dflash.config.targets import file_name, service_file_name
 from pytest_dflash.layers.perf.judgement import Judgement
 from pytest_dflash.layers.perf.judging import confidence_of, refused, same_load
-from pytest_dflash.layers.perf.service_run import ServiceRun, safe_name, write_json
+from pytest_dflash.layers.perf.service_run import ServiceRun, write_json
 from pytest_dflash.layers.perf.stats import Sample, judge_regression, metric_sample
 from pytest_dflash.load.results import LoadResult
 
 __all__ = ["BASELINE_METRICS", "DEFAULT_REGRESSION_PCT", "Baseline", "baseline_path", "judge_baseline",
-           "load_baseline", "save_baseline"]
+           "load_baseline", "recorded_baseline", "save_baseline"]
 
 DEFAULT_REGRESSION_PCT = 10.0
 # Statistics compared with a saved baseline (latency percentiles of a short run are too wide to gate on
 # a ratio).
 BASELINE_METRICS = ("output_tok_s", "accept_length")
 UNITS = {"output_tok_s": "tok/s", "accept_length": "tokens/step"}
+_LOSSY = re.compile(r"[^A-Za-z0-9_.-]")  # how file names were made before they were injective
 
 
 def baseline_path(directory: Path, host: str, service: str) -> Path:
-    """``<directory>/<host>/<service>.json``."""
-    return directory / safe_name(host) / f"{safe_name(service)}.json"
+    """``<directory>/<host>/<service>.json``, each name made a file name injectively (config/targets.py: the
+    host as its verdict file names it, ``gpu a`` -> ``gpu%20a``; the service unchanged where a profile could
+    name it), so two hosts or two services never share a baseline."""
+    return directory / file_name(host) / f"{service_file_name(service)}.json"
+
+
+def recorded_baseline(directory: Path, host: str, service: str) -> Path | None:
+    """The file a host's service's baseline is read from: :func:`baseline_path`; else the file recorded under
+    the lossy names used before (every character but letters, digits, ``_``, ``-`` and ``.`` written ``_``:
+    ``gpu a``, ``gpu:a`` and ``gpu_a`` shared ``gpu_a/``), but only when that file says it was recorded for
+    this very host and service. A file at either place that says it was recorded for another (the old
+    ``gpu_a/`` of ``gpu a`` is where ``gpu:a`` records now) is not this one's. None when there is none."""
+    path = baseline_path(directory, host, service)
+    if path.is_file() and _recorded_for(path) in (None, (host, service)):
+        return path  # None: whose it is cannot be told; load_baseline says what is wrong with it
+    lossy = directory / _LOSSY.sub("_", host) / f"{_LOSSY.sub('_', service)}.json"
+    if lossy != path and lossy.is_file() and _recorded_for(lossy) == (host, service):
+        return lossy
+    return None
+
+
+def _recorded_for(path: Path) -> tuple[str, str] | None:
+    """(host, service) a baseline file says it was recorded for; None: unreadable, or it does not say."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    meta = doc.get("dflash_perf") if isinstance(doc, dict) else None
+    if isinstance(meta, dict) and isinstance(meta.get("host"), str) and isinstance(meta.get("service"), str):
+        return meta["host"], meta["service"]
+    return None
 
 
 def save_baseline(run: ServiceRun, path: Path) -> Path:

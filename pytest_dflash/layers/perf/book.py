@@ -12,20 +12,29 @@ from pathlib import Path
 
 import pytest
 
+from pytest_dflash.config.targets import file_name, service_file_name
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.parity.hooks import state_change_refusal
 from pytest_dflash.layers.perf.judgement import Judgement
 from pytest_dflash.layers.perf.judging import compare, comparison_pairs
 from pytest_dflash.layers.perf.options import PerfOptions
 from pytest_dflash.layers.perf.report import svg_plots
-from pytest_dflash.layers.perf.service_run import ServiceRun, safe_name
+from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.layers.perf.stats import bootstrap_bound, metric_sample
 from pytest_dflash.load.run import run_load
 from pytest_dflash.run.state import HostContext, ServiceHandle
 from pytest_dflash.services.events import Heartbeat
 
-__all__ = ["PerfBook", "PerfItem", "host_of", "throughput_interval"]
+__all__ = ["PerfBook", "PerfItem", "host_of", "perf_file", "throughput_interval"]
+
+
+def perf_file(report_dir: Path, host: str, service: str, suffix: str = ".json") -> Path:
+    """``<report dir>/perf/<host>/<service><suffix>``: a service's perf JSON (``.json``) or a plot
+    (``.latency_cdf.svg``, ...). Both names are made file names injectively (config/targets.py: the host as
+    its verdict file names it, the service unchanged where a profile could name it), so two hosts or two
+    services never share a file."""
+    return report_dir / "perf" / file_name(host) / f"{service_file_name(service)}{suffix}"
 
 
 @dataclass
@@ -50,11 +59,10 @@ class PerfBook:
         self.options = options
         self.runs: dict[tuple[str, str], ServiceRun] = {}
 
-    def report_dir(self, host: str) -> Path:
+    def report_dir(self) -> Path:
         from pytest_dflash.run.stash import RUN_KEY
 
-        run = self.config.stash[RUN_KEY]
-        return run.options.report_dir / "perf" / safe_name(host)
+        return self.config.stash[RUN_KEY].options.report_dir
 
     def settings(self, handle: ServiceHandle) -> PerfSettings:
         return PerfSettings.resolve(handle.host.profile.perf, handle.name, self.options.overrides)
@@ -114,13 +122,13 @@ class PerfBook:
         host.facts.metrics.update(throughput_interval(run))
         if run.accept_length is not None:
             host.facts.accept_lengths[run.service] = round(run.accept_length, 4)
-        run.write(self.report_dir(host.name) / f"{safe_name(run.service)}.json")
+        run.write(perf_file(self.report_dir(), host.name, run.service))
 
     def _write_plots(self, run: ServiceRun) -> None:
-        directory = self.report_dir(run.host)
-        directory.mkdir(parents=True, exist_ok=True)
         for name, svg in svg_plots(run).items():
-            (directory / f"{safe_name(run.service)}.{name}.svg").write_text(svg, encoding="utf-8")
+            path = perf_file(self.report_dir(), run.host, run.service, f".{name}.svg")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(svg, encoding="utf-8")
 
 
 def throughput_interval(run: ServiceRun) -> dict[str, float]:

@@ -18,7 +18,13 @@ from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.layers.generation.requests import PROMPT, Api, request_stream
 from pytest_dflash.layers.parity.acceptance import check_accepts_drafts
 from pytest_dflash.layers.parity.checks import measure_acceptance, required_floor
-from pytest_dflash.layers.perf.baseline import baseline_path, judge_baseline, load_baseline, save_baseline
+from pytest_dflash.layers.perf.baseline import (
+    baseline_path,
+    judge_baseline,
+    load_baseline,
+    recorded_baseline,
+    save_baseline,
+)
 from pytest_dflash.layers.perf.book import PerfBook, PerfItem, host_of
 from pytest_dflash.layers.perf.judgement import NOT_PASSING, Judgement
 from pytest_dflash.layers.perf.judging import confidence_of, judge_accept_length, judge_floors, judge_speedup
@@ -181,14 +187,19 @@ class PerfLayer:
         if self.options.update_baseline:
             self._record_baseline(handle, run, path, floors)
             return
-        if not path.is_file():
+        found = recorded_baseline(self.options.baseline_dir, handle.host.name, handle.name)
+        if found is None:
             skips.not_applicable(f"no baseline for {handle.label} at {path}: record a good run with "
                                  "--update-baseline")
         try:
-            baseline = load_baseline(path)
+            baseline = load_baseline(found)
         except ValueError as exc:
             pytest.fail(f"{handle.label}: {exc}", pytrace=False)
-        run.baseline = {"path": str(path), "recorded": baseline.recorded, "action": "compared"}
+        if found != path:
+            handle.host.notes.append(f"{handle.label}: perf baseline read from {found}, where it was "
+                                     "recorded before file names were injective; --update-baseline records "
+                                     f"it at {path}")
+        run.baseline = {"path": str(found), "recorded": baseline.recorded, "action": "compared"}
         self.check(run, judge_baseline(run, baseline, floors))
 
     def _record_baseline(self, handle: ServiceHandle, run: ServiceRun, path: Path,
@@ -207,9 +218,10 @@ class PerfLayer:
                         f"{bad[0].message}"
                         + "".join(f"\n  {j.message}" for j in bad[1:]))
         previous = ""
-        if path.is_file():
+        earlier = recorded_baseline(self.options.baseline_dir, handle.host.name, handle.name)
+        if earlier is not None:
             try:
-                old = load_baseline(path)
+                old = load_baseline(earlier)
                 previous = (f" (replaces the one recorded {old.recorded}: "
                             f"{old.result.metrics['output_throughput']:.1f} tok/s)")
             except ValueError:

@@ -4,7 +4,7 @@ it, and its record (headline, verdict metrics, terminal summary, the per-service
     run = ServiceRun.measure(host="ct200", service="dflash", algorithm="DFLASH", url=..., settings=settings,
                              native=True)
     run.judge(judge_floors(run, floors))
-    run.write(report_dir / f"{safe_name(run.service)}.json")
+    run.write(perf_file(report_dir, run.host, run.service))  # book.py: <report dir>/perf/<host>/<svc>.json
 
 Nothing here imports pytest.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -28,10 +27,9 @@ from pytest_dflash.load.results import LoadResult
 from pytest_dflash.load.run import run_load
 from pytest_dflash.load.workload import Workload
 
-__all__ = ["Runner", "ServiceRun", "safe_name", "write_json"]
+__all__ = ["Runner", "ServiceRun", "write_json"]
 
 Runner = Callable[..., LoadResult]
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 @dataclass
@@ -259,7 +257,3 @@ def write_json(path: Path, doc: Mapping[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def safe_name(name: str) -> str:
-    return _SAFE.sub("_", name)

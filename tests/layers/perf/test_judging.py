@@ -172,7 +172,7 @@ def test_comparisons_ddtree_vs_dflash_vs_none() -> None:
 def test_baseline_round_trip_and_regression_with_old_and_new_numbers(tmp_path: Path) -> None:
     good = fake_run(e2e_ms=100.0)
     path = save_baseline(good, baseline_path(tmp_path, "gpu a", "dflash"))
-    assert path == tmp_path / "gpu_a" / "dflash.json"
+    assert path == tmp_path / "gpu%20a" / "dflash.json"  # injective: "gpu_a" is gpu%5Fa, "gpu:a" gpu_a
     baseline = load_baseline(path)
     assert len(baseline.result.records) == 40 and baseline.recorded
     same = judge_baseline(fake_run(e2e_ms=100.0, seed=3), baseline, {"regression_pct": 10.0})
