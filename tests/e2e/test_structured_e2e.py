@@ -56,16 +56,26 @@ def test_rollback_bug_fails_structured_parity_naming_the_token_and_the_grammar(r
 
 
 def test_forced_tool_calls_and_reasoning_where_the_command_names_a_parser(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Forced calls, whole and streamed, pass on a healthy DFLASH server; `--grammar-backend none` fails both
+    forms; the grammar-rollback-bug fault aborts the named call (get_weather: the matcher's extra token
+    overflows its bounded string), whole and streamed. Under it the required call (add's unbounded integers)
+    still comes out valid: the fault shows only where a grammar's bound is crossed."""
     parsers = ["--tool-call-parser", "qwen25", "--reasoning-parser", "deepseek-r1", *NO_WS]
     profile = write_profile(tmp_path, "chat", {"parsers": ("DFLASH", parsers), "plain": ("NONE", NO_WS),
                                                "off": ("NONE", ["--tool-call-parser", "qwen25",
-                                                                "--grammar-backend", "none"])})  # fmt: skip
+                                                                "--grammar-backend", "none"]),
+                                               "bug": ("DFLASH", ["--tool-call-parser", "qwen25", "--inject",
+                                                                  "grammar-rollback-bug", *NO_WS])})  # fmt: skip
     result = run_suite("generation", "--host", str(profile), "-k", "forced_tool_call or reasoning_separated")
     assert_no_crash(result)
-    result.assert_outcomes(passed=3, skipped=4, failed=2)  # plain: no parser; off: no reasoning parser
+    result.assert_outcomes(passed=7, skipped=7, failed=6)  # plain: no parser; off, bug: no reasoning parser
     failed = {f["test"].rsplit("::", 1)[1] for f in verdict(run_suite.reports, "chat")["failures"]}
-    assert failed == {f"test_forced_tool_call[chat/off-{c}]" for c in ("required", "named")}, failed
+    assert failed == {f"test_forced_tool_call[chat/{svc}-{c}-{form}]" for svc, c in
+                      (("off", "required"), ("off", "named"), ("bug", "named")) for form in ("whole", "sse")}, failed
     result.stdout.fnmatch_lines(["*off: its command has `--grammar-backend none`: tool_choice * cannot be forced*"])
+    result.stdout.fnmatch_lines(['*bug: tool_choice {"type": "function", "function": {"name": "get_weather"}} '
+                                 "(--tool-call-parser qwen25) streamed: expected finish_reason 'tool_calls' with "
+                                 "tool calls, got finish_reason 'abort'*"])
 
 
 def test_the_answer_after_the_reasoning_validates_and_an_answer_in_reasoning_content_fails(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
