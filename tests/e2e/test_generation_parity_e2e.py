@@ -29,9 +29,9 @@ def test_clean_refservers_pass_generation_and_parity(run_suite, tmp_path: Path) 
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) >= 100 and set(outcomes) == {"passed", "skipped"}, outcomes
     # do not apply: the DDTREE service's 20 structured-output cases and its structured parity pair
-    # (structured_output = false), forced tool calls on NONE and DDTREE (2 x 2: no --tool-call-parser) and
-    # reasoning separation and the reasoned constrained answer (whole, sse) on all three (no --reasoning-parser)
-    assert outcomes["skipped"] == 34, outcomes
+    # (structured_output = false), forced tool calls on NONE and DDTREE (2 x 2 x whole/sse: no --tool-call-parser)
+    # and reasoning separation and the reasoned constrained answer (whole, sse) on all three (no --reasoning-parser)
+    assert outcomes["skipped"] == 38, outcomes
     result.stdout.fnmatch_lines(["*dflash verdict*", "local: PARTIAL*generation:passed*parity:passed*perf:passed*",
                                  "*ddtree: DDTREE*accept length*", "*dflash: DFLASH*accept length*"])
     data = verdict(run_suite.reports, "local")

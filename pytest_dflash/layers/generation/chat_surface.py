@@ -79,7 +79,6 @@ TOOLS: list[dict[str, Any]] = [
         "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                        "required": ["a", "b"]}}},
 ]  # fmt: skip
-TOOL_PROMPT = "What is the weather in Paris?"
 THINK_END = "</think>"
 # room for a reasoning model's thinking before the answer; a length finish is reported, not judged
 REASONED = Sampling(max_tokens=400, temperature=0.0)
@@ -99,9 +98,9 @@ def command_flag(spec: ServiceSpec, flag: str) -> str | None:
 CHAT_PATH = "/v1/chat/completions"
 
 
-def _chat_body(service: ServiceHandle, body: dict[str, Any], prompt: str = "What should I do?"
-               ) -> dict[str, Any]:
-    return {"model": service.client.model(), "messages": messages(prompt), "temperature": 0, **body}
+def _chat_body(service: ServiceHandle, body: dict[str, Any]) -> dict[str, Any]:
+    return {"model": service.client.model(), "messages": messages("What should I do?"), "temperature": 0,
+            **body}
 
 
 def _refused(service: ServiceHandle, text: str) -> None:
@@ -112,9 +111,9 @@ def _refused(service: ServiceHandle, text: str) -> None:
              f"{text[:300]}; {SEED_002}")
 
 
-def _chat(service: ServiceHandle, body: dict[str, Any], prompt: str = "What should I do?") -> dict[str, Any]:
+def _chat(service: ServiceHandle, body: dict[str, Any]) -> dict[str, Any]:
     client = service.client
-    response = client.request("POST", CHAT_PATH, json_body=_chat_body(service, body, prompt))
+    response = client.request("POST", CHAT_PATH, json_body=_chat_body(service, body))
     if response.status_code >= 400:
         _refused(service, response.text)
         raise ApiError(client.service, CHAT_PATH, response.status_code, "chat refused", response.text[:300])
@@ -225,16 +224,16 @@ def forced_tool_call(service: ServiceHandle, choice: ToolChoice, *, streamed: bo
     if backend_disabled(service.spec):
         fail(f"{service.name}: its command has `{NO_BACKEND_FLAG}`: tool_choice {choice!r} cannot be "
              f"forced; {SEED_002}")
-    wanted = "get_weather" if choice == "named" else None  # a string argument: its bound is the grammar's too
+    wanted = "add" if choice == "named" else None
     tool_choice: object = {"type": "function", "function": {"name": wanted}} if wanted else "required"
     body = {"tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 200}
     what = (f"{service.name}: tool_choice {json.dumps(tool_choice)} (--tool-call-parser {parser})"
             f"{' streamed' if streamed else ''}")
     if not streamed:
-        check_tool_calls(tool_call_answer(_chat(service, body, TOOL_PROMPT)), wanted, what=what)
+        check_tool_calls(tool_call_answer(_chat(service, body)), wanted, what=what)
         return
     try:
-        stream = service.client.stream(CHAT_PATH, _chat_body(service, {**body, "stream": True}, TOOL_PROMPT))
+        stream = service.client.stream(CHAT_PATH, _chat_body(service, {**body, "stream": True}))
     except ApiError as exc:
         _refused(service, str(exc))
         fail(f"{what}: failed (refused, or the stream broke off): {exc}")
