@@ -32,7 +32,8 @@ _TOKENS_UNBOUNDED = 32768  # no max_tokens: SGLang generates up to the context l
 
 def stream_tokens(events: list[dict[str, Any]], before: int) -> int:
     """Tokens streamed so far: native /generate events carry the cumulative output_ids (or completion_tokens);
-    OpenAI chunks carry one delta each (a chunk with text or content counts one token, at least)."""
+    OpenAI chunks carry one delta each (a chunk with text, content or a tool-call delta counts one token, at
+    least)."""
     last = events[-1]
     if isinstance(last.get("output_ids"), list):
         return len(last["output_ids"])
@@ -44,7 +45,10 @@ def stream_tokens(events: list[dict[str, Any]], before: int) -> int:
             and not last.get("choices")):
         return max(before, int(usage["completion_tokens"]))
     for choice in last.get("choices") or []:
-        if isinstance(choice, dict) and (choice.get("text") or (choice.get("delta") or {}).get("content")):
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta") or {}
+        if choice.get("text") or delta.get("content") or delta.get("tool_calls"):
             return before + 1
     return before
 

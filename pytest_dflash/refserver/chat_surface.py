@@ -7,7 +7,15 @@ one of the tools (or the named one) and whose parameters follow that tool's sche
 is then parsed into ``message.tool_calls`` (``function.arguments`` a JSON string), ``content`` null,
 ``finish_reason`` ``"tool_calls"``. So even an untrained model returns a parseable call.
 ``--tool-call-parser qwen25`` (alias ``qwen``) also parses ``<tool_call>{...}</tool_call>`` blocks out of
-free text under ``tool_choice`` ``"auto"``.
+free text under ``tool_choice`` ``"auto"``. As in SGLang 0.5.17, calls are parsed only where the command sets
+``--tool-call-parser``: without one, a forced call's array is plain ``content``.
+
+Streamed, a forced call goes through SGLang's ``JsonArrayParser`` (``ToolCallStream``, a
+``BaseFormatDetector.parse_streaming_increment`` over ``[``, ``,`` and ``]``): each call's first chunk
+carries its ``id``, ``type`` ``"function"``, ``function.name`` and ``arguments`` ``""`` once the name is
+complete; later chunks append ``function.arguments`` fragments, each the part of ``json.dumps`` of the
+arguments parsed so far that two successive parses agree on, the rest when the call's object is complete;
+whatever the last increment left unsent follows at the finish (``_check_for_unstreamed_tool_args``).
 
 Reasoning: a chat request under ``--reasoning-parser`` reasons (SGLang's ``require_reasoning``): always with
 ``deepseek-r1``, with ``qwen3`` unless ``chat_template_kwargs`` says ``enable_thinking: false``. Its output is
@@ -23,6 +31,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_dflash.refserver.model import ByteTokenizer
@@ -31,7 +40,9 @@ from pytest_dflash.refserver.structured import InvalidGrammar
 __all__ = [
     "REASONING_PARSERS",
     "TOOL_CALL_PARSERS",
+    "ToolCallStream",
     "parse_tool_calls",
+    "partial_json",
     "require_reasoning",
     "split_reasoning",
     "think_end_ids",
@@ -149,3 +160,195 @@ def split_reasoning(text: str, parser: str | None, *, force: bool = False,
         return body, ""
     reasoning, _, content = body.partition(THINK_END)
     return reasoning, content.lstrip("\n")
+
+
+_NUMBER_OR_WORD = re.compile(r"[-+0-9.eE]+|[a-z]+")
+_CUT_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*(\\(?:u[0-9a-fA-F]{0,3})?)$")
+
+
+def _closed(text: str, *, partial_strings: bool) -> str | None:
+    """`text`, a JSON value cut anywhere, made whole: an unfinished value string closed (when
+    `partial_strings`, else dropped with its key), an unfinished key dropped, a number cut to its last
+    digit, a literal's start read as the literal, open arrays and objects closed; None if nothing is left."""
+    tokens: list[str] = []
+    stack: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in " \t\r\n":
+            i += 1
+        elif c in "{[":
+            stack.append(c)
+            tokens.append(c)
+            i += 1
+        elif c in "}]":
+            if not stack:
+                return None
+            stack.pop()
+            tokens.append(c)
+            i += 1
+        elif c in ",:":
+            tokens.append(c)
+            i += 1
+        elif c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            if j < n:
+                tokens.append(text[i : j + 1])
+                i = j + 1
+                continue
+            value = bool(tokens) and (tokens[-1] == ":" or (stack[-1:] == ["["] and tokens[-1] in "[,"))
+            if value and partial_strings:  # a cut escape (a lone backslash, \u12) goes with the cut
+                cut = _CUT_ESCAPE.search(text, i)
+                tokens.append(text[i : cut.start(1)] + '"' if cut else text[i:] + '"')
+            break
+        else:
+            match = _NUMBER_OR_WORD.match(text, i)
+            if match is None:
+                return None
+            word = match.group()
+            if match.end() == n:  # maybe cut: a number up to its last digit, a literal's start as the literal
+                word = word.rstrip("-+.eE") if word[0] in "-0123456789" else word
+                word = next((w for w in ("true", "false", "null") if w.startswith(word or "?")), word)
+                if word not in ("true", "false", "null") and not word[-1:].isdigit():
+                    break
+            tokens.append(word)
+            i = match.end()
+    while tokens:  # a dangling comma, key or colon goes
+        if tokens[-1] == ",":
+            tokens.pop()
+        elif tokens[-1] == ":":
+            del tokens[-2:]
+        elif tokens[-1].startswith('"') and stack[-1:] == ["{"] and len(tokens) > 1 and tokens[-2] in "{,":
+            tokens.pop()
+        else:
+            break
+    if not tokens:
+        return None
+    return "".join(tokens) + "".join("}" if c == "{" else "]" for c in reversed(stack))
+
+
+def partial_json(text: str, *, partial_strings: bool = True) -> tuple[Any, int]:
+    """The value at the start of `text` and where it ends: a whole value (followed by anything) as
+    json.raw_decode reads it, else the value of `text` cut short, made whole (SGLang's _partial_json_loads);
+    ValueError when there is none."""
+    start = len(text) - len(text.lstrip())
+    try:
+        return json.JSONDecoder(strict=False).raw_decode(text, start)
+    except ValueError:
+        pass
+    closed = _closed(text[start:], partial_strings=partial_strings)
+    if closed is None:
+        raise ValueError(f"no JSON value in {text[:40]!r}")
+    return json.loads(closed, strict=False), len(text)
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+@dataclass
+class ToolCallStream:
+    """SGLang 0.5.17's JsonArrayParser on one choice's stream: the text of a forced call's JSON array in, by
+    increments; plain text and tool-call deltas out, as ``parse_streaming_increment`` produces them."""
+
+    names: tuple[str, ...]  # the request's tools, by name
+    buffer: str = ""
+    current: int = -1  # the call being streamed (SGLang's current_tool_id)
+    name_sent: bool = False
+    streamed: list[str] = field(default_factory=list)  # arguments sent so far, per call
+    seen: list[dict[str, Any]] = field(default_factory=list)  # each call as last parsed (prev_tool_call_arr)
+    called: bool = False  # a tool-call delta went out (SGLang's has_tool_calls: the finish says "tool_calls")
+
+    def feed(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """(plain text, tool-call deltas) for the next `text` of the output."""
+        plain, calls = self._feed(text)
+        self.called = self.called or bool(calls)
+        return plain, calls
+
+    def _feed(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        self.buffer += text
+        now = self.buffer
+        separated = self.current > 0 and now.startswith(",")
+        if not ("[" in now or "{" in now or separated):
+            self.buffer = ""
+            return now.replace("]", ""), []
+        start = 1 if separated else (now.find("[") + 1 if "[" in now else 0)
+        if start >= len(now):
+            return "", []
+        try:
+            call, end = partial_json(now[start:], partial_strings=self.name_sent)
+        except ValueError:
+            return "", []
+        if not isinstance(call, dict) or not call:
+            return "", []
+        if "name" in call and call["name"] not in self.names:  # not a tool: start over
+            self.buffer, self.current, self.name_sent = "", -1, False
+            if self.streamed:
+                self.streamed.pop()
+            return "", []
+        if "parameters" in call:
+            call["arguments"] = call["parameters"]
+        complete = _is_json(now[start : start + end])
+        if not self.name_sent:
+            if call.get("name") not in self.names:
+                return "", []
+            self.current = max(self.current, 0)
+            while len(self.streamed) <= self.current:
+                self.streamed.append("")
+            self.name_sent = True
+            return "", [self._delta(self.current, call["name"], "")]
+        arguments = call.get("arguments")
+        if arguments is None:
+            return "", []
+        index = self.current
+        dumped = json.dumps(arguments, ensure_ascii=False)
+        before = self.seen[index].get("arguments") if index < len(self.seen) else None
+        fragment = None
+        if complete:
+            fragment = dumped[len(self.streamed[index]) :]
+            self.buffer = now[start + end :]
+        elif before:
+            previous = json.dumps(before, ensure_ascii=False)
+            if previous != dumped:
+                fragment = _common_prefix(previous, dumped)[len(self.streamed[index]) :]
+        while len(self.seen) <= index:
+            self.seen.append({})
+        self.seen[index] = call
+        if complete:
+            self.name_sent = False
+            self.current += 1
+        if fragment is None:
+            return "", []
+        self.streamed[index] += fragment
+        return "", [self._delta(index, None, fragment)]
+
+    def unsent(self) -> dict[str, Any] | None:
+        """At the finish: the rest of the last call's arguments, when the increments left some unsent."""
+        if not self.seen or not self.streamed:
+            return None
+        index = len(self.seen) - 1
+        if index >= len(self.streamed):
+            return None
+        arguments = self.seen[index].get("arguments", {})
+        expected = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        sent = self.streamed[index]
+        rest = expected[len(sent) :] if expected.startswith(sent) else ""
+        return self._delta(index, None, rest) if rest else None
+
+    @staticmethod
+    def _delta(index: int, name: str | None, arguments: str) -> dict[str, Any]:
+        return {"id": f"call_{uuid.uuid4().hex[:24]}" if name else None, "index": index, "type": "function",
+                "function": {"name": name, "arguments": arguments}}  # fmt: skip
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pytest_dflash.refserver.chat_surface import (
+    ToolCallStream,
     parse_tool_calls,
     require_reasoning,
     split_reasoning,
@@ -170,6 +171,9 @@ async def _complete(
         # the reasoning parser a chat stream splits by (SGLang: stream_reasoning, the default)
         "reasoning_parser": state.args.reasoning_parser if chat and body.get("separate_reasoning", True)
         else None,
+        # a forced call streams as tool-call deltas (SGLang's JsonArrayParser) where a parser is set
+        "tool_names": tuple(str((t.get("function") or {}).get("name")) for t in body["tools"])
+        if tool_schema is not None and state.args.tool_call_parser else None,
     }
     if body.get("stream"):
         batch.streaming = True
@@ -182,13 +186,14 @@ async def _complete(
         choice: dict[str, Any] = {"index": i}
         reason, matched = _finish(gen.last)
         if chat:
-            choice["message"], reason = _chat_message(state, body, text, reason,
-                                                      forced=tool_schema is not None,
+            forced = tool_schema is not None and state.args.tool_call_parser is not None
+            choice["message"], reason = _chat_message(state, body, text, reason, forced=forced,
                                                       reasoning=gen.req.params.reasoning)
         else:
             choice["text"] = text
         choice["logprobs"] = _logprobs(state, gen, chat) if want_logprobs else None
-        choice["finish_reason"], choice["matched_stop"] = reason, matched
+        # SGLang's _process_tool_calls: a stop that became "tool_calls" matched nothing (a stream keeps it)
+        choice["finish_reason"], choice["matched_stop"] = reason, None if reason == "tool_calls" else matched
         choices.append(choice)
     usage = _usage(batch, n, details=True)
     obj = "chat.completion" if chat else "text_completion"
@@ -205,7 +210,8 @@ def _chat_message(state: ServerState, body: dict[str, Any], text: str, reason: s
     """The assistant message (reasoning, content, tool calls) and the finish reason, as SGLang serves chat.
 
     A constrained request that reasons was free up to </think> and constrained after it (structured.py's
-    ThinkPhase), so its content, and a forced call's array, is the part after the split."""
+    ThinkPhase), so its content, and a forced call's array, is the part after the split. `forced`: a forced
+    call under --tool-call-parser (without one, SGLang 0.5.17 parses no calls: the array is the content)."""
     thought = None
     if body.get("separate_reasoning", True):
         thought, text = split_reasoning(text, state.args.reasoning_parser, force=reasoning)
@@ -226,6 +232,8 @@ async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> Asy
     sent = [""] * len(batch.gens)
     parser = meta.get("reasoning_parser")
     sent_parts = [("", "")] * len(batch.gens)  # (reasoning_content, content) streamed so far
+    names = meta.get("tool_names")
+    tool_streams = [ToolCallStream(names) for _ in batch.gens] if names is not None else None
     truncate = "truncated-stream" in state.faults
 
     def event(choices: list[dict[str, Any]], usage: object = None, with_usage_key: bool = not chat) -> str:
@@ -235,6 +243,23 @@ async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> Asy
             chunk["usage"] = usage
         payload = dumps(chunk)
         return f"data: {corrupt(payload) if 'bad-json' in state.faults else payload}\n\n"
+
+    def content_events(i: int, content: str, final: bool) -> Iterator[str]:
+        """A chat choice's content: as it is, or through the forced call's parser (SGLang's pydantic chunks:
+        every field of the delta, `usage` null)."""
+        if tool_streams is None:
+            if content or not final:
+                yield event([_chunk_choice(i, {"reasoning_content": None, "content": content}, None, None,
+                                           chat)])  # fmt: skip
+            return
+        stream = tool_streams[i]
+        plain, calls = stream.feed(content)
+        rest = stream.unsent() if final else None
+        empty: dict[str, Any] = {"role": None, "content": None, "reasoning_content": None, "tool_calls": None}
+        deltas = [{**empty, "content": plain}] if plain else []
+        deltas += [{**empty, "tool_calls": [call]} for call in [*calls, *([rest] if rest else [])]]
+        for delta in deltas:
+            yield event([_chunk_choice(i, delta, None, None, chat)], with_usage_key=True)
 
     try:
         if chat:
@@ -260,17 +285,18 @@ async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> Asy
                 if new[0]:
                     yield event([_chunk_choice(i, {"reasoning_content": new[0], "content": None}, None, None,
                                                chat)])  # fmt: skip
-                if new[1]:
-                    yield event([_chunk_choice(i, {"reasoning_content": None, "content": new[1]}, None, None,
-                                               chat)])  # fmt: skip
+                if new[1] or tool_streams is not None:  # SGLang hands the parser every step's delta
+                    for chunk in content_events(i, new[1], final):
+                        yield chunk
                 if final:
-                    yield event([_chunk_choice(i, {"reasoning_content": None}, reason, matched, chat)])
+                    finish = _called(reason, tool_streams, i)
+                    yield event([_chunk_choice(i, {"reasoning_content": None}, finish, matched, chat)])
             elif chat:
-                if delta_text or not final:
-                    delta = {"reasoning_content": None, "content": delta_text}
-                    yield event([_chunk_choice(i, delta, None, None, chat)])
+                for chunk in content_events(i, delta_text, final):
+                    yield chunk
                 if final:
-                    yield event([_chunk_choice(i, {"reasoning_content": None}, reason, matched, chat)])
+                    finish = _called(reason, tool_streams, i)
+                    yield event([_chunk_choice(i, {"reasoning_content": None}, finish, matched, chat)])
             else:
                 yield event([_chunk_choice(i, delta_text, reason, matched, chat)])
         if meta["include_usage"]:
@@ -278,6 +304,12 @@ async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> Asy
         yield "data: [DONE]\n\n"
     finally:
         batch.abort()
+
+
+def _called(reason: str | None, tool_streams: list[ToolCallStream] | None, i: int) -> str | None:
+    """The finish reason a choice streams: "tool_calls" for a natural stop after tool-call deltas."""
+    called = tool_streams is not None and tool_streams[i].called
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 def _grown(sent: str, now: str) -> str:

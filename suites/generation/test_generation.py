@@ -136,11 +136,11 @@ def test_structured_output(dflash_service: ServiceHandle, case: str, sampled: bo
     structured_output(dflash_service, api, grammar, sampled=sampled, streamed=streamed)
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sse"])
 @pytest.mark.parametrize("choice", TOOL_CHOICES)
-def test_forced_tool_call(dflash_service: ServiceHandle, choice: str) -> None:
-    """tool_choice "required" / a named function (where the command sets --tool-call-parser): a parseable
-    call of a given tool, its arguments valid under the tool's parameters."""
-    forced_tool_call(dflash_service, choice)  # type: ignore[arg-type]
+def test_forced_tool_call(dflash_service: ServiceHandle, choice: str, streamed: bool) -> None:
+    """tool_choice required / named (--tool-call-parser), whole or as delta.tool_calls: a valid call."""
+    forced_tool_call(dflash_service, choice, streamed=streamed)  # type: ignore[arg-type]
 
 
 def test_reasoning_separated(dflash_service: ServiceHandle) -> None:

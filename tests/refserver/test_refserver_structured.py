@@ -200,7 +200,7 @@ def test_reasoning_then_a_valid_answer_on_every_algorithm(model: TinyLM, greedy:
 @pytest.fixture(scope="module")
 def reasoning_server() -> Iterator[RefServerProcess]:
     with RefServerProcess("--speculative-algorithm", "DFLASH", "--reasoning-parser", "deepseek-r1",
-                          "--constrained-json-disable-any-whitespace") as s:  # fmt: skip
+                          "--tool-call-parser", "qwen25", "--constrained-json-disable-any-whitespace") as s:  # fmt: skip
         yield s
 
 
@@ -227,7 +227,8 @@ def test_chat_reasons_then_answers_in_the_schema_streamed_and_not(reasoning_serv
 
 
 def test_a_forced_tool_call_reasons_first_then_calls(reasoning_server: RefServerProcess) -> None:
-    """tool_choice "required" is a grammar too: it holds after </think>, the call parses from the content."""
+    """tool_choice "required" is a grammar too: it holds after </think>, the call parses from the content;
+    streamed, the reasoning deltas come first, then the call's."""
     tools = [{"type": "function", "function": {"name": "add", "parameters": SCHEMA}}]
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 160, "temperature": 0,
             "tools": tools, "tool_choice": "required"}  # fmt: skip
@@ -236,6 +237,19 @@ def test_a_forced_tool_call_reasons_first_then_calls(reasoning_server: RefServer
     call = choice["message"]["tool_calls"][0]["function"]
     assert call["name"] == "add"
     jsonschema.validate(json.loads(call["arguments"], strict=False), SCHEMA)
+    reasoning, arguments, reasons = "", "", []
+    with httpx.stream("POST", reasoning_server.url + "/v1/chat/completions", json={**body, "stream": True},
+                      timeout=60) as response:  # fmt: skip
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                for streamed in json.loads(line[6:])["choices"]:
+                    assert not (arguments and streamed["delta"].get("reasoning_content")), "reasoning after the call"
+                    reasoning += streamed["delta"].get("reasoning_content") or ""
+                    for delta in streamed["delta"].get("tool_calls") or []:
+                        arguments += delta["function"]["arguments"]
+                    reasons.append(streamed["finish_reason"])
+    assert (reasoning, arguments) == (choice["message"]["reasoning_content"], call["arguments"])
+    assert reasons[-1] == "tool_calls" and not any(reasons[:-1])
 
 
 def test_generate_does_not_reason_under_the_parser(reasoning_server: RefServerProcess) -> None:

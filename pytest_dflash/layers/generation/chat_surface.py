@@ -4,7 +4,11 @@ where it sets --reasoning-parser.
 SGLang constrains ``tool_choice`` ``"required"`` and a named function with a JSON schema of the call, so
 even an untrained model must return a parseable call: ``finish_reason`` ``"tool_calls"``,
 ``message.tool_calls`` naming a given tool (the named one), ``function.arguments`` a JSON string valid under
-the tool's ``parameters``. A reasoning parser splits the output into ``reasoning_content`` and ``content``;
+the tool's ``parameters``. Streamed, the calls come as OpenAI's ``delta.tool_calls`` chunks: each call's first
+chunk has its ``index``, ``id``, ``type`` ``"function"`` and ``function.name``, later ones append
+``function.arguments`` fragments (split anywhere, a string's middle too), calls told apart by ``index``; the
+fragments are put together per index and the calls judged as a whole answer's, after a ``finish_reason`` and
+``data: [DONE]``. A reasoning parser splits the output into ``reasoning_content`` and ``content``;
 asked again with ``separate_reasoning: false`` the same greedy output comes back whole, so nothing may be
 lost or duplicated by the split and ``</think>`` belongs to neither part. Each check applies only where the
 command names the parser ("does not apply" otherwise, from the profile).
@@ -51,12 +55,16 @@ __all__ = [
     "TOOLS",
     "TOOL_CHOICES",
     "ReasonedAnswer",
+    "ToolCallAnswer",
     "check_reasoned",
+    "check_tool_calls",
     "command_flag",
     "forced_tool_call",
     "reasoned_answer",
     "reasoning_separated",
     "reasoning_structured",
+    "streamed_tool_calls",
+    "tool_call_answer",
 ]
 
 ToolChoice = Literal["required", "named"]
@@ -87,47 +95,110 @@ def command_flag(spec: ServiceSpec, flag: str) -> str | None:
     return None
 
 
+CHAT_PATH = "/v1/chat/completions"
+
+
+def _chat_body(service: ServiceHandle, body: dict[str, Any]) -> dict[str, Any]:
+    return {"model": service.client.model(), "messages": messages("What should I do?"), "temperature": 0,
+            **body}
+
+
+def _refused(service: ServiceHandle, text: str) -> None:
+    """Fail naming the flag and seed 002 where the refusal says the server runs without a grammar backend."""
+    __tracebackhide__ = True
+    if "grammar-backend none" in text:
+        fail(f"{service.name}: a forced tool call is refused as the server runs `{NO_BACKEND_FLAG}`: "
+             f"{text[:300]}; {SEED_002}")
+
+
 def _chat(service: ServiceHandle, body: dict[str, Any]) -> dict[str, Any]:
     client = service.client
-    response = client.request("POST", "/v1/chat/completions",
-                              json_body={"model": client.model(), "messages": messages("What should I do?"),
-                                         "temperature": 0, **body})  # fmt: skip
+    response = client.request("POST", CHAT_PATH, json_body=_chat_body(service, body))
     if response.status_code >= 400:
-        if "grammar-backend none" in response.text:
-            fail(f"{service.name}: a forced tool call is refused as the server runs `{NO_BACKEND_FLAG}`: "
-                 f"{response.text[:300]}; {SEED_002}")
-        raise ApiError(client.service, "/v1/chat/completions", response.status_code, "chat refused",
-                       response.text[:300])
+        _refused(service, response.text)
+        raise ApiError(client.service, CHAT_PATH, response.status_code, "chat refused", response.text[:300])
     choice = (response.json().get("choices") or [{}])[0]
     return choice if isinstance(choice, dict) else {}
 
 
-def forced_tool_call(service: ServiceHandle, choice: ToolChoice) -> None:
-    """tool_choice "required" or a named function: a parseable call of a given tool, valid arguments."""
+@dataclass(frozen=True)
+class ToolCallAnswer:
+    """A forced call's answer: its calls (as ``message.tool_calls``), finish reason and content, whether a
+    stream ended with [DONE], and what was wrong with a stream's deltas."""
+
+    calls: list[dict[str, Any]]
+    finish_reason: str | None
+    content: str
+    done: bool = True
+    problems: tuple[str, ...] = ()
+
+
+def tool_call_answer(choice: dict[str, Any]) -> ToolCallAnswer:
+    """The answer of a chat response's choice."""
+    message = choice.get("message") or {}
+    calls = message.get("tool_calls")
+    return ToolCallAnswer(calls if isinstance(calls, list) else [], choice.get("finish_reason"),
+                          str(message.get("content") or ""))  # fmt: skip
+
+
+def streamed_tool_calls(events: Sequence[dict[str, Any]], *, done: bool) -> ToolCallAnswer:
+    """The answer of a stream's chunks (choice 0): the ``delta.tool_calls`` put together per ``index`` (the
+    first chunk of a call names it, the rest append ``function.arguments``), content and finish reason."""
+    calls: dict[int, dict[str, Any]] = {}
+    problems: list[str] = []
+    content, reason = "", None
+    for event in events:
+        for choice in event.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            content += str(delta.get("content") or "")
+            reason = choice.get("finish_reason") or reason
+            for item in delta.get("tool_calls") or []:
+                index = item.get("index") if isinstance(item, dict) else None
+                if not isinstance(index, int) or isinstance(index, bool):
+                    problems.append(f"a tool-call delta without an integer index: {item!r}")
+                    continue
+                function = item.get("function") or {}
+                name, fragment = function.get("name"), function.get("arguments")
+                call = calls.get(index)
+                if call is None:
+                    if not name or not item.get("id"):
+                        problems.append(f"the first delta of call {index} carries no id and function.name: "
+                                        f"{item!r}")
+                    call = calls[index] = {"id": item.get("id"), "index": index, "type": item.get("type"),
+                                           "function": {"name": name, "arguments": ""}}  # fmt: skip
+                elif name and name != call["function"]["name"]:
+                    problems.append(f"call {index} is named {call['function']['name']!r}, then {name!r}")
+                if fragment is not None and not isinstance(fragment, str):
+                    problems.append(f"call {index}: function.arguments fragment {fragment!r} is not a string")
+                elif fragment:
+                    call["function"]["arguments"] += fragment
+    return ToolCallAnswer([calls[i] for i in sorted(calls)], reason, content, done, tuple(problems))
+
+
+def check_tool_calls(answer: ToolCallAnswer, wanted: str | None, *, what: str) -> None:
+    """Forced calls of the given tools (`wanted`, where named), arguments valid under their parameters, finish
+    reason "tool_calls"; a length finish is reported, not judged."""
     __tracebackhide__ = True
-    parser = command_flag(service.spec, "--tool-call-parser")
-    if parser is None:
-        not_applicable("the service's command sets no --tool-call-parser")
-    if not service.spec.structured_output:
-        not_applicable(NOT_SERVED)
-    if backend_disabled(service.spec):
-        fail(f"{service.name}: its command has `{NO_BACKEND_FLAG}`: tool_choice {choice!r} cannot be "
-             f"forced; {SEED_002}")
-    wanted = "add" if choice == "named" else None
-    tool_choice: object = {"type": "function", "function": {"name": wanted}} if wanted else "required"
-    answer = _chat(service, {"tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 200})
-    what = f"{service.name}: tool_choice {json.dumps(tool_choice)} (--tool-call-parser {parser})"
-    reason, message = answer.get("finish_reason"), answer.get("message") or {}
-    if reason == "length":
+    if not answer.done:
+        fail(f"{what}: the stream stopped without [DONE] after {len(answer.calls)} tool call(s) "
+             f"{answer.calls!r:.200}")
+    if answer.finish_reason is None:
+        fail(f"{what}: the stream ended without a finish_reason (tool calls {answer.calls!r:.200}, content "
+             f"{answer.content[:120]!r})")
+    if answer.problems:
+        fail(f"{what}: malformed tool-call deltas: {'; '.join(answer.problems)[:600]}")
+    if answer.finish_reason == "length":
         warnings.warn(GrammarWarning(f"{what}: finished by length before the call was complete"),
                       stacklevel=2)
         return
-    calls = message.get("tool_calls")
-    if reason != "tool_calls" or not isinstance(calls, list) or not calls:
-        fail(f"{what}: expected finish_reason 'tool_calls' with message.tool_calls, got finish_reason "
-             f"{reason!r}, tool_calls {calls!r}, content {str(message.get('content'))[:200]!r}")
+    if answer.finish_reason != "tool_calls" or not answer.calls:
+        fail(f"{what}: expected finish_reason 'tool_calls' with tool calls, got finish_reason "
+             f"{answer.finish_reason!r}, tool_calls {answer.calls or None!r}, content "
+             f"{answer.content[:200]!r}")
     parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    for call in calls:
+    for call in answer.calls:
         function = call.get("function") if isinstance(call, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
         if name not in parameters or (wanted and name != wanted):
@@ -139,6 +210,34 @@ def forced_tool_call(service: ServiceHandle, choice: ToolChoice) -> None:
         except (ValueError, jsonschema.ValidationError) as exc:
             fail(f"{what}: the arguments of {name!r} {function.get('arguments')!r} break its parameters' "
                  f"schema: {getattr(exc, 'message', exc)}")
+
+
+def forced_tool_call(service: ServiceHandle, choice: ToolChoice, *, streamed: bool = False) -> None:
+    """tool_choice "required" or a named function, whole or streamed: a parseable call of a given tool, valid
+    arguments."""
+    __tracebackhide__ = True
+    parser = command_flag(service.spec, "--tool-call-parser")
+    if parser is None:
+        not_applicable("the service's command sets no --tool-call-parser")
+    if not service.spec.structured_output:
+        not_applicable(NOT_SERVED)
+    if backend_disabled(service.spec):
+        fail(f"{service.name}: its command has `{NO_BACKEND_FLAG}`: tool_choice {choice!r} cannot be "
+             f"forced; {SEED_002}")
+    wanted = "add" if choice == "named" else None
+    tool_choice: object = {"type": "function", "function": {"name": wanted}} if wanted else "required"
+    body = {"tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 200}
+    what = (f"{service.name}: tool_choice {json.dumps(tool_choice)} (--tool-call-parser {parser})"
+            f"{' streamed' if streamed else ''}")
+    if not streamed:
+        check_tool_calls(tool_call_answer(_chat(service, body)), wanted, what=what)
+        return
+    try:
+        stream = service.client.stream(CHAT_PATH, _chat_body(service, {**body, "stream": True}))
+    except ApiError as exc:
+        _refused(service, str(exc))
+        fail(f"{what}: failed (refused, or the stream broke off): {exc}")
+    check_tool_calls(streamed_tool_calls(stream.events, done=stream.done), wanted, what=what)
 
 
 def reasoning_separated(service: ServiceHandle) -> None:

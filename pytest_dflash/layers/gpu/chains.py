@@ -43,10 +43,43 @@ ENTRYPOINTS: dict[str, tuple[Chain, ...]] = {
     "pytest_dflash.refserver": REFSERVER_CHAINS,
 }
 # The grammar backend a command asks for (--grammar-backend, default xgrammar): SGLang creates it at start-up
-# (create_grammar_backend) and imports the backend's package then. Its version pin is sglang's Requires-Dist
-# (installed_versions_satisfy_requirements). `none` imports nothing: nothing to check, and the generation
-# layer names it (layers/generation/structured.py).
+# (create_grammar_backend) and imports the backend's package then, which must be the version SGLang requires
+# (GRAMMAR_BACKENDS: the chain's check reads it from the packages probe). `none` imports nothing: nothing to
+# check, and the generation layer names it (layers/generation/structured.py).
 GRAMMAR_BACKEND_DEFAULT = "xgrammar"
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A module a grammar backend imports, its distribution, and the version range required of it."""
+
+    module: str
+    distribution: str  # PEP 503 normalised
+    requirement: str  # as SGLang 0.5.17's wheel pins it (METADATA Requires-Dist), or `through`'s
+    through: str = "sglang"  # the distribution whose Requires-Dist line it is (outlines pins outlines-core)
+
+
+@dataclass(frozen=True)
+class GrammarBackend:
+    name: str
+    chain: str  # the import chain that imports it
+    pins: tuple[Pin, ...]
+
+
+# What SGLang 0.5.17 requires of each backend (its wheel's Requires-Dist: xgrammar==0.2.1, outlines==0.1.11,
+# llguidance<2.0.0,>=1.7.6; outlines 0.1.11's own: outlines_core==0.1.26). The installed sglang's (or
+# outlines') Requires-Dist line wins where the packages probe read one: another release pins other versions.
+GRAMMAR_BACKENDS: dict[str, GrammarBackend] = {
+    "xgrammar": GrammarBackend("xgrammar", "grammar", (Pin("xgrammar", "xgrammar", "xgrammar==0.2.1"),)),
+    "outlines": GrammarBackend("outlines", "grammar_outlines", (
+        Pin("outlines", "outlines", "outlines==0.1.11"),
+        Pin("outlines_core", "outlines-core", "outlines-core==0.1.26", through="outlines"))),
+    "llguidance": GrammarBackend("llguidance", "grammar_llguidance",
+                                 (Pin("llguidance", "llguidance", "llguidance<2.0.0,>=1.7.6"),)),
+}  # fmt: skip
+# the distributions whose Requires-Dist the pins read (the packages probe's requirers)
+PIN_REQUIRERS: tuple[str, ...] = tuple(dict.fromkeys(pin.through for backend in GRAMMAR_BACKENDS.values()
+                                                     for pin in backend.pins))
 GRAMMAR_CHAINS: dict[str, dict[str, Chain]] = {
     # xgrammar, the default, is imported by the "grammar" chain (sglang.srt.constrained.xgrammar_backend)
     "sglang": {
@@ -87,6 +120,25 @@ def grammar_backend(argv: Sequence[str]) -> str:
         elif token.startswith("--grammar-backend="):
             backend = token.split("=", 1)[1]
     return backend
+
+
+def grammar_flag(argv: Sequence[str]) -> str:
+    """How the command chose its grammar backend, for a message: `--grammar-backend X`, or the default."""
+    backend = grammar_backend(argv)
+    asked = any(t == "--grammar-backend" or t.startswith("--grammar-backend=") for t in argv)
+    return f"--grammar-backend {backend}" if asked else f"no --grammar-backend (SGLang's default: {backend})"
+
+
+def grammar_backends(commands: Iterable[Sequence[str]], chain: str) -> list[tuple[str, GrammarBackend]]:
+    """(flag, backend) of every SGLang command whose grammar backend `chain` imports, each flag once."""
+    found: dict[str, GrammarBackend] = {}
+    for argv in commands:
+        if ENTRYPOINTS.get(entrypoint(argv) or "") is not SGLANG_CHAINS:
+            continue
+        backend = GRAMMAR_BACKENDS.get(grammar_backend(argv))
+        if backend is not None and backend.chain == chain:
+            found.setdefault(grammar_flag(argv), backend)
+    return list(found.items())
 
 
 def chains_for(commands: Iterable[Sequence[str]]) -> list[Chain]:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion
 
 from pytest_dflash.layers.gpu.arch import (
     Coverage,
@@ -21,6 +23,7 @@ from pytest_dflash.layers.gpu.arch import (
     flashinfer_target,
     sgl_kernel_build,
 )
+from pytest_dflash.layers.gpu.chains import GrammarBackend, Pin
 from pytest_dflash.layers.gpu.packages import (
     PipIssue,
     RequirementIssue,
@@ -159,6 +162,50 @@ def chain_failure(result: Mapping[str, Any]) -> ChainFailure | None:
     package = PACKAGE_OF_MODULE.get(top) or (failed.get("owners") or [None])[0] or (top or None)
     return ChainFailure(result["name"], failed.get("module"), f"{failed.get('type')}: {message}", package,
                         str(failed.get("traceback", "")), str(result.get("stderr", "")))
+
+
+# ---- env: the grammar backend's version ------------------------------------------------------------------
+
+
+def pin_problems(flag: str, backend: GrammarBackend, packages: Mapping[str, Any]) -> list[str]:
+    """One line per module of the backend whose installed version is missing or outside the required range,
+    naming the flag, the module, the found and the required version."""
+    installed = installed_versions(packages)
+    problems = []
+    for pin in backend.pins:
+        requirement, source = _required(pin, packages)
+        have = installed.get(pin.distribution)
+        if have is None:
+            problems.append(f"{flag}: module {pin.module} is not installed (no {pin.distribution} "
+                            f"distribution); {source} requires {requirement}")
+        elif not _contains(Requirement(requirement).specifier, have):
+            problems.append(f"{flag}: module {pin.module} is {pin.distribution} {have}; {source} requires "
+                            f"{requirement}")
+    return problems
+
+
+def _required(pin: Pin, packages: Mapping[str, Any]) -> tuple[str, str]:
+    """The requirement on the pin's distribution and who states it: the installed requirer's Requires-Dist
+    line where the packages probe read one, else the pin SGLang 0.5.17 (or its outlines 0.1.11) has."""
+    environment = {**packages.get("marker_env", {}), "extra": ""}
+    for line in (packages.get("requires") or {}).get(pin.through) or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        applies = req.marker is None or req.marker.evaluate(environment)
+        if normalize(req.name) == pin.distribution and applies:
+            version = installed_versions(packages).get(pin.through)
+            return f"{pin.distribution}{req.specifier}", f"{pin.through} {version}"
+    stated = "sglang 0.5.17" if pin.through == "sglang" else f"{pin.through} as sglang 0.5.17 pins it"
+    return pin.requirement, stated
+
+
+def _contains(specifier: SpecifierSet, version: str) -> bool:
+    try:
+        return specifier.contains(version, prereleases=True)
+    except InvalidVersion:
+        return False
 
 
 # ---- env: package metadata ---------------------------------------------------------------------------

@@ -16,11 +16,13 @@ import pytest
 
 # re-exported: suites parametrize over it
 from pytest_dflash.layers.gpu.chains import ALL_CHAINS as ALL_CHAINS
+from pytest_dflash.layers.gpu.chains import grammar_backends
 from pytest_dflash.layers.gpu.checks import (
     chain_failure,
     chain_result,
     companion_mismatches,
     installed_versions,
+    pin_problems,
     pip_conflicts,
     requirement_issues,
     sgl_kernel_problems,
@@ -162,7 +164,8 @@ def driver_supports_torch_cuda(gpu: GpuHost) -> None:
 
 
 def import_chain(gpu: GpuHost, chain: str) -> None:
-    """The serving chain imports in a fresh interpreter of the server's venv, in the service's environment."""
+    """The serving chain imports in a fresh interpreter of the server's venv, in the service's environment; a
+    grammar backend's chain also at the version SGLang requires of it (one line per module that is not)."""
     __tracebackhide__ = True
     ran = False
     for group in probe_groups(gpu):
@@ -176,6 +179,12 @@ def import_chain(gpu: GpuHost, chain: str) -> None:
         result = chain_result(raw, chain)
         assert result is not None, f"the probe did not report chain {chain!r}: {raw}"
         failure = chain_failure(result)
+        pins = [line for flag, backend in grammar_backends(group.commands, chain)
+                for line in pin_problems(flag, backend, packages_of(gpu, group))]  # fmt: skip
+        assert not pins, explain(
+            "\n".join(f"services {group.label}: {line}" for line in pins),
+            failure.evidence() if failure else f"`{' '.join(result['modules'])}` imports with "
+            f"{gpu.host.profile.python}", values=_values(gpu))
         assert failure is None, explain(
             f"services {group.label}: `{' '.join(result['modules'])}` does not import with "
             f"{gpu.host.profile.python} ({failure.error}); fix package {failure.package}",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_dflash.config.options import opt_in_hint
 from pytest_dflash.errors import DflashError
-from pytest_dflash.layers.gpu.chains import Chain, chains_for
+from pytest_dflash.layers.gpu.chains import PIN_REQUIRERS, Chain, chains_for
 from pytest_dflash.layers.gpu.checks import KERNEL_PATTERN, ToolkitReport, installed_versions, toolkit_report
 from pytest_dflash.layers.gpu.services import ProbeGroup, ServiceView, probe_groups, service_view
 from pytest_dflash.layers.gpu.smi import Inventory, inventory_from_probe
@@ -195,7 +195,8 @@ class GpuHost:
                           timeout_s=limit + 60)
 
     def packages(self, group: ProbeGroup) -> dict[str, Any]:
-        return self.probe("packages", {"requirers": list(REQUIRERS), "pip_check": True, "timeout_s": 180},
+        requirers = list(dict.fromkeys([*REQUIRERS, *PIN_REQUIRERS]))  # outlines: its outlines-core pin
+        return self.probe("packages", {"requirers": requirers, "pip_check": True, "timeout_s": 180},
                           env=group.env, group=group, key=self.group_key("packages", group))
 
     def cuda_toolkit(self, group: ProbeGroup) -> dict[str, Any]:

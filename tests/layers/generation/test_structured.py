@@ -1,12 +1,23 @@
-"""Structured-output validation: each grammar's language, finish reasons, streams, the disabled backend, and
-the constrained answer after the reasoning."""
+"""Structured-output validation: each grammar's language, finish reasons, streams, the disabled backend, the
+constrained answer after the reasoning, and forced tool calls whole and put together from a stream."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from pytest_dflash.client.bodies import stream_tokens
 from pytest_dflash.config.profiles import ServiceSpec
-from pytest_dflash.layers.generation.chat_surface import ReasonedAnswer, check_reasoned, reasoned_answer
+from pytest_dflash.layers.generation.chat_surface import (
+    ReasonedAnswer,
+    ToolCallAnswer,
+    check_reasoned,
+    check_tool_calls,
+    reasoned_answer,
+    streamed_tool_calls,
+    tool_call_answer,
+)
 from pytest_dflash.layers.generation.structured import (
     EBNF,
     GRAMMARS,
@@ -154,3 +165,96 @@ def test_an_answer_outside_the_schema_or_not_separated_fails(answer: ReasonedAns
 def test_a_length_finish_while_reasoning_is_reported_not_judged() -> None:
     with pytest.warns(GrammarWarning, match=r"finished by length in the reasoning \(no answer yet\)"):
         check_reasoned(ReasonedAnswer("hmm", "", "length"), GRAMMARS["response_format"], what="svc", max_tokens=8)
+
+
+# --- forced tool calls, whole and streamed (layers/generation/chat_surface.py) ------------------------------
+
+
+def chunk(*calls: dict[str, Any], reason: str | None = None, content: str | None = None) -> dict[str, Any]:
+    """One SSE chunk as SGLang 0.5.17 streams a tool call (pydantic: every field of the delta)."""
+    delta = {"role": None, "content": content, "reasoning_content": None, "tool_calls": list(calls) or None}
+    return {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta,
+                                                                         "finish_reason": reason}]}
+
+
+def first(index: int, name: str, call_id: str = "call_1") -> dict[str, Any]:
+    return {"id": call_id, "index": index, "type": "function", "function": {"name": name, "arguments": ""}}
+
+
+def more(index: int, fragment: str) -> dict[str, Any]:
+    return {"id": None, "index": index, "type": "function", "function": {"name": None, "arguments": fragment}}
+
+
+ROLE: dict[str, Any] = {"choices": [{"index": 0, "delta": {"reasoning_content": None, "role": "assistant", "content": ""}}]}
+FINISH: dict[str, Any] = {"choices": [{"index": 0, "delta": {"reasoning_content": None}, "finish_reason": "tool_calls"}]}
+
+
+def test_fragments_split_mid_string_are_put_together_per_index() -> None:
+    events = [ROLE, chunk(first(0, "get_weather")), chunk(more(0, '{"ci')), chunk(more(0, 'ty": "Pa')),
+              chunk(more(0, 'ris\\u00e9"')), chunk(more(0, "}")), FINISH]  # fmt: skip
+    answer = streamed_tool_calls(events, done=True)
+    assert answer == ToolCallAnswer([{"id": "call_1", "index": 0, "type": "function",
+                                      "function": {"name": "get_weather", "arguments": '{"city": "Paris\\u00e9"}'}}],
+                                    "tool_calls", "")  # fmt: skip
+    check_tool_calls(answer, None, what="svc")
+
+
+def test_two_calls_interleaved_by_index_are_two_calls() -> None:
+    events = [ROLE, chunk(first(0, "add", "call_a")), chunk(more(0, '{"a": 1, ')),
+              chunk(first(1, "get_weather", "call_b")), chunk(more(1, '{"city": "Rome"}')), chunk(more(0, '"b": 2}')),
+              FINISH]  # fmt: skip
+    answer = streamed_tool_calls(events, done=True)
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in answer.calls] == [
+        ("call_a", "add", '{"a": 1, "b": 2}'), ("call_b", "get_weather", '{"city": "Rome"}')]
+    check_tool_calls(answer, None, what="svc")
+    with pytest.raises(AssertionError, match="svc: the call names 'get_weather', not add"):
+        check_tool_calls(answer, "add", what="svc")
+
+
+def test_the_whole_and_the_streamed_answer_are_judged_alike() -> None:
+    call = {"id": "call_1", "index": 0, "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    whole = tool_call_answer({"message": {"content": None, "tool_calls": [call]}, "finish_reason": "tool_calls"})
+    streamed = streamed_tool_calls([ROLE, chunk(first(0, "add")), chunk(more(0, '{"a": 1}')), FINISH], done=True)
+    assert whole == streamed
+    for answer in (whole, streamed):
+        with pytest.raises(AssertionError, match=r"the arguments of 'add' '\{\"a\": 1\}' break its parameters' "
+                                                 "schema: 'b' is a required property"):
+            check_tool_calls(answer, "add", what="svc")
+
+
+@pytest.mark.parametrize(
+    ("events", "done", "message"),
+    [
+        ([ROLE, chunk(first(0, "add")), chunk(more(0, '{"a": 1, "b": 2}')), FINISH], False,
+         r"svc: the stream stopped without \[DONE\] after 1 tool call"),
+        ([ROLE, chunk(first(0, "add")), chunk(more(0, '{"a": 1, "b": 2}'))], True,
+         "svc: the stream ended without a finish_reason"),
+        ([ROLE, chunk(more(0, '{"a": 1, "b": 2}')), FINISH], True,
+         "malformed tool-call deltas: the first delta of call 0 carries no id and function.name"),
+        ([ROLE, chunk(first(0, "add")), chunk({"id": None, "function": {"arguments": "{}"}}), FINISH], True,
+         "a tool-call delta without an integer index"),
+        ([ROLE, chunk(first(0, "add")), chunk(first(0, "get_weather")), FINISH], True,
+         "call 0 is named 'add', then 'get_weather'"),
+        ([ROLE, chunk(content='[{"name": "add"'), {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}],
+         True, "expected finish_reason 'tool_calls' with tool calls, got finish_reason 'stop', tool_calls None, "
+               "content '\\[\\{\"name\": \"add\"'"),
+        ([ROLE, chunk(first(0, "add")), chunk(more(0, '{"a": 1, "b"')),
+          {"choices": [{"index": 0, "delta": {}, "finish_reason": "abort"}]}], True, "got finish_reason 'abort'"),
+    ],
+)
+def test_a_broken_or_unfinished_stream_fails(events: list[dict[str, Any]], done: bool, message: str) -> None:
+    with pytest.raises(AssertionError, match=message):
+        check_tool_calls(streamed_tool_calls(events, done=done), None, what="svc")
+
+
+def test_a_length_finish_of_a_streamed_call_is_reported_not_judged() -> None:
+    events = [ROLE, chunk(first(0, "add")), chunk(more(0, '{"a": 1')),
+              {"choices": [{"index": 0, "delta": {"reasoning_content": None}, "finish_reason": "length"}]}]
+    with pytest.warns(GrammarWarning, match="svc: finished by length before the call was complete"):
+        check_tool_calls(streamed_tool_calls(events, done=True), None, what="svc")
+
+
+def test_a_tool_call_delta_counts_as_a_streamed_token() -> None:
+    """The client's progress (deadline messages) counts tool-call chunks as tokens too."""
+    assert stream_tokens([chunk(more(0, '{"a'))], 3) == 4
+    assert stream_tokens([FINISH], 3) == 3

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +55,15 @@ def recorded_gpu(profile: Path, probes: dict[str, Any], *, provision: bool = Fal
 def ran_nothing(gpu: GpuHost, probes: dict[str, Any]) -> bool:
     """No probe ran on this machine: the layers read only what was recorded."""
     return set(gpu.cache) == set(probes)
+
+
+def venv_without(tmp_path: Path, *excluded: str) -> Path:
+    """A real venv whose site-packages links every package of this venv except `excluded` (no copies, no fakes)."""
+    target = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True, timeout=120)
+    source = Path(sysconfig.get_paths()["purelib"])
+    site = target / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    for entry in source.iterdir():
+        if not entry.name.lower().lstrip("_").startswith(excluded):
+            (site / entry.name).symlink_to(entry)
+    return target / "bin" / "python"

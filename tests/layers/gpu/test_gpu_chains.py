@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from gpu_data import REPO
 
-from pytest_dflash.layers.gpu.chains import ALL_CHAINS, chains_for, entrypoint
+from pytest_dflash.layers.gpu.chains import (
+    ALL_CHAINS,
+    GRAMMAR_BACKENDS,
+    chains_for,
+    entrypoint,
+    grammar_backends,
+)
 from pytest_dflash.services.systemd import parse_environment, parse_exec_start, parse_unit
 
 
@@ -58,3 +64,15 @@ def test_exec_start_as_systemctl_show_prints_it() -> None:
 
 def test_environment_quoting() -> None:
     assert parse_environment(['A=1 "B=two words"', "C=x=y"]) == {"A": "1", "B": "two words", "C": "x=y"}
+
+
+def test_the_backend_each_sglang_command_asks_for_and_the_chain_that_imports_it() -> None:
+    commands = [["python", "-m", "sglang.launch_server"], ["sglang", "serve", "--grammar-backend", "outlines"],
+                ["python", "-m", "sglang.launch_server", "--grammar-backend=xgrammar"],
+                ["python", "-m", "pytest_dflash.refserver", "--grammar-backend", "llguidance"]]
+    assert [(flag, b.name) for flag, b in grammar_backends(commands, "grammar")] == [
+        ("no --grammar-backend (SGLang's default: xgrammar)", "xgrammar"), ("--grammar-backend xgrammar", "xgrammar")]
+    assert grammar_backends(commands, "grammar_outlines") == [("--grammar-backend outlines", GRAMMAR_BACKENDS["outlines"])]
+    assert grammar_backends(commands, "grammar_llguidance") == []  # the refserver serves every backend with xgrammar
+    assert grammar_backends([["python", "-m", "sglang.launch_server", "--grammar-backend", "none"]], "grammar") == []
+    assert {b.chain for b in GRAMMAR_BACKENDS.values()} <= set(ALL_CHAINS)

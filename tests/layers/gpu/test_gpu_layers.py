@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
-from gpu_data import SUITES
+from gpu_data import SUITES, venv_without
 from support.pytest_runs import verdict
 
 REFSERVER = ["{python}", "-m", "pytest_dflash.refserver", "--host", "127.0.0.1", "--port", "{port}",
@@ -32,18 +31,6 @@ def profile(directory: Path, name: str, python: str, *, command: list[str] | Non
 def run(pytester: pytest.Pytester, reports: Path, suites: list[str], *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess(*[str(SUITES / s) for s in suites], "-p", "no:cacheprovider", "-rA",
                                          f"--dflash-report={reports}", *args)
-
-
-def venv_without(tmp_path: Path, *excluded: str) -> Path:
-    """A real venv whose site-packages links every package of this venv except `excluded` (no copies, no fakes)."""
-    target = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True, timeout=120)
-    source = Path(sysconfig.get_paths()["purelib"])
-    site = target / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    for entry in source.iterdir():
-        if not entry.name.lower().lstrip("_").startswith(excluded):
-            (site / entry.name).symlink_to(entry)
-    return target / "bin" / "python"
 
 
 def test_cpu_host_layer_skips_gpu_checks_with_the_reason(pytester: pytest.Pytester, tmp_path: Path) -> None:
