@@ -212,15 +212,23 @@ def check_tool_calls(answer: ToolCallAnswer, wanted: str | None, *, what: str) -
                  f"schema: {getattr(exc, 'message', exc)}")
 
 
+def parser_named(service: ServiceHandle, flag: str, *, constrained: bool) -> str:
+    """The parser the service's command names for `flag`; "does not apply" without one, and, for a check that
+    constrains its answer, without structured output by the profile."""
+    __tracebackhide__ = True
+    parser = command_flag(service.spec, flag)
+    if parser is None:
+        not_applicable(f"the service's command sets no {flag}")
+    if constrained and not service.spec.structured_output:
+        not_applicable(NOT_SERVED)
+    return parser
+
+
 def forced_tool_call(service: ServiceHandle, choice: ToolChoice, *, streamed: bool = False) -> None:
     """tool_choice "required" or a named function, whole or streamed: a parseable call of a given tool, valid
     arguments."""
     __tracebackhide__ = True
-    parser = command_flag(service.spec, "--tool-call-parser")
-    if parser is None:
-        not_applicable("the service's command sets no --tool-call-parser")
-    if not service.spec.structured_output:
-        not_applicable(NOT_SERVED)
+    parser = parser_named(service, "--tool-call-parser", constrained=True)
     if backend_disabled(service.spec):
         fail(f"{service.name}: its command has `{NO_BACKEND_FLAG}`: tool_choice {choice!r} cannot be "
              f"forced; {SEED_002}")
@@ -243,9 +251,7 @@ def forced_tool_call(service: ServiceHandle, choice: ToolChoice, *, streamed: bo
 def reasoning_separated(service: ServiceHandle) -> None:
     """reasoning_content + content are the whole output, split at </think>; the split loses nothing."""
     __tracebackhide__ = True
-    parser = command_flag(service.spec, "--reasoning-parser")
-    if parser is None:
-        not_applicable("the service's command sets no --reasoning-parser")
+    parser = parser_named(service, "--reasoning-parser", constrained=False)
     body = {"max_tokens": 48, "ignore_eos": True}
     split = (_chat(service, {**body, "separate_reasoning": True}).get("message") or {})
     unsplit = _chat(service, {**body, "separate_reasoning": False}).get("message") or {}
@@ -327,11 +333,7 @@ def check_reasoned(answer: ReasonedAnswer, grammar: Grammar, *, what: str, max_t
 def reasoning_structured(service: ServiceHandle, *, streamed: bool) -> None:
     """response_format json_schema under --reasoning-parser: reasoning_content free, content in the schema."""
     __tracebackhide__ = True
-    parser = command_flag(service.spec, "--reasoning-parser")
-    if parser is None:
-        not_applicable("the service's command sets no --reasoning-parser")
-    if not service.spec.structured_output:
-        not_applicable(NOT_SERVED)
+    parser = parser_named(service, "--reasoning-parser", constrained=True)
     grammar = GRAMMARS["response_format"]
     what = (f"{service.name}: {grammar.describe()} after reasoning (--reasoning-parser {parser})"
             f"{' streamed' if streamed else ''}")
