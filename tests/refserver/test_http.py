@@ -246,9 +246,13 @@ def test_none_server_returns_logprobs(none_server: RefServerProcess, recorded: d
 
 def test_concurrent_streams_progress_together(none_server: RefServerProcess) -> None:
     marks: dict[int, list[float]] = {}
+    # the four requests leave together: on a loaded machine a late-started client thread (not the server) sent
+    # its request after another stream had already ended (seen once in a full CI run)
+    together = threading.Barrier(4, timeout=30)
 
     def run(i: int) -> None:
         body = {"text": f"stream {i}", "sampling_params": {"temperature": 0, "max_new_tokens": 200}, "stream": True}
+        together.wait()
         with httpx.stream("POST", none_server.url + "/generate", json=body, timeout=TIMEOUT) as r:
             marks[i] = [time.monotonic() for line in r.iter_lines() if line.startswith("data: {")]
 
