@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM are never lost: a latch behind the KeyboardInterrupt they raise.
+"""Ctrl-C, SIGTERM and SIGHUP are never lost: a latch behind the KeyboardInterrupt they raise.
 
 Python raises KeyboardInterrupt wherever the main thread happens to be when the signal is handled. If that is
 inside a finalizer (a `__del__`, a weakref callback, a generator closed by the garbage collector), the

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 RUN_KEY = pytest.StashKey["DflashRun"]()
 GATE_KEY = pytest.StashKey[list[str]]()
 REPORTED_KEY = pytest.StashKey[list[str]]()
-PREVIOUS_SIGTERM_KEY = pytest.StashKey[Any]()
+PREVIOUS_SIGNALS_KEY = pytest.StashKey[dict[Any, Any]]()  # SIGTERM / SIGHUP -> the handler to put back
 PREVIOUS_SIGINT_KEY = pytest.StashKey[Any]()
 # per test item
 MARKS_KEY = pytest.StashKey[dict[str, "LogMark"]]()

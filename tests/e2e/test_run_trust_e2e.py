@@ -8,6 +8,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -58,18 +59,24 @@ def read_until(proc: subprocess.Popen[str], needle: str, timeout_s: float) -> st
     raise AssertionError(f"{needle!r} not seen in {timeout_s}s; output:\n{seen[-3000:]}")
 
 
-def test_sigterm_during_a_run_is_interrupted_never_pass(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_during_a_run_is_interrupted_never_pass(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM (a pipeline's cancel) and SIGHUP (the ssh session or terminal went away) stop the run as Ctrl-C
+    does: interrupted, and the server it started is stopped."""
     profile = write_profile(tmp_path, "term", {"plain": ("NONE", ["--inject", "cold-jit=60"])})
     proc = start(tmp_path, str(SUITES / "smoke"), "--host", str(profile))
     try:
-        read_until(proc, "term/plain: started", 90)
+        seen = read_until(proc, "term/plain: started", 90)
+        port = int(seen.split("term/plain: started (http://127.0.0.1:")[1].split(")")[0])
         time.sleep(1.0)  # inside the readiness wait: the warm-up takes 60 s
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 2, out[-3000:]
+    with pytest.raises(OSError):  # the refserver it started is gone (a SIGHUP used to leave it running)
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
     data = verdict(tmp_path, "term")
     assert data["verdict"] == "interrupted", data["verdict"]
     assert data["complete"] is False and "interrupted" in data["interrupted"]
