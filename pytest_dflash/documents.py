@@ -25,10 +25,10 @@ __all__ = ["MAX_DEPTH", "loads_json", "loads_toml", "loads_yaml"]
 MAX_DEPTH = 64
 
 
-def loads_json(text: str | bytes) -> Any:
-    """`json.loads(text)`; a document nested deeper than MAX_DEPTH is `DocumentTooDeep`."""
+def loads_json(text: str | bytes, *, strict: bool = True) -> Any:
+    """`json.loads(text, strict=strict)`; a document nested deeper than MAX_DEPTH is `DocumentTooDeep`."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, strict=strict)
     except RecursionError:
         raise _too_deep("JSON", "arrays or objects") from None
     return _shallow(data, "JSON", "arrays or objects")
