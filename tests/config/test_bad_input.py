@@ -275,6 +275,19 @@ def test_an_inventory_or_its_base_profile_nested_too_deep_is_one_line(tmp_path: 
         f"{tmp_path}/base.toml: cannot read base profile: TOML nested too deep")
 
 
+def test_ansible_inventory_json_nested_too_deep_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ansible-inventory prints (a dynamic inventory script's JSON passes through it) nested too deep: one
+    line naming the inventory. A real executable stands in for ansible-inventory and prints such JSON."""
+    tool = tmp_path / "ansible-inventory"
+    tool.write_text(f"#!{sys.executable}\nprint('[' * 100000)\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv(ANSIBLE_ENV, str(tool))
+    inv = tmp_path / "fleet.yml"
+    inv.write_text("all:\n  hosts:\n    g1: {}\n")
+    assert _fleet_error(inv, tmp_path).startswith(
+        f"{inv}: ansible-inventory printed no JSON inventory (JSON nested too deep")
+
+
 def test_an_ipv6_ansible_host_is_bracketed(tmp_path: Path, parser: str) -> None:
     (tmp_path / "base.toml").write_text(BASE)
     inv = tmp_path / "fleet.yml"
