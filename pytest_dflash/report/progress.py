@@ -95,6 +95,8 @@ class Line:
     def from_json(cls, raw: bytes) -> Line | None:
         try:
             data = loads_json(raw)
+            if not isinstance(data, dict):
+                return None
             fleet = data.get("fleet")
             return cls(text=str(data["text"]), heartbeat=data.get("kind") == "heartbeat",
                        fleet=(str(fleet[0]), str(fleet[1]), str(fleet[2])) if fleet else None)
