@@ -226,6 +226,19 @@ def test_an_error_from_v1_models_fails_at_once(refserver: RefServerProcess, stat
     assert time.monotonic() - started < 2
 
 
+@pytest.mark.parametrize(("status", "said"), [(200, "malformed JSON body"), (500, "answered HTTP 500")],
+                         ids=["200-not-json", "500"])
+def test_an_attached_server_answering_garbage_everywhere_fails_at_once(status: int, said: str) -> None:
+    """Every path answers the same page (a captive portal, a misrouted proxy): readiness ends at once naming
+    what it answered, never at ready_timeout."""
+    with FaultProxy("http://127.0.0.1:9", lambda m, p, b: Reply(status, b"<html>portal</html>", "text/html")) as proxy:
+        started = time.monotonic()
+        with pytest.raises(ServiceNotReady) as caught:
+            watcher(proxy.url, budget_s=60).wait()
+    assert time.monotonic() - started < 5
+    assert said in str(caught.value) and "<html>portal</html>" in str(caught.value), caught.value
+
+
 RATE_LIMITED = b"\x1b[2Jslow down, api_key=sk-0123456789abcdefghij " + b"x" * 1000
 
 
