@@ -2,6 +2,7 @@
 
     DflashError
      ├── InventoryError        a host profile is malformed (names file, key, expectation)
+ ├── DocumentTooDeep       a JSON or TOML document nested deeper than it can be read (also a ValueError)
      ├── TransportError        a command could not run on a host, or hit its deadline
      │    └── HostUnreachable  ssh could not connect at all
      ├── ReadOnlyViolation     a state-changing command was attempted in attach mode
@@ -31,6 +32,11 @@ class InventoryError(DflashError):
         self.source, self.key, self.expected = source, key, expected
         where = f"{source}: {key}" if key else source
         super().__init__(f"{where}: {expected}")
+
+
+class DocumentTooDeep(DflashError, ValueError):
+    """A JSON or TOML document (a file, a server's answer) nests arrays or tables deeper than Python's parser
+    can follow: a ValueError like any other unreadable document, never a RecursionError."""
 
 
 class TransportError(DflashError):

@@ -102,6 +102,9 @@ def _plugin_error(pytester: pytest.Pytester, *args: str) -> str:
         ({"gpu-base.toml": BASE, "f.yml": "g:\n  hosts:\n    x: {dflash_profile: gpu-base.toml}\n"},
          "--fleet", "f.yml:cpus"),
         ({"fleet/a.toml": BASE.replace("ssh://", "ftp://")}, "--fleet", "fleet"),
+        # nested past what the parser follows: no RecursionError (an INTERNALERROR, a bare traceback)
+        ({"deep.toml": "a = " + "[" * 500 + "]" * 500 + "\n"}, "--host", "deep.toml"),
+        ({"deep.toml": "[" + ".".join(["a"] * 5000) + "]\n"}, "--host", "deep.toml"),
     ],
 )
 def test_check_gives_the_plugins_one_line_error_and_exit_4(pytester: pytest.Pytester, files: dict[str, str],

@@ -1,6 +1,7 @@
 """Response bodies: the byte cap of each answer (`response_cap`: what a generation request allows, else
-`DEFAULT_MAX_BODY`, `/metrics` `METRICS_MAX_BODY`), and the parsing of answers into `Generation`s, error
-messages and streamed token counts."""
+`DEFAULT_MAX_BODY`, `/metrics` `METRICS_MAX_BODY`), the one decoding of an answer's JSON (`answer_json`: not
+JSON, or nested too deep, is an ApiError naming the endpoint), and the parsing of answers into `Generation`s,
+error messages and streamed token counts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import httpx
 
 from pytest_dflash.client.sampling import Generation
+from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import ApiError
 from pytest_dflash.scrub.terminal import terminal_safe
 
@@ -107,6 +109,17 @@ def response_cap(path: str, body: Any = None) -> int:
     return _BASE_BODY + 2 * request_size + (tokens + prompt_entries) * per_token
 
 
+def answer_json(response: httpx.Response, service: str, path: str) -> Any:
+    """A server's answer parsed as JSON: the one place an answer is decoded. One that is not JSON (not UTF-8,
+    malformed, nested too deep: documents.py) is an ApiError naming the endpoint and quoting the body's start,
+    never a bare JSONDecodeError or RecursionError."""
+    try:
+        return loads_json(response.content)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, DocumentTooDeep
+        raise ApiError(service, path, response.status_code, f"malformed JSON body: {exc}",
+                       response.content[:300].decode("utf-8", "replace")) from None
+
+
 def error_message(response: httpx.Response) -> str:
     """The human message of an SGLang/OpenAI error body ({"error":{"message"}}, {"message"}, {"detail"}), safe
     to print: the server wrote it, so its control characters are written out and none of its lines is a CI
@@ -116,9 +129,9 @@ def error_message(response: httpx.Response) -> str:
 
 def _error_text(response: httpx.Response) -> str:
     try:
-        body = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return response.text[:300] or response.reason_phrase
+        body = loads_json(response.content)
+    except ValueError:  # not JSON, or nested too deep: the body as it came
+        return response.content[:300].decode("utf-8", "replace") or response.reason_phrase
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, dict) and "message" in error:

@@ -32,6 +32,7 @@ from pytest_dflash.client.bodies import (
     METRICS_MAX_BODY,
     NEWLINES,
     STREAM_MAX_TOTAL,
+    answer_json,
     error_message,
     native_generation,
     openai_generations,
@@ -41,6 +42,7 @@ from pytest_dflash.client.bodies import (
 )
 from pytest_dflash.client.deadline import CallProgress, DeadlineExceeded, bound_total_time, deadline
 from pytest_dflash.client.sampling import GREEDY, Generation, Sampling, Stream
+from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import ApiError
 
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
@@ -254,11 +256,7 @@ class InferenceClient:
         if response.status_code >= 400:
             raise ApiError(self.service, path, response.status_code, error_message(response),
                            response.text[:500])
-        try:
-            return response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(self.service, path, response.status_code, f"malformed JSON body: {exc}",
-                           response.text[:500]) from exc
+        return answer_json(response, self.service, path)
 
     # ---- informational endpoints ------------------------------------------------------------------
 
@@ -293,11 +291,7 @@ class InferenceClient:
         if response.status_code != 200:
             raise ApiError(self.service, path, response.status_code, error_message(response),
                            response.text[:300])
-        try:
-            body = response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(self.service, path, 200, f"malformed JSON body: {exc}",
-                           response.text[:300]) from exc
+        body = answer_json(response, self.service, path)
         if not isinstance(body, dict):
             raise ApiError(self.service, path, 200, "not a JSON object", response.text[:300])
         return body
@@ -474,8 +468,8 @@ class InferenceClient:
                     done = True
                     continue
                 try:
-                    event = json.loads(payload)
-                except json.JSONDecodeError as exc:
+                    event = loads_json(payload)
+                except ValueError as exc:  # JSONDecodeError, DocumentTooDeep
                     raise ApiError(self.service, path, response.status_code,
                                    f"SSE event is not JSON ({exc}): {payload[:200]!r}") from exc
                 if not isinstance(event, dict):

@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -45,7 +43,8 @@ import yaml
 from pytest_dflash.config.loader import load_profile, not_utf8, profile_from_dict, resolve_profile_path
 from pytest_dflash.config.profiles import HostProfile
 from pytest_dflash.config.tables.host import host_name_problem
-from pytest_dflash.errors import InventoryError
+from pytest_dflash.documents import loads_json, loads_toml, loads_yaml
+from pytest_dflash.errors import DocumentTooDeep, InventoryError
 
 
 def parse_shard(raw: str) -> tuple[int, int]:
@@ -135,9 +134,11 @@ def _inventory_hosts(path: Path, group: str) -> dict[str, dict[str, Any]]:
                              f"a dynamic inventory script needs ansible-inventory ({INSTALL_HINT})")
     if path.suffix in (".yml", ".yaml"):
         try:
-            data = yaml.safe_load(text) or {}
+            data = loads_yaml(text) or {}
         except yaml.YAMLError as exc:
             raise InventoryError(str(path), "", f"not valid YAML: {str(exc).splitlines()[0]}") from None
+        except DocumentTooDeep as exc:
+            raise InventoryError(str(path), "", str(exc)) from None
         if not isinstance(data, dict):
             raise InventoryError(str(path), "", "expected a mapping of groups at the top level")
         groups = _yaml_groups(data, str(path))
@@ -197,8 +198,8 @@ def _ansible_list(executable: str, path: Path) -> dict[str, Any]:
     if done.returncode != 0:
         raise InventoryError(str(path), "", f"ansible-inventory: {_ansible_error(done.stderr, path)}")
     try:
-        data = json.loads(done.stdout)
-    except json.JSONDecodeError as exc:
+        data = loads_json(done.stdout)
+    except ValueError as exc:
         raise InventoryError(str(path), "", f"ansible-inventory printed no JSON inventory ({exc})") from None
     if not isinstance(data, dict):
         raise InventoryError(str(path), "", "ansible-inventory printed no JSON inventory (not an object)")
@@ -294,8 +295,8 @@ def _ini_groups(text: str, source: str) -> dict[str, Group]:
 
 def _scalar(value: str) -> Any:
     try:
-        return tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
+        return loads_toml(f"v = {value}")["v"]
+    except ValueError:  # not a TOML value (nested too deep included): the text as it is
         return value
 
 
@@ -328,11 +329,11 @@ def _profile_for(inventory: Path, name: str, hostvars: Mapping[str, Any], hosts_
     candidate = inventory.parent / base_ref
     base_path = candidate if candidate.is_file() else resolve_profile_path(base_ref, [hosts_dir])
     try:
-        data = copy.deepcopy(tomllib.loads(base_path.read_text(encoding="utf-8")))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise InventoryError(str(base_path), "", f"cannot read base profile: {exc}") from None
+        data = copy.deepcopy(loads_toml(base_path.read_text(encoding="utf-8")))
     except UnicodeDecodeError as exc:
         raise InventoryError(str(base_path), "", f"cannot read base profile: {not_utf8(exc)}") from None
+    except (OSError, ValueError) as exc:  # TOMLDecodeError, DocumentTooDeep
+        raise InventoryError(str(base_path), "", f"cannot read base profile: {exc}") from None
     host = data.setdefault("host", {})
     host["name"] = name
     connection = hostvars.get("ansible_connection")

@@ -27,7 +27,8 @@ from pytest_dflash.config.tables.parity import parse_parity
 from pytest_dflash.config.tables.perf import parse_perf
 from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.config.tables.services import check_url, parse_service
-from pytest_dflash.errors import InventoryError
+from pytest_dflash.documents import loads_toml
+from pytest_dflash.errors import DocumentTooDeep, InventoryError
 from pytest_dflash.scrub.redact import mask_url_passwords, one_line
 
 BUILTIN_PROFILES = Path(__file__).parent / "builtin"
@@ -37,11 +38,13 @@ def load_profile(path: Path, *, name: str | None = None) -> HostProfile:
     """Read and validate one host profile file."""
     source = str(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = loads_toml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise InventoryError(source, "", f"cannot read profile: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise InventoryError(source, "", not_utf8(exc)) from None
+    except DocumentTooDeep as exc:
+        raise InventoryError(source, "", str(exc)) from None
     except tomllib.TOMLDecodeError as exc:
         raise InventoryError(source, "", f"not valid TOML: {exc}") from None
     return profile_from_dict(data, source=path, name=name)

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_dflash.config.layers import LAYERS
+from pytest_dflash.documents import loads_json
+from pytest_dflash.errors import DocumentTooDeep
 from pytest_dflash.fleet.trend import build_trend, what_changed
 from pytest_dflash.fleet.values import iso, numbers
 from pytest_dflash.fleet.verdicts import FleetInputError, History, LoadedVerdict
@@ -34,9 +36,11 @@ SUMMARY_SCHEMA = "pytest-dflash/fleet-summary/1"
 
 def read_summary(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise FleetInputError(f"{path}: cannot read previous summary: {exc}") from None
+    except DocumentTooDeep as exc:
+        raise FleetInputError(f"{path}: not a fleet summary ({exc})") from None
     except json.JSONDecodeError as exc:
         raise FleetInputError(f"{path}: not a fleet summary (not JSON: {exc.msg})") from None
     if (not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA

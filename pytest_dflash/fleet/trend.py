@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_dflash.config.layers import LAYERS
+from pytest_dflash.documents import loads_json
 from pytest_dflash.fleet.values import flatten, host_numbers, is_measurement, parse_time, safe_name
 
 FAILING = ("failed", "blocked")
@@ -200,8 +201,8 @@ def read_good_runs(root: Path, host: str) -> list[dict[str, Any]]:
     """The host's recent good runs, oldest first: [{run_id, finished, finished_ts, numbers}]; [] when none or
     unreadable (a damaged file is as good as none: the next good run starts it again)."""
     try:
-        data = json.loads(good_runs_path(root, host).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = loads_json(good_runs_path(root, host).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError, JSONDecodeError, DocumentTooDeep
         return []
     runs = data.get("runs") if isinstance(data, dict) else None
     if not isinstance(runs, list):

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.documents import loads_json
+from pytest_dflash.errors import DocumentTooDeep
 from pytest_dflash.fleet.values import parse_time, safe_name
 from pytest_dflash.report.files import atomic_write
 from pytest_dflash.report.verdict import SCHEMA as VERDICT_SCHEMA
@@ -75,7 +77,9 @@ def read_verdict(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise FleetInputError(f"{path}: cannot read: {exc}") from None
     try:
-        data = json.loads(text)
+        data = loads_json(text)
+    except DocumentTooDeep as exc:
+        raise FleetInputError(f"{path}: not a pytest-dflash verdict ({exc})") from None
     except json.JSONDecodeError as exc:
         raise FleetInputError(
             f"{path}: not a pytest-dflash verdict (not JSON: {exc.msg} at line {exc.lineno})") from None

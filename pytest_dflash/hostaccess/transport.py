@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_dflash.config.profiles import HostProfile
+from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import HostUnreachable, ReadOnlyViolation, TransportError
 from pytest_dflash.scrub.bounds import LOG_READ_BYTES, human
 from pytest_dflash.scrub.redact import redact
@@ -401,8 +402,8 @@ def parse_probe_output(result: CommandResult, *, host: str) -> dict[str, Any]:
         line = line.strip()
         if line.startswith("{"):
             try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
+                value = loads_json(line)
+            except ValueError:  # JSONDecodeError, DocumentTooDeep
                 break
             if isinstance(value, dict):
                 return value

@@ -242,7 +242,7 @@ async def run_load_async(base_url: str, spec: LoadSpec, *, headers: Mapping[str,
     if server_side:
         try:
             server_acc = await server_accept_length(base_url, headers=headers)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, ValueError) as exc:  # ValueError: not JSON, or nested too deep
             notes.append(f"/server_info failed: {type(exc).__name__}: {exc}")
     saturation = saturation_of(spec, monitor, schedule_lags_ms)
     metrics, errors = aggregate(records, slo=spec.slo, max_concurrency=limit, server_accept_length=server_acc)

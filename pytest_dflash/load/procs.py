@@ -300,7 +300,7 @@ def run_load_procs(base_url: str, spec: LoadSpec, *, headers: Mapping[str, str] 
     if spec.server_accept_length:
         try:
             server_acc = asyncio.run(server_accept_length(base_url, headers=headers))
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, ValueError) as exc:  # ValueError: not JSON, or nested too deep
             notes.append(f"/server_info failed: {type(exc).__name__}: {exc}")
     return merge_results(base_url, spec, parts, server_accept_length=server_acc, notes=notes)
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from pytest_dflash import __version__
+from pytest_dflash.documents import loads_json
 from pytest_dflash.load.spec import LoadSpec, Slo
 
 __all__ = ["TOOL_NAME", "ErrorKind", "LoadResult", "RequestError", "RequestRecord", "Saturation", "aggregate",
@@ -202,7 +203,7 @@ class LoadResult:
     @classmethod
     def from_json(cls, text: str) -> LoadResult:
         """Inverse of :meth:`to_json` (records required)."""
-        doc = json.loads(text)
+        doc = loads_json(text)
         spec = LoadSpec.from_dict(doc["spec"])
         records = [RequestRecord.from_dict(r) for r in doc.get("requests", [])]
         metric_names = set(_metric_names())

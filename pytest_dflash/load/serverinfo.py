@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Mapping
 
 import httpx
 
+from pytest_dflash.documents import loads_json
+
 __all__ = ["flush_cache", "server_accept_length"]
 
 
@@ -50,7 +52,7 @@ async def server_accept_length(base_url: str, *, headers: Mapping[str, str] | No
         if resp.status_code == 404:
             resp = await client.get("/get_server_info")
         resp.raise_for_status()
-        info = resp.json()
+        info = loads_json(resp.content)  # ValueError (not JSON, nested too deep) to the caller
     states = info.get("internal_states") if isinstance(info, dict) else None
     if isinstance(states, list) and states and isinstance(states[0], dict):
         value = states[0].get("avg_spec_accept_length")

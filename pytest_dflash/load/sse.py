@@ -7,7 +7,6 @@ raised inside as :class:`_Fail` and recorded as a typed :class:`RequestError`, n
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from pytest_dflash.documents import loads_json
 from pytest_dflash.load.results import ErrorKind, RequestError, RequestRecord
 from pytest_dflash.load.transport import Connection
 
@@ -57,8 +57,8 @@ def _split_event(block: bytes) -> bytes | None:
 
 def _decode(payload: bytes) -> dict[str, Any]:
     try:
-        obj = json.loads(payload)
-    except ValueError as exc:
+        obj = loads_json(payload)
+    except ValueError as exc:  # JSONDecodeError, DocumentTooDeep
         raise _Fail(ErrorKind.MALFORMED, f"SSE data is not JSON ({exc})", body=_excerpt(payload)) from None
     if not isinstance(obj, dict):
         raise _Fail(ErrorKind.MALFORMED, "SSE data is not a JSON object", body=_excerpt(payload))

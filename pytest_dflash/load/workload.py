@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.documents import loads_json
+from pytest_dflash.errors import DocumentTooDeep
 from pytest_dflash.load.spec import LoadSpec, as_dist
 
 _WORDS_TEXT = (
@@ -103,7 +105,9 @@ def _load_cached(path: str, _mtime_ns: int, _size: int) -> tuple[DatasetPrompt, 
     items: list[DatasetPrompt] = []
     if text.lstrip().startswith("["):  # one JSON list: ShareGPT (or a list of {"prompt"} objects)
         try:
-            data = json.loads(text)
+            data = loads_json(text)
+        except DocumentTooDeep as exc:
+            raise DatasetError(f"{path}: {exc}") from None
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
         for index, obj in enumerate(data):
@@ -115,7 +119,9 @@ def _load_cached(path: str, _mtime_ns: int, _size: int) -> tuple[DatasetPrompt, 
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = loads_json(line)
+            except DocumentTooDeep as exc:
+                raise DatasetError(f"{path}:{lineno}: {exc}") from None
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
             entry = dataset_entry(f"{path}:{lineno}", obj)

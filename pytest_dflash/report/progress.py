@@ -61,6 +61,7 @@ from typing import Any
 import pytest
 
 from pytest_dflash.config.paths import state_root
+from pytest_dflash.documents import loads_json
 from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
 from pytest_dflash.scrub.terminal import terminal_safe
 from pytest_dflash.services.events import Heartbeat, ServiceEvent
@@ -93,7 +94,9 @@ class Line:
     @classmethod
     def from_json(cls, raw: bytes) -> Line | None:
         try:
-            data = json.loads(raw)
+            data = loads_json(raw)
+            if not isinstance(data, dict):
+                return None
             fleet = data.get("fleet")
             return cls(text=str(data["text"]), heartbeat=data.get("kind") == "heartbeat",
                        fleet=(str(fleet[0]), str(fleet[1]), str(fleet[2])) if fleet else None)

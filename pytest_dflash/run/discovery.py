@@ -30,6 +30,7 @@ from collections.abc import Mapping
 
 import httpx
 
+from pytest_dflash.client.bodies import answer_json
 from pytest_dflash.client.inference import NOT_SERVED, InferenceClient
 from pytest_dflash.config.profiles import AUTO, HostProfile, ServiceSpec
 from pytest_dflash.errors import ApiError
@@ -73,7 +74,10 @@ def ask(spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S) -> dict[str, 
             if response.status_code not in NOT_SERVED:
                 if response.status_code != 200:
                     return {"error": f"GET {path} answered HTTP {response.status_code}"}
-                info = response.json()
+                try:
+                    info = answer_json(response, spec.name, path)
+                except ApiError as exc:  # not JSON, or nested too deep to read
+                    return {"error": scrub(f"GET {path}: {exc.message}", 300, "discovery")}
                 if not isinstance(info, dict):
                     return {"error": f"GET {path} did not answer a JSON object"}
                 return {"algorithm": str(info.get("speculative_algorithm") or "NONE").upper()}

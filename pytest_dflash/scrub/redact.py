@@ -2,9 +2,12 @@
 
 Two kinds of rules:
 
-- Shapes that are secrets wherever they appear: bearer tokens, passwords in URLs, signed-URL
-  signatures, PEM private keys, and well-known key formats (Hugging Face ``hf_…``, OpenAI/Anthropic
-  ``sk-…``, GitHub, Slack, AWS ``AKIA…``/``ASIA…``, Google ``AIza…``/``ya29.…``, JWTs, Stripe).
+- Shapes that are secrets wherever they appear: bearer tokens, passwords in URLs, the user of an
+  http(s)/ws(s) URL that has no password (``https://TOKEN@host``: a token, as git and proxies take it; an
+  ssh user stays visible), a secret's value in a URL's query (``?key=``, ``&token=``, ``?access_token=``,
+  ``?api_key=``, signed-URL signatures; numbers included), PEM private keys, and well-known key formats
+  (Hugging Face ``hf_…``, OpenAI/Anthropic ``sk-…``, GitHub, Slack, AWS ``AKIA…``/``ASIA…``, Google
+  ``AIza…``/``ya29.…``, JWTs, Stripe).
 - A value next to a name that says it is secret, in each form a log writes it: ``--api-key V``,
   ``--api-key=V``, an argv list ``['--api-key', 'V']``, ``api_key='V'`` (SGLang's ServerArgs repr),
   ``AWS_SECRET_ACCESS_KEY=V``, ``"password": "V"``, ``Authorization: V``.
@@ -25,8 +28,8 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["MASK", "is_secret", "mask_url_passwords", "one_line", "redact", "redact_argv",
-           "redact_mapping_value", "redact_url", "remember", "secret_kind"]
+__all__ = ["MASK", "is_secret", "mask_query_secrets", "mask_url_passwords", "one_line", "redact",
+           "redact_argv", "redact_mapping_value", "redact_url", "remember", "secret_kind"]
 
 MASK = "***REDACTED***"
 
@@ -75,6 +78,13 @@ _VALUE = re.compile(r""""(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|[^\s,;'"})\]&]+"
 # The lookbehind anchors the scheme: without it a long word is rescanned from every letter (quadratic).
 _URL_PASSWORD = re.compile(r"((?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@'\"]*):[^\s/'\"?#]+@")
 
+# A token as the whole userinfo of an HTTP URL: http://TOKEN@host. Not ssh://root@host (a user name).
+_URL_USER_TOKEN = re.compile(r"((?<![a-zA-Z0-9+.-])(?:https?|wss?)://)[^/\s:@'\"?#\[\]]+@", re.IGNORECASE)
+# A query parameter (after ? or &) whose name says secret: its value masked, whatever it looks like (a URL
+# carries no settings named *token whose numbers must stay visible).
+_URL_QUERY = re.compile(r"([?&]([A-Za-z][\w.-]*)=)([^&\s'\"#<>]+)")
+_QUERY_SECRET_NAMES = frozenset({"key", "sig", "signature", "code", "pass", "pwd", "auth"})
+
 _SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
     # PEM private keys (a GCP service-account JSON holds one), also with JSON-escaped newlines.
     (re.compile(r"(-----BEGIN ((?:[A-Z]+ )*PRIVATE KEY)-----).*?(?:-----END \2-----|\Z)", re.DOTALL),
@@ -83,8 +93,9 @@ _SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(bearer|basic|token|digest)\s+[^\s'\",;]+"),
      rf"\1\2 {MASK}"),
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), rf"\1 {MASK}"),
-    # Passwords in URLs (above).
+    # Passwords in URLs, and a token as the user of an HTTP URL (above).
     (_URL_PASSWORD, rf"\1:{MASK}@"),
+    (_URL_USER_TOKEN, rf"\1{MASK}@"),
     # Signed URLs: Azure SAS `sig=`, S3 / GCS presigned signatures and credentials.
     (re.compile(r"(?i)([?&](?:sig|signature|x-amz-signature|x-amz-credential|x-goog-signature|x-goog-credential)=)"
                 r"[^&\s'\"]+"), rf"\1{MASK}"),
@@ -191,7 +202,19 @@ def _redact(text: str, extra: tuple[str, ...]) -> str:
             text = text.replace(secret, MASK)
     for pattern, replacement in _SHAPES:
         text = pattern.sub(replacement, text)
-    return _mask_assignments(text)
+    return _mask_assignments(mask_query_secrets(text))
+
+
+def _query_value(match: re.Match[str]) -> str:
+    name, value = match.group(2), match.group(3)
+    secret = name.lower() in _QUERY_SECRET_NAMES or secret_kind(name) is not None
+    return f"{match.group(1)}{MASK}" if secret and MASK not in value else match.group()
+
+
+def mask_query_secrets(text: str) -> str:
+    """The value of every URL query parameter in `text` whose name says secret (`?key=`, `&token=`,
+    `?access_token=`, `?api_key=`, `&sig=`) masked, numbers included."""
+    return _URL_QUERY.sub(_query_value, text) if ("?" in text or "&" in text) else text
 
 
 def redact_url(url: str) -> str:
@@ -249,9 +272,10 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 
 
 def mask_url_passwords(text: str) -> str:
-    """Only the passwords of the URLs in `text` masked: for messages about input (a usage error quoting a
-    profile's value), where `redact`'s name rules would mask words ('host.password: unknown key')."""
-    return _URL_PASSWORD.sub(rf"\1:{MASK}@", text)
+    """Only the credentials of the URLs in `text` masked (passwords, a token as an HTTP URL's user, secrets in
+    a query): for messages about input (a usage error quoting a profile's value), where `redact`'s name rules
+    would mask words ('host.password: unknown key')."""
+    return mask_query_secrets(_URL_USER_TOKEN.sub(rf"\1{MASK}@", _URL_PASSWORD.sub(rf"\1:{MASK}@", text)))
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")

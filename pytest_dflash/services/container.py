@@ -21,7 +21,6 @@ each: sixteen profile keys, two engines, and probes run inside the image.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import shlex
@@ -36,6 +35,7 @@ from pytest_dflash.config.placeholders import render
 from pytest_dflash.config.profiles import ContainerSpec, HostProfile, ServiceSpec
 from pytest_dflash.config.tables.kinds import KindTable
 from pytest_dflash.config.tables.reader import Table
+from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, CommandResult, Transport, parse_probe_output
 from pytest_dflash.services.base import Kind, LaunchEnvironment, LogMark, ServiceHost, ServiceState
@@ -88,8 +88,8 @@ def state_from_inspect(line: str, *, restart_policy: str | None = None) -> Servi
     raw_state, _, rest = line.strip().partition("\t")
     restarts_raw, _, rest = rest.partition("\t")
     try:
-        state: dict[str, Any] = json.loads(raw_state)
-    except json.JSONDecodeError:
+        state: dict[str, Any] = loads_json(raw_state)
+    except ValueError:  # JSONDecodeError, DocumentTooDeep
         return ServiceState(running=False, death=Death(detail=f"unreadable inspect output: {line[:200]!r}"))
     restarts = int(restarts_raw) if restarts_raw.strip().isdigit() else 0
     status = str(state.get("Status") or "").lower()

@@ -26,6 +26,7 @@ from pytest_dflash.config.placeholders import render
 from pytest_dflash.config.profiles import HostProfile, ServiceSpec
 from pytest_dflash.config.tables.kinds import KindTable
 from pytest_dflash.config.tables.reader import Table
+from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import ServiceError
 from pytest_dflash.scrub.bounds import LOG_READ_BYTES
 from pytest_dflash.services.base import (
@@ -274,8 +275,8 @@ def reap_stale(host: str) -> list[str]:
     markers = state_root() / "markers"
     for marker in sorted(markers.glob(f"{host}.*.json")) if markers.is_dir() else []:
         try:
-            info: dict[str, Any] = json.loads(marker.read_text())
-        except (OSError, json.JSONDecodeError):
+            info: dict[str, Any] = loads_json(marker.read_text())
+        except (OSError, ValueError):  # UnicodeDecodeError, JSONDecodeError, DocumentTooDeep
             marker.unlink(missing_ok=True)
             continue
         owner = int(info.get("owner_pid", 0))

@@ -46,6 +46,7 @@ from pytest_dflash.errors import (
     ServiceNotReady,
     ServiceRestarted,
 )
+from pytest_dflash.scrub.bounds import scrub
 from pytest_dflash.services.base import LogMark, ServiceManager, ServiceState
 from pytest_dflash.services.events import Heartbeat, Progress
 from pytest_dflash.services.health import ask_ready
@@ -75,6 +76,13 @@ SCHEDULER_CHECK_EVERY_S = 5.0
 # just finished compiling may still be in transit. Stuck = still unanswered this long after a 200.
 FREE_GRACE_S = 1.0
 RETRY_STATUSES = (408, 429)  # the only HTTP answers to a readiness request worth retrying
+# Attached by URL, nothing here starts the server, so an answer that asks to be retried (RETRY_STATUSES) to
+# every readiness request for this long, at least this many times in a row, is its answer and not a phase of
+# a start-up: the wait ends naming it (status and the body's first bytes) instead of spending the whole
+# ready_timeout (15 min by default). SGLang's own warm-up answer (/health_generate 503) is still waited for.
+ATTACHED_RETRY_GRACE_S = 20.0
+ATTACHED_RETRY_ANSWERS = 3
+ANSWER_EXCERPT_BYTES = 200
 # A 5xx may be a dying server's last answer (an ASGI app failing while its event loop shuts down): watch
 # this long for the death or restart that follows, so the verdict names the crash, not the symptom.
 LAST_WORDS_S = 1.5
@@ -86,6 +94,34 @@ PHASES = {
 }
 
 SAMPLED_PENDING = "sampled generation (top_k=20, top_p=0.9) not answered yet"
+
+
+def answer_excerpt(body: str) -> str:
+    """The first bytes of an answer's body as a message may quote them: secrets masked, safe to print."""
+    return scrub(body, ANSWER_EXCERPT_BYTES, "answer", keep="head") if body else "(empty body)"
+
+
+@dataclass
+class _RetryAnswers:
+    """Retryable answers (RETRY_STATUSES) in a row to an attached server's readiness requests."""
+
+    grace_s: float = ATTACHED_RETRY_GRACE_S
+    since: float | None = None
+    count: int = 0
+
+    def reset(self) -> None:
+        self.since, self.count = None, 0
+
+    def seen(self, now: float, what: str) -> str | None:
+        """Count one; the reason to stop waiting (what it keeps answering) once the grace is spent, else
+        None."""
+        self.since = self.since if self.since is not None else now
+        self.count += 1
+        if self.count < ATTACHED_RETRY_ANSWERS or now - self.since < self.grace_s:
+            return None
+        return (f"{what} ({self.count} answers in a row over {format_seconds(now - self.since)}); the server "
+                "is attached by URL, so nothing here is starting it: waiting out ready_timeout would not "
+                "change its answer")
 
 
 def _generation_answered(report: ReadyReport, phase: str, request_s: float, elapsed_s: float) -> bool:
@@ -161,6 +197,8 @@ class ReadinessWatcher:
     # why /health_generate proves nothing here (SGLANG_DIAG_BYPASS_HEALTH_GENERATE in the service's
     # environment: services/health.py); None: it proves output got through the scheduler
     health_bypassed: str | None = None
+    # attached by URL: how long 408 / 429 to every readiness request is waited out (see RETRY_STATUSES)
+    attached_retry_grace_s: float = ATTACHED_RETRY_GRACE_S
     # a tensor-parallel start-up: a rank in NCCL init longer than this fails the wait, naming it and its GPU
     nccl_init_budget_s: float = 120.0
     gpus: tuple[int, ...] = ()  # the service's GPUs: rank i runs on gpus[i]
@@ -371,6 +409,7 @@ class ReadinessWatcher:
         next_attempt = started
         next_scheduler_check = 0.0
         free_at: float | None = None  # when /health_generate said 200 with the sampled request unanswered
+        retried = _RetryAnswers(self.attached_retry_grace_s)  # 408 / 429 in a row: its answer, after a grace
 
         def beat() -> str:
             now = time.monotonic()
@@ -410,7 +449,7 @@ class ReadinessWatcher:
                                           "the server kept answering HTTP")
             if phase == "http":
                 if now >= next_attempt:
-                    phase, problem = self._http_phase(live, report, started, problem)
+                    phase, problem = self._http_phase(live, report, started, problem, retried)
                     if phase != "http":
                         next_attempt = now  # straight on to the next phase's request, not a poll later
                         continue
@@ -449,6 +488,8 @@ class ReadinessWatcher:
                 in_flight.wait(self.poll_s)
                 continue
             finished, in_flight = in_flight, None
+            if finished.error is None or finished.error.status not in RETRY_STATUSES:
+                retried.reset()
             if finished.error is None:
                 if phase == "warmup":
                     status = finished.result
@@ -487,11 +528,15 @@ class ReadinessWatcher:
                     self._refused_within(LAST_WORDS_S, phase, request, f"HTTP {error.status}", live)
                 raise ServiceNotReady(self.service.name, time.monotonic() - started,
                                       f"{phase} request rejected: {error}")
+            if error.status in RETRY_STATUSES and (stop := retried.seen(
+                    now, f"{request} answered HTTP {error.status}: {answer_excerpt(error.body)}")):
+                raise ServiceNotReady(self.service.name, now - started, f"{phase} phase: {stop}")
             next_attempt = now + 0.5
 
     def _http_phase(self, live: HttpLiveness, report: ReadyReport, started: float,
-                    problem: str) -> tuple[str, str]:
-        """One GET /v1/models: the next phase once the server answers 200 (a 4xx/5xx ends readiness)."""
+                    problem: str, retried: _RetryAnswers) -> tuple[str, str]:
+        """One GET /v1/models: the next phase once the server answers 200 (a 4xx/5xx ends readiness, and so do
+        408 / 429 kept up past ATTACHED_RETRY_GRACE_S)."""
         now = time.monotonic()
         try:
             response = self.client.request("GET", LIVENESS_PATH, timeout_s=LIVENESS_TIMEOUT_S)
@@ -508,13 +553,16 @@ class ReadinessWatcher:
             return "http", exc.message
         live.answered(now)
         if response.status_code != 200:
+            answered = (f"GET {LIVENESS_PATH} answered HTTP {response.status_code}: "
+                        f"{answer_excerpt(response.text)}")
             if response.status_code in RETRY_STATUSES:
+                if stop := retried.seen(now, answered):
+                    raise ServiceNotReady(self.service.name, now - started, f"http phase: {stop}")
                 return "http", f"{LIVENESS_PATH} answered HTTP {response.status_code}"
             # An OpenAI-compatible server answers /v1/models from its HTTP process, at once (SGLang:
             # 200 from the moment the port opens): a 4xx/5xx here will not go away by waiting.
-            raise ServiceNotReady(self.service.name, now - started,
-                                  f"http phase: GET {LIVENESS_PATH} answered HTTP {response.status_code}: "
-                                  f"{response.text[:200]}")
+            raise ServiceNotReady(self.service.name, now - started, f"http phase: {answered}")
+        retried.reset()
         report.http_s = now - started
         if self.native is None:
             try:

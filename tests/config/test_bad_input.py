@@ -174,6 +174,17 @@ def test_parse_seconds_takes_up_to_7_days() -> None:
     assert parse_seconds("250ms", where="x") == 0.25
 
 
+@pytest.mark.parametrize("deep", [
+    "a = " + "[" * 500 + "]" * 500,  # tomllib recurses per array: RecursionError before it was caught
+    "a = " + "{b = " * 500 + "1" + "}" * 500,
+    "[" + ".".join(["a"] * 5000) + "]",  # parsed without recursion; every later walk would recurse
+])
+def test_a_profile_nested_too_deep_is_one_line(tmp_path: Path, deep: str) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text(EXTERNAL + deep + "\n")
+    assert _error(path).startswith("TOML nested too deep")
+
+
 def test_an_error_quoting_a_key_with_a_newline_stays_one_line(tmp_path: Path) -> None:
     path = tmp_path / "h.toml"
     path.write_text(EXTERNAL.replace("[host]", '[host]\n"na\\nme" = 1'))
@@ -250,6 +261,31 @@ def test_an_ini_inventory_that_is_not_utf8_is_one_line(tmp_path: Path, parser: s
     inv.write_bytes(b"[gpus]\ncaf\xe9 dflash_profile=base.toml\n")
     assert _fleet_error(inv, tmp_path) == (f"{inv}: expected UTF-8 text, got byte 0xe9 at line 2 (offset 10): "
                                            "save the file as UTF-8")
+
+
+def test_an_inventory_or_its_base_profile_nested_too_deep_is_one_line(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ANSIBLE_ENV, "none")  # the built-in YAML parser (ansible-inventory has its own errors)
+    inv = tmp_path / "fleet.yml"
+    inv.write_text("all:\n  vars: {dflash_profile: base.toml, x: " + "[" * 3000 + "]" * 3000 + "}\n")
+    assert _fleet_error(inv, tmp_path).startswith(f"{inv}: YAML nested too deep")
+    (tmp_path / "base.toml").write_text(BASE + "[" + ".".join(["a"] * 5000) + "]\n")
+    inv.write_text("all:\n  vars: {dflash_profile: base.toml}\n  hosts:\n    g1: {ansible_host: 10.0.0.1}\n")
+    assert _fleet_error(inv, tmp_path).startswith(
+        f"{tmp_path}/base.toml: cannot read base profile: TOML nested too deep")
+
+
+def test_ansible_inventory_json_nested_too_deep_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ansible-inventory prints (a dynamic inventory script's JSON passes through it) nested too deep: one
+    line naming the inventory. A real executable stands in for ansible-inventory and prints such JSON."""
+    tool = tmp_path / "ansible-inventory"
+    tool.write_text(f"#!{sys.executable}\nprint('[' * 100000)\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv(ANSIBLE_ENV, str(tool))
+    inv = tmp_path / "fleet.yml"
+    inv.write_text("all:\n  hosts:\n    g1: {}\n")
+    assert _fleet_error(inv, tmp_path).startswith(
+        f"{inv}: ansible-inventory printed no JSON inventory (JSON nested too deep")
 
 
 def test_an_ipv6_ansible_host_is_bracketed(tmp_path: Path, parser: str) -> None:

@@ -94,3 +94,38 @@ def test_the_progress_line_of_an_attached_server_not_up_yet_masks_the_password(t
     assert waiting, text[-3000:]
     assert f"http://user:{MASK}@127.0.0.1:" in waiting[0]
     assert PASSWORD not in text
+
+
+TOKEN = "sk-abc123secret"  # too short for the sk- key shape: only its place in the URL says it is a secret
+
+
+def test_a_token_as_an_attached_urls_user_reaches_no_line_or_file(pytester: pytest.Pytester, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`http://TOKEN@host:port` (a token as the URL's user, no password) and `?key=TOKEN`: a real run of the smoke
+    suite whose server dies on its first sampled request (a failure, with its evidence), and no line it prints
+    nor file it writes holds the token."""
+    from pytest_dflash.refserver.launch import RefServerProcess
+
+    reports = tmp_path / "reports"
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.setenv("DFLASH_STATE_DIR", str(tmp_path / "state"))
+    with RefServerProcess("--speculative-algorithm", "DFLASH", "--inject", "flashinfer-sm120") as server:
+        port = server.url.rsplit(":", 1)[1]
+        (tmp_path / "tok.toml").write_text(
+            f'[host]\nconnection = "local://"\n\n[services.remote]\nkind = "external"\n'
+            f'url = "http://{TOKEN}@127.0.0.1:{port}"\n'
+            f'[services.other]\nkind = "external"\nalgorithm = "DFLASH"\n'
+            f'url = "http://127.0.0.1:{_free_port()}/?key={TOKEN}x"\nready_timeout = "1s"\n')
+        result = pytester.runpytest_subprocess(
+            str(SUITES / "smoke"), "-p", "no:cacheprovider", "--host", str(tmp_path / "tok.toml"),
+            f"--dflash-report={reports}", f"--html={reports / 'report.html'}",
+            f"--junitxml={reports / 'junit.xml'}", "-rA", "--request-timeout=20s", timeout=300)
+    assert_no_crash(result)
+    assert result.ret == 1  # the server died: the run failed, with evidence
+    output = result.stdout.str() + result.stderr.str()
+    assert TOKEN not in output
+    assert f"http://{MASK}@127.0.0.1:{port}" in output
+    written = [p for p in reports.rglob("*") if p.is_file()]
+    assert {p.name for p in written} >= {"tok.verdict.json", "junit.xml", "report.html"}
+    for path in written:
+        assert TOKEN not in path.read_text(errors="replace"), path

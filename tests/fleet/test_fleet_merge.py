@@ -127,6 +127,9 @@ def test_identical_duplicates_collapse_conflicting_ones_are_an_error(shards: Pat
     (lambda d: None, "no such file or folder"),
     (lambda d: d.mkdir(), "no *.verdict.json files in this folder"),
     (lambda d: d.write_text("{not json"), "not a pytest-dflash verdict (not JSON"),
+    (lambda d: d.write_text("[" * 100_000), "not a pytest-dflash verdict (JSON nested too deep"),
+    (lambda d: d.write_text('{"schema": "pytest-dflash/verdict/1", "x": ' + "[" * 100 + "]" * 100 + "}"),
+     "not a pytest-dflash verdict (JSON nested too deep"),
     (lambda d: d.write_text('{"schema": "junit"}'), "not a pytest-dflash verdict (schema 'junit'"),
     (lambda d: d.write_text('[1, 2]'), "not a pytest-dflash verdict (schema 'list'"),
     (lambda d: d.write_text('{"schema": "pytest-dflash/verdict/1", "host": "x", "verdict": "maybe", "layers": {}}'),
@@ -146,8 +149,10 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, make, message:
 def test_bad_previous_and_usage_errors(shards: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     (tmp_path / "prev.json").write_text('{"schema": "something else"}')
+    (tmp_path / "deep.json").write_text("[" * 100_000)
     for args, text in [(["--previous", str(tmp_path / "nope.json")], "--previous"),
-                       (["--previous", str(tmp_path / "prev.json")], "not a fleet summary")]:
+                       (["--previous", str(tmp_path / "prev.json")], "not a fleet summary"),
+                       (["--previous", str(tmp_path / "deep.json")], "not a fleet summary (JSON nested too deep")]:
         result = subprocess.run([*CLI, "merge", str(shards), "--out", str(out), *args], capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 2 and text in result.stderr and result.stderr.count("\n") == 1, result.stderr

@@ -281,6 +281,14 @@ def test_a_narrowed_run_that_passed_joins_the_spread_an_interrupted_one_does_not
     assert trend.read_good_runs(tmp_path, "gpu-b") == [] and trend.read_good_runs(tmp_path, "gpu-c") == []
 
 
+def test_a_damaged_good_runs_file_is_as_good_as_none(tmp_path: Path) -> None:
+    """Nested too deep to parse is damaged like any other unreadable file: no RecursionError."""
+    path = trend.good_runs_path(tmp_path, "gpu-a")
+    path.parent.mkdir(parents=True)
+    path.write_text("[" * 100_000)
+    assert trend.read_good_runs(tmp_path, "gpu-a") == []
+
+
 @pytest.mark.parametrize("provisioned", [True, False], ids=["provisioned", "attached"])
 def test_a_changed_launch_command_is_what_changed_unless_the_run_started_it(tmp_path: Path,
                                                                            provisioned: bool) -> None:

@@ -108,8 +108,10 @@ def test_the_synthetic_load_stays_the_default(synth) -> None:  # type: ignore[no
     ('[{"conversations": [{"from": "human", "value": "a"}]},\n {"conversations": [}]\n', ":2", "not valid JSON"),
     ('[{"conversations": "not a list"}]', ": item 0", '"conversations" is not a list'),
     ("[]", "", "no prompts in the dataset"),
+    ('{"prompt": "fine"}\n' + "[" * 20_000 + "\n", ":2", "JSON nested too deep"),
+    ("[" * 20_000, "", "JSON nested too deep"),
 ], ids=["missing", "bad-json-line", "empty", "unknown-format", "empty-prompt", "output-len", "bad-json-list",
-        "sharegpt-shape", "empty-list"])
+        "sharegpt-shape", "empty-list", "deep-line", "deep-list"])
 def test_a_bad_dataset_is_one_line_naming_the_file_and_line(tmp_path: Path, content: str | None, where: str,
                                                             what: str) -> None:
     path = tmp_path / "bad.jsonl"

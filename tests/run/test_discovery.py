@@ -106,3 +106,34 @@ def test_a_501_on_server_info_is_an_error_naming_it_never_plain() -> None:
         answer = discovery.ask(spec, timeout_s=2.0)
     assert "algorithm" not in answer, answer
     assert "HTTP 501" in answer["error"] and "/server_info" in answer["error"], answer
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (b"[" * 20_000, "JSON nested too deep"),
+    (b"<html>maintenance</html>", "Expecting value"),
+], ids=["nested-too-deep", "not-json"])
+def test_a_server_info_that_is_not_json_is_an_error_naming_it(body: bytes, said: str) -> None:
+    """/server_info answered 200 with garbage, or JSON nested deeper than the parser follows (a RecursionError
+    before, which `ask` did not catch): an answer naming the path and what was wrong."""
+    from services.http_doubles import FaultProxy, Reply
+
+    with FaultProxy("http://127.0.0.1:9", lambda method, path, payload: Reply(200, body)) as proxy:
+        (spec,) = attach_profile(proxy.url).services.values()
+        answer = discovery.ask(spec, timeout_s=2.0)
+    assert "algorithm" not in answer, answer
+    assert answer["error"].startswith("GET /server_info: malformed JSON body") and said in answer["error"], answer
+
+
+def test_attaching_a_server_whose_server_info_is_nested_too_deep_is_one_line(pytester: pytest.Pytester) -> None:
+    """A real pytest run with --attach: the discovery line names the URL and "nested too deep"; no
+    INTERNALERROR."""
+    from services.http_doubles import FaultProxy, Reply
+    from support.pytest_runs import assert_no_crash
+
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    with FaultProxy("http://127.0.0.1:9", lambda method, path, payload: Reply(200, b"[" * 20_000)) as proxy:
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "--attach", proxy.url,
+                                               timeout=120)
+    assert_no_crash(result)
+    lines = [line for line in result.stderr.lines if "could not be read" in line]
+    assert len(lines) == 1 and proxy.url in lines[0] and "JSON nested too deep" in lines[0], result.stderr.str()

@@ -88,6 +88,16 @@ def settings(line: str) -> dict[str, str]:
         ("http://admin:pa55word@10.0.0.1:8080/v1", "pa55word"),
         ("redis://:redispw@cache:6379/0", "redispw"),
         ("postgresql://svc:p%40ss@db/x?sslmode=require", "p%40ss"),
+        # a token as the whole userinfo of an HTTP URL, and secrets in a URL's query (numbers too)
+        ("attached http://sk-abc123secret@127.0.0.1:30000/v1 ok", "sk-abc123secret"),
+        ("git clone https://ghs_shorttok@github.example/x.git", "ghs_shorttok"),
+        ("wss://Tok3n@gw:443/stream", "Tok3n"),
+        ("GET http://h:1/v1/models?key=XYZ12345", "XYZ12345"),
+        ("GET http://h:1/v1/models?a=1&key=XYZ12345&b=2", "XYZ12345"),
+        ("http://h:1/?token=12345678", "12345678"),
+        ("http://h:1/?access_token=abcd1234", "abcd1234"),
+        ("http://h:1/?api_key=abcd1234", "abcd1234"),
+        ("http://h:1/?apikey=abcd1234", "abcd1234"),
     ],
 )
 def test_secrets_are_masked(text: str, secret: str) -> None:
@@ -116,6 +126,10 @@ def test_secrets_are_masked(text: str, secret: str) -> None:
         "HF_TOKEN= OPENAI_API_KEY='' AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY}",
         "Authorization header missing: 401",
         "the sampled request took 84 s; first token at 0.2 s",
+        # an ssh user is a user; query parameters that only look like secrets stay
+        "ssh://deploy@gpu-07:22?timeout=4 and root@gpu-07",
+        "GET /generate?max_tokens=5&stream=true&eos_token_id=2",
+        "Tom & Jerry=friends, a?b=c",
     ],
 )
 def test_harmless_text_stays_visible(text: str) -> None:
@@ -215,11 +229,24 @@ def test_a_url_password_holding_at_signs_is_masked_whole(text: str, password: st
     ("local://", "local://"),
     ("http://h:1/?api_key=abcdefgh", f"http://h:1/?api_key={MASK}"),
     ("http://u:pw@[::1", f"http://u:{MASK}@[::1"),  # malformed: the text rules still mask it
+    ("http://sk-abc123secret@127.0.0.1:30000", f"http://{MASK}@127.0.0.1:30000"),
+    ("https://h:1/v1?key=12345678&x=1", f"https://h:1/v1?key={MASK}&x=1"),
+    ("ssh://deploy@gpu-07:22?timeout=4", "ssh://deploy@gpu-07:22?timeout=4"),
 ])
 def test_redact_url_masks_the_password_as_urllib_reads_it(url: str, shown: str) -> None:
     from pytest_dflash.scrub.redact import redact_url
 
     assert redact_url(url) == shown
+
+
+def test_mask_url_passwords_masks_every_credential_of_a_url_and_no_word() -> None:
+    """Input errors quote a profile's values: a URL's credentials go, words naming secrets stay."""
+    from pytest_dflash.scrub.redact import mask_url_passwords
+
+    line = ("a.toml: services.a.password: unknown key; url 'http://sk-abc123secret@h:1/?token=12345678', "
+            "connection 'ssh://root:pw@h'")
+    assert mask_url_passwords(line) == (f"a.toml: services.a.password: unknown key; url 'http://{MASK}@h:1/"
+                                        f"?token={MASK}', connection 'ssh://root:{MASK}@h'")
 
 
 def test_one_line_escapes_control_characters() -> None:

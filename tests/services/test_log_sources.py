@@ -66,6 +66,8 @@ def test_container_gpus_all_and_inspect_states(tmp_path: Path) -> None:
                               restart_policy="on-failure")
     assert loop.death is not None and "RestartCount=3" in loop.death.describe()
     assert state_from_inspect('{"Status": "running", "Running": true, "Pid": 7}\t0\tid\trun\tn').running is True
+    deep = state_from_inspect("[" * 20_000 + "\t0\tid\trun\tn")  # a RecursionError before
+    assert deep.death is not None and "unreadable inspect output" in deep.death.describe()
 
 
 # ---- logs are bytes: any byte decodes, and a read is a bounded tail -------------------------------------------

@@ -226,6 +226,46 @@ def test_an_error_from_v1_models_fails_at_once(refserver: RefServerProcess, stat
     assert time.monotonic() - started < 2
 
 
+@pytest.mark.parametrize(("status", "said"), [(200, "malformed JSON body"), (500, "answered HTTP 500")],
+                         ids=["200-not-json", "500"])
+def test_an_attached_server_answering_garbage_everywhere_fails_at_once(status: int, said: str) -> None:
+    """Every path answers the same page (a captive portal, a misrouted proxy): readiness ends at once naming
+    what it answered, never at ready_timeout."""
+    with FaultProxy("http://127.0.0.1:9", lambda m, p, b: Reply(status, b"<html>portal</html>", "text/html")) as proxy:
+        started = time.monotonic()
+        with pytest.raises(ServiceNotReady) as caught:
+            watcher(proxy.url, budget_s=60).wait()
+    assert time.monotonic() - started < 5
+    assert said in str(caught.value) and "<html>portal</html>" in str(caught.value), caught.value
+
+
+RATE_LIMITED = b"\x1b[2Jslow down, api_key=sk-0123456789abcdefghij " + b"x" * 1000
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/generate"])
+def test_an_attached_server_that_keeps_answering_429_fails_after_a_grace_naming_its_answer(
+        refserver: RefServerProcess, path: str) -> None:
+    """429 (or 408) to every readiness request, on /v1/models or on the greedy generation: nothing here is
+    starting an attached server, so after the grace (a few answers in a row) the wait ends naming the answer,
+    its status and first bytes (secrets masked, control characters written out, cut), instead of spending
+    the whole ready_timeout (15 min by default; 30 s here)."""
+    def rule(method: str, requested: str, body: object) -> Reply | None:
+        return Reply(429, RATE_LIMITED, "text/plain") if requested == path else None
+
+    with FaultProxy(refserver.url, rule) as proxy:
+        w = watcher(proxy.url, budget_s=30)
+        w.attached_retry_grace_s = 2.0
+        started = time.monotonic()
+        with pytest.raises(ServiceNotReady) as caught:
+            w.wait()
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    asked = "GET /v1/models" if path == "/v1/models" else GREEDY_REQUEST
+    assert f"{asked} answered HTTP 429: \\x1b[2Jslow down, api_key=***REDACTED***" in message, message
+    assert "answers in a row over" in message and "attached by URL" in message, message
+    assert "sk-0123456789" not in message and "\x1b" not in message and len(message) < 1000, message
+
+
 def test_liveness_probe_tells_refused_from_answered(refserver: RefServerProcess) -> None:
     with InferenceClient(refserver.url) as up, InferenceClient(f"http://127.0.0.1:{free_port()}") as down:
         assert HttpLiveness(up).probe() == "answered"

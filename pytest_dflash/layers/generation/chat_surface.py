@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import jsonschema  # type: ignore[import-untyped]
 
-from pytest_dflash.client.bodies import error_message
+from pytest_dflash.client.bodies import answer_json, error_message
 from pytest_dflash.client.sampling import Sampling
+from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.generation.requests import messages
 from pytest_dflash.layers.generation.shapes import fail
@@ -117,7 +118,8 @@ def _chat(service: ServiceHandle, body: dict[str, Any]) -> dict[str, Any]:
     if response.status_code >= 400:
         _refused(service, response.text)
         raise ApiError(client.service, CHAT_PATH, response.status_code, "chat refused", response.text[:300])
-    choice = (response.json().get("choices") or [{}])[0]
+    data = answer_json(response, client.service, CHAT_PATH)
+    choice = (data.get("choices") or [{}])[0] if isinstance(data, dict) else None
     return choice if isinstance(choice, dict) else {}
 
 
@@ -205,7 +207,7 @@ def check_tool_calls(answer: ToolCallAnswer, wanted: str | None, *, what: str) -
             fail(f"{what}: the call names {name!r}, not {wanted or ' or '.join(parameters)}: {call!r}")
         assert isinstance(function, dict)
         try:
-            arguments = json.loads(function.get("arguments") or "", strict=False)
+            arguments = loads_json(function.get("arguments") or "", strict=False)
             jsonschema.validate(arguments, parameters[name])
         except (ValueError, jsonschema.ValidationError) as exc:
             fail(f"{what}: the arguments of {name!r} {function.get('arguments')!r} break its parameters' "
@@ -350,7 +352,7 @@ def reasoning_structured(service: ServiceHandle, *, streamed: bool) -> None:
             if response.status_code >= 400:
                 raise ApiError(client.service, path, response.status_code, error_message(response),
                                response.text[:500])
-            answer = reasoned_answer(response.json())
+            answer = reasoned_answer(answer_json(response, client.service, path))
     except ApiError as exc:
         fail(f"{what}: failed (refused, or the stream broke off): {exc}")
     check_reasoned(answer, grammar, what=what, max_tokens=REASONED.max_tokens)

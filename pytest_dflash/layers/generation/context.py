@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_dflash.client.bodies import answer_json
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.client.sampling import Generation, Sampling
 from pytest_dflash.errors import ApiError
@@ -23,7 +24,8 @@ def context_limit(client: InferenceClient, server_info: Mapping[str, Any] | None
     """The served context length: /v1/models max_model_len, else /server_info context_length."""
     try:
         response = client.request("GET", "/v1/models", timeout_s=10)
-        data = response.json().get("data") if response.status_code == 200 else None
+        data = (answer_json(response, client.service, "/v1/models").get("data")
+                if response.status_code == 200 else None)
     except (ApiError, ValueError, AttributeError):
         data = None
     for card in data or []:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from pytest_dflash.client.bodies import answer_json
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.client.sampling import Generation, Sampling, Stream
 from pytest_dflash.errors import ApiError
@@ -63,11 +64,7 @@ def generate_batch(client: InferenceClient, prompts: Sequence[str], samplings: S
     if response.status_code >= 400:
         raise ApiError(client.service, "/generate", response.status_code, "batch request refused",
                        response.text[:500])
-    try:
-        data = response.json()
-    except ValueError as exc:
-        raise ApiError(client.service, "/generate", response.status_code, f"malformed JSON body: {exc}",
-                       response.text[:500]) from exc
+    data = answer_json(response, client.service, "/generate")
     if not isinstance(data, list) or len(data) != len(prompts):
         raise ApiError(client.service, "/generate", response.status_code,
                        f"a batch of {len(prompts)} got "

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema  # type: ignore[import-untyped]
 
-from pytest_dflash.client.bodies import error_message
+from pytest_dflash.client.bodies import answer_json, error_message
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.client.sampling import Sampling
+from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.generation.requests import PROMPT, Api, messages
 from pytest_dflash.layers.generation.shapes import fail
@@ -89,7 +90,7 @@ class Grammar:
         if self.schema is not None:
             try:
                 # strict=False: xgrammar's JSON grammar lets raw control characters into strings
-                document = json.loads(text, strict=False)
+                document = loads_json(text, strict=False)
             except ValueError as exc:
                 return f"not JSON ({exc})"
             try:
@@ -193,7 +194,7 @@ def send(client: InferenceClient, api: Api, grammar: Grammar, sampling: Sampling
     if response.status_code >= 400:
         raise ApiError(client.service, path, response.status_code, error_message(response),
                        response.text[:500])
-    data = response.json()
+    data = answer_json(response, client.service, path)
     if api == "generate":
         data = data[0] if isinstance(data, list) and data else data
         reason = (data.get("meta_info") or {}).get("finish_reason")

@@ -19,10 +19,13 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from pytest_dflash.config.options import opt_in_hint
 from pytest_dflash.errors import DflashError
 from pytest_dflash.layers.gpu.chains import PIN_REQUIRERS, Chain, chains_for
 from pytest_dflash.layers.gpu.checks import KERNEL_PATTERN, ToolkitReport, installed_versions, toolkit_report
+from pytest_dflash.layers.gpu.report import explain
 from pytest_dflash.layers.gpu.services import ProbeGroup, ServiceView, probe_groups, service_view
 from pytest_dflash.layers.gpu.smi import Inventory, inventory_from_probe
 from pytest_dflash.services.base import RunsProbes
@@ -175,6 +178,13 @@ class GpuHost:
         return self.inventory.available and bool(self.inventory.gpus)
 
     def no_gpu_reason(self) -> str:
+        """Why this host has no GPU to check, for a "does not apply" skip. A host whose inventory probe could
+        not run at all (ssh refused or timed out) was never shown to lack GPUs: that fails the test instead,
+        naming the host and what the transport said; an unreachable host is never an innocent skip."""
+        raw = self.probe("gpu_inventory")
+        if "transport_error" in raw:
+            pytest.fail(explain(f"{self.host.name} could not be reached: the GPU inventory probe did not run",
+                                str(raw["transport_error"])), pytrace=False)
         inv = self.inventory
         return (f"no GPU on {self.host.name}: {inv.reason}" if not inv.available
                 else f"no GPU on {self.host.name}")

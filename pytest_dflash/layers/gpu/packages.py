@@ -20,6 +20,8 @@ from packaging.markers import UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
+from pytest_dflash.documents import loads_json
+
 SERVING_STACK = frozenset({
     "torch", "sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer-cubin",
     "flashinfer-jit-cache", "xgrammar", "transformers", "triton", "soundfile", "apache-tvm-ffi",
@@ -211,8 +213,8 @@ def write_snapshots(path: Path, hosts: Mapping[str, Mapping[str, Any]]) -> None:
 def read_baseline(path: Path, host: str) -> Mapping[str, Any]:
     """The baseline for `host`: its own entry, or the only host in the file. ValueError otherwise."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        data = loads_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError, JSONDecodeError, DocumentTooDeep
         raise ValueError(f"{path}: cannot read env snapshot: {exc}") from None
     if (not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT
             or not isinstance(data.get("hosts"), dict)):

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from pytest_dflash.client.bodies import answer_json
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.client.sampling import Generation, Sampling
 from pytest_dflash.errors import ApiError
@@ -253,11 +254,7 @@ class PlainServer:
         if response.status_code >= 400:
             raise ApiError(self.client.service, "/generate", response.status_code, "return_logprob refused",
                            response.text[:300])
-        try:
-            data = response.json()
-        except ValueError as exc:
-            raise ApiError(self.client.service, "/generate", response.status_code,
-                           f"malformed JSON body: {exc}", response.text[:300]) from exc
+        data = answer_json(response, self.client.service, "/generate")
         if isinstance(data, list):
             data = data[0] if data else {}
         if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_dflash.documents import loads_json
+from pytest_dflash.errors import DocumentTooDeep
 from pytest_dflash.load.workload import dataset_entry, load_dataset
 
 
@@ -62,7 +64,9 @@ def load_prompts(path: Path) -> list[Prompt]:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if path.suffix == ".json":
         try:
-            data = json.loads(raw)
+            data = loads_json(raw)
+        except DocumentTooDeep as exc:
+            raise ValueError(f"{path}: {exc}") from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
         if not isinstance(data, list):

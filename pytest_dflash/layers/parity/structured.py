@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_dflash.client.bodies import answer_json
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.generation.structured import GRAMMARS, NOT_SERVED, Grammar
@@ -63,7 +64,7 @@ def constrained_greedy(client: InferenceClient, prompt: str, grammar: Grammar, *
     if response.status_code >= 400:
         raise ApiError(client.service, "/generate", response.status_code, "constrained request refused",
                        response.text[:300])
-    data = response.json()
+    data = answer_json(response, client.service, "/generate")
     data = data[0] if isinstance(data, list) and data else data
     meta = data.get("meta_info") or {}
     reason = meta.get("finish_reason")

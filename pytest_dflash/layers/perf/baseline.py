@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_dflash.config.targets import file_name, service_file_name
+from pytest_dflash.documents import loads_json
 from pytest_dflash.layers.perf.judgement import Judgement
 from pytest_dflash.layers.perf.judging import confidence_of, refused, same_load
 from pytest_dflash.layers.perf.service_run import ServiceRun, write_json
@@ -58,7 +58,7 @@ def recorded_baseline(directory: Path, host: str, service: str) -> Path | None:
 def _recorded_for(path: Path) -> tuple[str, str] | None:
     """(host, service) a baseline file says it was recorded for; None: unreadable, or it does not say."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = loads_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     meta = doc.get("dflash_perf") if isinstance(doc, dict) else None
@@ -86,7 +86,7 @@ def load_baseline(path: Path) -> Baseline:
     """A baseline written by :func:`save_baseline`; ValueError (naming the file) when it cannot be read."""
     try:
         text = path.read_text(encoding="utf-8")
-        doc = json.loads(text)
+        doc = loads_json(text)
         result = LoadResult.from_json(text)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a readable perf baseline ({type(exc).__name__}: {exc})") from None

@@ -129,3 +129,30 @@ def test_an_unreadable_kernel_log_skips_and_a_failed_probe_fails(tmp_path: Path)
     broken, _ = _h200(tmp_path, kernel_log={"probe": "kernel_log", "transport_error": "h200: no answer within 60s"})
     with pytest.raises(pytest.fail.Exception, match="the kernel-log probe could not run"):
         host.kernel_log_has_no_oom_kills(broken)
+
+
+UNREACHABLE = """[host]
+connection = "ssh://root@127.0.0.1:1?timeout=3"
+
+[services.dflash]
+unit = "sglang-dflash.service"
+algorithm = "DFLASH"
+port = 30001
+"""
+
+
+@pytest.mark.parametrize("check", [host.nvidia_smi_lists_gpus, host.profile_gpus_present,
+                                   host.gpu_identity_reported, host.gpu_memory_healthy],
+                         ids=lambda check: check.__name__)
+def test_an_unreachable_host_fails_its_gpu_checks_naming_it_never_skips_them(tmp_path: Path, check: Any) -> None:
+    """ssh to a port nothing listens on (a real connection refused): the GPU inventory probe never ran, so
+    nothing says the host has no GPU. Each check fails naming the host and ssh's error; before, it was skipped
+    as "does not apply" (no GPU on gpu7), which let the host layer look innocent."""
+    profile = tmp_path / "gpu7.toml"
+    profile.write_text(UNREACHABLE)
+    gpu = recorded_gpu(profile, {}, tmp_path=tmp_path)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        check(gpu)
+    message = str(failed.value)
+    assert "gpu7 could not be reached: the GPU inventory probe did not run" in message, message
+    assert "ssh failed" in message and "port 1" in message, message

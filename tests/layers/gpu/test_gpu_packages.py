@@ -125,6 +125,9 @@ def test_baseline_errors_name_the_file(tmp_path: Path) -> None:
     path.write_text("{}")
     with pytest.raises(ValueError, match="not an env snapshot"):
         read_baseline(path, "c")
+    path.write_text("[" * 100_000)  # a RecursionError before
+    with pytest.raises(ValueError, match=f"^{path}: cannot read env snapshot: JSON nested too deep"):
+        read_baseline(path, "c")
 
 
 def test_kernel_torch_pairing() -> None:

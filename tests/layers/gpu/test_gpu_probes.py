@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pytest_dflash.errors import TransportError
 from pytest_dflash.hostaccess.transport import CommandResult, parse_probe_output
 from pytest_dflash.layers.gpu.layer import SITELESS_PROBES, probe_source
 
@@ -29,6 +30,13 @@ def run_probe(name: str, params: dict[str, Any] | None = None, *, env: dict[str,
     assert done.returncode == 0, done.stderr
     assert len([line for line in done.stdout.splitlines() if line.startswith("{")]) == 1, done.stdout
     return parse_probe_output(CommandResult("probe", done.returncode, done.stdout, done.stderr, 0.0), host="local")
+
+
+def test_a_probe_line_nested_too_deep_is_no_json_output() -> None:
+    """The host printed `{` and 20,000 more levels: a TransportError naming the host, not a RecursionError."""
+    deep = '{"a":' * 20_000
+    with pytest.raises(TransportError, match="^gpu7: probe printed no JSON"):
+        parse_probe_output(CommandResult("probe", 0, deep + "\n", "", 0.0), host="gpu7")
 
 
 @pytest.mark.parametrize("name", PROBES)

@@ -36,6 +36,8 @@ def test_jsonl_and_sharegpt_prompt_files(tmp_path: Path) -> None:
     ("bad.json", '[{"conversations": 3}]', r"bad.json: item 0: \"conversations\" is not a list"),
     ("bad.json", '[\n"a",\n', r"bad.json:3: not valid JSON"),
     ("empty.jsonl", "\n", r"empty.jsonl: no prompts in the dataset"),
+    ("deep.json", "[" * 20_000, r"deep.json: JSON nested too deep"),
+    ("deep.jsonl", "{\"a\": " * 20_000, r"deep.jsonl:1: JSON nested too deep"),
 ])
 def test_a_bad_prompt_file_is_one_line_naming_file_and_line(tmp_path: Path, name: str, content: str,
                                                             message: str) -> None:

@@ -193,9 +193,10 @@ def test_a_baseline_of_another_load_is_refused_not_compared(tmp_path: Path) -> N
     assert "--update-baseline" in judged[0].message
 
 
-def test_an_unreadable_baseline_names_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("text", ["{not json", "[" * 100_000], ids=["not-json", "nested-too-deep"])
+def test_an_unreadable_baseline_names_the_file(tmp_path: Path, text: str) -> None:
     path = tmp_path / "b.json"
-    path.write_text("{not json")
+    path.write_text(text)
     with pytest.raises(ValueError, match=f"{path}: not a readable perf baseline"):
         load_baseline(path)
 
