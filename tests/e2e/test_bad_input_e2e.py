@@ -138,3 +138,24 @@ def test_a_bad_duration_or_number_option_is_one_line_and_exit_4(run_pytest: Call
     assert result.ret == 4, output[-3000:]
     assert "Traceback" not in output and "INTERNALERROR" not in output
     assert _one_error_line(result.stderr.str(), "ERROR: ").startswith(expected), result.stderr.str()
+
+
+@pytest.mark.parametrize(("option", "where"), [
+    ("--html", "--html"),  # pytest-html's own INTERNALERROR at the end of the run, before
+    ("--junitxml", "--junitxml"),  # pytest's traceback at the end of the run, before
+    ("--dflash-probe-dump", "--dflash-probe-dump / dflash_probe_dump"),  # the host's env check failed, before
+    ("--dflash-history", "--dflash-history / dflash_history"),  # a pass with no history written, before
+    ("--prometheus", "--prometheus / dflash_prometheus"),
+])
+def test_an_output_path_that_cannot_be_written_is_one_line_before_the_run(
+        pytester: pytest.Pytester, run_pytest: Callable[..., pytest.RunResult], option: str, where: str) -> None:
+    (pytester.path / "plainfile").write_text("a file, not a folder\n")
+    target = pytester.path / "plainfile" / "out"  # its 'folder' is a file: nothing can be created under it
+    result = run_pytest("--host", "local", f"{option}={target}", f"--dflash-report={pytester.path / 'r'}")
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == 4, output[-3000:]
+    assert "Traceback" not in output and "INTERNALERROR" not in output, output[-3000:]
+    line = _one_error_line(result.stderr.str(), "ERROR: ")
+    problem = f"{pytester.path / 'plainfile'} is a file, not a folder"
+    assert line == f"{where} {target}: cannot write there: {problem}", line
+    assert "started" not in output  # no server was started for a run that could not report
