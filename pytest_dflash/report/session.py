@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import uuid
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from pytest_dflash import __version__, interrupts
 from pytest_dflash.config import options
-from pytest_dflash.config.targets import NAMED_HOSTS_KEY
+from pytest_dflash.config.targets import NAMED_HOSTS_KEY, TARGETS_KEY, load_targets, named_despite_errors
 from pytest_dflash.evidence.attach import first_line, skip_message
 from pytest_dflash.report import step_summary
 from pytest_dflash.report.verdict import (
@@ -373,6 +374,25 @@ def refuse(config: pytest.Config, builder: VerdictBuilder, report_dir: Path, hos
     reason = f"the run ended with a usage error before any test ran: {redact(str(error).strip())[:500]}"
     with contextlib.suppress(OSError):
         builder.write_started(report_dir, hosts, reason=reason)
+
+
+def leave_no_pass(config: pytest.Config, reason: str) -> None:
+    """After an internal error, wherever it came from: each host the options name gets an 'interrupted'
+    verdict naming it (best effort: this runs while pytest reports the error), never an older or this run's
+    `pass`."""
+    if not writes_verdicts(config):
+        return
+    builder = config.stash.get(BUILDER_KEY, None) or VerdictBuilder(uuid.uuid4().hex[:12])
+    try:
+        profiles = config.stash.get(TARGETS_KEY, None)
+        hosts = list(profiles if profiles is not None else load_targets(config))
+    except Exception:
+        hosts = []
+    with contextlib.suppress(Exception):
+        hosts = hosts or named_despite_errors(config)
+        if not builder.status.selection:
+            builder.status = RunStatus(selection=_selection_args(config), named_hosts=tuple(hosts))
+        builder.write_started(options.report_dir(config), hosts, reason=redact(reason.strip())[:500])
 
 
 def _selection_args(config: pytest.Config) -> dict[str, Any]:

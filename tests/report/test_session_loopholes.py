@@ -1,0 +1,136 @@
+"""In real pytest runs (host-layer tests only, no server): ways a run that did not check what it should could
+still end with a `pass` verdict or an open gate — a blocked part of the plugin, an internal error, an xfail
+marker on a failing check, a rerun that erases a failure, a check that collection never produced — each closed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TEST_FILE = """
+import os
+import pytest
+
+@pytest.mark.host
+def test_host(dflash_host):
+    pass
+
+@pytest.mark.host
+def test_probe(dflash_host):
+    assert not os.environ.get("FAIL_PROBE"), "the probe said no"
+"""
+PROFILE = """
+[host]
+connection = "local://"
+
+[services.dflash]
+kind = "external"
+algorithm = "DFLASH"
+url = "http://127.0.0.1:9"
+"""
+
+
+@pytest.fixture
+def profile(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DFLASH_STATE_DIR", str(pytester.path / "state"))
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    monkeypatch.delenv("FAIL_PROBE", raising=False)
+    pytester.makepyfile(test_hosts=TEST_FILE)
+    path = pytester.path / "gpu-a.toml"
+    path.write_text(PROFILE)
+    return path
+
+
+def _run(pytester: pytest.Pytester, profile: Path, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--host", str(profile),
+                                         f"--dflash-report={pytester.path / 'reports'}", *args)
+
+
+def _verdict(pytester: pytest.Pytester) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((pytester.path / "reports" / "gpu-a.verdict.json").read_text())
+    return data
+
+
+def _passes_first(pytester: pytest.Pytester, profile: Path) -> None:
+    """An earlier, passing run: its `pass` must not survive what comes next."""
+    assert _run(pytester, profile, "--gate", "host").ret == 0
+    assert _verdict(pytester)["verdict"] == "pass"
+
+
+# ---- a part of the plugin blocked with -p no: ----------------------------------------------------------------
+
+@pytest.mark.parametrize("part", ["dflash-verdicts", "dflash-selection", "pytest_dflash.report.started",
+                                  "pytest_dflash.layers.perf.hooks"])
+@pytest.mark.parametrize("where", ["argument", "PYTEST_ADDOPTS"])
+def test_blocking_a_part_the_verdict_needs_is_a_usage_error(pytester: pytest.Pytester, profile: Path,
+                                                            monkeypatch: pytest.MonkeyPatch, part: str,
+                                                            where: str) -> None:
+    _passes_first(pytester, profile)
+    monkeypatch.setenv("FAIL_PROBE", "1")
+    if where == "PYTEST_ADDOPTS":
+        monkeypatch.setenv("PYTEST_ADDOPTS", f"-p no:{part}")
+        result = _run(pytester, profile, "--gate", "host")
+    else:
+        result = _run(pytester, profile, "--gate", "host", "-p", f"no:{part}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines([f"ERROR: -p no:{part}: pytest-dflash cannot judge a run without this part *"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    data = _verdict(pytester)
+    assert data["verdict"] == "interrupted" and f"-p no:{part}" in data["interrupted"], data
+
+
+@pytest.mark.parametrize("part", ["dflash-progress", "dflash-html", "dflash-junit-evidence"])
+def test_blocking_a_part_that_only_shows_things_changes_no_verdict(pytester: pytest.Pytester, profile: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   part: str) -> None:
+    extra = ["--html", str(pytester.path / "r.html")] if part == "dflash-html" else (
+        ["--junitxml", str(pytester.path / "j.xml")] if part == "dflash-junit-evidence" else [])
+    passing = _run(pytester, profile, "--gate", "host", "-p", f"no:{part}", *extra)
+    assert passing.ret == 0, passing.stdout.str()
+    assert _verdict(pytester)["verdict"] == "pass"
+    monkeypatch.setenv("FAIL_PROBE", "1")
+    failing = _run(pytester, profile, "--gate", "host", "-p", f"no:{part}", *extra)
+    assert failing.ret == 1, failing.stdout.str()
+    failing.stdout.fnmatch_lines(["gate host: FAILED on gpu-a"])
+    assert _verdict(pytester)["verdict"] == "fail"
+
+
+# ---- an internal error -----------------------------------------------------------------------------------------
+
+CONFTEST_BOOM = """
+import os
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    if os.environ.get("BOOM") == "configure":
+        raise RuntimeError("boom in configure")
+
+def pytest_collection_finish(session):
+    if os.environ.get("BOOM") == "collection":
+        raise RuntimeError("boom in collection")
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    if os.environ.get("BOOM") == "sessionfinish":
+        raise RuntimeError("boom after the verdicts")
+"""
+
+
+@pytest.mark.parametrize("phase", ["configure", "collection", "sessionfinish"])
+def test_an_internal_error_never_leaves_a_pass(pytester: pytest.Pytester, profile: Path,
+                                               monkeypatch: pytest.MonkeyPatch, phase: str) -> None:
+    """Before the run's start wrote its `interrupted` verdicts (a conftest's tryfirst pytest_configure), during
+    the run, or after its end wrote the final ones (a trylast pytest_sessionfinish of a conftest)."""
+    pytester.makeconftest(CONFTEST_BOOM)
+    _passes_first(pytester, profile)
+    monkeypatch.setenv("BOOM", phase)
+    result = _run(pytester, profile, "--gate", "host")
+    assert result.ret != 0, result.stdout.str()
+    data = _verdict(pytester)
+    assert data["verdict"] == "interrupted", data
+    assert "internal error" in data["interrupted"], data["interrupted"]
