@@ -134,15 +134,16 @@ class VerdictCollector:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         dflash = False
+        outcome, message = counted(report)
         for key, value in report.user_properties:
             if key == "dflash" and isinstance(value, dict):
                 dflash = True
                 self.layers.add(str(value.get("layer", "")))
-                self.builder.add(report.nodeid, report.when, report.outcome, value, _message(report))
+                self.builder.add(report.nodeid, report.when, outcome, value, message)
         if report.when == "teardown":
             self.finished.add(report.nodeid)
-        if report.failed and not dflash and report.when in ("setup", "call", "teardown"):
-            line = redact(first_line(report.longreprtext, report.longrepr))
+        if outcome == "failed" and not dflash and report.when in ("setup", "call", "teardown"):
+            line = redact(message or first_line(report.longreprtext, report.longrepr))
             self.foreign.append(f"{report.nodeid} ({report.when}): {line}")
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
@@ -256,17 +257,39 @@ def _worker(node: Any) -> str:
     return str(getattr(getattr(node, "gateway", None), "id", None) or node)
 
 
+# the outcome pytest-rerunfailures gives the report of an attempt that failed and is run again
+RERUN = "rerun"
+
+
+def counted(report: pytest.TestReport) -> tuple[str, str]:
+    """The outcome the verdict counts for a report, and its one line: a failure stays a failure under an xfail
+    marker (added by a conftest or a plugin onto a check: xfailed, or not run at all with run=False) and
+    under a rerun that then passed (pytest-rerunfailures: a flaky check is no pass); an xpass that is not
+    strict counts as the pass it is."""
+    if report.outcome == RERUN:
+        return "failed", _capped(f"flaky: failed, then run again: {_failure_line(report)}")
+    if report.skipped and hasattr(report, "wasxfail"):
+        return "failed", _capped(f"xfail-marked: {_failure_line(report)}")
+    return report.outcome, _message(report)
+
+
 def _message(report: pytest.TestReport) -> str:
     """The one line the verdict says about a test: redacted and capped here too (a report from an older
     worker, or one the plugin never annotated, may carry anything)."""
     if report.skipped:
-        text = skip_message(report)
-    elif report.failed:
-        diagnosis = (body for title, body in report.sections if title.endswith("dflash diagnosis") and body)
-        text = next((body.splitlines()[0] for body in diagnosis), None) or first_line(report.longreprtext,
-                                                                                     report.longrepr)
-    else:
-        return ""
+        return _capped(skip_message(report))
+    if report.failed:
+        return _capped(_failure_line(report))
+    return ""
+
+
+def _failure_line(report: pytest.TestReport) -> str:
+    diagnosis = (body for title, body in report.sections if title.endswith("dflash diagnosis") and body)
+    return next((body.splitlines()[0] for body in diagnosis), None) or first_line(report.longreprtext,
+                                                                                 report.longrepr)
+
+
+def _capped(text: str) -> str:
     return scrub(text, LINE_BYTES, "verdict message")
 
 

@@ -134,3 +134,88 @@ def test_an_internal_error_never_leaves_a_pass(pytester: pytest.Pytester, profil
     data = _verdict(pytester)
     assert data["verdict"] == "interrupted", data
     assert "internal error" in data["interrupted"], data["interrupted"]
+
+
+# ---- an xfail marker added onto a check ------------------------------------------------------------------------
+
+CONFTEST_XFAIL = """
+import os
+import pytest
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "test_probe" in item.nodeid:
+            item.add_marker(pytest.mark.xfail(strict=os.environ.get("STRICT") == "1",
+                                              run=os.environ.get("NOT_RUN") != "1"))
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["no-xdist", "xdist"])
+def test_a_failing_check_marked_xfail_fails_its_host(pytester: pytest.Pytester, profile: Path,
+                                                     monkeypatch: pytest.MonkeyPatch, workers: list[str]) -> None:
+    from pytest_dflash.fleet.verdicts import inconsistency
+
+    pytester.makeconftest(CONFTEST_XFAIL)
+    monkeypatch.setenv("FAIL_PROBE", "1")
+    result = _run(pytester, profile, "--gate", "host", *workers)
+    assert result.ret == 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["*1 xfailed*"])  # pytest's own count: it was xfailed, not failed
+    result.stdout.fnmatch_lines(["gpu-a: FAIL *", "    FAILED test_hosts.py::test_probe[[]gpu-a[]]: xfail-marked: "
+                                 "AssertionError: the probe said no", "gate host: FAILED on gpu-a"])
+    data = _verdict(pytester)
+    assert data["verdict"] == "fail" and inconsistency(data) is None, data
+    assert [f["message"] for f in data["failures"]] == ["xfail-marked: AssertionError: the probe said no"]
+    assert data["layers"]["host"]["skipped"] == 0, data["layers"]
+
+
+@pytest.mark.parametrize("shape", ["not-run", "strict-xpass"])
+def test_an_xfail_marker_that_skips_a_check_or_a_strict_xpass_is_no_pass(pytester: pytest.Pytester, profile: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         shape: str) -> None:
+    pytester.makeconftest(CONFTEST_XFAIL)
+    monkeypatch.setenv("NOT_RUN" if shape == "not-run" else "STRICT", "1")
+    result = _run(pytester, profile, "--gate", "host")
+    assert result.ret == 1, result.stdout.str()
+    data = _verdict(pytester)
+    assert data["verdict"] == "fail", data
+    assert data["failures"][0]["test"] == "test_hosts.py::test_probe[gpu-a]", data["failures"]
+
+
+def test_a_check_that_passes_under_a_lenient_xfail_marker_passes(pytester: pytest.Pytester, profile: Path) -> None:
+    """An xpass that is not strict: the check ran and passed, and that is what the verdict counts."""
+    pytester.makeconftest(CONFTEST_XFAIL)
+    result = _run(pytester, profile, "--gate", "host")
+    assert result.ret == 0, result.stdout.str()
+    assert _verdict(pytester)["verdict"] == "pass"
+
+
+# ---- a rerun (pytest-rerunfailures) ----------------------------------------------------------------------------
+
+FLAKY_FILE = """
+import os
+from pathlib import Path
+import pytest
+
+@pytest.mark.host
+def test_flaky(dflash_host):
+    flag = Path(os.environ["FLAKY_FLAG"])
+    if not flag.exists():
+        flag.write_text("failed once")
+        assert False, "the first attempt failed"
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["no-xdist", "xdist"])
+def test_a_check_that_passed_only_on_a_rerun_is_a_failure(pytester: pytest.Pytester, profile: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, workers: list[str]) -> None:
+    from pytest_dflash.fleet.verdicts import inconsistency
+
+    pytester.makepyfile(test_flaky=FLAKY_FILE)
+    monkeypatch.setenv("FLAKY_FLAG", str(pytester.path / "flaky.flag"))
+    result = _run(pytester, profile, "--gate", "host", "--reruns", "1", *workers)
+    assert result.ret == 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["gate host: FAILED on gpu-a", "*1 rerun*"])
+    data = _verdict(pytester)
+    assert data["verdict"] == "fail" and inconsistency(data) is None, data
+    assert [(f["test"], f["message"]) for f in data["failures"]] == [
+        ("test_flaky.py::test_flaky[gpu-a]", "flaky: failed, then run again: AssertionError: the first attempt failed")]
