@@ -18,7 +18,7 @@ from pytest_dflash import __version__, interrupts
 from pytest_dflash.config import options
 from pytest_dflash.config.targets import NAMED_HOSTS_KEY, TARGETS_KEY, load_targets, named_despite_errors
 from pytest_dflash.evidence.attach import first_line, skip_message
-from pytest_dflash.report import step_summary
+from pytest_dflash.report import checklist, step_summary
 from pytest_dflash.report.verdict import (
     BUILDER_KEY,
     HostStatus,
@@ -47,19 +47,26 @@ class Selection:
 
     selected: dict[str, str] = field(default_factory=dict)
     deselected: dict[str, list[str]] = field(default_factory=dict)
+    # host -> checks its suites define that collection made no test of for it (report/checklist.py), and why
+    uncollected: dict[str, list[str]] = field(default_factory=dict)
+    uncollected_why: str = ""
 
     def as_output(self) -> dict[str, Any]:
         return {"selected": dict(self.selected),
-                "deselected": {h: list(ids) for h, ids in self.deselected.items()}}
+                "deselected": {h: list(ids) for h, ids in self.deselected.items()},
+                "uncollected": {h: list(ids) for h, ids in self.uncollected.items()},
+                "uncollected_why": self.uncollected_why}
 
     def merge(self, output: Any) -> None:
         """Fold in a worker's `as_output()` (every worker collects the same tests: a union, not a sum)."""
         if not isinstance(output, dict):
             return
         self.selected.update({str(k): str(v) for k, v in (output.get("selected") or {}).items()})
-        for host, ids in (output.get("deselected") or {}).items():
-            known = self.deselected.setdefault(str(host), [])
-            known += [str(i) for i in ids if str(i) not in known]
+        for key in ("deselected", "uncollected"):
+            for host, ids in (output.get(key) or {}).items():
+                known = getattr(self, key).setdefault(str(host), [])
+                known += [str(i) for i in ids if str(i) not in known]
+        self.uncollected_why = self.uncollected_why or str(output.get("uncollected_why") or "")
 
 
 SELECTION_KEY = pytest.StashKey[Selection]()
@@ -75,6 +82,8 @@ class SelectionRecorder:
         self.config = config
         self.dropped: dict[int, pytest.Item] = {}
         self.raw: dict[int, pytest.Item] = {}  # every item a collector made, before any plugin filtered it
+        self.modules: dict[Path, str] = {}  # every module collected (path -> node id)
+        self.module_paths: set[Path] = set()  # and those whose collection failed (a collection error)
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Generator[None, Any, Any]:
@@ -82,6 +91,11 @@ class SelectionRecorder:
         file's passed tests there) never calls pytest_deselected; what it dropped counts all the same."""
         report = yield
         self.raw.update({id(node): node for node in report.result or () if isinstance(node, pytest.Item)})
+        if isinstance(collector, pytest.Module):
+            path = Path(str(collector.path)).resolve()
+            self.module_paths.add(path)
+            if report.passed:
+                self.modules[path] = collector.nodeid
         return report
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -105,10 +119,29 @@ class SelectionRecorder:
         for key, item in self.dropped.items():
             if key not in final and (info := item_info(item)) is not None:
                 selection.deselected.setdefault(info.host, []).append(item.nodeid)
+        self._checklist(selection)
         self.config.stash[SELECTION_KEY] = selection
         workeroutput = getattr(self.config, "workeroutput", None)
         if workeroutput is not None:
             workeroutput[SELECTION_OUTPUT] = selection.as_output()
+
+
+    def _checklist(self, selection: Selection) -> None:
+        """The checks of the suites (and of every module with a dflash test) that collection made no test of,
+        per host (report/checklist.py)."""
+        run = self.config.stash.get(RUN_KEY, None)
+        if run is None or not run.profiles:
+            return
+        dflash_modules = {Path(str(item.path)).resolve() for item in self.raw.values()
+                          if item_info(item) is not None}
+        modules = {path: nodeid for path, nodeid in self.modules.items()
+                   if suite_of(path) is not None or path in dflash_modules}
+        invocation = self.config.invocation_params
+        files = checklist.suite_files(invocation.args, Path(str(invocation.dir)))
+        selection.uncollected = checklist.uncollected(modules, files - self.module_paths, self.raw.values(),
+                                                      list(run.profiles), self.config.rootpath)
+        if selection.uncollected:
+            selection.uncollected_why = checklist.why_uncollected(self.config)
 
 
 class VerdictCollector:
@@ -216,8 +249,11 @@ class VerdictCollector:
             ids = [nodeid for nodeid, host in (selection.selected.items() if selection else ())
                    if host == name]
             lost = tuple(nodeid for nodeid in ids if nodeid not in self.finished)
+            uncollected = tuple(selection.uncollected.get(name, ())) if selection else ()
             hosts[name] = HostStatus(selected=len(ids), finished=len(ids) - len(lost), lost=lost,
-                                     deselected=len(selection.deselected.get(name, ())) if selection else 0)
+                                     deselected=len(selection.deselected.get(name, ())) if selection else 0,
+                                     uncollected=uncollected,
+                                     uncollected_why=selection.uncollected_why if selection else "")
         attributed = set(selection.selected) if selection else set()
         missing = [nodeid for nodeid in self.expected
                    if nodeid not in self.finished and nodeid not in attributed]

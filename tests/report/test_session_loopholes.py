@@ -219,3 +219,125 @@ def test_a_check_that_passed_only_on_a_rerun_is_a_failure(pytester: pytest.Pytes
     assert data["verdict"] == "fail" and inconsistency(data) is None, data
     assert [(f["test"], f["message"]) for f in data["failures"]] == [
         ("test_flaky.py::test_flaky[gpu-a]", "flaky: failed, then run again: AssertionError: the first attempt failed")]
+
+
+# ---- a check that collection never made a test of ------------------------------------------------------------
+
+SUITE_FILE = """
+import pytest
+
+@pytest.mark.host
+def test_host(dflash_host):
+    pass
+
+@pytest.mark.host
+def test_accept_length(dflash_host):
+    pass
+
+@pytest.fixture
+def test_data():  # a fixture named like a test is no check
+    return 1
+"""
+SECOND_SUITE_FILE = """
+import pytest
+
+@pytest.mark.host
+def test_second(dflash_host):
+    pass
+"""
+CONFTEST_MAKEITEM = """
+import os
+import pytest
+
+def pytest_pycollect_makeitem(collector, name, obj):
+    if os.environ.get("DROP") == "check" and name == "test_accept_length":
+        return []
+
+
+class OneHost:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pycollect_makeitem(self, collector, name, obj):
+        made = yield
+        if name == "test_accept_length":
+            return [item for item in made or () if "gpu-b" not in getattr(item, "name", "")]
+        return made
+
+
+def pytest_configure(config):
+    if os.environ.get("DROP") == "one-host":
+        config.pluginmanager.register(OneHost(), "one-host")
+"""
+
+
+@pytest.fixture
+def suites(pytester: pytest.Pytester, profile: Path) -> Path:
+    """suites/mini with two modules, and a second host (gpu-b) beside gpu-a."""
+    (pytester.path / "test_hosts.py").unlink()
+    mini = pytester.path / "suites" / "mini"
+    mini.mkdir(parents=True)
+    (mini / "test_mini.py").write_text(SUITE_FILE)
+    (mini / "test_second.py").write_text(SECOND_SUITE_FILE)
+    (pytester.path / "gpu-b.toml").write_text(PROFILE)
+    return pytester.path / "suites"
+
+
+def _run_suites(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("suites", "-p", "no:cacheprovider", "--host", "gpu-a.toml", "--host",
+                                         "gpu-b.toml", f"--dflash-report={pytester.path / 'reports'}", "--gate",
+                                         "host", *args)
+
+
+def _verdicts(pytester: pytest.Pytester) -> dict[str, dict[str, Any]]:
+    return {host: json.loads((pytester.path / "reports" / f"{host}.verdict.json").read_text())
+            for host in ("gpu-a", "gpu-b")}
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["no-xdist", "xdist"])
+def test_a_whole_run_of_the_suites_passes(pytester: pytest.Pytester, suites: Path, workers: list[str]) -> None:
+    result = _run_suites(pytester, *workers)
+    assert result.ret == 0, result.stdout.str()
+    assert {h: v["verdict"] for h, v in _verdicts(pytester).items()} == {"gpu-a": "pass", "gpu-b": "pass"}
+
+
+@pytest.mark.parametrize(("shape", "first", "why"), [
+    (["-o", "python_functions=test_host test_second"], "suites/mini/test_mini.py::test_accept_length",
+     "the run collects other tests than its suites define: python_functions = 'test_host test_second'"),
+    (["-o", "python_classes=Nothing", "-o", "python_functions=test_h test_s"],
+     "suites/mini/test_mini.py::test_accept_length",
+     "the run collects other tests than its suites define: python_classes = 'Nothing', python_functions = "
+     "'test_h test_s'"),
+    (["-o", "python_files=test_mini.py"], "suites/mini/test_second.py (no test of it was collected)",
+     "the run collects other tests than its suites define: python_files = 'test_mini.py'"),
+    (["--ignore", "suites/mini/test_second.py"], "suites/mini/test_second.py (no test of it was collected)",
+     "a conftest or plugin made them no test *"),
+    (["DROP=check"], "suites/mini/test_mini.py::test_accept_length", "a conftest or plugin made them no test *"),
+], ids=["python_functions", "python_classes", "python_files", "ignore", "makeitem"])
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["no-xdist", "xdist"])
+def test_a_check_collection_never_made_is_named_and_fails_the_gate(
+        pytester: pytest.Pytester, suites: Path, monkeypatch: pytest.MonkeyPatch, shape: list[str], first: str,
+        why: str, workers: list[str]) -> None:
+    pytester.makeconftest(CONFTEST_MAKEITEM)
+    if shape[0].startswith("DROP="):
+        monkeypatch.setenv("DROP", shape[0].removeprefix("DROP="))
+        shape = []
+    result = _run_suites(pytester, *shape, *workers)
+    assert result.ret == 1, result.stdout.str()
+    reason = f"1 check(s) of this host were never collected (first: {first}): {why}"
+    result.stdout.fnmatch_lines(["gpu-a: PARTIAL *", f"    PARTIAL: {reason}", "gate host: FAILED",
+                                 f"  gate refused: gpu-a: 1 check(s) were never collected (first: {first}): *"])
+    for data in _verdicts(pytester).values():
+        assert data["verdict"] == "partial", data
+        assert data["tests"]["deselected"] == 0 and data["tests"]["uncollected"] == [first], data["tests"]
+
+
+def test_a_check_made_for_one_host_only_leaves_the_other_partial(pytester: pytest.Pytester, suites: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per host, as run/collection.py parametrizes: a hook that keeps a check's test of gpu-a and drops gpu-b's."""
+    pytester.makeconftest(CONFTEST_MAKEITEM)
+    monkeypatch.setenv("DROP", "one-host")
+    result = _run_suites(pytester)
+    assert result.ret == 1, result.stdout.str()
+    verdicts = _verdicts(pytester)
+    assert verdicts["gpu-a"]["verdict"] == "pass", verdicts["gpu-a"]
+    assert verdicts["gpu-b"]["verdict"] == "partial", verdicts["gpu-b"]
+    assert verdicts["gpu-b"]["tests"]["uncollected"] == ["suites/mini/test_mini.py::test_accept_length"]
