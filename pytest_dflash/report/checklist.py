@@ -100,8 +100,13 @@ def why_uncollected(config: pytest.Config) -> str:
                if list(value := config.getini(name)) != default]
     if changed:
         return f"the run collects other tests than its suites define: {', '.join(changed)}"
+    ignored = [f"{flag} {' '.join(map(str, value))}" for flag, name in (("--ignore", "ignore"),
+                                                                       ("--ignore-glob", "ignore_glob"))
+               if (value := config.getoption(name, None))]
+    if ignored:
+        return f"the run left them out: {', '.join(ignored)}"
     return ("a conftest or plugin made them no test (pytest_pycollect_makeitem, pytest_ignore_collect, "
-            "--ignore, collect_ignore)")
+            "collect_ignore, norecursedirs)")
 
 
 def _relative(path: Path, root: Path) -> str:

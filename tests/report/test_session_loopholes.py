@@ -63,7 +63,7 @@ def _passes_first(pytester: pytest.Pytester, profile: Path) -> None:
 
 # ---- a part of the plugin blocked with -p no: ----------------------------------------------------------------
 
-@pytest.mark.parametrize("part", ["dflash-verdicts", "dflash-selection", "pytest_dflash.report.started",
+@pytest.mark.parametrize("part", ["dflash-verdicts", "dflash-selection", "dflash-xdist", "pytest_dflash.report.started",
                                   "pytest_dflash.layers.perf.hooks"])
 @pytest.mark.parametrize("where", ["argument", "PYTEST_ADDOPTS"])
 def test_blocking_a_part_the_verdict_needs_is_a_usage_error(pytester: pytest.Pytester, profile: Path,
@@ -271,12 +271,11 @@ def pytest_configure(config):
 
 @pytest.fixture
 def suites(pytester: pytest.Pytester, profile: Path) -> Path:
-    """suites/mini with two modules, and a second host (gpu-b) beside gpu-a."""
+    """Two suites (suites/mini, suites/second), and a second host (gpu-b) beside gpu-a."""
     (pytester.path / "test_hosts.py").unlink()
-    mini = pytester.path / "suites" / "mini"
-    mini.mkdir(parents=True)
-    (mini / "test_mini.py").write_text(SUITE_FILE)
-    (mini / "test_second.py").write_text(SECOND_SUITE_FILE)
+    for suite, text in (("mini", SUITE_FILE), ("second", SECOND_SUITE_FILE)):
+        (pytester.path / "suites" / suite).mkdir(parents=True)
+        (pytester.path / "suites" / suite / f"test_{suite}.py").write_text(text)
     (pytester.path / "gpu-b.toml").write_text(PROFILE)
     return pytester.path / "suites"
 
@@ -306,12 +305,14 @@ def test_a_whole_run_of_the_suites_passes(pytester: pytest.Pytester, suites: Pat
      "suites/mini/test_mini.py::test_accept_length",
      "the run collects other tests than its suites define: python_classes = 'Nothing', python_functions = "
      "'test_h test_s'"),
-    (["-o", "python_files=test_mini.py"], "suites/mini/test_second.py (no test of it was collected)",
+    (["-o", "python_files=test_mini.py"], "suites/second/test_second.py (no test of it was collected)",
      "the run collects other tests than its suites define: python_files = 'test_mini.py'"),
-    (["--ignore", "suites/mini/test_second.py"], "suites/mini/test_second.py (no test of it was collected)",
+    (["--ignore", "suites/second/test_second.py"], "suites/second/test_second.py (no test of it was collected)",
+     "the run left them out: --ignore suites/second/test_second.py"),
+    (["-o", "norecursedirs=second"], "suites/second/test_second.py (no test of it was collected)",
      "a conftest or plugin made them no test *"),
     (["DROP=check"], "suites/mini/test_mini.py::test_accept_length", "a conftest or plugin made them no test *"),
-], ids=["python_functions", "python_classes", "python_files", "ignore", "makeitem"])
+], ids=["python_functions", "python_classes", "python_files", "ignore", "norecursedirs", "makeitem"])
 @pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["no-xdist", "xdist"])
 def test_a_check_collection_never_made_is_named_and_fails_the_gate(
         pytester: pytest.Pytester, suites: Path, monkeypatch: pytest.MonkeyPatch, shape: list[str], first: str,
