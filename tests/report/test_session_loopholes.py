@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 
@@ -157,8 +158,11 @@ def test_a_failing_check_marked_xfail_fails_its_host(pytester: pytest.Pytester, 
 
     pytester.makeconftest(CONFTEST_XFAIL)
     monkeypatch.setenv("FAIL_PROBE", "1")
-    result = _run(pytester, profile, "--gate", "host", *workers)
+    result = _run(pytester, profile, "--gate", "host", "--junitxml", str(pytester.path / "junit.xml"), *workers)
     assert result.ret == 1, result.stdout.str()
+    junit = ElementTree.parse(pytester.path / "junit.xml")
+    probe = next(case for case in junit.iter("testcase") if case.get("name") == "test_probe[gpu-a]")
+    assert {p.get("name"): p.get("value") for p in probe.iter("property")}["dflash.verdict"] == "failed"
     result.stdout.fnmatch_lines(["*1 xfailed*"])  # pytest's own count: it was xfailed, not failed
     result.stdout.fnmatch_lines(["gpu-a: FAIL *", "    FAILED test_hosts.py::test_probe[[]gpu-a[]]: xfail-marked: "
                                  "AssertionError: the probe said no", "gate host: FAILED on gpu-a"])
