@@ -20,7 +20,8 @@ from what happened to the run as a whole — never from which options were given
                            error, a usage error, nothing collected, a test of this host selected at collection
                            that never finished, or the run never wrote its final verdict (killed: the file
                            written at start)
-            = fail         a layer failed or was blocked, or a test outside the dflash tests failed
+            = fail         a layer failed or was blocked, or a test outside the dflash tests failed (a check
+                           xfailed by a marker, or failed before a rerun that passed, is failed)
             = partial      nothing failed, but not everything ran: tests of this host were deselected (by any
                            means: -k, -m, --lf, --sw, --deselect, a conftest, a plugin), a check its
                            suites define was never collected for it (report/checklist.py), the run named node
