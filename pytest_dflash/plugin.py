@@ -24,12 +24,13 @@ from pytest_dflash.config.targets import EMPTY_SHARD_KEY, TARGETS_KEY
 from pytest_dflash.evidence import attach
 from pytest_dflash.fleet import scheduling
 from pytest_dflash.report import session as report_session
+from pytest_dflash.report import started
 from pytest_dflash.report.progress import ProgressChannel
 from pytest_dflash.report.verdict import BUILDER_KEY
 from pytest_dflash.run import cleanup, collection, discovery, preflight, timeouts
 from pytest_dflash.run.blocking import blocked_reason
 from pytest_dflash.run.collection import INFO_KEY
-from pytest_dflash.run.stash import GATE_KEY, RUN_KEY
+from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
 from pytest_dflash.run.state import DflashRun, RunOptions
 
 # The fixtures, and the layer modules that add their own options and hooks (pytest loads them with this
@@ -37,6 +38,10 @@ from pytest_dflash.run.state import DflashRun, RunOptions
 pytest_plugins: list[str] = ["pytest_dflash.report.started", "pytest_dflash.run.fixtures",
                               "pytest_dflash.layers.gpu.hooks", "pytest_dflash.fleet.hooks",
                               "pytest_dflash.layers.parity.hooks", "pytest_dflash.layers.perf.hooks"]
+# The plugin objects registered below that the verdict, its exit code and the hosts' scheduling depend on:
+# `-p no:NAME` blocks a plugin by name, and a run without one of these would judge what it never saw.
+# dflash-progress, dflash-html and dflash-junit-evidence only show things: blocking them changes no verdict.
+REQUIRED_PARTS = ("dflash-verdicts", "dflash-selection", "dflash-xdist", "dflash-host-scheduler")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,8 +55,12 @@ def pytest_configure(config: pytest.Config) -> None:
     for layer in LAYERS:
         config.addinivalue_line("markers", f"{layer}: pytest-dflash {layer} layer — {LAYER_HELP[layer]}")
     config.addinivalue_line("markers", collection.SERVICES_MARKER)
+    if BUILDER_KEY not in config.stash:
+        # `-p no:pytest_dflash.report.started`: the run starts all the same, then is refused
+        started.begin(config)
     profiles = config.stash[TARGETS_KEY]
     try:
+        _refuse_blocked_parts(config)
         _configure_run(config, profiles, config.stash[BUILDER_KEY].run_id,
                        getattr(config, "workerinput", None))
     except pytest.UsageError as exc:
@@ -59,6 +68,19 @@ def pytest_configure(config: pytest.Config) -> None:
             report_session.refuse(config, config.stash[BUILDER_KEY], options.report_dir(config),
                                   list(profiles), exc)
         raise
+
+
+def _refuse_blocked_parts(config: pytest.Config) -> None:
+    """`-p no:` on a part the verdict depends on: a usage error, never a run judged without it."""
+    blocked = [name for name in (*pytest_plugins, *REQUIRED_PARTS) if config.pluginmanager.is_blocked(name)]
+    if blocked:
+        raise pytest.UsageError(f"-p no:{blocked[0]}: pytest-dflash cannot judge a run without this part of "
+                                "itself; unblock it (or turn the whole plugin off with -p no:dflash)")
+
+
+def _register(config: pytest.Config, plugin: object, name: str) -> None:
+    if config.pluginmanager.register(plugin, name) is None and name in REQUIRED_PARTS:
+        raise pytest.UsageError(f"-p no:{name}: pytest-dflash cannot judge a run without this part of itself")
 
 
 def _configure_run(config: pytest.Config, profiles: dict[str, HostProfile], run_id: str,
@@ -94,23 +116,39 @@ def _configure_run(config: pytest.Config, profiles: dict[str, HostProfile], run_
     config.pluginmanager.register(channel, "dflash-progress")
     channel.start()
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_XdistHooks(run, answers, channel), "dflash-xdist")
+        _register(config, _XdistHooks(run, answers, channel), "dflash-xdist")
         if (getattr(config.option, "dist", "no") in scheduling.SCHEDULED_DIST
                 and not hasattr(config, "workerinput")):
             # Each host's tests in one worker (its lock, its service state), a fixed one, which readies all of
             # its hosts at once; test ids stay pytest's own (fleet/scheduling.py).
-            config.pluginmanager.register(scheduling.HostScheduler(config, run), "dflash-host-scheduler")
+            _register(config, scheduling.HostScheduler(config, run), "dflash-host-scheduler")
     # Where the tests are collected (an -n controller collects nothing: its workers send theirs).
-    config.pluginmanager.register(report_session.SelectionRecorder(config), "dflash-selection")
+    _register(config, report_session.SelectionRecorder(config), "dflash-selection")
     if report_session.writes_verdicts(config):
-        config.pluginmanager.register(report_session.VerdictCollector(config, config.stash[BUILDER_KEY]),
-                                      "dflash-verdicts")
+        collector = report_session.VerdictCollector(config, config.stash[BUILDER_KEY])
+        _register(config, collector, "dflash-verdicts")
     if getattr(config.option, "xmlpath", None) and not hasattr(config, "workerinput"):  # junitxml runs there
         config.pluginmanager.register(attach.JUnitEvidence(), "dflash-junit-evidence")
     if config.pluginmanager.hasplugin("html"):
         from pytest_dflash.report import html
 
         config.pluginmanager.register(html.HtmlHooks(config), "dflash-html")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Generator[None, Any, Any]:
+    """An internal error (exit 3, or one raised past pytest itself) never leaves an older `pass` standing:
+    also one raised before the run's start wrote its `interrupted` verdicts (a conftest's tryfirst
+    pytest_configure), or after its end wrote the final ones (a later plugin's pytest_sessionfinish)."""
+    try:
+        code = yield
+    except BaseException as exc:
+        if not isinstance(exc, (pytest.UsageError, KeyboardInterrupt, SystemExit)):
+            report_session.leave_no_pass(config, f"internal error: {type(exc).__name__}: {exc}")
+        raise
+    if code == pytest.ExitCode.INTERNAL_ERROR and REPORTED_KEY not in config.stash:
+        report_session.leave_no_pass(config, "internal error (exit 3) before the run wrote its verdicts")
+    return code
 
 
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:

@@ -145,8 +145,8 @@ def junit_properties(item: pytest.Item, report: pytest.TestReport, host: HostCon
     """Flat string properties for JUnit's <property> (the `dflash` dict never reaches it: JUnitEvidence):
     host, layer, service(s), algorithm(s), diagnosis ids, and the test's outcome so far as the verdict counts
     it (failed > blocked > skipped > passed) — JUnit keeps the last phase's properties, so its testcase says
-    what the whole test did."""
-    if report.failed:
+    what the whole test did (a failure xfailed by a marker is the failure it is, as in the verdict)."""
+    if report.failed or (report.skipped and hasattr(report, "wasxfail")):
         outcome = "failed"
     elif report.skipped:
         outcome = "blocked" if info.blocked else "skipped"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import uuid
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +16,9 @@ import pytest
 
 from pytest_dflash import __version__, interrupts
 from pytest_dflash.config import options
-from pytest_dflash.config.targets import NAMED_HOSTS_KEY
+from pytest_dflash.config.targets import NAMED_HOSTS_KEY, TARGETS_KEY, load_targets, named_despite_errors
 from pytest_dflash.evidence.attach import first_line, skip_message
-from pytest_dflash.report import step_summary
+from pytest_dflash.report import checklist, step_summary
 from pytest_dflash.report.verdict import (
     BUILDER_KEY,
     HostStatus,
@@ -46,19 +47,26 @@ class Selection:
 
     selected: dict[str, str] = field(default_factory=dict)
     deselected: dict[str, list[str]] = field(default_factory=dict)
+    # host -> checks its suites define that collection made no test of for it (report/checklist.py), and why
+    uncollected: dict[str, list[str]] = field(default_factory=dict)
+    uncollected_why: str = ""
 
     def as_output(self) -> dict[str, Any]:
         return {"selected": dict(self.selected),
-                "deselected": {h: list(ids) for h, ids in self.deselected.items()}}
+                "deselected": {h: list(ids) for h, ids in self.deselected.items()},
+                "uncollected": {h: list(ids) for h, ids in self.uncollected.items()},
+                "uncollected_why": self.uncollected_why}
 
     def merge(self, output: Any) -> None:
         """Fold in a worker's `as_output()` (every worker collects the same tests: a union, not a sum)."""
         if not isinstance(output, dict):
             return
         self.selected.update({str(k): str(v) for k, v in (output.get("selected") or {}).items()})
-        for host, ids in (output.get("deselected") or {}).items():
-            known = self.deselected.setdefault(str(host), [])
-            known += [str(i) for i in ids if str(i) not in known]
+        for key in ("deselected", "uncollected"):
+            for host, ids in (output.get(key) or {}).items():
+                known = getattr(self, key).setdefault(str(host), [])
+                known += [str(i) for i in ids if str(i) not in known]
+        self.uncollected_why = self.uncollected_why or str(output.get("uncollected_why") or "")
 
 
 SELECTION_KEY = pytest.StashKey[Selection]()
@@ -74,6 +82,8 @@ class SelectionRecorder:
         self.config = config
         self.dropped: dict[int, pytest.Item] = {}
         self.raw: dict[int, pytest.Item] = {}  # every item a collector made, before any plugin filtered it
+        self.modules: dict[Path, str] = {}  # every module collected (path -> node id)
+        self.module_paths: set[Path] = set()  # and those whose collection failed (a collection error)
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Generator[None, Any, Any]:
@@ -81,6 +91,11 @@ class SelectionRecorder:
         file's passed tests there) never calls pytest_deselected; what it dropped counts all the same."""
         report = yield
         self.raw.update({id(node): node for node in report.result or () if isinstance(node, pytest.Item)})
+        if isinstance(collector, pytest.Module):
+            path = Path(str(collector.path)).resolve()
+            self.module_paths.add(path)
+            if report.passed:
+                self.modules[path] = collector.nodeid
         return report
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -104,10 +119,29 @@ class SelectionRecorder:
         for key, item in self.dropped.items():
             if key not in final and (info := item_info(item)) is not None:
                 selection.deselected.setdefault(info.host, []).append(item.nodeid)
+        self._checklist(selection)
         self.config.stash[SELECTION_KEY] = selection
         workeroutput = getattr(self.config, "workeroutput", None)
         if workeroutput is not None:
             workeroutput[SELECTION_OUTPUT] = selection.as_output()
+
+
+    def _checklist(self, selection: Selection) -> None:
+        """The checks of the suites (and of every module with a dflash test) that collection made no test of,
+        per host (report/checklist.py)."""
+        run = self.config.stash.get(RUN_KEY, None)
+        if run is None or not run.profiles:
+            return
+        dflash_modules = {Path(str(item.path)).resolve() for item in self.raw.values()
+                          if item_info(item) is not None}
+        modules = {path: nodeid for path, nodeid in self.modules.items()
+                   if suite_of(path) is not None or path in dflash_modules}
+        invocation = self.config.invocation_params
+        files = checklist.suite_files(invocation.args, Path(str(invocation.dir)))
+        selection.uncollected = checklist.uncollected(modules, files - self.module_paths, self.raw.values(),
+                                                      list(run.profiles), self.config.rootpath)
+        if selection.uncollected:
+            selection.uncollected_why = checklist.why_uncollected(self.config)
 
 
 class VerdictCollector:
@@ -133,15 +167,16 @@ class VerdictCollector:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         dflash = False
+        outcome, message = counted(report)
         for key, value in report.user_properties:
             if key == "dflash" and isinstance(value, dict):
                 dflash = True
                 self.layers.add(str(value.get("layer", "")))
-                self.builder.add(report.nodeid, report.when, report.outcome, value, _message(report))
+                self.builder.add(report.nodeid, report.when, outcome, value, message)
         if report.when == "teardown":
             self.finished.add(report.nodeid)
-        if report.failed and not dflash and report.when in ("setup", "call", "teardown"):
-            line = redact(first_line(report.longreprtext, report.longrepr))
+        if outcome == "failed" and not dflash and report.when in ("setup", "call", "teardown"):
+            line = redact(message or first_line(report.longreprtext, report.longrepr))
             self.foreign.append(f"{report.nodeid} ({report.when}): {line}")
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
@@ -214,8 +249,11 @@ class VerdictCollector:
             ids = [nodeid for nodeid, host in (selection.selected.items() if selection else ())
                    if host == name]
             lost = tuple(nodeid for nodeid in ids if nodeid not in self.finished)
+            uncollected = tuple(selection.uncollected.get(name, ())) if selection else ()
             hosts[name] = HostStatus(selected=len(ids), finished=len(ids) - len(lost), lost=lost,
-                                     deselected=len(selection.deselected.get(name, ())) if selection else 0)
+                                     deselected=len(selection.deselected.get(name, ())) if selection else 0,
+                                     uncollected=uncollected,
+                                     uncollected_why=selection.uncollected_why if selection else "")
         attributed = set(selection.selected) if selection else set()
         missing = [nodeid for nodeid in self.expected
                    if nodeid not in self.finished and nodeid not in attributed]
@@ -255,17 +293,39 @@ def _worker(node: Any) -> str:
     return str(getattr(getattr(node, "gateway", None), "id", None) or node)
 
 
+# the outcome pytest-rerunfailures gives the report of an attempt that failed and is run again
+RERUN = "rerun"
+
+
+def counted(report: pytest.TestReport) -> tuple[str, str]:
+    """The outcome the verdict counts for a report, and its one line: a failure stays a failure under an xfail
+    marker (added by a conftest or a plugin onto a check: xfailed, or not run at all with run=False) and
+    under a rerun that then passed (pytest-rerunfailures: a flaky check is no pass); an xpass that is not
+    strict counts as the pass it is."""
+    if report.outcome == RERUN:
+        return "failed", _capped(f"flaky: failed, then run again: {_failure_line(report)}")
+    if report.skipped and hasattr(report, "wasxfail"):
+        return "failed", _capped(f"xfail-marked: {_failure_line(report)}")
+    return report.outcome, _message(report)
+
+
 def _message(report: pytest.TestReport) -> str:
     """The one line the verdict says about a test: redacted and capped here too (a report from an older
     worker, or one the plugin never annotated, may carry anything)."""
     if report.skipped:
-        text = skip_message(report)
-    elif report.failed:
-        diagnosis = (body for title, body in report.sections if title.endswith("dflash diagnosis") and body)
-        text = next((body.splitlines()[0] for body in diagnosis), None) or first_line(report.longreprtext,
-                                                                                     report.longrepr)
-    else:
-        return ""
+        return _capped(skip_message(report))
+    if report.failed:
+        return _capped(_failure_line(report))
+    return ""
+
+
+def _failure_line(report: pytest.TestReport) -> str:
+    diagnosis = (body for title, body in report.sections if title.endswith("dflash diagnosis") and body)
+    return next((body.splitlines()[0] for body in diagnosis), None) or first_line(report.longreprtext,
+                                                                                 report.longrepr)
+
+
+def _capped(text: str) -> str:
     return scrub(text, LINE_BYTES, "verdict message")
 
 
@@ -373,6 +433,25 @@ def refuse(config: pytest.Config, builder: VerdictBuilder, report_dir: Path, hos
     reason = f"the run ended with a usage error before any test ran: {redact(str(error).strip())[:500]}"
     with contextlib.suppress(OSError):
         builder.write_started(report_dir, hosts, reason=reason)
+
+
+def leave_no_pass(config: pytest.Config, reason: str) -> None:
+    """After an internal error, wherever it came from: each host the options name gets an 'interrupted'
+    verdict naming it (best effort: this runs while pytest reports the error), never an older or this run's
+    `pass`."""
+    if not writes_verdicts(config):
+        return
+    builder = config.stash.get(BUILDER_KEY, None) or VerdictBuilder(uuid.uuid4().hex[:12])
+    try:
+        profiles = config.stash.get(TARGETS_KEY, None)
+        hosts = list(profiles if profiles is not None else load_targets(config))
+    except Exception:
+        hosts = []
+    with contextlib.suppress(Exception):
+        hosts = hosts or named_despite_errors(config)
+        if not builder.status.selection:
+            builder.status = RunStatus(selection=_selection_args(config), named_hosts=tuple(hosts))
+        builder.write_started(options.report_dir(config), hosts, reason=redact(reason.strip())[:500])
 
 
 def _selection_args(config: pytest.Config) -> dict[str, Any]:

@@ -20,6 +20,11 @@ from pytest_dflash.run import cleanup
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    begin(config)
+
+
+def begin(config: pytest.Config) -> None:
+    """The start of the run (also called by the plugin itself when this module was blocked with `-p no:`)."""
     workerinput = getattr(config, "workerinput", None)
     run_id = (workerinput.get("dflash_run_id") if workerinput else None) or uuid.uuid4().hex[:12]
     builder = VerdictBuilder(run_id)

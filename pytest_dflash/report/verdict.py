@@ -20,9 +20,11 @@ from what happened to the run as a whole — never from which options were given
                            error, a usage error, nothing collected, a test of this host selected at collection
                            that never finished, or the run never wrote its final verdict (killed: the file
                            written at start)
-            = fail         a layer failed or was blocked, or a test outside the dflash tests failed
+            = fail         a layer failed or was blocked, or a test outside the dflash tests failed (a check
+                           xfailed by a marker, or failed before a rerun that passed, is failed)
             = partial      nothing failed, but not everything ran: tests of this host were deselected (by any
-                           means: -k, -m, --lf, --sw, --deselect, a conftest, a plugin), the run named node
+                           means: -k, -m, --lf, --sw, --deselect, a conftest, a plugin), a check its
+                           suites define was never collected for it (report/checklist.py), the run named node
                            ids or a subset of the suites, a check of this host could not be made (a "could
                            not check" skip), or no test of this host passed at all
             = pass         every test selected for the host at collection finished and passed (or was skipped
@@ -123,6 +125,8 @@ class HostVerdict:
         if host is not None and host.deselected:
             reasons.append(f"{host.deselected} test(s) of this host deselected after collection "
                            f"({host.selected} of {host.selected + host.deselected} ran)")
+        if host is not None and (uncollected := host.uncollected_reason()):
+            reasons.append(uncollected)
         reasons += self.unchecked_reasons()
         if not any(tally.passed for tally in self.layers.values()):
             reasons.append("no test of this host passed")
@@ -173,7 +177,8 @@ class HostVerdict:
             "partial": partial,
             "foreign": list(status.foreign),
             "tests": {"selected": host.selected, "finished": host.finished, "deselected": host.deselected,
-                      "lost": list(host.lost[:LOST_SHOWN])},
+                      "lost": list(host.lost[:LOST_SHOWN]),
+                      "uncollected": list(host.uncollected[:LOST_SHOWN])},
             "run": {"hosts": list(status.named_hosts), "shard": status.shard},
             "selection": dict(status.selection),
             "exit_code": exit_code,
@@ -195,12 +200,21 @@ class HostVerdict:
 @dataclass(frozen=True)
 class HostStatus:
     """What pytest did with one host's tests: how many were selected at collection (after every deselection),
-    how many of those finished, which never did, and how many were deselected."""
+    how many of those finished, which never did, how many were deselected, and which checks its suites define
+    collection made no test of (report/checklist.py)."""
 
     selected: int = 0
     finished: int = 0
     deselected: int = 0
     lost: tuple[str, ...] = ()
+    uncollected: tuple[str, ...] = ()  # checks its suites define that collection made no test of
+    uncollected_why: str = ""
+
+    def uncollected_reason(self) -> str | None:
+        if not self.uncollected:
+            return None
+        return (f"{len(self.uncollected)} check(s) of this host were never collected (first: "
+                f"{self.uncollected[0]}): {self.uncollected_why}")
 
 
 @dataclass
@@ -293,6 +307,8 @@ class VerdictBuilder:
                                f"{host.lost[0]})")
             if host.deselected:
                 refused.append(f"{name}: {host.deselected} test(s) deselected after collection")
+            if uncollected := host.uncollected_reason():
+                refused.append(f"{name}: {uncollected.replace('of this host ', '')}")
         for name, verdict in sorted(self.hosts.items()):
             refused += [f"{name}: {why}" for why in verdict.unchecked_reasons(wanted)]
         ok = (bool(per_host) and not refused

@@ -142,7 +142,8 @@ def test_a_narrowed_run_is_partial_and_never_green_in_the_fleet_view(run_suite, 
     # the counts are what pytest did: everything the whole run selected but the one greedy test was deselected
     everything = verdict(run_suite.reports, "narrow")["tests"]["selected"]
     # -k greedy keeps test_greedy_generation and test_greedy_parity (one "does not apply" skip: no [parity])
-    assert data["tests"] == {"selected": 2, "finished": 2, "deselected": everything - 2, "lost": []}
+    assert data["tests"] == {"selected": 2, "finished": 2, "deselected": everything - 2, "lost": [],
+                            "uncollected": []}
     assert data["partial"][1].startswith(f"{everything - 2} test(s) of this host deselected after collection")
 
 

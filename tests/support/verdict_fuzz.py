@@ -60,6 +60,17 @@ def pytest_configure(config):
         linger("configure")
 
 
+class Boom:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config):  # before the plugin's start-of-run verdicts
+        raise RuntimeError("FUZZ_BOOM: a conftest's pytest_configure raised")
+
+
+def pytest_addoption(parser, pluginmanager):
+    if os.environ.get("FUZZ_BOOM") == "configure":
+        pluginmanager.register(Boom(), "fuzz-boom")
+
+
 def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput"):
         mark("collection")
@@ -67,6 +78,21 @@ def pytest_collection_modifyitems(config, items):
     drop = os.environ.get("FUZZ_DROP")
     if drop:  # a conftest that drops tests silently: no pytest_deselected call
         items[:] = [item for item in items if drop not in item.nodeid]
+    xfail = os.environ.get("FUZZ_XFAIL")
+    if xfail:  # a conftest that marks a failing check xfail
+        for item in items:
+            if xfail in item.nodeid:
+                item.add_marker(pytest.mark.xfail(reason="known"))
+
+
+def pytest_pycollect_makeitem(collector, name, obj):
+    if name == os.environ.get("FUZZ_UNMADE"):  # a conftest that makes a check no test at all
+        return []
+
+
+def pytest_collection_finish(session):
+    if os.environ.get("FUZZ_BOOM") == "collection":
+        raise RuntimeError("FUZZ_BOOM: a conftest hook raised")
 
 
 @pytest.fixture(autouse=True)
@@ -85,6 +111,7 @@ def fuzz_hooks(request):
 
 SUITE = '''
 import os
+from pathlib import Path
 
 import pytest
 from pytest_dflash.api import ServiceHandle, greedy
@@ -94,6 +121,12 @@ def maybe_fail(request):
     failing = os.environ.get("FUZZ_FAIL")
     if failing and failing in request.node.nodeid:
         pytest.fail("FUZZ_FAIL says this test fails")
+    flaky = os.environ.get("FUZZ_FLAKY")
+    if flaky and flaky in request.node.nodeid:
+        flag = Path(os.environ["FUZZ_MARKS"] + ".flaky-" + request.node.name.replace("/", "_"))
+        if not flag.exists():
+            flag.write_text("failed once")
+            pytest.fail("FUZZ_FLAKY says this test fails once")
 
 
 @pytest.mark.generation
@@ -182,7 +215,8 @@ def run_env(workdir: Path, **extra: str) -> dict[str, str]:
     env = {**os.environ, "FUZZ_MARKS": str(workdir / "marks"), "DFLASH_STATE_DIR": str(workdir / "state"),
            "PYTHONUNBUFFERED": "1", **extra}
     env.pop("GITHUB_STEP_SUMMARY", None)
-    for name in ("FUZZ_FAIL", "FUZZ_DROP", "FUZZ_LINGER", "FUZZ_KILL_WORKER"):
+    for name in ("FUZZ_FAIL", "FUZZ_DROP", "FUZZ_LINGER", "FUZZ_KILL_WORKER", "FUZZ_XFAIL", "FUZZ_FLAKY",
+                 "FUZZ_UNMADE", "FUZZ_BOOM", "PYTEST_ADDOPTS"):
         if name not in extra:
             env.pop(name, None)
     return env
@@ -257,7 +291,8 @@ def check_invariants(shape: Shape, run: Run, hosts: Sequence[str]) -> list[str]:
     problems = []
     if run.returncode not in shape.exit_codes:
         problems.append(f"exit code {run.returncode}, documented {shape.exit_codes}")
-    if "INTERNALERROR" in run.output or "Traceback (most recent call last)" in run.output:
+    if 3 not in shape.exit_codes and ("INTERNALERROR" in run.output
+                                      or "Traceback (most recent call last)" in run.output):
         problems.append("a traceback or INTERNALERROR in the output")
     verdicts = {}
     for host in hosts:
@@ -506,6 +541,62 @@ def _no_test_body(w: Path, rng: random.Random) -> Run:
     return run_pytest(w, [*setup(w), shape, "--gate", "generation"])
 
 
+def _blocked_part(w: Path, rng: random.Random) -> Run:
+    """`-p no:` on a part of the plugin the verdict needs, after a passing run, one test failing."""
+    hosts = setup(w)
+    part = rng.choice(["dflash-verdicts", "dflash-selection", "pytest_dflash.report.started"])
+    if rng.random() < 0.5:
+        return run_pytest(w, [*hosts, "--gate", "generation"], PYTEST_ADDOPTS=f"-p no:{part}",
+                          FUZZ_FAIL="test_b[")
+    return run_pytest(w, [*hosts, "-p", f"no:{part}", "--gate", "generation"], FUZZ_FAIL="test_b[")
+
+
+def _xfail_marked(w: Path, rng: random.Random) -> Run:
+    """A conftest marks a failing check xfail (pytest counts it xfailed)."""
+    victim = f"test_{rng.choice('bcd')}[{rng.choice(HOSTS)}"
+    return run_pytest(w, [*setup(w), "--gate", "generation", *rng.choice([[], ["-n", "2"]])],
+                      FUZZ_FAIL=victim, FUZZ_XFAIL=victim)
+
+
+def _check_xfail_marked(run: Run) -> None:
+    victim = run.env["FUZZ_FAIL"]
+    host = victim.split("[", 1)[1]
+    data = run.verdict(host) or {}
+    assert data.get("verdict") == "fail", data.get("verdict")
+    assert any(f["message"].startswith("xfail-marked: ") for f in data["failures"]), data["failures"]
+    other = next(h for h in HOSTS if h != host)
+    assert (run.verdict(other) or {}).get("verdict") == "pass", (run.verdict(other) or {}).get("verdict")
+
+
+def _rerun(w: Path, rng: random.Random) -> Run:
+    """pytest-rerunfailures: a check fails once and passes on its rerun."""
+    victim = f"test_{rng.choice('abcd')}[{rng.choice(HOSTS)}"
+    return run_pytest(w, [*setup(w), "--reruns", "1", "--gate", "generation", *rng.choice([[], ["-n", "2"]])],
+                      FUZZ_FLAKY=victim)
+
+
+def _check_rerun(run: Run) -> None:
+    host = run.env["FUZZ_FLAKY"].split("[", 1)[1]
+    data = run.verdict(host) or {}
+    assert data.get("verdict") == "fail", data.get("verdict")
+    assert [f["message"] for f in data["failures"]] == [
+        "flaky: failed, then run again: Failed: FUZZ_FLAKY says this test fails once"], data["failures"]
+
+
+def _unmade(w: Path, rng: random.Random) -> Run:
+    """A check collection never made a test of: a python_functions override, or a conftest's
+    pytest_pycollect_makeitem that returns no item for it."""
+    if rng.random() < 0.5:
+        return run_pytest(w, [*setup(w), "--gate", "generation", "-o", "python_functions=test_a test_b test_c"])
+    return run_pytest(w, [*setup(w), "--gate", "generation"], FUZZ_UNMADE=rng.choice(["test_b", "test_d"]))
+
+
+def _internal_error(w: Path, rng: random.Random) -> Run:
+    """An INTERNALERROR after a passing run: a conftest's tryfirst pytest_configure (before the plugin wrote its
+    start-of-run verdicts) or its pytest_collection_finish raises."""
+    return run_pytest(w, [*setup(w), "--gate", "generation"], FUZZ_BOOM=rng.choice(["configure", "collection"]))
+
+
 META_SUITE = '''
 import pytest
 from pytest_dflash.api import ServiceHandle, serves_the_profiles_algorithm, serves_the_profiles_speculation
@@ -598,6 +689,16 @@ SHAPES: list[Shape] = [
           _check_shard_missing),
     Shape("no-test-body-gate", "--gate with --co, --collect-only, --setup-only or --setup-plan (also from "
           "PYTEST_ADDOPTS) after a passing run", (4,), "interrupted", _no_test_body),
+    Shape("blocked-part", "`-p no:dflash-verdicts`, `dflash-selection` or `pytest_dflash.report.started` (also "
+          "from PYTEST_ADDOPTS), one test failing, --gate, after a passing run", (4,), "interrupted", _blocked_part),
+    Shape("xfail-marked", "a conftest marks a failing test xfail, with or without -n 2, --gate", (1,), "mixed",
+          _xfail_marked, _check_xfail_marked),
+    Shape("rerun", "--reruns 1 (pytest-rerunfailures): a test fails once and passes on its rerun, with or without "
+          "-n 2, --gate", (1,), "mixed", _rerun, _check_rerun),
+    Shape("uncollected", "-o python_functions=… or a conftest's pytest_pycollect_makeitem leaves a test "
+          "uncollected, --gate", (1,), "partial", _unmade),
+    Shape("internal-error", "an INTERNALERROR (a conftest's tryfirst pytest_configure or its "
+          "pytest_collection_finish raises), --gate, after a passing run", (3,), "interrupted", _internal_error),
     Shape("flaky-metadata", "attached DFLASH servers: /server_info 5xx right after readiness (alpha), never routed "
           "(beta), --gate service,generation", (1,), "mixed", _flaky_metadata, _check_flaky_metadata),
     *_signal_shapes(),
@@ -635,8 +736,10 @@ def _named_hosts(run: Run) -> list[str]:
 
 
 # In every CI sample: the healthy shape (a fuzz that cannot pass proves nothing) and cheap shapes of the latest
-# trust pass (issue 31), each a few seconds.
-ALWAYS = ("healthy", "no-test-body-gate", "flaky-metadata")
+# trust passes (issue 31; the loopholes of a blocked part, an xfail marker, a rerun, an uncollected check and an
+# internal error), each a few seconds.
+ALWAYS = ("healthy", "no-test-body-gate", "flaky-metadata", "blocked-part", "xfail-marked", "rerun", "uncollected",
+          "internal-error")
 
 
 def sample(seed: int, count: int) -> list[Shape]:

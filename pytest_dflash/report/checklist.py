@@ -1,0 +1,116 @@
+"""The checks a run was meant to make, read from the suite modules' source, against the tests collection
+really produced: a check that became no test for a host — an `-o python_functions=…` / `python_classes` /
+`python_files` override, a conftest's pytest_pycollect_makeitem or pytest_ignore_collect, `--ignore` — is
+named, never left out in silence. Deselection after collection (-k, -m, a conftest that drops items) is
+counted elsewhere (report/session.py's SelectionRecorder); a check that does not apply to a host is a
+skipped test of that host (run/collection.py), so it is produced all the same.
+
+Which modules: every suite module collected (under a `suites/` folder), and every other module that
+produced at least one dflash test; which files: the test files under each suites/ folder (or suite of it)
+the run named.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeGuard
+
+import pytest
+
+from pytest_dflash.run.collection import item_info
+
+# pytest's own defaults: a run that changes one of them collects other tests than its suites define
+COLLECTION_INI = {"python_files": ["test_*.py", "*_test.py"], "python_classes": ["Test"],
+                  "python_functions": ["test"]}
+ANY_HOST = ""  # a test of no host (no dflash fixture): produced for every host
+
+
+def defined_checks(path: Path) -> list[str]:
+    """'test_x' and 'TestY::test_z' for each test function a module defines at its top level or in a Test
+    class (by pytest's default names; a fixture is no test), read from its source without importing it."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return []  # a module that cannot be read is a collection error of its own
+    names: list[str] = []
+    for node in tree.body:
+        if _is_test(node):
+            names.append(node.name)
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            names += [f"{node.name}::{child.name}" for child in node.body if _is_test(child)]
+    return list(dict.fromkeys(names))  # a name defined twice is one test (the last definition)
+
+
+def _is_test(node: ast.stmt) -> TypeGuard[ast.FunctionDef | ast.AsyncFunctionDef]:
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.name.startswith("test"):
+        return False
+    return not any("fixture" in ast.unparse(decorator) for decorator in node.decorator_list)
+
+
+def check_name(item: pytest.Item) -> str:
+    """'test_x' for 'suites/smoke/test_smoke.py::test_x[local/dflash]' ('TestY::test_z' in a class)."""
+    return item.nodeid.split("[", 1)[0].split("::", 1)[-1]
+
+
+def suite_files(args: Iterable[str], invocation_dir: Path) -> set[Path]:
+    """The test files under each argument that is a suites/ folder or one suite of it (a file named by itself,
+    a node id, a --pyargs name or any other folder: none)."""
+    found: set[Path] = set()
+    for arg in args:
+        path = Path(str(arg).split("::", 1)[0])
+        path = path if path.is_absolute() else invocation_dir / path
+        if not path.is_dir():
+            continue
+        if path.resolve().name == "suites":
+            found |= {f.resolve() for f in path.glob("*/**/test_*.py")}
+        elif path.resolve().parent.name == "suites":
+            found |= {f.resolve() for f in path.rglob("test_*.py")}
+    return found
+
+
+def uncollected(modules: Mapping[Path, str], files: Iterable[Path], items: Iterable[pytest.Item],
+                hosts: Sequence[str], rootpath: Path) -> dict[str, list[str]]:
+    """Host -> the checks collection produced no test of for that host: each check of `modules` (module path
+    -> its node id) with no test of that host among `items` (every test a collector made, before any
+    deselection), then each of `files` (test files no module was collected from)."""
+    produced: dict[tuple[Path, str], set[str]] = {}
+    for item in items:
+        info = item_info(item)
+        produced.setdefault((Path(str(item.path)).resolve(), check_name(item)), set()).add(
+            info.host if info is not None else ANY_HOST)
+    missing: dict[str, list[str]] = {host: [] for host in hosts}
+    for path, nodeid in modules.items():
+        for name in defined_checks(path):
+            got = produced.get((path.resolve(), name), set())
+            for host in hosts:
+                if ANY_HOST not in got and host not in got:
+                    missing[host].append(f"{nodeid}::{name}")
+    for file in sorted(files):
+        for host in hosts:
+            missing[host].append(f"{_relative(file, rootpath)} (no test of it was collected)")
+    return {host: checks for host, checks in missing.items() if checks}
+
+
+def why_uncollected(config: pytest.Config) -> str:
+    """What made checks into no tests, as far as the options say; else where to look."""
+    changed = [f"{name} = {' '.join(map(str, value))!r}" for name, default in COLLECTION_INI.items()
+               if list(value := config.getini(name)) != default]
+    if changed:
+        return f"the run collects other tests than its suites define: {', '.join(changed)}"
+    ignored = [f"{flag} {' '.join(map(str, value))}" for flag, name in (("--ignore", "ignore"),
+                                                                       ("--ignore-glob", "ignore_glob"))
+               if (value := config.getoption(name, None))]
+    if ignored:
+        return f"the run left them out: {', '.join(ignored)}"
+    return ("a conftest or plugin made them no test (pytest_pycollect_makeitem, pytest_ignore_collect, "
+            "collect_ignore, norecursedirs)")
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return Path(os.path.relpath(path, root)).as_posix()
+    except ValueError:
+        return str(path)
