@@ -24,7 +24,6 @@ from pytest_dflash.config.targets import EMPTY_SHARD_KEY, TARGETS_KEY
 from pytest_dflash.evidence import attach
 from pytest_dflash.fleet import scheduling
 from pytest_dflash.report import session as report_session
-from pytest_dflash.report import started
 from pytest_dflash.report.progress import ProgressChannel
 from pytest_dflash.report.verdict import BUILDER_KEY
 from pytest_dflash.run import cleanup, collection, discovery, preflight, timeouts
@@ -56,7 +55,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{layer}: pytest-dflash {layer} layer — {LAYER_HELP[layer]}")
     config.addinivalue_line("markers", collection.SERVICES_MARKER)
     if BUILDER_KEY not in config.stash:
-        # `-p no:pytest_dflash.report.started`: the run starts all the same, then is refused
+        # `-p no:pytest_dflash.report.started`: the run starts all the same, then is refused (imported here:
+        # at the top it would be imported before pytest rewrites it as one of pytest_plugins, with a warning)
+        from pytest_dflash.report import started
+
         started.begin(config)
     profiles = config.stash[TARGETS_KEY]
     try:

@@ -16,6 +16,7 @@ def test_local_smoke_passes_and_writes_verdict_and_html(run_suite, tmp_path: Pat
     result = run_suite("smoke", "--host", "local", f"--html={html}")
     assert_no_crash(result)
     result.assert_outcomes(passed=32, skipped=3)  # the 2 GPU checks skip (no GPU here), so does none's speculation
+    assert "warnings summary" not in result.stdout.str()  # a healthy run warns of nothing (no rewrite warning)
     result.stdout.fnmatch_lines(["*dflash verdict*", "local: PASS*host:passed*env:passed*service:passed*"
                                  "generation:passed*parity:passed*perf:passed*", "*ddtree: DDTREE*accept length*"])
     data = verdict(run_suite.reports, "local")
