@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,7 @@ __all__ = [
     "ebnf_accepts",
     "refused_or_served",
     "structured_output",
+    "unserved_problem",
 ]
 
 NO_BACKEND_FLAG = "--grammar-backend none"
@@ -55,6 +56,7 @@ SEED_002 = ("seed 002: `--grammar-backend none` was the fix taken for an xgramma
             "and it silently turned off JSON mode, regex and EBNF constraints and tool-call forcing for "
             "every client")
 NOT_SERVED = "the profile says this service serves no structured output (structured_output = false)"
+REPLACEMENT = "\ufffd"  # what a decoder shows for bytes that are not UTF-8
 EBNF = 'root ::= answer "."\nanswer ::= "yes" | "no" | "maybe"'
 
 
@@ -87,6 +89,9 @@ class Grammar:
 
     def problem(self, text: str) -> str | None:
         """What is wrong with `text` under this grammar, or None when it is in the language."""
+        return _judged_lossless(self._problem, text)
+
+    def _problem(self, text: str) -> str | None:
         if self.schema is not None:
             try:
                 # strict=False: xgrammar's JSON grammar lets raw control characters into strings
@@ -109,6 +114,9 @@ class Grammar:
     def prefix_problem(self, text: str) -> str | None:
         """What makes `text` not even a prefix of the language (a length finish cut the output, so only a
         prefix can be asked of it), or None: it may be one, or xgrammar (which decides it) is missing."""
+        return _judged_lossless(self._prefix_problem, text)
+
+    def _prefix_problem(self, text: str) -> str | None:
         try:
             import xgrammar
             from xgrammar.testing import _is_grammar_accept_string
@@ -126,6 +134,18 @@ class Grammar:
         if _is_grammar_accept_string(grammar, text, require_termination=False):
             return None
         return "is not even a prefix of the grammar's language (xgrammar's matcher)"
+
+
+def _judged_lossless(judge: Callable[[str], str | None], text: str) -> str | None:
+    """`judge(text)`, where a run of U+FFFD may stand for one character. The grammar constrains the bytes; the
+    text is their decoding, and a byte-level token that ends inside a multi-byte character decodes to
+    replacement characters, one per stray byte: real SGLang 0.5.17 answered a json_schema with a 12-character
+    maxLength with '"river(Ti is\ufffd\ufffd"' (tests/data/sglang-0.5.17-h100-structured). Text without
+    U+FFFD is judged as it is."""
+    problem = judge(text)
+    if problem is None or REPLACEMENT not in text:
+        return problem
+    return None if judge(re.sub(f"{REPLACEMENT}+", REPLACEMENT, text)) is None else problem
 
 
 def ebnf_accepts(ebnf: str, text: str) -> bool | None:
@@ -252,13 +272,21 @@ def structured_output(service: ServiceHandle, api: Api, grammar_name: str, *, sa
     try:
         outcome = send(service.client, api, grammar, sampling, stream=streamed)
     except ApiError as exc:
-        if "grammar-backend none" in str(exc):
-            fail(f"{service.name}: the server refuses {grammar.describe()} as launched with "
-                 f"`{NO_BACKEND_FLAG}` (its command does not say so: a DDTREE server sets it itself): "
-                 f"{exc}; {SEED_002}. Say `structured_output = false` in its profile if that is intended")
+        if NO_BACKEND_FLAG in str(exc):
+            _refused_as_no_backend(service, grammar, str(exc))
         fail(f"{service.name}: {grammar.describe()} via {api} failed (refused, or the stream broke off): "
              f"{exc}")
+    if outcome.finish_reason == "abort" and NO_BACKEND_FLAG in (outcome.message or ""):
+        # SGLang 0.5.17 refuses a streamed one in-band: HTTP 200, one token, then this abort (recorded)
+        _refused_as_no_backend(service, grammar, f"finish_reason abort: {outcome.message}")
     check_outcome(outcome, grammar, what=what, max_tokens=sampling.max_tokens)
+
+
+def _refused_as_no_backend(service: ServiceHandle, grammar: Grammar, answer: str) -> None:
+    __tracebackhide__ = True
+    fail(f"{service.name}: the server refuses {grammar.describe()} as launched with `{NO_BACKEND_FLAG}` "
+         f"(its command does not say so: a DDTREE server sets it itself): {answer}; {SEED_002}. Say "
+         "`structured_output = false` in its profile if that is intended")
 
 
 def refused_or_served(service: ServiceHandle, api: Api, grammar: Grammar, sampling: Sampling, *,
@@ -273,18 +301,23 @@ def refused_or_served(service: ServiceHandle, api: Api, grammar: Grammar, sampli
         if exc.status is not None and 400 <= exc.status < 500:
             return  # refused, as SGLang refuses under --grammar-backend none: the client is told
         fail(f"{what}: {why}, got {exc}")
-    if outcome.finish_reason == "abort":
-        return  # refused after it was accepted: the client is told, with the abort's message
-    if not outcome.done:
-        problem: str | None = "the stream stopped without [DONE]"
-    elif outcome.finish_reason == "length":
-        problem = grammar.prefix_problem(outcome.text)  # cut by max_tokens: a prefix is all it can be
-    else:
-        problem = grammar.problem(outcome.text)
-    if problem is None:
-        return  # served after all
+    if (problem := unserved_problem(outcome, grammar)) is None:
+        return
     fail(f"{what}: accepted and answered {outcome.text[:160]!r} (finish_reason {outcome.finish_reason!r}), "
          f"which {problem}: a client asking for this grammar silently gets unconstrained output; {why}")
+
+
+def unserved_problem(outcome: Outcome, grammar: Grammar) -> str | None:
+    """What is wrong with an answer a service that serves no structured output gave to a constrained request
+    it accepted; None for an abort (refused in-band, as SGLang refuses a streamed one under
+    --grammar-backend none: the client is told) or output in the grammar's language (served after all)."""
+    if outcome.finish_reason == "abort":
+        return None
+    if not outcome.done:
+        return "the stream stopped without [DONE]"
+    if outcome.finish_reason == "length":
+        return grammar.prefix_problem(outcome.text)  # cut by max_tokens: a prefix is all it can be
+    return grammar.problem(outcome.text)
 
 
 def check_outcome(outcome: Outcome, grammar: Grammar, *, what: str, max_tokens: int) -> None:

@@ -258,3 +258,17 @@ def test_a_tool_call_delta_counts_as_a_streamed_token() -> None:
     """The client's progress (deadline messages) counts tool-call chunks as tokens too."""
     assert stream_tokens([chunk(more(0, '{"a'))], 3) == 4
     assert stream_tokens([FINISH], 3) == 3
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ('{"name": "river(Ti is\ufffd\ufffd", "age": 1}', None),  # 13 characters decoded, 12 as the grammar saw bytes
+    ('{"name": "river(Ti isXY", "age": 1}', "breaks the schema"),  # 13 real characters
+    ('{"name": "\ufffd\ufffd\ufffd", "age": "1"}', "breaks the schema"),  # collapsing fixes nothing else
+])
+def test_a_run_of_replacement_characters_may_stand_for_one_character(text: str, problem: str | None) -> None:
+    """A byte-level token ending inside a multi-byte character decodes to one U+FFFD per stray byte: the
+    grammar counted one character (recorded from real SGLang 0.5.17)."""
+    found = GRAMMARS["json_schema"].problem(text)
+    assert found is None if problem is None else found is not None and found.startswith(problem), found
+    if problem is None:
+        assert GRAMMARS["json_schema"].prefix_problem(text[:-8]) is None
