@@ -6,6 +6,7 @@ Shared by the native routes (routes.py) and the OpenAI ones (openai_api.py); a B
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from pytest_dflash.refserver.spec import SAMPLING_EPS, SamplingParams
@@ -105,13 +106,19 @@ def parse_sampling_params(raw: object, *, context_length: int, prompt_len: int) 
     )
 
 
-def check_grammar(params: SamplingParams, backend: GrammarBackend | None) -> None:
-    """A constrained request's grammar compiles on this server, else SGLang's 400 (backend None: none)."""
+def check_grammar(params: SamplingParams, backend: GrammarBackend | None, *,
+                  stream: bool = False) -> SamplingParams:
+    """A constrained request's grammar compiles on this server, else SGLang's 400. Without a backend
+    (--grammar-backend none): a 400, but a streamed request is accepted and aborted after its first token
+    (recorded from SGLang 0.5.17: tests/data/sglang-0.5.17-h100-structured); the params to run."""
     if params.grammar is None:
-        return
+        return params
     if backend is None:
-        raise BadRequest(NO_BACKEND)
+        if not stream:
+            raise BadRequest(NO_BACKEND)
+        return dataclasses.replace(params, grammar=None, max_new_tokens=1, abort_after_first=NO_BACKEND)
     try:
         backend.compile(params.grammar)
     except InvalidGrammar as e:
         raise BadRequest(str(e)) from None
+    return params

@@ -292,7 +292,7 @@ def _generate_inputs(state: ServerState,
     out_prompts, out_params = [], []
     for prompt, r in zip(prompts, raws, strict=True):
         params = parse_sampling_params(r, context_length=state.context_length, prompt_len=len(prompt))
-        check_grammar(params, state.engine.grammar)
+        params = check_grammar(params, state.engine.grammar, stream=bool(body.get("stream")))
         for i in range(params.n):
             seed = state.seed_for(params.sampling_seed, i)
             out_prompts.append(prompt)

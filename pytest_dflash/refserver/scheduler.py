@@ -404,6 +404,9 @@ class Scheduler(threading.Thread):
     def _check_finished(self, seq: Sequence) -> dict[str, Any] | None:
         """SGLang's order: length, then stop token / EOS, then stop strings."""
         params, tok = seq.params, seq.output[-1]
+        if params.abort_after_first is not None:
+            return {"type": "abort", "message": params.abort_after_first, "status_code": 400,
+                    "err_type": "BadRequestError"}
         if seq.constraint is not None and (refused := seq.constraint.refusal(len(seq.output))) is not None:
             return refused  # SGLang: "Grammar accept_token failed", the request aborted
         if len(seq.output) >= params.max_new_tokens:

@@ -57,6 +57,9 @@ class SamplingParams:
     grammar: tuple[str, str] | None = None  # SGLang's grammar key: ("json" | "regex" | "ebnf", value)
     # SGLang's req.require_reasoning (a chat under --reasoning-parser): the grammar waits for the think-end
     reasoning: bool = False
+    # SGLang 0.5.17 under --grammar-backend none, a streamed constrained /generate: the scheduler refuses the
+    # grammar after the first token, in-band (HTTP 200, one event, finish_reason abort with status_code 400)
+    abort_after_first: str | None = None
 
     @property
     def is_greedy(self) -> bool:

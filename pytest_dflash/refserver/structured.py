@@ -51,6 +51,7 @@ logger = logging.getLogger("pytest_dflash.refserver")
 
 THINK_TOKENS = 24  # tokens of reasoning before the think-end is forced (SGLANG_MAX_THINK_TOKENS)
 GRAMMAR_KINDS = {"json_schema": "json", "regex": "regex", "ebnf": "ebnf"}  # sampling param -> SGLang's key
+_KEY_PARAM = {kind: param for param, kind in GRAMMAR_KINDS.items()}
 # SGLang's GrammarManager, word for word: the abort (HTTP 400) of a constrained request on a server started
 # with --grammar-backend none.
 NO_BACKEND = (
@@ -122,8 +123,9 @@ class GrammarBackend:
             else:
                 compiled = compiler.compile_grammar(value)
         except (RuntimeError, ValueError) as e:
-            logger.warning("Skip invalid grammar: %r, %s", key, str(e).strip().splitlines()[:1])
-            raise InvalidGrammar(f"Invalid grammar request: req.grammar_key={key!r}") from None
+            # SGLang 0.5.17's words (recorded): the log line, then xgrammar's own message in the 400
+            logger.warning("Hit invalid %s: key_string=%r, e=%r", _KEY_PARAM[kind], value, e)
+            raise InvalidGrammar(f"Failed to compile {kind} grammar: {e}") from None
         self._cache[key] = compiled
         return compiled
 
