@@ -1,0 +1,175 @@
+"""Real SGLang 0.5.17 answers to constrained requests (issue 33 item 6; tests/data/sglang-0.5.17-h100-structured,
+README there), read by the package's own code: the client parses the recorded bytes, the generation layer's
+validation judges them, grammar parity compares the speculative services' greedy ids with plain's. And the
+refserver, asked the same requests, answers as SGLang did where the model does not decide the answer (error
+bodies, the refusal of a server without a grammar backend, whole and streamed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.client.sampling import Sampling
+from pytest_dflash.errors import ApiError
+from pytest_dflash.layers.generation.chat_surface import check_tool_calls, tool_call_answer
+from pytest_dflash.layers.generation.requests import Api
+from pytest_dflash.layers.generation.structured import (
+    GRAMMARS,
+    NO_BACKEND_FLAG,
+    GrammarWarning,
+    check_outcome,
+    send,
+    unserved_problem,
+)
+from pytest_dflash.layers.parity.greedy import first_divergence
+from pytest_dflash.layers.parity.structured import constrained_greedy
+from pytest_dflash.refserver.launch import RefServerProcess
+
+DATA = Path(__file__).parents[2] / "data" / "sglang-0.5.17-h100-structured"
+SPECULATIVE = ("dflash", "ngram")
+SERVING = ("plain", *SPECULATIVE)
+# recorded case -> (api, the package's grammar with the same constraint)
+CONSTRAINED: dict[str, tuple[Api, str]] = {
+    **{f"generate-{g}-{mode}{stream}": ("generate", g) for g in ("json_schema", "regex", "ebnf")
+       for mode in ("greedy", "sampled") for stream in ("", "-stream")},
+    "chat-json_schema": ("chat", "response_format"),
+    "chat-json_object": ("chat", "json_object"),
+}  # fmt: skip
+MAX_TOKENS = 160  # the recorder's max_new_tokens / max_tokens
+
+
+def recording(service: str) -> dict[str, dict[str, Any]]:
+    data = json.loads((DATA / f"{service}.json").read_text())
+    return {answer["case"]: answer for answer in data["answers"]}
+
+
+def replaying(answer: dict[str, Any]) -> InferenceClient:
+    """A client whose POSTs get the recorded status and bytes (SSE where the recording streamed)."""
+    raw: str = answer["answer"]
+    streamed = raw.startswith("data:")
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # /v1/models: the chat body names the model
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "default", "object": "model"}]})
+        kind = "text/event-stream" if streamed else "application/json"
+        return httpx.Response(answer["status"], content=raw.encode(), headers={"content-type": kind})
+
+    client = InferenceClient("http://replay.invalid", service="recorded")
+    client._http = httpx.Client(base_url="http://replay.invalid", transport=httpx.MockTransport(respond))
+    return client
+
+
+def sampling_of(case: str) -> Sampling:
+    return Sampling(max_tokens=MAX_TOKENS, temperature=0.8 if "sampled" in case else 0.0, seed=11)
+
+
+@pytest.mark.parametrize("case", sorted(CONSTRAINED))
+@pytest.mark.parametrize("service", SERVING)
+def test_every_constrained_answer_is_in_its_grammar(service: str, case: str) -> None:
+    """The constraint, not the model, makes a random model's output valid: every answer of plain, DFLASH and
+    NGRAM (whose drafts were accepted, so the verify ran with the mask) passes the generation layer's
+    check, whole and streamed."""
+    answer = recording(service)[case]
+    assert answer["status"] == 200
+    api, grammar = CONSTRAINED[case]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcome = send(replaying(answer), api, GRAMMARS[grammar], sampling_of(case), stream="stream" in case)
+        check_outcome(outcome, GRAMMARS[grammar], what=f"{service} {case}", max_tokens=MAX_TOKENS)
+    # free whitespace (SGLang's default) on a random model: JSON fills max_new_tokens with it, a length finish
+    # reported as a warning; regex and EBNF end by their grammar
+    if grammar in ("json_schema", "response_format"):
+        assert outcome.finish_reason == "length" and any(w.category is GrammarWarning for w in caught)
+    if grammar in ("regex", "ebnf"):
+        assert outcome.finish_reason == "stop" and GRAMMARS[grammar].problem(outcome.text) is None
+
+
+def test_the_check_would_catch_a_broken_answer() -> None:
+    """The same recorded bytes with the output moved outside the grammar fail: the test above can fail."""
+    answer = dict(recording("dflash")["generate-regex-greedy"])
+    answer["answer"] = answer["answer"].replace('"text":"quf-99"', '"text":"quf-999"')
+    outcome = send(replaying(answer), "generate", GRAMMARS["regex"], sampling_of("greedy"), stream=False)
+    with pytest.raises(AssertionError, match="does not fully match"):
+        check_outcome(outcome, GRAMMARS["regex"], what="dflash", max_tokens=MAX_TOKENS)
+
+
+@pytest.mark.parametrize("case", ["chat-tool-required", "chat-tool-named"])
+@pytest.mark.parametrize("service", SERVING)
+def test_a_forced_call_of_a_random_model_is_a_length_finish_not_a_failure(service: str, case: str) -> None:
+    """qwen25 forces the call through its grammar: the call names `add`, the random model then fills
+    whitespace until max_tokens, and SGLang reports what it parsed (arguments "null") with finish_reason
+    length. The chat-surface check reports that as a prefix (a warning), as it does for a JSON length finish."""
+    answer = recording(service)[case]
+    choice = json.loads(answer["answer"])["choices"][0]
+    parsed = tool_call_answer(choice)
+    assert parsed.finish_reason == "length" and [c["function"]["name"] for c in parsed.calls] == ["add"]
+    with pytest.warns(GrammarWarning, match="finished by length before the call was complete"):
+        check_tool_calls(parsed, "add" if case.endswith("named") else None, what=f"{service} {case}")
+
+
+@pytest.mark.parametrize("case", sorted(CONSTRAINED))
+def test_a_server_without_a_grammar_backend_says_so_and_the_layer_names_the_flag(case: str) -> None:
+    """`--grammar-backend none` (seed 002's fix): a 400 naming the flag, or for a streamed /generate HTTP 200
+    with one token and an abort naming it. The generation layer fails a service that should serve grammars
+    with that text; one whose profile says structured_output = false passes it as a refusal."""
+    answer = recording("nogrammar")[case]
+    api, grammar = CONSTRAINED[case]
+    client = replaying(answer)
+    if "stream" not in case:
+        assert answer["status"] == 400
+        with pytest.raises(ApiError) as refused:
+            send(client, api, GRAMMARS[grammar], sampling_of(case), stream=False)
+        assert refused.value.status == 400 and NO_BACKEND_FLAG in str(refused.value)
+        return
+    assert answer["status"] == 200
+    outcome = send(client, api, GRAMMARS[grammar], sampling_of(case), stream=True)
+    assert outcome.finish_reason == "abort" and NO_BACKEND_FLAG in (outcome.message or "")
+    assert unserved_problem(outcome, GRAMMARS[grammar]) is None  # structured_output = false: refused, passes
+    with pytest.raises(AssertionError, match="finish_reason 'abort'.*--grammar-backend none"):
+        check_outcome(outcome, GRAMMARS[grammar], what="nogrammar", max_tokens=MAX_TOKENS)
+
+
+@pytest.mark.parametrize("service", SPECULATIVE)
+@pytest.mark.parametrize("grammar", ["json_schema", "regex", "ebnf"])
+def test_greedy_constrained_ids_under_speculation_are_plain_s(service: str, grammar: str) -> None:
+    """Grammar parity on the real thing: DFLASH's and NGRAM's greedy constrained /generate ids are plain's."""
+    case = f"generate-{grammar}-greedy"
+    runs = [constrained_greedy(replaying(recording(name)[case]), "The quick brown fox", GRAMMARS[grammar])
+            for name in ("plain", service)]
+    assert runs[0].ids and first_divergence(runs[0].ids, runs[1].ids) is None
+
+
+def test_the_refserver_answers_these_requests_as_sglang_did() -> None:
+    """Where the model does not decide the answer, the CPU double's bytes follow the recording: the error
+    body of a schema and a regex that do not compile (xgrammar's own reason), and a server without a grammar
+    backend — 400 whole, an in-band abort after one token streamed, SGLang's message word for word."""
+    plain, nogrammar = recording("plain"), recording("nogrammar")
+    clock = re.compile(r"\[\d\d:\d\d:\d\d\]")
+    with RefServerProcess() as server:
+        for case in ("generate-bad-schema", "generate-bad-regex"):
+            got = httpx.post(f"{server.url}/generate", json=plain[case]["body"], timeout=30)
+            assert got.status_code == plain[case]["status"] == 400
+            assert clock.sub("[T]", got.text) == clock.sub("[T]", plain[case]["answer"])
+    with RefServerProcess("--grammar-backend", "none") as server:
+        for case, answer in nogrammar.items():
+            got = httpx.post(f"{server.url}{answer['path']}", json=answer["body"], timeout=30)
+            assert got.status_code == answer["status"], case
+            if answer["status"] == 400:
+                assert json.loads(got.text) == json.loads(answer["answer"]) or (
+                    json.loads(got.text)["message"] == json.loads(answer["answer"])["message"]), case
+                continue
+            events = [json.loads(line[6:]) for line in got.text.splitlines()
+                      if line.startswith("data: {")]  # fmt: skip
+            recorded = [json.loads(line[6:]) for line in answer["answer"].splitlines()
+                        if line.startswith("data: {")]  # fmt: skip
+            assert len(events) == len(recorded) == 1 and got.text.rstrip().endswith("data: [DONE]"), case
+            finish, expected = events[0]["meta_info"]["finish_reason"], recorded[0]["meta_info"]["finish_reason"]
+            assert finish == expected, case
+            assert events[0]["meta_info"]["completion_tokens"] == recorded[0]["meta_info"]["completion_tokens"]
