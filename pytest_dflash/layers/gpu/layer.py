@@ -19,8 +19,6 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
 from pytest_dflash.config.options import opt_in_hint
 from pytest_dflash.errors import DflashError
 from pytest_dflash.layers.gpu.chains import PIN_REQUIRERS, Chain, chains_for
@@ -28,6 +26,7 @@ from pytest_dflash.layers.gpu.checks import KERNEL_PATTERN, ToolkitReport, insta
 from pytest_dflash.layers.gpu.report import explain
 from pytest_dflash.layers.gpu.services import ProbeGroup, ServiceView, probe_groups, service_view
 from pytest_dflash.layers.gpu.smi import Inventory, inventory_from_probe
+from pytest_dflash.run.skips import could_not_check
 from pytest_dflash.services.base import RunsProbes
 
 if TYPE_CHECKING:
@@ -179,12 +178,13 @@ class GpuHost:
 
     def no_gpu_reason(self) -> str:
         """Why this host has no GPU to check, for a "does not apply" skip. A host whose inventory probe could
-        not run at all (ssh refused or timed out) was never shown to lack GPUs: that fails the test instead,
-        naming the host and what the transport said; an unreachable host is never an innocent skip."""
+        not run at all (ssh refused or timed out) was never shown to lack GPUs: its checks could not be made
+        (a "could not check" skip, never a pass), naming the host and what the transport said; the host
+        layer's reachability check is the one failure for that cause."""
         raw = self.probe("gpu_inventory")
         if "transport_error" in raw:
-            pytest.fail(explain(f"{self.host.name} could not be reached: the GPU inventory probe did not run",
-                                str(raw["transport_error"])), pytrace=False)
+            could_not_check(explain(f"{self.host.name} could not be reached: the GPU inventory probe did not "
+                                    "run", str(raw["transport_error"])))
         inv = self.inventory
         return (f"no GPU on {self.host.name}: {inv.reason}" if not inv.available
                 else f"no GPU on {self.host.name}")

@@ -144,15 +144,17 @@ port = 30001
 @pytest.mark.parametrize("check", [host.nvidia_smi_lists_gpus, host.profile_gpus_present,
                                    host.gpu_identity_reported, host.gpu_memory_healthy],
                          ids=lambda check: check.__name__)
-def test_an_unreachable_host_fails_its_gpu_checks_naming_it_never_skips_them(tmp_path: Path, check: Any) -> None:
+def test_an_unreachable_host_could_not_be_checked_never_does_not_apply(tmp_path: Path, check: Any) -> None:
     """ssh to a port nothing listens on (a real connection refused): the GPU inventory probe never ran, so
-    nothing says the host has no GPU. Each check fails naming the host and ssh's error; before, it was skipped
-    as "does not apply" (no GPU on gpu7), which let the host layer look innocent."""
+    nothing says the host has no GPU. Each check is a "could not check" skip (never a pass: the host is partial
+    at best, a gate fails) naming the host and ssh's error; before, it was skipped as "does not apply" (no GPU
+    on gpu7), which let the host layer look innocent. The reachability check is the one failure."""
     profile = tmp_path / "gpu7.toml"
     profile.write_text(UNREACHABLE)
     gpu = recorded_gpu(profile, {}, tmp_path=tmp_path)
-    with pytest.raises(pytest.fail.Exception) as failed:
+    with pytest.raises(pytest.skip.Exception) as failed:
         check(gpu)
     message = str(failed.value)
+    assert skips.is_unchecked(message), message
     assert "gpu7 could not be reached: the GPU inventory probe did not run" in message, message
     assert "ssh failed" in message and "port 1" in message, message
