@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from e2e_helpers import SUITES, write_profile
-from support.pytest_runs import verdict
+from support.pytest_runs import EXTERNAL_DFLASH_PROFILE, verdict
 
 KILL_ONCE = """
 import os, pathlib, signal
@@ -75,15 +75,7 @@ def test_host(dflash_host, step):
 def test_plain():
     pass
 """
-PROFILE = """
-[host]
-connection = "local://"
-
-[services.dflash]
-kind = "external"
-algorithm = "DFLASH"
-url = "http://127.0.0.1:9"
-"""
+PROFILE = EXTERNAL_DFLASH_PROFILE
 
 
 def _junit_names(path: Path) -> list[str]:

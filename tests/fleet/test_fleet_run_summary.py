@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from support.promparse import parse
+from support.pytest_runs import EXTERNAL_DFLASH_PROFILE
 
 TEST_FILE = """
 import json, os
@@ -20,15 +21,7 @@ def test_host(dflash_host):
         dflash_host.facts.export["env"] = env
     assert dflash_host.name not in os.environ.get("FLEET_BROKEN", "").split(","), "host check failed"
 """
-PROFILE = """
-[host]
-connection = "local://"
-
-[services.dflash]
-kind = "external"
-algorithm = "DFLASH"
-url = "http://127.0.0.1:9"
-"""
+PROFILE = EXTERNAL_DFLASH_PROFILE
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 import pytest
+from support.pytest_runs import EXTERNAL_DFLASH_PROFILE, external_host, run_on_profile, verdict
 
 TEST_FILE = """
 import os
@@ -23,37 +24,19 @@ def test_host(dflash_host):
 def test_probe(dflash_host):
     assert not os.environ.get("FAIL_PROBE"), "the probe said no"
 """
-PROFILE = """
-[host]
-connection = "local://"
-
-[services.dflash]
-kind = "external"
-algorithm = "DFLASH"
-url = "http://127.0.0.1:9"
-"""
 
 
 @pytest.fixture
 def profile(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("DFLASH_STATE_DIR", str(pytester.path / "state"))
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     monkeypatch.delenv("FAIL_PROBE", raising=False)
-    pytester.makepyfile(test_hosts=TEST_FILE)
-    path = pytester.path / "gpu-a.toml"
-    path.write_text(PROFILE)
-    return path
+    return external_host(pytester, monkeypatch, TEST_FILE)
 
 
-def _run(pytester: pytest.Pytester, profile: Path, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--host", str(profile),
-                                         f"--dflash-report={pytester.path / 'reports'}", *args)
+_run = run_on_profile
 
 
 def _verdict(pytester: pytest.Pytester) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((pytester.path / "reports" / "gpu-a.verdict.json").read_text())
-    return data
+    return verdict(pytester.path / "reports", "gpu-a")
 
 
 def _passes_first(pytester: pytest.Pytester, profile: Path) -> None:
@@ -280,7 +263,7 @@ def suites(pytester: pytest.Pytester, profile: Path) -> Path:
     for suite, text in (("mini", SUITE_FILE), ("second", SECOND_SUITE_FILE)):
         (pytester.path / "suites" / suite).mkdir(parents=True)
         (pytester.path / "suites" / suite / f"test_{suite}.py").write_text(text)
-    (pytester.path / "gpu-b.toml").write_text(PROFILE)
+    (pytester.path / "gpu-b.toml").write_text(EXTERNAL_DFLASH_PROFILE)
     return pytester.path / "suites"
 
 

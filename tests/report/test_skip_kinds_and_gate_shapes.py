@@ -6,10 +6,10 @@ replaces an older verdict with an interrupted one."""
 from __future__ import annotations
 
 import fnmatch
-import json
 from pathlib import Path
 
 import pytest
+from support.pytest_runs import external_host, run_on_profile, verdict
 
 TEST_FILE = """
 import os
@@ -26,15 +26,6 @@ def test_probe(dflash_host):
         skips.could_not_check("the probe did not answer")
     skips.not_applicable("nothing to probe here")
 """
-PROFILE = """
-[host]
-connection = "local://"
-
-[services.dflash]
-kind = "external"
-algorithm = "DFLASH"
-url = "http://127.0.0.1:9"
-"""
 # the same test id with and without xdist (issue 31, item 4)
 UNCHECKED = "1 check(s) of the host layer could not be made (first: test_hosts.py::test_probe[[]gpu-a[]]: the probe " \
             "did not answer)"
@@ -42,22 +33,14 @@ UNCHECKED = "1 check(s) of the host layer could not be made (first: test_hosts.p
 
 @pytest.fixture
 def profile(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("DFLASH_STATE_DIR", str(pytester.path / "state"))
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    pytester.makepyfile(test_hosts=TEST_FILE)
-    path = pytester.path / "gpu-a.toml"
-    path.write_text(PROFILE)
-    return path
+    return external_host(pytester, monkeypatch, TEST_FILE)
 
 
-def _run(pytester: pytest.Pytester, profile: Path, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--host", str(profile),
-                                         f"--dflash-report={pytester.path / 'reports'}", *args)
+_run = run_on_profile
 
 
 def _verdict(pytester: pytest.Pytester) -> dict[str, object]:
-    data: dict[str, object] = json.loads((pytester.path / "reports" / "gpu-a.verdict.json").read_text())
-    return data
+    return verdict(pytester.path / "reports", "gpu-a")
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["no-xdist", "xdist"])
