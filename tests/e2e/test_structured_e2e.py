@@ -9,10 +9,11 @@ reasoning validates against the schema; the reasoning-grammar-bug fault (the ans
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from e2e_helpers import write_profile
-from services.http_doubles import FaultProxy, grammar_500, grammar_ignored
+from e2e_helpers import toml_list, write_profile
+from services.http_doubles import FaultProxy, Reply, grammar_500, grammar_ignored
 from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.refserver.launch import RefServerProcess
@@ -125,3 +126,32 @@ def test_the_answer_after_the_reasoning_validates_and_an_answer_in_reasoning_con
     assert failed == {f"test_reasoning_structured[reasoned/bug-{s}]" for s in ("whole", "sse")}, failed
     result.stdout.fnmatch_lines(["*bug: response_format json_schema '{*' after reasoning (--reasoning-parser "
                                  "deepseek-r1)*: content '' not JSON*the answer is in reasoning_content*"])
+
+
+def _error_in_a_200(method: str, path: str, body: object) -> Reply | None:
+    """A server that answers every chat request 200 with an error object instead of choices (a gateway that
+    wraps an engine's failure in a 200)."""
+    if method != "POST" or path != "/v1/chat/completions":
+        return None
+    return Reply(200, json.dumps({"object": "error", "message": "engine overloaded", "code": 503}).encode())
+
+
+def test_a_200_without_choices_fails_the_chat_surface_checks_in_one_line(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Every chat answer is a 200 carrying an error object: reasoning separation (which once found "no
+    reasoning, no content" equal to an empty output split in two, and passed) and the forced tool call fail,
+    each with an ApiError naming the missing choices, no AttributeError."""
+    parsers = ["--reasoning-parser", "deepseek-r1", "--tool-call-parser", "qwen25"]
+    with RefServerProcess("--speculative-algorithm", "DFLASH", *parsers, *NO_WS) as server, \
+            FaultProxy(server.url, _error_in_a_200) as proxy:
+        profile = tmp_path / "wrapped.toml"
+        profile.write_text(f'[host]\nname = "wrapped"\nconnection = "local://"\n[services.dflash]\n'
+                           f'kind = "external"\nurl = "{proxy.url}"\nalgorithm = "DFLASH"\n'
+                           f"command = {toml_list(['python', '-m', 'sglang.launch_server', *parsers])}\n")
+        result = run_suite("generation", "--host", str(profile), "-k",
+                           "reasoning_separated or (forced_tool_call and whole) or chat-json_object and whole "
+                           "and greedy")
+    assert_no_crash(result)
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines(["*ApiError: wrapped/dflash /v1/chat/completions: HTTP 200: response has no "
+                                 "choices*"])
+    result.stdout.no_fnmatch_line("*AttributeError*")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema  # type: ignore[import-untyped]
 
-from pytest_dflash.client.bodies import answer_json, error_message
+from pytest_dflash.client.bodies import answer_json, chat_choice, error_message, native_answer
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.documents import loads_json
@@ -169,6 +169,23 @@ class Outcome:
     finish_reason: str | None
     done: bool = True
     message: str | None = None  # an abort's message, where the server gave one
+    tokens: int | None = None  # the completion tokens the answer counts, where it says
+
+
+def completion_tokens(counts: Any) -> int | None:
+    """`completion_tokens` of a `usage` or `meta_info` object, where it is an integer."""
+    value = counts.get("completion_tokens") if isinstance(counts, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def length_problem(text: str, tokens: int | None, max_tokens: int) -> str | None:
+    """What makes a length finish a lie: no output at all, or fewer tokens than max_tokens by the answer's own
+    count (a server that says "length" early would pass every grammar as a prefix)."""
+    if tokens is not None and tokens < max_tokens:
+        return f"says finish_reason 'length' after {tokens} of max_tokens={max_tokens} tokens"
+    if not text:
+        return f"says finish_reason 'length' with no output at all (max_tokens={max_tokens})"
+    return None
 
 
 def constrained_body(client: InferenceClient, api: Api, grammar: Grammar, sampling: Sampling, *,
@@ -188,37 +205,45 @@ def send(client: InferenceClient, api: Api, grammar: Grammar, sampling: Sampling
     """One constrained request, streamed or not, as an Outcome; ApiError on a refusal."""
     path, body = constrained_body(client, api, grammar, sampling, stream=stream)
     if stream:
-        answer = client.stream(path, body)
-        return streamed_outcome(answer.events, api, done=answer.done)
+        streamed = client.stream(path, body)
+        return streamed_outcome(streamed.events, api, done=streamed.done)
     response = client.request("POST", path, json_body=body)
     if response.status_code >= 400:
         raise ApiError(client.service, path, response.status_code, error_message(response),
                        response.text[:500])
     data = answer_json(response, client.service, path)
     if api == "generate":
-        data = data[0] if isinstance(data, list) and data else data
-        reason = (data.get("meta_info") or {}).get("finish_reason")
+        answer = native_answer(data, client.service)
+        reason = answer["meta_info"].get("finish_reason")
         kind = reason.get("type") if isinstance(reason, dict) else reason
         message = reason.get("message") if isinstance(reason, dict) else None
-        return Outcome(str(data.get("text", "")), kind, message=message)
-    choice = (data.get("choices") or [{}])[0]
-    return Outcome(str((choice.get("message") or {}).get("content") or ""), choice.get("finish_reason"))
+        return Outcome(str(answer.get("text", "")), kind, message=message,
+                       tokens=completion_tokens(answer["meta_info"]))
+    choice = chat_choice(data, client.service, path)
+    return Outcome(str(choice["message"].get("content") or ""), choice.get("finish_reason"),
+                   tokens=completion_tokens(data.get("usage")))
 
 
 def streamed_outcome(events: Sequence[dict[str, Any]], api: Api, *, done: bool) -> Outcome:
-    text, reason, message = "", None, None
+    text, reason, message, tokens = "", None, None, None
     for event in events:
         if api == "generate":
             text = str(event.get("text", text))
-            finish = (event.get("meta_info") or {}).get("finish_reason")
+            meta = event.get("meta_info")
+            finish = meta.get("finish_reason") if isinstance(meta, dict) else None
+            tokens = completion_tokens(meta) if isinstance(meta, dict) else tokens
             if finish:
                 reason = finish.get("type") if isinstance(finish, dict) else finish
                 message = finish.get("message") if isinstance(finish, dict) else None
             continue
+        tokens = completion_tokens(event.get("usage")) or tokens
         for choice in event.get("choices") or []:
-            text += str((choice.get("delta") or {}).get("content") or "")
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            text += str((delta if isinstance(delta, dict) else {}).get("content") or "")
             reason = choice.get("finish_reason") or reason
-    return Outcome(text, reason, done, message)
+    return Outcome(text, reason, done, message, tokens)
 
 
 def backend_disabled(spec: ServiceSpec) -> bool:
@@ -277,8 +302,9 @@ def refused_or_served(service: ServiceHandle, api: Api, grammar: Grammar, sampli
         return  # refused after it was accepted: the client is told, with the abort's message
     if not outcome.done:
         problem: str | None = "the stream stopped without [DONE]"
-    elif outcome.finish_reason == "length":
-        problem = grammar.prefix_problem(outcome.text)  # cut by max_tokens: a prefix is all it can be
+    elif outcome.finish_reason == "length":  # cut by max_tokens: a prefix is all it can be
+        problem = (length_problem(outcome.text, outcome.tokens, sampling.max_tokens)
+                   or grammar.prefix_problem(outcome.text))
     else:
         problem = grammar.problem(outcome.text)
     if problem is None:
@@ -293,6 +319,8 @@ def check_outcome(outcome: Outcome, grammar: Grammar, *, what: str, max_tokens: 
     if not outcome.done:
         fail(f"{what}: the stream stopped without [DONE] after {outcome.text[-80:]!r}")
     if outcome.finish_reason == "length":
+        if lie := length_problem(outcome.text, outcome.tokens, max_tokens):
+            fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
         if problem := grammar.prefix_problem(outcome.text):
             fail(f"{what}: finished by length after max_tokens={max_tokens}, and the output "
                  f"{outcome.text[:200]!r} {problem}")
