@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +200,34 @@ def test_an_unreadable_baseline_names_the_file(tmp_path: Path, text: str) -> Non
     path = tmp_path / "b.json"
     path.write_text(text)
     with pytest.raises(ValueError, match=f"{path}: not a readable perf baseline"):
+        load_baseline(path)
+
+
+def _nan_e2e(doc: dict[str, Any]) -> None:
+    doc["requests"][0]["e2e_ms"] = math.nan
+
+
+def _no_tokens(doc: dict[str, Any]) -> None:
+    for request in doc["requests"]:
+        request["output_tokens"] = 0
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda d: d.update(duration=0), "its duration 0 is not a positive number of seconds"),
+    (lambda d: d.update(duration=-5.0), "its duration -5.0 is not a positive number"),
+    (_nan_e2e, "request 0: e2e_ms nan is not a finite number"),
+    (_no_tokens, "its requests generated no token"),
+    (lambda d: d["requests"][3].update(output_tokens=-32), "request 3: output_tokens -32"),
+    (lambda d: d.update(requests=[]), "it has no successful measured request"),
+], ids=["duration-0", "duration-negative", "e2e-nan", "no-tokens", "tokens-negative", "no-requests"])
+def test_a_baseline_edited_to_absurd_numbers_is_refused_naming_them(tmp_path: Path, edit: Any, said: str) -> None:
+    """A hand-edited or damaged baseline: a duration of 0 once dropped the throughput comparison (accept length
+    alone was judged, and a 3x slower run passed); a NaN crashed the bootstrap with an IndexError."""
+    path = save_baseline(fake_run(e2e_ms=100.0, seed=1), tmp_path / "b.json")
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=f"{path}: not a readable perf baseline \\({re.escape(said)}.*--update-baseline"):
         load_baseline(path)
 
 
