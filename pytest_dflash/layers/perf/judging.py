@@ -21,7 +21,8 @@ from pytest_dflash.layers.perf.stats import judge_floor, judge_ratio, metric_sam
 from pytest_dflash.load.spec import LoadSpec
 
 __all__ = ["COMPARABLE_FIELDS", "DEFAULT_CONFIDENCE", "compare", "comparison_pairs", "confidence_of",
-           "judge_accept_length", "judge_errors", "judge_floors", "judge_speedup", "refused", "same_load"]
+           "judge_accept_length", "judge_errors", "judge_floors", "judge_speedup", "refused", "same_load",
+           "stream_arrived_whole"]
 
 DEFAULT_CONFIDENCE = 0.95
 # Runs are comparable (a speed-up, a baseline) only when they were measured with the same load.
@@ -35,10 +36,31 @@ def refused(key: str, run: ServiceRun, threshold: float | None = None, why: str 
                      message=f"{key}: REFUSED — no judgement: {reason}")
 
 
+WHOLE_STREAM_MS = 1.0  # a stream whose tokens all came within this of its first token was delivered whole
+
+
+def stream_arrived_whole(run: ServiceRun) -> str | None:
+    """Why inter-token latency was not measured on this run, or None: every streamed request's tokens came
+    within WHOLE_STREAM_MS of its first one. A buffering proxy or gateway hands the stream over in one piece:
+    every gap is ~0, and an ITL or TPOT ceiling would pass having seen no gap. A real server, speculative
+    too, needs a forward pass (milliseconds) between token events."""
+    streamed = [r for r in run.result.successful if r.itl_ms and (r.output_tokens or 0) >= 2]
+    if not streamed or any(sum(r.itl_ms) >= WHOLE_STREAM_MS for r in streamed):
+        return None
+    first = streamed[0]
+    return (f"every stream was delivered whole: in each of {len(streamed)} requests all tokens came within "
+            f"{WHOLE_STREAM_MS:g} ms of the first (e.g. {first.output_tokens} tokens in "
+            f"{sum(first.itl_ms):.3f} ms after a TTFT of {first.ttft_ms or 0:.0f} ms); a proxy or gateway "
+            "buffers the stream, so the gaps between tokens a client sees were not measured")
+
+
 def _judge_metric(run: ServiceRun, key: str, threshold: float, *, higher_is_better: bool,
                   confidence: float) -> Judgement:
     if run.refusal:
         return refused(key, run, threshold)
+    if key.startswith(("itl_", "tpot_")) and (whole := stream_arrived_whole(run)):
+        return Judgement(key=key, outcome="inconclusive", threshold=threshold,
+                         message=f"{key}: INCONCLUSIVE — cannot be measured on this run: {whole}")
     try:
         sample = metric_sample(run.result, key)
     except ValueError as exc:
