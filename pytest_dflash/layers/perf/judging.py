@@ -18,6 +18,7 @@ from pytest_dflash.layers.parity.acceptance import required_floor
 from pytest_dflash.layers.perf.judgement import Comparison, Judgement
 from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.stats import judge_floor, judge_ratio, metric_sample, ratio_bound
+from pytest_dflash.layers.perf.token_latency import WHOLE_STREAM_MS
 from pytest_dflash.load.spec import LoadSpec
 
 __all__ = ["COMPARABLE_FIELDS", "DEFAULT_CONFIDENCE", "compare", "comparison_pairs", "confidence_of",
@@ -34,9 +35,6 @@ def refused(key: str, run: ServiceRun, threshold: float | None = None, why: str 
     reason = why or run.refusal or ""
     return Judgement(key=key, outcome="refused", threshold=threshold,
                      message=f"{key}: REFUSED — no judgement: {reason}")
-
-
-WHOLE_STREAM_MS = 1.0  # a stream whose tokens all came within this of its first token was delivered whole
 
 
 def stream_arrived_whole(run: ServiceRun) -> str | None:
