@@ -216,7 +216,12 @@ def check_tool_calls(answer: ToolCallAnswer, wanted: str | None, *, what: str,
         name = function.get("name") if isinstance(function, dict) else None
         if name not in parameters or (wanted and name != wanted):
             fail(f"{what}: the call names {name!r}, not {wanted or ' or '.join(parameters)}: {call!r}")
-        assert isinstance(function, dict)
+        assert isinstance(function, dict) and isinstance(call, dict)
+        call_id, kind = call.get("id"), call.get("type", "function")
+        if not isinstance(call_id, str) or not call_id or kind != "function":
+            fail(f"{what}: the call has id {call_id!r} and type {kind!r}: a client answers a "
+                 f"call with a tool message naming its id, and OpenAI's calls are of type 'function': "
+                 f"{call!r:.300}")
         if not isinstance(function.get("arguments"), str):
             fail(f"{what}: the arguments of {name!r} are {json_kind(function.get('arguments'))}, not a JSON "
                  f"string (OpenAI's function.arguments; a client's json.loads breaks on it): {call!r:.300}")

@@ -3,6 +3,7 @@ constrained answer after the reasoning, and forced tool calls whole and put toge
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -55,7 +56,6 @@ def test_ebnf_matcher_and_its_regex_agree(text: str) -> None:
     pytest.importorskip("xgrammar")
     pattern = GRAMMARS["ebnf"].pattern
     assert pattern is not None
-    import re
 
     assert ebnf_accepts(EBNF, text) is (re.fullmatch(pattern, text) is not None)
 
@@ -298,6 +298,21 @@ def test_tool_call_arguments_that_are_not_a_string_fail_in_one_line() -> None:
     call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
     answer = tool_call_answer({"message": {"tool_calls": [call]}, "finish_reason": "tool_calls"})
     with pytest.raises(AssertionError, match="svc: the arguments of 'add' are a JSON object, not a JSON string"):
+        check_tool_calls(answer, None, what="svc")
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"id": None}, "the call has id None and type 'function'"),
+    ({"id": ""}, "the call has id '' and type 'function'"),
+    ({"type": "tool"}, "the call has id 'c' and type 'tool'"),
+])
+def test_a_call_without_an_id_or_of_another_type_fails(change: dict[str, Any], said: str) -> None:
+    """A client answers a call with a tool message naming the call's id: a call without one cannot be answered."""
+    call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    check_tool_calls(tool_call_answer({"message": {"tool_calls": [call]}, "finish_reason": "tool_calls"}), None,
+                     what="svc")
+    answer = tool_call_answer({"message": {"tool_calls": [{**call, **change}]}, "finish_reason": "tool_calls"})
+    with pytest.raises(AssertionError, match=re.escape(f"svc: {said}")):
         check_tool_calls(answer, None, what="svc")
 
 
