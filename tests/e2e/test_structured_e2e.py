@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from e2e_helpers import toml_list, write_profile
-from services.http_doubles import FaultProxy, Reply, grammar_500, grammar_ignored
+from services.http_doubles import GRAMMAR_FIELDS, FaultProxy, Reply, grammar_500, grammar_ignored
 from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.refserver.launch import RefServerProcess
@@ -59,7 +59,7 @@ def test_a_server_declared_without_structured_output_must_refuse_not_ignore_the_
                                  "*not even a prefix of the grammar's language*silently gets unconstrained output; "
                                  "its profile says structured_output = false*",
                                  "*crashes: * its profile says structured_output = false, so a constrained request "
-                                 "must be refused (HTTP 4xx), got * HTTP 500*"])
+                                 "must be refused (HTTP 400), got * HTTP 500*"])
 
 
 def test_rollback_bug_fails_under_speculation_and_passes_as_none(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -155,3 +155,27 @@ def test_a_200_without_choices_fails_the_chat_surface_checks_in_one_line(run_sui
     result.stdout.fnmatch_lines(["*ApiError: wrapped/dflash /v1/chat/completions: HTTP 200: response has no "
                                  "choices*"])
     result.stdout.no_fnmatch_line("*AttributeError*")
+
+
+def _throttled(method: str, path: str, body: object) -> Reply | None:
+    """A gateway in front that answers every constrained request 429 (rate limited): no refusal of the grammar."""
+    if method != "POST" or not isinstance(body, dict) or not any(
+            key in body or key in (body.get("sampling_params") or {}) for key in GRAMMAR_FIELDS):
+        return None
+    return Reply(429, json.dumps({"error": {"message": "rate limited", "code": 429}}).encode())
+
+
+def test_a_429_is_no_refusal_of_the_grammar(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """structured_output = false asks a server to refuse a constrained request (400, as SGLang); a 429 (or a
+    401, a 404) once passed as that refusal, though it says nothing about the grammar."""
+    with RefServerProcess("--speculative-algorithm", "DFLASH", "--grammar-backend", "none") as server, \
+            FaultProxy(server.url, _throttled) as proxy:
+        profile = tmp_path / "throttled.toml"
+        profile.write_text('[host]\nname = "throttled"\nconnection = "local://"\n[services.dflash]\n'
+                           f'kind = "external"\nurl = "{proxy.url}"\nalgorithm = "DFLASH"\n'
+                           "structured_output = false\n")
+        result = run_suite("generation", "--host", str(profile), "-k", "structured and generate-regex and whole")
+    assert_no_crash(result)
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*HTTP 429 is no refusal of the request (that is 400 or 422); it says nothing "
+                                 "about the grammar*"])

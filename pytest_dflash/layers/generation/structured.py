@@ -9,7 +9,7 @@ stream without ``[DONE]`` or output outside the language fails, naming the gramm
 
 A server that serves no grammar (``--grammar-backend none``, seed 002's fix; a DDTREE server sets it itself)
 fails every case, naming the flag and the seed, unless its profile says ``structured_output = false``. Then
-the same requests check that it says so: a refusal (HTTP 4xx, or an ``abort`` finish) passes, and so does
+the same requests check that it says so: a refusal (HTTP 400 or 422, or an ``abort`` finish) passes, and so does
 output in the grammar's language; a 200 whose output ignores the grammar (a client asking for JSON silently
 gets text), a 5xx, a dropped connection or a death fails, naming the grammar.
 """
@@ -54,6 +54,7 @@ NO_BACKEND_FLAG = "--grammar-backend none"
 SEED_002 = ("seed 002: `--grammar-backend none` was the fix taken for an xgrammar without StructuralTag, "
             "and it silently turned off JSON mode, regex and EBNF constraints and tool-call forcing for "
             "every client")
+REFUSALS = (400, 422)  # a request refused for what it asks (a 401, 404 or 429 says nothing about the grammar)
 NOT_SERVED = "the profile says this service serves no structured output (structured_output = false)"
 EBNF = 'root ::= answer "."\nanswer ::= "yes" | "no" | "maybe"'
 
@@ -291,12 +292,15 @@ def refused_or_served(service: ServiceHandle, api: Api, grammar: Grammar, sampli
     """A service whose profile says it serves no structured output: it must refuse a constrained request
     (4xx, or an abort finish), or serve it right; never answer 200 with output that ignores the grammar."""
     __tracebackhide__ = True
-    why = "its profile says structured_output = false, so a constrained request must be refused (HTTP 4xx)"
+    why = "its profile says structured_output = false, so a constrained request must be refused (HTTP 400)"
     try:
         outcome = send(service.client, api, grammar, sampling, stream=streamed)
     except ApiError as exc:
-        if exc.status is not None and 400 <= exc.status < 500:
+        if exc.status in REFUSALS:
             return  # refused, as SGLang refuses under --grammar-backend none: the client is told
+        if exc.status is not None and 400 <= exc.status < 500:
+            fail(f"{what}: {why}, got {exc}: HTTP {exc.status} is no refusal of the request (that is 400 or "
+                 "422); it says nothing about the grammar")
         fail(f"{what}: {why}, got {exc}")
     if outcome.finish_reason == "abort":
         return  # refused after it was accepted: the client is told, with the abort's message
