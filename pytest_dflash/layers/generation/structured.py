@@ -9,9 +9,9 @@ stream without ``[DONE]`` or output outside the language fails, naming the gramm
 
 A server that serves no grammar (``--grammar-backend none``, seed 002's fix; a DDTREE server sets it itself)
 fails every case, naming the flag and the seed, unless its profile says ``structured_output = false``. Then
-the same requests check that it says so: a refusal (HTTP 400 or 422, or an ``abort`` finish) passes, and so does
-output in the grammar's language; a 200 whose output ignores the grammar (a client asking for JSON silently
-gets text), a 5xx, a dropped connection or a death fails, naming the grammar.
+the same requests check that it says so: a refusal (HTTP 400 or 422, or an ``abort`` finish) passes, and so
+does output in the grammar's language; a 200 whose output ignores the grammar (a client asking for JSON
+silently gets text), another 4xx, a 5xx, a dropped connection or a death fails, naming the grammar.
 """
 
 from __future__ import annotations
