@@ -101,14 +101,17 @@ def judge_floors(run: ServiceRun, floors: Mapping[str, float | str]) -> list[Jud
 
 
 def judge_accept_length(run: ServiceRun, floors: Mapping[str, float | str], *,
-                        unaccepted_draft: str | None = None, source: str = "the profile") -> Judgement:
+                        unaccepted_draft: str | None = None, source: str = "the profile",
+                        block: int | None = None) -> Judgement:
     """Per-request accept length (``meta_info`` of native /generate), token-weighted, against the floor.
 
     The floor is the parity layer's (`acceptance.required_floor`, one rule for smoke, parity and perf): the
     ``accept_length`` floor; without one, at least one token per verify step for a service whose profile
     declares `unaccepted_draft`, else the default minimum `acceptance.DEFAULT_MIN_ACCEPT_LENGTH` (no
     speculation in name only). The server-side value (``/server_info`` after ``/flush_cache``) is reported
-    next to it.
+    next to it. `block` (the server's speculative_num_draft_tokens, where known): a request with more tokens
+    than its verify steps of `block` tokens can emit (plus the prefill's one) fails, as in
+    `acceptance.check_accounting`: the server miscounts, and the ratio would pass any floor.
     """
     key = "accept_length"
     floor = required_floor(run.service, floors, unaccepted_draft=unaccepted_draft, source=source)
@@ -127,6 +130,16 @@ def judge_accept_length(run: ServiceRun, floors: Mapping[str, float | str], *,
     except ValueError as exc:
         return Judgement(key=key, outcome="inconclusive", threshold=threshold,
                          message=f"{key}: INCONCLUSIVE — no per-request accept length ({exc}); {server_text}")
+    impossible = [r for r in run.result.successful
+                  if block and r.verify_ct and (r.output_tokens or 0) > r.verify_ct * block + 1]
+    if impossible:
+        first = impossible[0]
+        return Judgement(key=key, outcome="fail", threshold=threshold,
+                         message=f"{key}: FAIL — {len(impossible)} request(s) report more tokens than "
+                                 f"their verify steps of {block} draft tokens can emit (first: request "
+                                 f"{first.index}, {first.output_tokens} tokens in {first.verify_ct} steps): "
+                                 "the server miscounts its tokens or its verify steps (spec_verify_ct); "
+                                 f"{server_text}")
     verdict = judge_floor(name, sample, threshold, confidence=confidence_of(floors))
     return Judgement.of(key, verdict, message=f"{verdict.message}; {server_text}")
 

@@ -129,7 +129,7 @@ class PerfLayer:
         """Against the service's floor, its `unaccepted_draft` exemption or the default minimum (one rule with
         the smoke and parity layers: `acceptance.required_floor`)."""
         return judge_accept_length(run, self.floors(handle), unaccepted_draft=handle.spec.unaccepted_draft,
-                                   source=str(handle.host.profile.source))
+                                   source=str(handle.host.profile.source), block=draft_block(handle))
 
     def quick_accept_length_of(self, handle: ServiceHandle, prompts: Sequence[str], *,
                                max_tokens: int = 64) -> None:

@@ -87,6 +87,18 @@ def test_a_saturated_client_still_gets_an_accept_length_verdict() -> None:
     assert judge_accept_length(run, {"accept_length": 5.0}).outcome == "fail"
 
 
+def test_more_tokens_per_verify_step_than_the_draft_block_fails_the_accept_length() -> None:
+    """32 tokens in 2 verify steps (accept length 16) cannot come from blocks of 8 draft tokens: a server that
+    under-counts spec_verify_ct once passed any accept-length floor."""
+    run = fake_run(verify=2)
+    assert judge_accept_length(run, {"accept_length": 3.0}).outcome == "pass"  # the block unknown
+    judged = judge_accept_length(run, {"accept_length": 3.0}, block=8)
+    assert judged.outcome == "fail"
+    assert ("40 request(s) report more tokens than their verify steps of 8 draft tokens can emit (first: request "
+            "0, 32 tokens in 2 steps)") in judged.message
+    assert judge_accept_length(fake_run(verify=4), {"accept_length": 3.0}, block=8).outcome == "pass"
+
+
 def test_one_saturated_client_process_refuses_the_whole_run() -> None:
     from pytest_dflash.load.procs import merge_saturation
 
