@@ -170,6 +170,34 @@ def json_kind(data: Any) -> str:
     return "a JSON object" if isinstance(data, dict) else type(data).__name__
 
 
+def chat_choice(data: Any, service: str, path: str) -> dict[str, Any]:
+    """Choice 0 of an OpenAI answer, with its `message` (chat) an object; an answer that has none (a 200 that
+    carries an error object, no choices, a list) is an ApiError quoting it, never an AttributeError."""
+    if not isinstance(data, dict):
+        raise ApiError(service, path, 200, f"response is {json_kind(data)}, not an object",
+                       json.dumps(data)[:300])
+    choices = data.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, dict):
+        raise ApiError(service, path, 200, "response has no choices", json.dumps(data)[:300])
+    if path == "/v1/chat/completions" and not isinstance(choice.get("message"), dict):
+        raise ApiError(service, path, 200, "response's choice has no message", json.dumps(data)[:300])
+    return choice
+
+
+def native_answer(data: Any, service: str) -> dict[str, Any]:
+    """A /generate answer (the first of a batch) with its `meta_info` an object; anything else is an ApiError
+    quoting it."""
+    answer = data[0] if isinstance(data, list) and data else data
+    if not isinstance(answer, dict):
+        raise ApiError(service, "/generate", 200, f"response is {json_kind(data)}, not an object",
+                       json.dumps(data)[:300])
+    if not isinstance(answer.get("meta_info"), dict):
+        raise ApiError(service, "/generate", 200, "response has no meta_info object",
+                       json.dumps(answer)[:300])
+    return answer
+
+
 def native_generation(data: Any, elapsed: float, service: str) -> Generation:
     """One /generate answer as a `Generation`; what is wrong with one that is not is quoted as it came."""
     if not isinstance(data, dict):

@@ -19,17 +19,19 @@ from __future__ import annotations
 import base64
 import math
 import re
+import urllib.error
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 from prometheus_client import CollectorRegistry, generate_latest, push_to_gateway
-from prometheus_client.exposition import basic_auth_handler, default_handler
 from prometheus_client.metrics_core import Metric
 
+from pytest_dflash.client.deadline import bound_total_time, deadline
+from pytest_dflash.errors import ApiError
 from pytest_dflash.fleet.values import measurements
 from pytest_dflash.report.files import atomic_write
 
@@ -195,11 +197,9 @@ def push(url: str, summary: Mapping[str, Any], *, timeout_s: float = PUSH_TIMEOU
     form, `http://pgw:9091/metrics/job/<job>[/<label>/<value>]...` (one group per shard: `.../shard/2`),
     optionally with `user:password@` for basic auth. Raises PushError."""
     gateway, job, grouping, auth, shown = _push_target(url)
-    handler = (default_handler if auth is None
-               else partial(basic_auth_handler, username=auth[0], password=auth[1]))
     try:
         push_to_gateway(gateway, job=job, registry=fleet_metrics(summary).registry(), grouping_key=grouping,
-                        timeout=timeout_s, handler=handler)
+                        timeout=timeout_s, handler=_bounded_handler(auth))
     except OSError as exc:  # urllib's URLError / HTTPError, refused connections and timeouts are all OSErrors
         reason = getattr(exc, "reason", None) or exc
         status = f"HTTP {exc.code} " if hasattr(exc, "code") and isinstance(exc.code, int) else ""
@@ -207,6 +207,34 @@ def push(url: str, summary: Mapping[str, Any], *, timeout_s: float = PUSH_TIMEOU
     except ValueError as exc:
         raise PushError(f"{shown}: {_one_line(str(exc))}") from None
     return shown
+
+
+PushHandler = Callable[[str, str, float | None, list[tuple[str, str]], bytes], Callable[[], None]]
+
+
+def _bounded_handler(auth: tuple[str, str] | None) -> PushHandler:
+    """prometheus_client's push handler, over an httpx client whose whole call is bounded by the push's
+    timeout: urllib's (the default handler's) timeout is per socket operation, so a gateway that drips its
+    answer a header at a time held a push, and the run or merge after it, for ever."""
+    def handler(url: str, method: str, timeout: float | None, headers: list[tuple[str, str]],
+                data: bytes) -> Callable[[], None]:
+        def send() -> None:
+            sent = dict(headers)
+            if auth is not None:
+                sent["Authorization"] = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+            limit = timeout if timeout is not None else PUSH_TIMEOUT_S
+            try:
+                with bound_total_time(httpx.Client(timeout=limit)) as client, deadline(limit), \
+                        client.stream(method, url, headers=sent, content=data) as response:
+                    status, reason = response.status_code, response.reason_phrase
+            except httpx.TimeoutException:
+                raise OSError(f"timed out (the push's total time, {limit:g}s)") from None
+            except (httpx.HTTPError, ApiError) as exc:
+                raise OSError(str(exc) or type(exc).__name__) from None
+            if status >= 400:
+                raise urllib.error.HTTPError(url, status, reason, None, None)  # type: ignore[arg-type]
+        return send
+    return handler
 
 
 def check_push_url(url: str) -> str:

@@ -46,7 +46,43 @@ def read_summary(path: Path) -> dict[str, Any]:
     if (not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA
             or not isinstance(data.get("hosts"), dict)):
         raise FleetInputError(f"{path}: not a fleet summary (expected schema {SUMMARY_SCHEMA!r})")
+    if (problem := _summary_problem(data)) is not None:
+        raise FleetInputError(f"{path}: not a fleet summary ({problem})")
     return data
+
+
+# What a merge reads of a previous summary's host entries (trend, failing since, last good), by type.
+_ENTRY_TYPES: dict[str, tuple[type, ...]] = {
+    "layers": (dict,), "metrics": (dict,), "services": (dict,), "failures": (list,), "verdict": (str,),
+    "failing_since": (str, type(None)), "failing_since_ts": (int, float, type(None)),
+    "last_good": (dict, type(None)),
+}
+
+
+def _summary_problem(data: Mapping[str, Any]) -> str | None:
+    """What in a summary (a damaged or edited --previous) the merge could not read, or None."""
+    run_ids = data.get("run_ids", [])
+    if not isinstance(run_ids, list) or not all(isinstance(r, str) for r in run_ids):
+        return "'run_ids' must be a list of strings"
+    if not isinstance(data.get("runs", []), list):
+        return "'runs' must be a list"
+    for name, entry in data["hosts"].items():
+        if not isinstance(entry, dict):
+            return f"host {name!r} is {type(entry).__name__}, not an object"
+        for key, types in _ENTRY_TYPES.items():
+            if key in entry and not isinstance(entry[key], types):
+                return f"host {name!r}: {key!r} is {type(entry[key]).__name__}"
+        metrics = entry.get("metrics", {}).values()
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in metrics):
+            return f"host {name!r}: a metric is not a number"
+        if not all(isinstance(v, str) for v in entry.get("layers", {}).values()):
+            return f"host {name!r}: a layer's outcome is not a string"
+        if not all(isinstance(v, dict) for v in entry.get("services", {}).values()):
+            return f"host {name!r}: a service's facts are not an object"
+        if not all(isinstance(f, dict) and isinstance(f.get("diagnosis", []), list)
+                   for f in entry.get("failures", [])):
+            return f"host {name!r}: a failure is not an object with a list of diagnoses"
+    return None
 
 
 # ---- per-host entries --------------------------------------------------------------------------------------

@@ -121,7 +121,9 @@ def inconsistency(data: Mapping[str, Any]) -> str | None:
             return f"layer {layer!r} is not an object"
         outcome = str(body.get("outcome", "not-run"))
         counts = {key: body[key] for key in _TALLY_KEYS if key in body}
-        if counts and all(isinstance(v, int) for v in counts.values()):
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts.values()):
+            return f"layer {layer!r} has counts that are not whole numbers: {counts}"
+        if counts:
             tally = LayerTally(**counts)
             if tally.outcome != outcome:
                 return f"layer {layer!r} says {outcome!r} but its counts {counts} make it {tally.outcome!r}"
@@ -147,7 +149,9 @@ def inconsistency(data: Mapping[str, Any]) -> str | None:
             return f"'verdict' is 'pass' but 'partial' says {partial[0]!r}"
         if data.get("tests_verdict", "pass") != "pass":
             return f"'verdict' is 'pass' but 'tests_verdict' is {data.get('tests_verdict')!r}"
-        if exit_code not in (0, 1):
+        if not any(outcome == "passed" for outcome in outcomes.values()):
+            return "'verdict' is 'pass' but no layer passed (a run where nothing passed is partial)"
+        if isinstance(exit_code, bool) or exit_code not in (0, 1):
             return (f"'verdict' is 'pass' but the run exited {exit_code!r} "
                     f"(0, or 1 for another host's failure)")
     elif verdict == "fail":

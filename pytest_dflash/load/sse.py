@@ -27,6 +27,17 @@ class _Fail(Exception):
         self.error = RequestError(kind, message, status, body)
 
 
+def _counted(tokens: int, rec: RequestRecord) -> int:
+    """The completion tokens a server reports, refused when more than the request allowed: throughput is
+    computed from them, so a server that over-counts (draft tokens counted as generated) would pass any
+    throughput floor."""
+    if rec.max_tokens and tokens > rec.max_tokens:
+        raise _Fail(ErrorKind.MALFORMED, f"the server reports {tokens} completion tokens for a request of "
+                                         f"at most {rec.max_tokens}: its token counts (and the throughput "
+                                         "computed from them) cannot be trusted")
+    return tokens
+
+
 _CT_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
 _TOKEN_PATTERNS: dict[str, tuple[bytes, ...]] = {
     "chat": (b'"content":"', b'"reasoning_content":"'),
@@ -213,7 +224,7 @@ async def _consume_openai(chunks: Any, ns: Connection | None, rec: RequestRecord
     if usage is None or not isinstance(usage.get("completion_tokens"), int):
         raise _Fail(ErrorKind.MISSING_USAGE, "no usage chunk with completion_tokens "
                     "(stream_options.include_usage ignored?)")
-    rec.output_tokens = int(usage["completion_tokens"])
+    rec.output_tokens = _counted(int(usage["completion_tokens"]), rec)
     pt = usage.get("prompt_tokens")
     rec.prompt_tokens = int(pt) if isinstance(pt, int) else None
 
@@ -297,7 +308,7 @@ async def _consume_generate(chunks: Any, ns: Connection | None, rec: RequestReco
     rec.end_s = (end_ns - t0_ns) / 1e9
     if final is None:
         raise _Fail(ErrorKind.MISSING_USAGE, "no final event with meta_info.finish_reason")
-    rec.output_tokens = int(final["completion_tokens"])
+    rec.output_tokens = _counted(int(final["completion_tokens"]), rec)
     pt = final.get("prompt_tokens")
     rec.prompt_tokens = int(pt) if isinstance(pt, int) else None
     fr = final.get("finish_reason")

@@ -9,10 +9,11 @@ reasoning validates against the schema; the reasoning-grammar-bug fault (the ans
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from e2e_helpers import write_profile
-from services.http_doubles import FaultProxy, grammar_500, grammar_ignored
+from e2e_helpers import toml_list, write_profile
+from services.http_doubles import GRAMMAR_FIELDS, FaultProxy, Reply, grammar_500, grammar_ignored
 from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.refserver.launch import RefServerProcess
@@ -58,7 +59,7 @@ def test_a_server_declared_without_structured_output_must_refuse_not_ignore_the_
                                  "*not even a prefix of the grammar's language*silently gets unconstrained output; "
                                  "its profile says structured_output = false*",
                                  "*crashes: * its profile says structured_output = false, so a constrained request "
-                                 "must be refused (HTTP 4xx), got * HTTP 500*"])
+                                 "must be refused (HTTP 400), got * HTTP 500*"])
 
 
 def test_rollback_bug_fails_under_speculation_and_passes_as_none(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -125,3 +126,56 @@ def test_the_answer_after_the_reasoning_validates_and_an_answer_in_reasoning_con
     assert failed == {f"test_reasoning_structured[reasoned/bug-{s}]" for s in ("whole", "sse")}, failed
     result.stdout.fnmatch_lines(["*bug: response_format json_schema '{*' after reasoning (--reasoning-parser "
                                  "deepseek-r1)*: content '' not JSON*the answer is in reasoning_content*"])
+
+
+def _error_in_a_200(method: str, path: str, body: object) -> Reply | None:
+    """A server that answers every chat request 200 with an error object instead of choices (a gateway that
+    wraps an engine's failure in a 200)."""
+    if method != "POST" or path != "/v1/chat/completions":
+        return None
+    return Reply(200, json.dumps({"object": "error", "message": "engine overloaded", "code": 503}).encode())
+
+
+def test_a_200_without_choices_fails_the_chat_surface_checks_in_one_line(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Every chat answer is a 200 carrying an error object: reasoning separation (which once found "no
+    reasoning, no content" equal to an empty output split in two, and passed) and the forced tool call fail,
+    each with an ApiError naming the missing choices, no AttributeError."""
+    parsers = ["--reasoning-parser", "deepseek-r1", "--tool-call-parser", "qwen25"]
+    with RefServerProcess("--speculative-algorithm", "DFLASH", *parsers, *NO_WS) as server, \
+            FaultProxy(server.url, _error_in_a_200) as proxy:
+        profile = tmp_path / "wrapped.toml"
+        profile.write_text(f'[host]\nname = "wrapped"\nconnection = "local://"\n[services.dflash]\n'
+                           f'kind = "external"\nurl = "{proxy.url}"\nalgorithm = "DFLASH"\n'
+                           f"command = {toml_list(['python', '-m', 'sglang.launch_server', *parsers])}\n")
+        result = run_suite("generation", "--host", str(profile), "-k",
+                           "reasoning_separated or (forced_tool_call and whole) or chat-json_object and whole "
+                           "and greedy")
+    assert_no_crash(result)
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines(["*ApiError: wrapped/dflash /v1/chat/completions: HTTP 200: response has no "
+                                 "choices*"])
+    result.stdout.no_fnmatch_line("*AttributeError*")
+
+
+def _throttled(method: str, path: str, body: object) -> Reply | None:
+    """A gateway in front that answers every constrained request 429 (rate limited): no refusal of the grammar."""
+    if method != "POST" or not isinstance(body, dict) or not any(
+            key in body or key in (body.get("sampling_params") or {}) for key in GRAMMAR_FIELDS):
+        return None
+    return Reply(429, json.dumps({"error": {"message": "rate limited", "code": 429}}).encode())
+
+
+def test_a_429_is_no_refusal_of_the_grammar(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """structured_output = false asks a server to refuse a constrained request (400, as SGLang); a 429 (or a
+    401, a 404) once passed as that refusal, though it says nothing about the grammar."""
+    with RefServerProcess("--speculative-algorithm", "DFLASH", "--grammar-backend", "none") as server, \
+            FaultProxy(server.url, _throttled) as proxy:
+        profile = tmp_path / "throttled.toml"
+        profile.write_text('[host]\nname = "throttled"\nconnection = "local://"\n[services.dflash]\n'
+                           f'kind = "external"\nurl = "{proxy.url}"\nalgorithm = "DFLASH"\n'
+                           "structured_output = false\n")
+        result = run_suite("generation", "--host", str(profile), "-k", "structured and generate-regex and whole")
+    assert_no_crash(result)
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*HTTP 429 is no refusal of the request (that is 400 or 422); it says nothing "
+                                 "about the grammar*"])

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree as ET
 
 import pytest
@@ -239,3 +240,26 @@ def test_a_shard_whose_verdict_holds_escapes_gives_outputs_with_none_raw(tmp_pat
         assert not [c for c in text if (ord(c) < 32 and c not in "\n\t") or 0x7f <= ord(c) <= 0x9f], name
         assert not [line for line in text.splitlines() if line.lstrip().startswith("::")], name
         assert "##vso[" not in text, name
+
+
+@pytest.mark.parametrize(("damage", "said"), [
+    (lambda s, h: s["hosts"].update({h: "x"}), "is str, not an object"),
+    (lambda s, h: s["hosts"][h].update(layers=[1]), "'layers' is list"),
+    (lambda s, h: s["hosts"][h].update(services=3), "'services' is int"),
+    (lambda s, h: s["hosts"][h].update(metrics={"perf:dflash.output_throughput": "fast"}), "a metric is not a number"),
+    (lambda s, h: s["hosts"][h].update(last_good="yesterday"), "'last_good' is str"),
+    (lambda s, h: s.update(run_ids=[1, 2]), "'run_ids' must be a list of strings"),
+], ids=["entry-str", "layers-list", "services-int", "metric-str", "last-good-str", "run-ids-ints"])
+def test_a_damaged_previous_summary_is_one_line_not_a_crash(shards: Path, tmp_path: Path, damage: Any, said: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A previous summary with the right schema but host entries of the wrong shape (edited, or written by a
+    broken tool) once crashed the trend with a traceback and exit 1, which reads as "a host failed"."""
+    assert main(["merge", str(shards), "--out", str(tmp_path / "first"), "-q"]) in (0, 1)
+    summary = json.loads((tmp_path / "first" / "fleet-summary.json").read_text())
+    damage(summary, next(iter(summary["hosts"])))
+    (tmp_path / "prev.json").write_text(json.dumps(summary))
+    capsys.readouterr()
+    assert main(["merge", str(shards), "--out", str(tmp_path / "out"), "--previous", str(tmp_path / "prev.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / 'prev.json'}: not a fleet summary (" in err and said in err, err
+    assert not (tmp_path / "out").exists()

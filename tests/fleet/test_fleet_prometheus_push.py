@@ -4,7 +4,9 @@ HTTP server on loopback that records what it receives, as a Pushgateway would; f
 from __future__ import annotations
 
 import base64
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -202,3 +204,35 @@ def test_a_malformed_push_url_stops_the_run_with_exit_4(pytester: pytest.Pyteste
     assert result.ret == 4
     result.stderr.fnmatch_lines(["ERROR: --prometheus-push / dflash_prometheus_push: 'ftp://pgw': expected a "
                                  "Pushgateway URL*"])
+
+
+def test_a_gateway_that_drips_its_answer_is_bounded_in_total(verdicts: Path) -> None:
+    """urllib's timeout is per socket read: a gateway that sends a header line every 0.2 s never trips it, and
+    once held the merge for ever. The push's timeout is its total time."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    stop = threading.Event()
+
+    def drip() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            while not stop.wait(0.2):
+                conn.sendall(b"X-Drip: 1\r\n")
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    loaded, excluded = fleet_verdicts.load_verdicts([verdicts])
+    summary = fleet.build_summary(loaded, excluded=excluded)
+    started = time.monotonic()
+    try:
+        with pytest.raises(prometheus.PushError, match=r"^http://127\.0\.0\.1:\d+/metrics/job/pytest-dflash: "
+                                                       r"timed out \(the push's total time, 1s\)$"):
+            prometheus.push(f"http://127.0.0.1:{server.getsockname()[1]}", summary, timeout_s=1.0)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()
+    assert time.monotonic() - started < 3

@@ -32,9 +32,13 @@ def _edit(path: Path, **changes: Any) -> None:
     (BROKEN, {"exit_code": 0}, "exited 0 without a gate that passed"),
     (GREEN, {"verdict": "partial"}, "'partial' gives no reason"),
     (GREEN, {"layers": {"service": {"outcome": "passed", "passed": 0, "failed": 1}}}, "its counts"),
+    (GREEN, {"layers": {}}, "'verdict' is 'pass' but no layer passed"),
+    (GREEN, {"layers": {"host": {"outcome": "skipped", "skipped": 3}}}, "'verdict' is 'pass' but no layer passed"),
+    (GREEN, {"exit_code": True}, "the run exited True"),
+    (GREEN, {"layers": {"host": {"outcome": "passed", "passed": "1", "failed": "2"}}}, "not whole numbers"),
 ], ids=["pass-with-failed-layer", "pass-with-failures", "pass-exit-2", "pass-never-finished", "complete-but-partial",
         "pass-but-partial", "pass-but-interrupted", "fail-without-failure", "fail-exit-0", "partial-no-reason",
-        "layer-counts"])
+        "layer-counts", "pass-without-layers", "pass-all-skipped", "pass-exit-true", "layer-counts-strings"])
 def test_merge_refuses_a_verdict_that_contradicts_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                          start: dict[str, str], changes: dict[str, Any],
                                                          said: str) -> None:

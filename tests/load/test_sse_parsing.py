@@ -206,3 +206,30 @@ def test_empty_stream_has_no_token() -> None:
         rec = RequestRecord(index=0)
         asyncio.run(_consume_openai(_aiter([body]), None, rec, 0, 0, _TOKEN_PATTERNS["chat"], False, False))
     assert info.value.error.kind is ErrorKind.EMPTY
+
+
+@pytest.mark.parametrize("name", ["dflash/generate_stream", "dflash/chat_completions_stream",
+                                  "dflash/completions_stream"])
+def test_more_completion_tokens_than_the_request_allowed_is_malformed(name: str) -> None:
+    """Throughput is computed from the server's completion_tokens: a server that over-counts them (3x, as a
+    proxy did in a hostile run: 850 "tok/s" and accept length 14.8 with 8-token blocks) once passed every
+    throughput floor. A count above the request's max_tokens is refused."""
+    body = _body(name)
+    honest = _parse_body(name, body).output_tokens
+    assert honest
+
+    def parse(max_tokens: int) -> RequestRecord:
+        rec = RequestRecord(index=0, max_tokens=max_tokens)
+        if STREAMS[name]["path"] == "/generate":
+            coro = _consume_generate(_aiter([body]), None, rec, 0, 0, False, False)
+        else:
+            endpoint = "chat" if "chat" in name else "completions"
+            coro = _consume_openai(_aiter([body]), None, rec, 0, 0, _TOKEN_PATTERNS[endpoint], False, False)
+        asyncio.run(coro)
+        return rec
+
+    assert parse(honest).output_tokens == honest
+    with pytest.raises(_Fail, match=f"the server reports {honest} completion tokens for a request of at most "
+                                    f"{honest - 1}") as info:
+        parse(honest - 1)
+    assert info.value.error.kind is ErrorKind.MALFORMED

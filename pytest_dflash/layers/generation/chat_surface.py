@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import jsonschema  # type: ignore[import-untyped]
 
-from pytest_dflash.client.bodies import answer_json, error_message
+from pytest_dflash.client.bodies import answer_json, chat_choice, error_message, json_kind
 from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import ApiError
@@ -44,7 +44,9 @@ from pytest_dflash.layers.generation.structured import (
     Grammar,
     GrammarWarning,
     backend_disabled,
+    completion_tokens,
     constrained_body,
+    length_problem,
 )
 from pytest_dflash.run.skips import not_applicable
 
@@ -80,6 +82,7 @@ TOOLS: list[dict[str, Any]] = [
         "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                        "required": ["a", "b"]}}},
 ]  # fmt: skip
+TOOL_MAX_TOKENS = 200
 THINK_END = "</think>"
 # room for a reasoning model's thinking before the answer; a length finish is reported, not judged
 REASONED = Sampling(max_tokens=400, temperature=0.0)
@@ -113,14 +116,14 @@ def _refused(service: ServiceHandle, text: str) -> None:
 
 
 def _chat(service: ServiceHandle, body: dict[str, Any]) -> dict[str, Any]:
+    """Choice 0 of a chat answer, with the answer's usage; no choice is an ApiError (bodies.chat_choice)."""
     client = service.client
     response = client.request("POST", CHAT_PATH, json_body=_chat_body(service, body))
     if response.status_code >= 400:
         _refused(service, response.text)
         raise ApiError(client.service, CHAT_PATH, response.status_code, "chat refused", response.text[:300])
     data = answer_json(response, client.service, CHAT_PATH)
-    choice = (data.get("choices") or [{}])[0] if isinstance(data, dict) else None
-    return choice if isinstance(choice, dict) else {}
+    return {**chat_choice(data, client.service, CHAT_PATH), "usage": data.get("usage")}
 
 
 @dataclass(frozen=True)
@@ -133,14 +136,15 @@ class ToolCallAnswer:
     content: str
     done: bool = True
     problems: tuple[str, ...] = ()
+    tokens: int | None = None  # the completion tokens the answer counts, where it says
 
 
 def tool_call_answer(choice: dict[str, Any]) -> ToolCallAnswer:
-    """The answer of a chat response's choice."""
+    """The answer of a chat response's choice (with the response's usage, as _chat returns it)."""
     message = choice.get("message") or {}
     calls = message.get("tool_calls")
     return ToolCallAnswer(calls if isinstance(calls, list) else [], choice.get("finish_reason"),
-                          str(message.get("content") or ""))  # fmt: skip
+                          str(message.get("content") or ""), tokens=completion_tokens(choice.get("usage")))
 
 
 def streamed_tool_calls(events: Sequence[dict[str, Any]], *, done: bool) -> ToolCallAnswer:
@@ -153,7 +157,8 @@ def streamed_tool_calls(events: Sequence[dict[str, Any]], *, done: bool) -> Tool
         for choice in event.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
             content += str(delta.get("content") or "")
             reason = choice.get("finish_reason") or reason
             for item in delta.get("tool_calls") or []:
@@ -161,7 +166,8 @@ def streamed_tool_calls(events: Sequence[dict[str, Any]], *, done: bool) -> Tool
                 if not isinstance(index, int) or isinstance(index, bool):
                     problems.append(f"a tool-call delta without an integer index: {item!r}")
                     continue
-                function = item.get("function") or {}
+                function = item.get("function")
+                function = function if isinstance(function, dict) else {}
                 name, fragment = function.get("name"), function.get("arguments")
                 call = calls.get(index)
                 if call is None:
@@ -179,7 +185,8 @@ def streamed_tool_calls(events: Sequence[dict[str, Any]], *, done: bool) -> Tool
     return ToolCallAnswer([calls[i] for i in sorted(calls)], reason, content, done, tuple(problems))
 
 
-def check_tool_calls(answer: ToolCallAnswer, wanted: str | None, *, what: str) -> None:
+def check_tool_calls(answer: ToolCallAnswer, wanted: str | None, *, what: str,
+                     max_tokens: int = TOOL_MAX_TOKENS) -> None:
     """Forced calls of the given tools (`wanted`, where named), arguments valid under their parameters, finish
     reason "tool_calls"; a length finish is reported, not judged."""
     __tracebackhide__ = True
@@ -192,6 +199,10 @@ def check_tool_calls(answer: ToolCallAnswer, wanted: str | None, *, what: str) -
     if answer.problems:
         fail(f"{what}: malformed tool-call deltas: {'; '.join(answer.problems)[:600]}")
     if answer.finish_reason == "length":
+        said = answer.content + "".join(str((c.get("function") or {}).get("arguments") or "")
+                                        for c in answer.calls if isinstance(c, dict))
+        if lie := length_problem(said, answer.tokens, max_tokens):
+            fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
         warnings.warn(GrammarWarning(f"{what}: finished by length before the call was complete"),
                       stacklevel=2)
         return
@@ -205,9 +216,17 @@ def check_tool_calls(answer: ToolCallAnswer, wanted: str | None, *, what: str) -
         name = function.get("name") if isinstance(function, dict) else None
         if name not in parameters or (wanted and name != wanted):
             fail(f"{what}: the call names {name!r}, not {wanted or ' or '.join(parameters)}: {call!r}")
-        assert isinstance(function, dict)
+        assert isinstance(function, dict) and isinstance(call, dict)
+        call_id, kind = call.get("id"), call.get("type", "function")
+        if not isinstance(call_id, str) or not call_id or kind != "function":
+            fail(f"{what}: the call has id {call_id!r} and type {kind!r}: a client answers a "
+                 f"call with a tool message naming its id, and OpenAI's calls are of type 'function': "
+                 f"{call!r:.300}")
+        if not isinstance(function.get("arguments"), str):
+            fail(f"{what}: the arguments of {name!r} are {json_kind(function.get('arguments'))}, not a JSON "
+                 f"string (OpenAI's function.arguments; a client's json.loads breaks on it): {call!r:.300}")
         try:
-            arguments = loads_json(function.get("arguments") or "", strict=False)
+            arguments = loads_json(function["arguments"], strict=False)
             jsonschema.validate(arguments, parameters[name])
         except (ValueError, jsonschema.ValidationError) as exc:
             fail(f"{what}: the arguments of {name!r} {function.get('arguments')!r} break its parameters' "
@@ -236,7 +255,7 @@ def forced_tool_call(service: ServiceHandle, choice: ToolChoice, *, streamed: bo
              f"forced; {SEED_002}")
     wanted = "add" if choice == "named" else None
     tool_choice: object = {"type": "function", "function": {"name": wanted}} if wanted else "required"
-    body = {"tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 200}
+    body = {"tools": TOOLS, "tool_choice": tool_choice, "max_tokens": TOOL_MAX_TOKENS}
     what = (f"{service.name}: tool_choice {json.dumps(tool_choice)} (--tool-call-parser {parser})"
             f"{' streamed' if streamed else ''}")
     if not streamed:
@@ -258,6 +277,9 @@ def reasoning_separated(service: ServiceHandle) -> None:
     split = (_chat(service, {**body, "separate_reasoning": True}).get("message") or {})
     unsplit = _chat(service, {**body, "separate_reasoning": False}).get("message") or {}
     whole = str(unsplit.get("content") or "")
+    if not whole:  # 48 tokens with ignore_eos: an empty output is no output, and would split into nothing
+        fail(f"{service.name} (--reasoning-parser {parser}): asked for 48 tokens with ignore_eos and "
+             f"separate_reasoning false, the answer has no content: {unsplit!r:.300}")
     reasoning, content = split.get("reasoning_content"), str(split.get("content") or "")
     what = f"{service.name} (--reasoning-parser {parser})"
     if split.get("reasoning_content") is None and THINK_END in whole:
@@ -281,6 +303,7 @@ class ReasonedAnswer:
     content: str
     finish_reason: str | None
     done: bool = True  # a stream ended with [DONE]
+    tokens: int | None = None  # the completion tokens the answer counts, where it says
 
 
 def reasoned_answer(data: dict[str, Any] | None = None, events: Sequence[dict[str, Any]] = (), *,
@@ -291,17 +314,22 @@ def reasoned_answer(data: dict[str, Any] | None = None, events: Sequence[dict[st
         message = choice.get("message") or {}
         thought = message.get("reasoning_content")
         thought = None if thought is None else str(thought)
-        return ReasonedAnswer(thought, str(message.get("content") or ""), choice.get("finish_reason"))
+        return ReasonedAnswer(thought, str(message.get("content") or ""), choice.get("finish_reason"),
+                              tokens=completion_tokens(data.get("usage")))
     parts: dict[str, str | None] = {"reasoning_content": None, "content": ""}
-    reason = None
+    reason, tokens = None, None
     for event in events:
+        tokens = completion_tokens(event.get("usage")) or tokens
         for choice in event.get("choices") or []:
-            delta = choice.get("delta") or {}
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
             for part in parts:
                 if delta.get(part):
                     parts[part] = (parts[part] or "") + str(delta[part])
             reason = choice.get("finish_reason") or reason
-    return ReasonedAnswer(parts["reasoning_content"], parts["content"] or "", reason, done)
+    return ReasonedAnswer(parts["reasoning_content"], parts["content"] or "", reason, done, tokens)
 
 
 def check_reasoned(answer: ReasonedAnswer, grammar: Grammar, *, what: str, max_tokens: int) -> None:
@@ -311,6 +339,8 @@ def check_reasoned(answer: ReasonedAnswer, grammar: Grammar, *, what: str, max_t
     if not answer.done:
         fail(f"{what}: the stream stopped without [DONE] after content {answer.content[-80:]!r}")
     if answer.finish_reason == "length":
+        if lie := length_problem(reasoning + answer.content, answer.tokens, max_tokens):
+            fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
         where = "the answer" if answer.content else "the reasoning (no answer yet)"
         warnings.warn(GrammarWarning(f"{what}: finished by length in {where} after max_tokens={max_tokens}: "
                                      f"not checked as complete: {answer.content[:80]!r}"), stacklevel=2)
@@ -352,7 +382,9 @@ def reasoning_structured(service: ServiceHandle, *, streamed: bool) -> None:
             if response.status_code >= 400:
                 raise ApiError(client.service, path, response.status_code, error_message(response),
                                response.text[:500])
-            answer = reasoned_answer(answer_json(response, client.service, path))
+            data = answer_json(response, client.service, path)
+            chat_choice(data, client.service, path)  # an answer without a choice is no answer
+            answer = reasoned_answer(data)
     except ApiError as exc:
         fail(f"{what}: failed (refused, or the stream broke off): {exc}")
     check_reasoned(answer, grammar, what=what, max_tokens=REASONED.max_tokens)

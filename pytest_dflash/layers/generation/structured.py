@@ -9,9 +9,9 @@ stream without ``[DONE]`` or output outside the language fails, naming the gramm
 
 A server that serves no grammar (``--grammar-backend none``, seed 002's fix; a DDTREE server sets it itself)
 fails every case, naming the flag and the seed, unless its profile says ``structured_output = false``. Then
-the same requests check that it says so: a refusal (HTTP 4xx, or an ``abort`` finish) passes, and so does
-output in the grammar's language; a 200 whose output ignores the grammar (a client asking for JSON silently
-gets text), a 5xx, a dropped connection or a death fails, naming the grammar.
+the same requests check that it says so: a refusal (HTTP 400 or 422, or an ``abort`` finish) passes, and so
+does output in the grammar's language; a 200 whose output ignores the grammar (a client asking for JSON
+silently gets text), another 4xx, a 5xx, a dropped connection or a death fails, naming the grammar.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema  # type: ignore[import-untyped]
 
-from pytest_dflash.client.bodies import answer_json, error_message
+from pytest_dflash.client.bodies import answer_json, chat_choice, error_message, native_answer
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.documents import loads_json
@@ -55,6 +55,7 @@ NO_BACKEND_FLAG = "--grammar-backend none"
 SEED_002 = ("seed 002: `--grammar-backend none` was the fix taken for an xgrammar without StructuralTag, "
             "and it silently turned off JSON mode, regex and EBNF constraints and tool-call forcing for "
             "every client")
+REFUSALS = (400, 422)  # a request refused for what it asks (a 401, 404 or 429 says nothing about the grammar)
 NOT_SERVED = "the profile says this service serves no structured output (structured_output = false)"
 REPLACEMENT = "\ufffd"  # what a decoder shows for bytes that are not UTF-8
 EBNF = 'root ::= answer "."\nanswer ::= "yes" | "no" | "maybe"'
@@ -189,6 +190,23 @@ class Outcome:
     finish_reason: str | None
     done: bool = True
     message: str | None = None  # an abort's message, where the server gave one
+    tokens: int | None = None  # the completion tokens the answer counts, where it says
+
+
+def completion_tokens(counts: Any) -> int | None:
+    """`completion_tokens` of a `usage` or `meta_info` object, where it is an integer."""
+    value = counts.get("completion_tokens") if isinstance(counts, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def length_problem(text: str, tokens: int | None, max_tokens: int) -> str | None:
+    """What makes a length finish a lie: no output at all, or fewer tokens than max_tokens by the answer's own
+    count (a server that says "length" early would pass every grammar as a prefix)."""
+    if tokens is not None and tokens < max_tokens:
+        return f"says finish_reason 'length' after {tokens} of max_tokens={max_tokens} tokens"
+    if not text:
+        return f"says finish_reason 'length' with no output at all (max_tokens={max_tokens})"
+    return None
 
 
 def constrained_body(client: InferenceClient, api: Api, grammar: Grammar, sampling: Sampling, *,
@@ -208,37 +226,45 @@ def send(client: InferenceClient, api: Api, grammar: Grammar, sampling: Sampling
     """One constrained request, streamed or not, as an Outcome; ApiError on a refusal."""
     path, body = constrained_body(client, api, grammar, sampling, stream=stream)
     if stream:
-        answer = client.stream(path, body)
-        return streamed_outcome(answer.events, api, done=answer.done)
+        streamed = client.stream(path, body)
+        return streamed_outcome(streamed.events, api, done=streamed.done)
     response = client.request("POST", path, json_body=body)
     if response.status_code >= 400:
         raise ApiError(client.service, path, response.status_code, error_message(response),
                        response.text[:500])
     data = answer_json(response, client.service, path)
     if api == "generate":
-        data = data[0] if isinstance(data, list) and data else data
-        reason = (data.get("meta_info") or {}).get("finish_reason")
+        answer = native_answer(data, client.service)
+        reason = answer["meta_info"].get("finish_reason")
         kind = reason.get("type") if isinstance(reason, dict) else reason
         message = reason.get("message") if isinstance(reason, dict) else None
-        return Outcome(str(data.get("text", "")), kind, message=message)
-    choice = (data.get("choices") or [{}])[0]
-    return Outcome(str((choice.get("message") or {}).get("content") or ""), choice.get("finish_reason"))
+        return Outcome(str(answer.get("text", "")), kind, message=message,
+                       tokens=completion_tokens(answer["meta_info"]))
+    choice = chat_choice(data, client.service, path)
+    return Outcome(str(choice["message"].get("content") or ""), choice.get("finish_reason"),
+                   tokens=completion_tokens(data.get("usage")))
 
 
 def streamed_outcome(events: Sequence[dict[str, Any]], api: Api, *, done: bool) -> Outcome:
-    text, reason, message = "", None, None
+    text, reason, message, tokens = "", None, None, None
     for event in events:
         if api == "generate":
             text = str(event.get("text", text))
-            finish = (event.get("meta_info") or {}).get("finish_reason")
+            meta = event.get("meta_info")
+            finish = meta.get("finish_reason") if isinstance(meta, dict) else None
+            tokens = completion_tokens(meta) if isinstance(meta, dict) else tokens
             if finish:
                 reason = finish.get("type") if isinstance(finish, dict) else finish
                 message = finish.get("message") if isinstance(finish, dict) else None
             continue
+        tokens = completion_tokens(event.get("usage")) or tokens
         for choice in event.get("choices") or []:
-            text += str((choice.get("delta") or {}).get("content") or "")
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            text += str((delta if isinstance(delta, dict) else {}).get("content") or "")
             reason = choice.get("finish_reason") or reason
-    return Outcome(text, reason, done, message)
+    return Outcome(text, reason, done, message, tokens)
 
 
 def backend_disabled(spec: ServiceSpec) -> bool:
@@ -294,20 +320,23 @@ def refused_or_served(service: ServiceHandle, api: Api, grammar: Grammar, sampli
     """A service whose profile says it serves no structured output: it must refuse a constrained request
     (4xx, or an abort finish), or serve it right; never answer 200 with output that ignores the grammar."""
     __tracebackhide__ = True
-    why = "its profile says structured_output = false, so a constrained request must be refused (HTTP 4xx)"
+    why = "its profile says structured_output = false, so a constrained request must be refused (HTTP 400)"
     try:
         outcome = send(service.client, api, grammar, sampling, stream=streamed)
     except ApiError as exc:
-        if exc.status is not None and 400 <= exc.status < 500:
+        if exc.status in REFUSALS:
             return  # refused, as SGLang refuses under --grammar-backend none: the client is told
+        if exc.status is not None and 400 <= exc.status < 500:
+            fail(f"{what}: {why}, got {exc}: HTTP {exc.status} is no refusal of the request (that is 400 or "
+                 "422); it says nothing about the grammar")
         fail(f"{what}: {why}, got {exc}")
-    if (problem := unserved_problem(outcome, grammar)) is None:
+    if (problem := unserved_problem(outcome, grammar, sampling.max_tokens)) is None:
         return
     fail(f"{what}: accepted and answered {outcome.text[:160]!r} (finish_reason {outcome.finish_reason!r}), "
          f"which {problem}: a client asking for this grammar silently gets unconstrained output; {why}")
 
 
-def unserved_problem(outcome: Outcome, grammar: Grammar) -> str | None:
+def unserved_problem(outcome: Outcome, grammar: Grammar, max_tokens: int) -> str | None:
     """What is wrong with an answer a service that serves no structured output gave to a constrained request
     it accepted; None for an abort (refused in-band, as SGLang refuses a streamed one under
     --grammar-backend none: the client is told) or output in the grammar's language (served after all)."""
@@ -315,8 +344,9 @@ def unserved_problem(outcome: Outcome, grammar: Grammar) -> str | None:
         return None
     if not outcome.done:
         return "the stream stopped without [DONE]"
-    if outcome.finish_reason == "length":
-        return grammar.prefix_problem(outcome.text)  # cut by max_tokens: a prefix is all it can be
+    if outcome.finish_reason == "length":  # cut by max_tokens: a prefix is all it can be
+        return (length_problem(outcome.text, outcome.tokens, max_tokens)
+                or grammar.prefix_problem(outcome.text))
     return grammar.problem(outcome.text)
 
 
@@ -326,6 +356,8 @@ def check_outcome(outcome: Outcome, grammar: Grammar, *, what: str, max_tokens: 
     if not outcome.done:
         fail(f"{what}: the stream stopped without [DONE] after {outcome.text[-80:]!r}")
     if outcome.finish_reason == "length":
+        if lie := length_problem(outcome.text, outcome.tokens, max_tokens):
+            fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
         if problem := grammar.prefix_problem(outcome.text):
             fail(f"{what}: finished by length after max_tokens={max_tokens}, and the output "
                  f"{outcome.text[:200]!r} {problem}")

@@ -82,6 +82,8 @@ class Acceptance:
     by_category: dict[str, list[int]] = field(default_factory=dict)
     accepted_drafts: int = 0  # spec_num_correct_drafts summed (meta_info, when reported)
     proposed_drafts: int = 0  # spec_num_proposed_drafts summed
+    max_tokens: int = 0  # what each request allowed (0: not recorded)
+    largest: int = 0  # the most completion tokens one request reported
 
     @property
     def accept_rate(self) -> float | None:
@@ -180,7 +182,7 @@ def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int 
     """
     __tracebackhide__ = True
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    result = Acceptance(client.service, "meta_info", len(prompts))
+    result = Acceptance(client.service, "meta_info", len(prompts), max_tokens=max_tokens)
     if categories is not None and len(categories) != len(prompts):
         raise ValueError(f"{len(categories)} categories for {len(prompts)} prompts")
     missing = False
@@ -193,6 +195,7 @@ def measure(client: InferenceClient, prompts: Sequence[str], *, max_tokens: int 
         tokens, steps = counts
         result.tokens += tokens
         result.steps += steps
+        result.largest = max(result.largest, tokens)
         correct, proposed = gen.meta.get("spec_num_correct_drafts"), gen.meta.get("spec_num_proposed_drafts")
         if isinstance(correct, int | float) and isinstance(proposed, int | float):
             result.accepted_drafts += int(correct)
@@ -236,6 +239,23 @@ def check_at_least_one(acceptance: Acceptance) -> None:
                              f"({acceptance.source}): a verify step emits at least one token")
 
 
+def check_accounting(acceptance: Acceptance, block: int | None) -> None:
+    """The counts an accept length is computed from are possible: no request reports more completion tokens
+    than it allowed, and no verify step emits more than the `block` (speculative_num_draft_tokens) tokens it
+    verifies (the prefill's token aside, one per request). A server that over-counts tokens or under-counts
+    verify steps would otherwise pass any accept-length floor."""
+    __tracebackhide__ = True
+    if acceptance.max_tokens and acceptance.largest > acceptance.max_tokens:
+        raise AssertionError(f"{acceptance.service}: a request of at most {acceptance.max_tokens} tokens "
+                             f"reports {acceptance.largest} completion tokens ({acceptance.source}): the "
+                             "counts its accept length is computed from cannot be trusted")
+    if block and acceptance.steps and acceptance.tokens > acceptance.steps * block + acceptance.prompts:
+        raise AssertionError(f"{acceptance.service}: {acceptance.tokens} tokens in {acceptance.steps} verify "
+                             f"steps on {acceptance.prompts} prompts (accept length {acceptance.mean:.3f}) "
+                             f"is more than steps of {block} draft tokens can emit: the server miscounts its "
+                             "tokens or its verify steps (spec_verify_ct)")
+
+
 def check_floor(acceptance: Acceptance, floor: float | None, *, where: str = "") -> None:
     """The mean accept length is at least `floor` (the profile's accept_length); without a floor, at least 1.
 
@@ -258,12 +278,14 @@ def check_floor(acceptance: Acceptance, floor: float | None, *, where: str = "")
             "draft model, --speculative-num-draft-tokens, or a verifier that rejects good drafts)")
 
 
-def check_accepts_drafts(acceptance: Acceptance, floor: Floor) -> None:
-    """The mean accept length reaches `floor` (see `required_floor`): the drafts are really accepted.
+def check_accepts_drafts(acceptance: Acceptance, floor: Floor, *, block: int | None = None) -> None:
+    """The mean accept length reaches `floor` (see `required_floor`): the drafts are really accepted, counted
+    by possible numbers (`check_accounting`; `block`: the server's speculative_num_draft_tokens, where known).
 
     The failure names the numbers and the likely causes; a server reporting accept rate 0 says so."""
     __tracebackhide__ = True
     check_at_least_one(acceptance)
+    check_accounting(acceptance, block)
     rate_zero = acceptance.accept_rate == 0.0 and acceptance.proposed_drafts > 0
     if acceptance.mean >= floor.value:
         return
@@ -299,5 +321,5 @@ def check_ddtree_vs_dflash(ddtree: Acceptance, dflash: Acceptance, *, ratio: flo
 
 
 __all__ = ["DEFAULT_MIN_ACCEPT_LENGTH", "LIKELY_CAUSES", "Acceptance", "AcceptanceUnavailable", "Floor",
-           "FlushRefused", "check_accepts_drafts", "check_at_least_one", "check_ddtree_vs_dflash",
-           "check_floor", "measure", "required_floor"]
+           "FlushRefused", "check_accepts_drafts", "check_accounting", "check_at_least_one",
+           "check_ddtree_vs_dflash", "check_floor", "measure", "required_floor"]

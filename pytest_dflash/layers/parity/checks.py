@@ -152,6 +152,13 @@ def required_floor(service: ServiceHandle) -> acceptance.Floor:
                                      source=str(profile.source))
 
 
+def draft_block(service: ServiceHandle) -> int | None:
+    """The most tokens one verify step can emit: the server's speculative_num_draft_tokens (/server_info), or
+    None where it does not say."""
+    value = (service.server_info or {}).get("speculative_num_draft_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _speculative_or_skip(service: ServiceHandle) -> None:
     if service.algorithm == "NONE":  # an attached server says what it runs only in /server_info
         skips.not_applicable(f"{service.label} does not use speculative decoding")
@@ -162,7 +169,7 @@ def accept_length(service: ServiceHandle, options: LayerOptions, cache: Cache) -
     __tracebackhide__ = True
     _speculative_or_skip(service)
     measured = _acceptance(service, options, cache)
-    acceptance.check_accepts_drafts(measured, required_floor(service))
+    acceptance.check_accepts_drafts(measured, required_floor(service), block=draft_block(service))
     return measured
 
 
@@ -176,7 +183,7 @@ def quick_accept_length(service: ServiceHandle, prompts: Sequence[str], options:
     skips.needs_sglang(service, "accept length needs SGLang's native /generate meta_info")
     measured = measure_acceptance(service, prompts, max_tokens=max_tokens,
                                   allowed=options.allow_state_changes)
-    acceptance.check_accepts_drafts(measured, required_floor(service))
+    acceptance.check_accepts_drafts(measured, required_floor(service), block=draft_block(service))
     return measured
 
 

@@ -329,10 +329,18 @@ def greedy_outputs(client: InferenceClient, prompts: Sequence[Prompt], *, max_to
     """Greedy generations (ignore_eos) of every prompt, one at a time or all at once."""
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     if not concurrent_requests:
-        return [client.generate(p.text, sampling) for p in prompts]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts),
-                                               thread_name_prefix="dflash-parity") as pool:
-        return list(pool.map(lambda p: client.generate(p.text, sampling), prompts))
+        outputs = [client.generate(p.text, sampling) for p in prompts]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts),
+                                                   thread_name_prefix="dflash-parity") as pool:
+            outputs = list(pool.map(lambda p: client.generate(p.text, sampling), prompts))
+    for prompt, output in zip(prompts, outputs, strict=True):
+        if max_tokens > 0 and not output.output_ids:
+            # parity compares token ids: two answers without them would be "identical" having compared nothing
+            raise ApiError(client.service, "/generate", 200, f"the answer to {prompt.name!r} carries no "
+                           "output_ids (a list of token ids): greedy parity compares token ids",
+                           output.text[:200])
+    return outputs
 
 
 def compare_greedy(

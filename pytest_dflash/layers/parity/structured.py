@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_dflash.client.bodies import answer_json
+from pytest_dflash.client.bodies import answer_json, native_answer
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.generation.structured import GRAMMARS, NOT_SERVED, Grammar
@@ -64,14 +64,19 @@ def constrained_greedy(client: InferenceClient, prompt: str, grammar: Grammar, *
     if response.status_code >= 400:
         raise ApiError(client.service, "/generate", response.status_code, "constrained request refused",
                        response.text[:300])
-    data = answer_json(response, client.service, "/generate")
-    data = data[0] if isinstance(data, list) and data else data
-    meta = data.get("meta_info") or {}
+    data = native_answer(answer_json(response, client.service, "/generate"), client.service)
+    ids = data.get("output_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or (
+            data.get("text") and not ids):
+        # without them two answers would count as token-identical having compared nothing
+        raise ApiError(client.service, "/generate", response.status_code,
+                       "the answer carries no output_ids (a list of token ids) to compare", str(data)[:300])
+    meta = data["meta_info"]
     reason = meta.get("finish_reason")
     top = meta.get("output_top_logprobs") if logprobs else None
     steps = tuple(tuple((float(e[0]), int(e[1])) for e in step if isinstance(e, list) and len(e) >= 2)
                   for step in top or [] if isinstance(step, list))  # fmt: skip
-    return ConstrainedRun(tuple(int(i) for i in data.get("output_ids") or ()), str(data.get("text", "")),
+    return ConstrainedRun(tuple(ids), str(data.get("text", "")),
                           reason.get("type") if isinstance(reason, dict) else reason, steps)
 
 

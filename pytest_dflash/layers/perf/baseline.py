@@ -90,10 +90,40 @@ def load_baseline(path: Path) -> Baseline:
         result = LoadResult.from_json(text)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a readable perf baseline ({type(exc).__name__}: {exc})") from None
+    if (problem := _unmeasurable(result)) is not None:
+        raise ValueError(f"{path}: not a readable perf baseline ({problem}): record a new one with "
+                         "--update-baseline")
     meta = doc.get("dflash_perf") if isinstance(doc, dict) else None
     recorded = str(meta.get("recorded", "")) if isinstance(meta, dict) else ""
     return Baseline(path, result,
                     recorded or time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.end_wall)))
+
+
+def _count(value: object) -> bool:
+    """A token or step count as a recorded run writes it: absent, or a whole number >= 0."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
+def _unmeasurable(result: LoadResult) -> str | None:
+    """What in a baseline (edited by hand, or damaged) its numbers cannot be compared from, or None. A run the
+    layer recorded never has one; without this check a duration of 0 dropped the throughput comparison
+    (only accept length was judged, and passed) and a NaN crashed the bootstrap."""
+    duration = result.metrics.get("duration")
+    if not isinstance(duration, int | float) or isinstance(duration, bool) or not 0 < duration < math.inf:
+        return f"its duration {duration!r} is not a positive number of seconds"
+    ok = result.successful
+    if not ok:
+        return "it has no successful measured request"
+    for record in ok:
+        e2e = record.e2e_ms
+        if e2e is not None and (not isinstance(e2e, int | float) or not 0 <= e2e < math.inf):
+            return f"request {record.index}: e2e_ms {e2e!r} is not a finite number of milliseconds"
+        if not (_count(record.output_tokens) and _count(record.verify_ct)):
+            return (f"request {record.index}: output_tokens {record.output_tokens!r} / verify_ct "
+                    f"{record.verify_ct!r} are not token counts")
+    if not sum(r.output_tokens or 0 for r in ok):
+        return "its requests generated no token"
+    return None
 
 
 def judge_baseline(run: ServiceRun, baseline: Baseline, floors: Mapping[str, float | str]) -> list[Judgement]:

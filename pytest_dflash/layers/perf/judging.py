@@ -18,10 +18,12 @@ from pytest_dflash.layers.parity.acceptance import required_floor
 from pytest_dflash.layers.perf.judgement import Comparison, Judgement
 from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.stats import judge_floor, judge_ratio, metric_sample, ratio_bound
+from pytest_dflash.layers.perf.token_latency import WHOLE_STREAM_MS
 from pytest_dflash.load.spec import LoadSpec
 
 __all__ = ["COMPARABLE_FIELDS", "DEFAULT_CONFIDENCE", "compare", "comparison_pairs", "confidence_of",
-           "judge_accept_length", "judge_errors", "judge_floors", "judge_speedup", "refused", "same_load"]
+           "judge_accept_length", "judge_errors", "judge_floors", "judge_speedup", "refused", "same_load",
+           "stream_arrived_whole"]
 
 DEFAULT_CONFIDENCE = 0.95
 # Runs are comparable (a speed-up, a baseline) only when they were measured with the same load.
@@ -35,10 +37,28 @@ def refused(key: str, run: ServiceRun, threshold: float | None = None, why: str 
                      message=f"{key}: REFUSED — no judgement: {reason}")
 
 
+def stream_arrived_whole(run: ServiceRun) -> str | None:
+    """Why inter-token latency was not measured on this run, or None: every streamed request's tokens came
+    within WHOLE_STREAM_MS of its first one. A buffering proxy or gateway hands the stream over in one piece:
+    every gap is ~0, and an ITL or TPOT ceiling would pass having seen no gap. A real server, speculative
+    too, needs a forward pass (milliseconds) between token events."""
+    streamed = [r for r in run.result.successful if r.itl_ms and (r.output_tokens or 0) >= 2]
+    if not streamed or any(sum(r.itl_ms) >= WHOLE_STREAM_MS for r in streamed):
+        return None
+    first = streamed[0]
+    return (f"every stream was delivered whole: in each of {len(streamed)} requests all tokens came within "
+            f"{WHOLE_STREAM_MS:g} ms of the first (e.g. {first.output_tokens} tokens in "
+            f"{sum(first.itl_ms):.3f} ms after a TTFT of {first.ttft_ms or 0:.0f} ms); a proxy or gateway "
+            "buffers the stream, so the gaps between tokens a client sees were not measured")
+
+
 def _judge_metric(run: ServiceRun, key: str, threshold: float, *, higher_is_better: bool,
                   confidence: float) -> Judgement:
     if run.refusal:
         return refused(key, run, threshold)
+    if key.startswith(("itl_", "tpot_")) and (whole := stream_arrived_whole(run)):
+        return Judgement(key=key, outcome="inconclusive", threshold=threshold,
+                         message=f"{key}: INCONCLUSIVE — cannot be measured on this run: {whole}")
     try:
         sample = metric_sample(run.result, key)
     except ValueError as exc:
@@ -81,14 +101,17 @@ def judge_floors(run: ServiceRun, floors: Mapping[str, float | str]) -> list[Jud
 
 
 def judge_accept_length(run: ServiceRun, floors: Mapping[str, float | str], *,
-                        unaccepted_draft: str | None = None, source: str = "the profile") -> Judgement:
+                        unaccepted_draft: str | None = None, source: str = "the profile",
+                        block: int | None = None) -> Judgement:
     """Per-request accept length (``meta_info`` of native /generate), token-weighted, against the floor.
 
     The floor is the parity layer's (`acceptance.required_floor`, one rule for smoke, parity and perf): the
     ``accept_length`` floor; without one, at least one token per verify step for a service whose profile
     declares `unaccepted_draft`, else the default minimum `acceptance.DEFAULT_MIN_ACCEPT_LENGTH` (no
     speculation in name only). The server-side value (``/server_info`` after ``/flush_cache``) is reported
-    next to it.
+    next to it. `block` (the server's speculative_num_draft_tokens, where known): a request with more tokens
+    than its verify steps of `block` tokens can emit (plus the prefill's one) fails, as in
+    `acceptance.check_accounting`: the server miscounts, and the ratio would pass any floor.
     """
     key = "accept_length"
     floor = required_floor(run.service, floors, unaccepted_draft=unaccepted_draft, source=source)
@@ -107,6 +130,16 @@ def judge_accept_length(run: ServiceRun, floors: Mapping[str, float | str], *,
     except ValueError as exc:
         return Judgement(key=key, outcome="inconclusive", threshold=threshold,
                          message=f"{key}: INCONCLUSIVE — no per-request accept length ({exc}); {server_text}")
+    impossible = [r for r in run.result.successful
+                  if block and r.verify_ct and (r.output_tokens or 0) > r.verify_ct * block + 1]
+    if impossible:
+        first = impossible[0]
+        return Judgement(key=key, outcome="fail", threshold=threshold,
+                         message=f"{key}: FAIL — {len(impossible)} request(s) report more tokens than "
+                                 f"their verify steps of {block} draft tokens can emit (first: request "
+                                 f"{first.index}, {first.output_tokens} tokens in {first.verify_ct} steps): "
+                                 "the server miscounts its tokens or its verify steps (spec_verify_ct); "
+                                 f"{server_text}")
     verdict = judge_floor(name, sample, threshold, confidence=confidence_of(floors))
     return Judgement.of(key, verdict, message=f"{verdict.message}; {server_text}")
 

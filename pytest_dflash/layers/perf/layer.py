@@ -17,7 +17,7 @@ import pytest
 from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.layers.generation.requests import PROMPT, Api, request_stream
 from pytest_dflash.layers.parity.acceptance import check_accepts_drafts
-from pytest_dflash.layers.parity.checks import measure_acceptance, required_floor
+from pytest_dflash.layers.parity.checks import draft_block, measure_acceptance, required_floor
 from pytest_dflash.layers.perf.baseline import (
     baseline_path,
     judge_baseline,
@@ -129,7 +129,7 @@ class PerfLayer:
         """Against the service's floor, its `unaccepted_draft` exemption or the default minimum (one rule with
         the smoke and parity layers: `acceptance.required_floor`)."""
         return judge_accept_length(run, self.floors(handle), unaccepted_draft=handle.spec.unaccepted_draft,
-                                   source=str(handle.host.profile.source))
+                                   source=str(handle.host.profile.source), block=draft_block(handle))
 
     def quick_accept_length_of(self, handle: ServiceHandle, prompts: Sequence[str], *,
                                max_tokens: int = 64) -> None:
@@ -145,7 +145,7 @@ class PerfLayer:
         skips.needs_sglang(handle, "accept length needs SGLang's native /generate meta_info")
         result = measure_acceptance(handle, prompts, max_tokens=max_tokens,
                                     allowed=self.options.allow_state_changes)
-        check_accepts_drafts(result, required_floor(handle))
+        check_accepts_drafts(result, required_floor(handle), block=draft_block(handle))
 
     def token_latency_of(self, handle: ServiceHandle, *, tokens: int = 32) -> Judgement:
         """Smoke: one streamed greedy request; its time per output token must stay under a sanity ceiling."""

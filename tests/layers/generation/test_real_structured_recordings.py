@@ -111,7 +111,8 @@ def test_a_forced_call_of_a_random_model_is_a_length_finish_not_a_failure(servic
     parsed = tool_call_answer(choice)
     assert parsed.finish_reason == "length" and [c["function"]["name"] for c in parsed.calls] == ["add"]
     with pytest.warns(GrammarWarning, match="finished by length before the call was complete"):
-        check_tool_calls(parsed, "add" if case.endswith("named") else None, what=f"{service} {case}")
+        check_tool_calls(parsed, "add" if case.endswith("named") else None, what=f"{service} {case}",
+                         max_tokens=MAX_TOKENS)
 
 
 @pytest.mark.parametrize("case", sorted(CONSTRAINED))
@@ -131,7 +132,7 @@ def test_a_server_without_a_grammar_backend_says_so_and_the_layer_names_the_flag
     assert answer["status"] == 200
     outcome = send(client, api, GRAMMARS[grammar], sampling_of(case), stream=True)
     assert outcome.finish_reason == "abort" and NO_BACKEND_FLAG in (outcome.message or "")
-    assert unserved_problem(outcome, GRAMMARS[grammar]) is None  # structured_output = false: refused, passes
+    assert unserved_problem(outcome, GRAMMARS[grammar], MAX_TOKENS) is None  # structured_output = false: refused, passes
     with pytest.raises(AssertionError, match="finish_reason 'abort'.*--grammar-backend none"):
         check_outcome(outcome, GRAMMARS[grammar], what="nogrammar", max_tokens=MAX_TOKENS)
 

@@ -3,6 +3,7 @@ constrained answer after the reasoning, and forced tool calls whole and put toge
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -55,7 +56,6 @@ def test_ebnf_matcher_and_its_regex_agree(text: str) -> None:
     pytest.importorskip("xgrammar")
     pattern = GRAMMARS["ebnf"].pattern
     assert pattern is not None
-    import re
 
     assert ebnf_accepts(EBNF, text) is (re.fullmatch(pattern, text) is not None)
 
@@ -272,3 +272,72 @@ def test_a_run_of_replacement_characters_may_stand_for_one_character(text: str, 
     assert found is None if problem is None else found is not None and found.startswith(problem), found
     if problem is None:
         assert GRAMMARS["json_schema"].prefix_problem(text[:-8]) is None
+
+
+# --- a length finish that max_tokens did not cause, and answers of the wrong shape ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("outcome", "message"),
+    [
+        (Outcome("", "length"), "says finish_reason 'length' with no output at all"),
+        (Outcome('{"name": "a', "length", tokens=3), "says finish_reason 'length' after 3 of max_tokens=8"),
+    ],
+)
+def test_a_length_finish_before_max_tokens_fails(outcome: Outcome, message: str) -> None:
+    """A length finish is a prefix only when max_tokens cut it: a server saying "length" with no output, or
+    fewer tokens by its own count, would otherwise pass every grammar with a warning."""
+    with pytest.raises(AssertionError, match=message):
+        check_outcome(outcome, GRAMMARS["json_schema"], what="svc", max_tokens=8)
+    with pytest.warns(GrammarWarning):
+        check_outcome(Outcome('{"name": "a', "length", tokens=8), GRAMMARS["json_schema"], what="svc",
+                      max_tokens=8)
+
+
+def test_a_length_finish_before_max_tokens_fails_the_reasoned_answer_and_the_tool_call() -> None:
+    with pytest.raises(AssertionError, match="svc: the answer says finish_reason 'length' with no output"):
+        check_reasoned(ReasonedAnswer(None, "", "length"), GRAMMARS["response_format"], what="svc", max_tokens=8)
+    with pytest.raises(AssertionError, match="after 2 of max_tokens=8 tokens"):
+        check_reasoned(reasoned_answer({"choices": [{"message": {"reasoning_content": "hm", "content": ""},
+                                                     "finish_reason": "length"}],
+                                        "usage": {"completion_tokens": 2}}),
+                       GRAMMARS["response_format"], what="svc", max_tokens=8)  # fmt: skip
+    empty = tool_call_answer({"message": {"content": None, "tool_calls": None}, "finish_reason": "length"})
+    with pytest.raises(AssertionError, match="svc: the answer says finish_reason 'length' with no output"):
+        check_tool_calls(empty, None, what="svc")
+
+
+def test_tool_call_arguments_that_are_not_a_string_fail_in_one_line() -> None:
+    """OpenAI's function.arguments is a JSON string; an object there breaks a client's json.loads."""
+    call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+    answer = tool_call_answer({"message": {"tool_calls": [call]}, "finish_reason": "tool_calls"})
+    with pytest.raises(AssertionError, match="svc: the arguments of 'add' are a JSON object, not a JSON string"):
+        check_tool_calls(answer, None, what="svc")
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"id": None}, "the call has id None and type 'function'"),
+    ({"id": ""}, "the call has id '' and type 'function'"),
+    ({"type": "tool"}, "the call has id 'c' and type 'tool'"),
+])
+def test_a_call_without_an_id_or_of_another_type_fails(change: dict[str, Any], said: str) -> None:
+    """A client answers a call with a tool message naming the call's id: a call without one cannot be answered."""
+    call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    check_tool_calls(tool_call_answer({"message": {"tool_calls": [call]}, "finish_reason": "tool_calls"}), None,
+                     what="svc")
+    answer = tool_call_answer({"message": {"tool_calls": [{**call, **change}]}, "finish_reason": "tool_calls"})
+    with pytest.raises(AssertionError, match=re.escape(f"svc: {said}")):
+        check_tool_calls(answer, None, what="svc")
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [{"choices": [1, {"delta": "x"}, {"delta": None, "finish_reason": "stop"}]}],
+        [{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": "add"}]}}]}],
+    ],
+)
+def test_chunks_of_the_wrong_shape_are_read_without_a_crash(events: list[dict[str, Any]]) -> None:
+    assert streamed_outcome(events, "chat", done=True).text == ""
+    assert reasoned_answer(events=events).content == ""
+    assert streamed_tool_calls(events, done=True).content == ""

@@ -167,3 +167,31 @@ def test_a_working_draft_below_an_explicit_floor_is_not_called_no_speculation() 
     with pytest.raises(AssertionError, match=r"h200/ngram: drafts accepted less often than required: accept length "
                                              r"4.785 on 16 greedy prompts .* < 6 required by \[floors.ngram\]"):
         check_accepts_drafts(ngram, required_floor("ngram", {"accept_length": 6}, unaccepted_draft=None, source="p"))
+
+
+def test_a_request_reporting_more_tokens_than_it_allowed_fails(recorded: dict[str, Any],
+                                                                replay: Callable[..., InferenceClient]) -> None:
+    """The accept length is completion_tokens / spec_verify_ct: a server that over-counts its tokens (3x) once
+    passed any floor with an accept length no step could emit."""
+    body = recorded["dflash_graph/generate_greedy_2"]["body_json"]
+    honest = body["meta_info"]["completion_tokens"]
+    meta = {**body["meta_info"], "completion_tokens": 3 * honest}
+    result = measure(replay(lambda _: (200, {**body, "meta_info": meta})), ["a"], max_tokens=honest)
+    floor = required_floor("d", {}, unaccepted_draft="the recording's random draft", source="p")
+    with pytest.raises(AssertionError, match=f"replay: a request of at most {honest} tokens reports {3 * honest} "
+                                             "completion tokens \\(meta_info\\)"):
+        check_accepts_drafts(result, floor)
+    check_accepts_drafts(measure(replay(lambda _: (200, body)), ["a"], max_tokens=honest), floor, block=16)
+
+
+def test_more_tokens_per_verify_step_than_the_block_fails() -> None:
+    """A verify step of N draft tokens emits at most N (plus the prefill's token, once per request): a server
+    that under-counts spec_verify_ct reports an accept length no step could reach."""
+    floor = required_floor("d", {}, unaccepted_draft=None, source="p")
+    possible = Acceptance("d", "meta_info", prompts=2, tokens=2 * 8 * 4 + 2, steps=8)
+    check_accepts_drafts(possible, floor, block=8)
+    impossible = Acceptance("d", "meta_info", prompts=2, tokens=2 * 8 * 4 + 3, steps=8)
+    check_accepts_drafts(impossible, floor)  # the block unknown: nothing to compare with
+    with pytest.raises(AssertionError, match=r"d: 67 tokens in 8 verify steps on 2 prompts \(accept length "
+                                             r"8\.375\) is more than steps of 8 draft tokens can emit"):
+        check_accepts_drafts(impossible, floor, block=8)

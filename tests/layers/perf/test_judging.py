@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,18 @@ def test_a_saturated_client_still_gets_an_accept_length_verdict() -> None:
     assert passed.outcome == "pass" and passed.point == pytest.approx(4.0)
     assert "the load client was saturated, which slows its timings, not the server's counts" in passed.message
     assert judge_accept_length(run, {"accept_length": 5.0}).outcome == "fail"
+
+
+def test_more_tokens_per_verify_step_than_the_draft_block_fails_the_accept_length() -> None:
+    """32 tokens in 2 verify steps (accept length 16) cannot come from blocks of 8 draft tokens: a server that
+    under-counts spec_verify_ct once passed any accept-length floor."""
+    run = fake_run(verify=2)
+    assert judge_accept_length(run, {"accept_length": 3.0}).outcome == "pass"  # the block unknown
+    judged = judge_accept_length(run, {"accept_length": 3.0}, block=8)
+    assert judged.outcome == "fail"
+    assert ("40 request(s) report more tokens than their verify steps of 8 draft tokens can emit (first: request "
+            "0, 32 tokens in 2 steps)") in judged.message
+    assert judge_accept_length(fake_run(verify=4), {"accept_length": 3.0}, block=8).outcome == "pass"
 
 
 def test_one_saturated_client_process_refuses_the_whole_run() -> None:
@@ -198,6 +212,54 @@ def test_an_unreadable_baseline_names_the_file(tmp_path: Path, text: str) -> Non
     path = tmp_path / "b.json"
     path.write_text(text)
     with pytest.raises(ValueError, match=f"{path}: not a readable perf baseline"):
+        load_baseline(path)
+
+
+def test_streams_delivered_whole_leave_itl_and_tpot_unmeasured_not_passed() -> None:
+    """A buffering proxy hands each stream over in one piece: every gap ~0 ms, so an ITL ceiling once passed
+    ("ITL p99 0.0 ms") having seen no gap a client would."""
+    run = fake_run()
+    for record in run.result.records:
+        record.itl_ms = [0.0004] * len(record.itl_ms)
+        record.ttft_ms = record.e2e_ms
+    judged = {j.key: j for j in judge_floors(run, {"output_tok_s": 150.0, "itl_p99_ms": 300.0,
+                                                   "tpot_mean_ms": 50.0})}
+    for key in ("itl_p99_ms", "tpot_mean_ms"):
+        assert judged[key].outcome == "inconclusive", judged[key].message
+        assert "every stream was delivered whole: in each of 40 requests all tokens came within 1 ms" in \
+            judged[key].message
+    assert judged["output_tok_s"].outcome == "pass"
+    one_real_gap = fake_run()
+    for record in one_real_gap.result.records[1:]:
+        record.itl_ms = [0.0004] * len(record.itl_ms)
+    assert {j.key: j.outcome for j in judge_floors(one_real_gap, {"itl_p99_ms": 300.0})}["itl_p99_ms"] == "pass"
+
+
+def _nan_e2e(doc: dict[str, Any]) -> None:
+    doc["requests"][0]["e2e_ms"] = math.nan
+
+
+def _no_tokens(doc: dict[str, Any]) -> None:
+    for request in doc["requests"]:
+        request["output_tokens"] = 0
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda d: d.update(duration=0), "its duration 0 is not a positive number of seconds"),
+    (lambda d: d.update(duration=-5.0), "its duration -5.0 is not a positive number"),
+    (_nan_e2e, "request 0: e2e_ms nan is not a finite number"),
+    (_no_tokens, "its requests generated no token"),
+    (lambda d: d["requests"][3].update(output_tokens=-32), "request 3: output_tokens -32"),
+    (lambda d: d.update(requests=[]), "it has no successful measured request"),
+], ids=["duration-0", "duration-negative", "e2e-nan", "no-tokens", "tokens-negative", "no-requests"])
+def test_a_baseline_edited_to_absurd_numbers_is_refused_naming_them(tmp_path: Path, edit: Any, said: str) -> None:
+    """A hand-edited or damaged baseline: a duration of 0 once dropped the throughput comparison (accept length
+    alone was judged, and a 3x slower run passed); a NaN crashed the bootstrap with an IndexError."""
+    path = save_baseline(fake_run(e2e_ms=100.0, seed=1), tmp_path / "b.json")
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=f"{path}: not a readable perf baseline \\({re.escape(said)}.*--update-baseline"):
         load_baseline(path)
 
 

@@ -67,6 +67,15 @@ def test_one_event_only_is_inconclusive_not_a_pass() -> None:
     assert latency.tpot_ms is None and judge_token_latency(latency, 250.0, "x").outcome == "inconclusive"
 
 
+def test_a_stream_delivered_whole_is_inconclusive_not_a_pass() -> None:
+    """A buffering gateway hands a slow server's 16 tokens over at once: TPOT ~0 ms once passed the sanity
+    ceiling, however slow the server."""
+    whole = recorded_stream(0.00002, first_s=20.0)
+    judgement = judge_token_latency(stream_token_latency(whole, 16), 250.0, "x")
+    assert judgement.outcome == "inconclusive", judgement.message
+    assert "within 1 ms of the first: nothing streamed after the first token" in judgement.message
+
+
 def test_the_ceiling_is_the_option_else_the_default_raised_by_a_slower_profile() -> None:
     assert token_latency_ceiling({}, None) == (DEFAULT_TPOT_CEILING_MS, "the default sanity ceiling")
     assert token_latency_ceiling({"itl_p99_ms": 100.0}, None) == (DEFAULT_TPOT_CEILING_MS, "the default sanity ceiling")
