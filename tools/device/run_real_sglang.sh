@@ -28,7 +28,9 @@ python3 -c 'import pytest, testinfra, httpx; print("pytest", pytest.__version__)
 if [ "${RECORD_STRUCTURED:-0}" = 1 ]; then  # issue 33: SGLang's raw answers to constrained requests, server by server
     PYTHONPATH=/tmp/site timeout ${RECORD_BUDGET:-900} python3 tools/device/record_structured.py "$OUT/structured" \
         > "$OUT/structured.txt" 2>&1; echo "[dev] structured recordings rc=$? at $(el)s"; cat "$OUT/structured.txt"
-    [ "${RECORD_ONLY:-0}" = 1 ] && { ls -la "$OUT/structured"; exit 0; }  # the suites in a second call (10 min each)
+    # one archive: the run tool returns at most 8 files from $OUT (a 9th, plain.json, was dropped once)
+    ls -la "$OUT/structured"; tar -czf "$OUT/structured.tar.gz" -C "$OUT" structured && rm -rf "$OUT/structured"
+    [ "${RECORD_ONLY:-0}" = 1 ] && exit 0  # the suites in a second call (10 min each)
 fi
 SUITES=${SUITES:-"suites/smoke suites/generation suites/parity"}
 timeout ${BUDGET:-480} python3 -m pytest -p pytest_dflash.plugin -p no:cacheprovider --host ${PROFILE:-tools/device/h200.toml} $SUITES \
