@@ -18,7 +18,7 @@ from pytest_dflash.layers.parity.acceptance import required_floor
 from pytest_dflash.layers.perf.judgement import Comparison, Judgement
 from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.stats import judge_floor, judge_ratio, metric_sample, ratio_bound
-from pytest_dflash.layers.perf.token_latency import WHOLE_STREAM_MS
+from pytest_dflash.layers.perf.token_latency import WHOLE_STREAM_MS, hidden_tpot_bound_ms
 from pytest_dflash.load.spec import LoadSpec
 
 __all__ = ["COMPARABLE_FIELDS", "DEFAULT_CONFIDENCE", "compare", "comparison_pairs", "confidence_of",
@@ -37,7 +37,7 @@ def refused(key: str, run: ServiceRun, threshold: float | None = None, why: str 
                      message=f"{key}: REFUSED — no judgement: {reason}")
 
 
-def stream_arrived_whole(run: ServiceRun) -> str | None:
+def stream_arrived_whole(run: ServiceRun, threshold_ms: float | None = None) -> str | None:
     """Why inter-token latency was not measured on this run, or None: every streamed request's tokens came
     within WHOLE_STREAM_MS of its first one. A buffering proxy or gateway hands the stream over in one piece:
     every gap is ~0, and an ITL or TPOT ceiling would pass having seen no gap. A real server, speculative
@@ -45,6 +45,9 @@ def stream_arrived_whole(run: ServiceRun) -> str | None:
     streamed = [r for r in run.result.successful if r.itl_ms and (r.output_tokens or 0) >= 2]
     if not streamed or any(sum(r.itl_ms) >= WHOLE_STREAM_MS for r in streamed):
         return None
+    bounds = [hidden_tpot_bound_ms(r.ttft_ms or 0.0, r.output_tokens or 0) for r in streamed]
+    if threshold_ms is not None and all(b is not None and b <= threshold_ms for b in bounds):
+        return None  # a server this fast (or a buffer in front of one): no hidden gap can reach the ceiling
     first = streamed[0]
     return (f"every stream was delivered whole: in each of {len(streamed)} requests all tokens came within "
             f"{WHOLE_STREAM_MS:g} ms of the first (e.g. {first.output_tokens} tokens in "
@@ -56,7 +59,7 @@ def _judge_metric(run: ServiceRun, key: str, threshold: float, *, higher_is_bett
                   confidence: float) -> Judgement:
     if run.refusal:
         return refused(key, run, threshold)
-    if key.startswith(("itl_", "tpot_")) and (whole := stream_arrived_whole(run)):
+    if key.startswith(("itl_", "tpot_")) and (whole := stream_arrived_whole(run, threshold)):
         return Judgement(key=key, outcome="inconclusive", threshold=threshold,
                          message=f"{key}: INCONCLUSIVE — cannot be measured on this run: {whole}")
     try:

@@ -75,6 +75,13 @@ def stream_token_latency(stream: Stream, tokens: int) -> TokenLatency:
     return TokenLatency(tokens=tokens, ttft_ms=first[0] * 1000.0, tpot_ms=tpot, events=len(stream.events))
 
 
+def hidden_tpot_bound_ms(ttft_ms: float, tokens: int) -> float | None:
+    """The most time per token a stream delivered whole can hide: all of it in the time to the first token."""
+    if tokens < 2 or math.isnan(ttft_ms):
+        return None
+    return ttft_ms / (tokens - 1)
+
+
 def token_latency_ceiling(floors: Mapping[str, float | str], option_ms: float | None) -> tuple[float, str]:
     """The sanity ceiling on time per output token and where it comes from.
 
@@ -97,6 +104,15 @@ def judge_token_latency(latency: TokenLatency, ceiling_ms: float, source: str) -
     """One request's time per output token against a sanity ceiling (not a perf floor: no bound, one
     sample)."""
     key = "tpot_sanity_ms"
+    bound = hidden_tpot_bound_ms(latency.ttft_ms, latency.tokens)
+    if latency.tpot_ms is None and latency.events > 1 and bound is not None and bound <= ceiling_ms:
+        # delivered whole (a buffer, or a server this fast): even if the time to the first token hid every
+        # later token's, none took longer than this, so the ceiling holds whatever the gaps were
+        return Judgement(key=key, outcome="pass", point=bound, threshold=ceiling_ms, n=1,
+                         message=f"TPOT (time per output token) pass — {latency.tokens} tokens came "
+                                 f"within {WHOLE_STREAM_MS:g} ms of the first, after a TTFT of "
+                                 f"{latency.ttft_ms:.0f} ms: at most {bound:.1f} ms per token <= ceiling "
+                                 f"{ceiling_ms:g} ms ({source})")
     if latency.tpot_ms is None:
         return Judgement(key=key, outcome="inconclusive", threshold=ceiling_ms,
                          message=f"TPOT (time per output token) INCONCLUSIVE — {latency.tokens} tokens came "
