@@ -239,6 +239,12 @@ def check_at_least_one(acceptance: Acceptance) -> None:
                              f"({acceptance.source}): a verify step emits at least one token")
 
 
+def over_block(tokens: int, steps: int, block: int | None, prompts: int = 1) -> bool:
+    """More tokens than `steps` verify steps of `block` (speculative_num_draft_tokens) tokens can emit, the
+    prefill's one token per prompt aside; False where the block or the steps are not known."""
+    return bool(block) and steps > 0 and tokens > steps * (block or 0) + prompts
+
+
 def check_accounting(acceptance: Acceptance, block: int | None) -> None:
     """The counts an accept length is computed from are possible: no request reports more completion tokens
     than it allowed, and no verify step emits more than the `block` (speculative_num_draft_tokens) tokens it
@@ -249,7 +255,7 @@ def check_accounting(acceptance: Acceptance, block: int | None) -> None:
         raise AssertionError(f"{acceptance.service}: a request of at most {acceptance.max_tokens} tokens "
                              f"reports {acceptance.largest} completion tokens ({acceptance.source}): the "
                              "counts its accept length is computed from cannot be trusted")
-    if block and acceptance.steps and acceptance.tokens > acceptance.steps * block + acceptance.prompts:
+    if over_block(acceptance.tokens, acceptance.steps, block, acceptance.prompts):
         raise AssertionError(f"{acceptance.service}: {acceptance.tokens} tokens in {acceptance.steps} verify "
                              f"steps on {acceptance.prompts} prompts (accept length {acceptance.mean:.3f}) "
                              f"is more than steps of {block} draft tokens can emit: the server miscounts its "
@@ -322,4 +328,4 @@ def check_ddtree_vs_dflash(ddtree: Acceptance, dflash: Acceptance, *, ratio: flo
 
 __all__ = ["DEFAULT_MIN_ACCEPT_LENGTH", "LIKELY_CAUSES", "Acceptance", "AcceptanceUnavailable", "Floor",
            "FlushRefused", "check_accepts_drafts", "check_accounting", "check_at_least_one",
-           "check_ddtree_vs_dflash", "check_floor", "measure", "required_floor"]
+           "check_ddtree_vs_dflash", "check_floor", "measure", "over_block", "required_floor"]

@@ -16,8 +16,8 @@ from pytest_dflash.layers.perf.judgement import Judgement
 # is broken whatever its outputs. Generous on purpose: a 400B-class model at concurrency 1 on one H200 node
 # streams 20-40 tokens a second (25-50 ms); the refserver 2-15 ms. --tpot-ceiling-ms changes it.
 DEFAULT_TPOT_CEILING_MS = 250.0
-# Tokens that all came within this of the first were delivered whole (a buffering proxy or gateway): their
-# gaps are not the server's. A real server, speculative too, needs a forward pass (ms) between events.
+# Tokens that all came within this of the first were delivered whole (a buffering proxy or gateway, or a
+# server this fast): their gaps are not measured; hidden_tpot_bound_ms says how much they could hide.
 WHOLE_STREAM_MS = 1.0
 PER_TOKEN_FLOOR = re.compile(r"^(itl|tpot)_(mean|median|p\d+(?:\.\d+)?)_ms$")
 
