@@ -9,8 +9,8 @@
 # Carry: .sglang-stage .device/wheels (docs/real-sglang.md).
 set -u
 FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"; work=/tmp/trust; mkdir -p "$work"
-run() {  # NAME PROFILE SUITES BUDGET EXTRA
-    OUT=$work/$1 PROFILE=$2 SUITES=$3 BUDGET=$4 EXTRA=$5 bash tools/device/run_real_sglang.sh > "$work/$1.txt" 2>&1
+run() {  # NAME PROFILE SUITES BUDGET ADDOPTS (pytest shlex-splits PYTEST_ADDOPTS; EXTRA is split on blanks)
+    OUT=$work/$1 PROFILE=$2 SUITES=$3 BUDGET=$4 PYTEST_ADDOPTS=$5 bash tools/device/run_real_sglang.sh > "$work/$1.txt" 2>&1
     echo "== $1: $(grep -E '^\[dev\] pytest rc' "$work/$1.txt")"; grep -E '(passed|failed|error).* in [0-9.]+s' "$work/$1.txt" | tail -1
     grep -E '^(gate |[a-z0-9-]+: (PASS|FAIL|PARTIAL|INTERRUPTED))' "$work/$1/pytest.log" | head -20
 }
