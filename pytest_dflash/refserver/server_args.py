@@ -64,7 +64,9 @@ class ServerArgs:
     page_size: int | None = None
     disable_radix_cache: bool = True  # the refserver keeps no prefix cache
     tp_size: int = 1
+    pp_size: int = 1  # no flag (no pipeline parallelism here): /server_info says 1, as SGLang 0.5.17 does
     dp_size: int = 1
+    ep_size: int = 1  # no flag (no expert parallelism here): /server_info says 1, as SGLang 0.5.17 does
     device: str = "cpu"
     random_seed: int | None = None
     watchdog_timeout: float = 300

@@ -50,6 +50,7 @@ from pytest_dflash.services.liveness import death_after_readiness
 from pytest_dflash.services.ranks import wedge_at_tp
 from pytest_dflash.services.readiness import ReadinessWatcher
 from pytest_dflash.services.registry import make_manager, reap_leftovers
+from pytest_dflash.services.served import ServedConfig, command_of, served_config
 from pytest_dflash.services.speculation import served_speculation, shown_launch_command
 from pytest_dflash.services.startup import ReadyReport
 from pytest_dflash.services.stuck import judge_lost_request
@@ -196,6 +197,12 @@ class ServiceHandle:
         return self.spec.algorithm
 
     @property
+    def served(self) -> ServedConfig:
+        """Its parsers, grammar backend and parallel sizes: /server_info's, else its command's (services/
+        served.py); the generation checks read the parsers here, rank naming the tp size."""
+        return served_config(command_of(self.spec), self.server_info)
+
+    @property
     def version(self) -> str | None:
         return (str(self.server_info["version"]) if self.server_info and "version" in self.server_info
                 else None)
@@ -212,6 +219,7 @@ class ServiceHandle:
             "speculation": served_speculation(info) or None,  # what /server_info says is speculated, and how
             # SGLang 0.5.20+: how it was started (secrets masked, capped); 0.5.21+: which frontend serves it
             "launch_command": shown_launch_command(info),
+            "served": self.served.fact(),  # parsers, grammar backend, parallel sizes (/server_info)
             "frontend": info.get("frontend"),
             "provisioned": self.manager.provisioned,
             "ready": self.ready.as_dict() if self.ready else None,

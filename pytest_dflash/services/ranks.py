@@ -14,11 +14,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_dflash.config.parallel import LayoutError, parse_layout
 from pytest_dflash.errors import DflashError
 from pytest_dflash.hostaccess.transport import Transport
 from pytest_dflash.services.base import LaunchesOnHost, LogMark, ServiceManager
 from pytest_dflash.services.phases import STAMP
+from pytest_dflash.services.served import command_of, served_config
 
 __all__ = ["last_rank_lines", "rank_on_gpu", "rank_processes", "ranks_named_in_log", "tensor_parallel_wedge",
            "tp_size_of", "wedge_at_tp"]
@@ -132,14 +132,13 @@ def tensor_parallel_wedge(tp_size: int, gpus: Sequence[int], *, ps_text: str = "
 
 
 def tp_size_of(argv: Sequence[str], server_info: Mapping[str, Any] | None) -> int:
-    """The service's tensor parallelism: /server_info's tp_size (what runs), else its launch command's."""
-    served = (server_info or {}).get("tp_size")
-    if isinstance(served, int) and not isinstance(served, bool) and served > 0:
-        return served
-    try:
-        return parse_layout(argv).tp
-    except LayoutError:
-        return 1
+    """The service's tensor parallelism: /server_info's tp_size (what runs), else its launch command's
+    (services/served.py), else 1."""
+    setting = served_config(argv, server_info).tp_size
+    for value in (setting.value, setting.command):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 1
 
 
 def wedge_at_tp(manager: ServiceManager, transport: Transport | None, *,
@@ -148,9 +147,12 @@ def wedge_at_tp(manager: ServiceManager, transport: Transport | None, *,
     """`tensor_parallel_wedge` for a service found stuck: its rank processes read with one `ps` on its host
     (read-only, bounded) and its log since it started; '' on one GPU or where nothing can be read."""
     argv = manager.launch_environment(live=True).argv if isinstance(manager, LaunchesOnHost) else ()
+    argv = argv or command_of(manager.spec)  # attached by URL, a container: the profile's command, if any
     tp = tp_size_of(argv, server_info)
+    # /server_info's size names the ranks (what runs); a command that says otherwise is said first
+    contradiction = served_config(argv, server_info).tp_size.contradiction()
     if tp < 2:
-        return ""
+        return f"{contradiction}: by /server_info one rank, none to name" if contradiction else ""
     ps_text, main_pid = "", None
     if transport is not None:
         with contextlib.suppress(DflashError):
@@ -160,4 +162,5 @@ def wedge_at_tp(manager: ServiceManager, transport: Transport | None, *,
     log = ""
     with contextlib.suppress(DflashError):
         log = manager.logs_since(since, log_lines)
-    return tensor_parallel_wedge(tp, gpus, ps_text=ps_text, main_pid=main_pid, log=log)
+    wedge = tensor_parallel_wedge(tp, gpus, ps_text=ps_text, main_pid=main_pid, log=log)
+    return f"{contradiction}; {wedge}" if contradiction else wedge

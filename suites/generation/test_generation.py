@@ -139,18 +139,19 @@ def test_structured_output(dflash_service: ServiceHandle, case: str, sampled: bo
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sse"])
 @pytest.mark.parametrize("choice", TOOL_CHOICES)
 def test_forced_tool_call(dflash_service: ServiceHandle, choice: str, streamed: bool) -> None:
-    """tool_choice required / named (--tool-call-parser), whole or as delta.tool_calls: a valid call."""
+    """tool_choice required / named where it serves a --tool-call-parser, whole or as delta.tool_calls: a
+    valid call."""
     forced_tool_call(dflash_service, choice, streamed=streamed)  # type: ignore[arg-type]
 
 
 def test_reasoning_separated(dflash_service: ServiceHandle) -> None:
-    """Where the command sets --reasoning-parser: reasoning_content and content are the whole output split at
-    </think>, nothing lost."""
+    """Where it serves a --reasoning-parser (/server_info, else its command): reasoning_content and content
+    are the whole output split at </think>, nothing lost."""
     reasoning_separated(dflash_service)
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sse"])
 def test_reasoning_structured(dflash_service: ServiceHandle, streamed: bool) -> None:
-    """Where the command sets --reasoning-parser: response_format json_schema holds after the reasoning, so
-    content validates against the schema and reasoning_content is separate free text."""
+    """Where it serves a --reasoning-parser (/server_info, else its command): response_format json_schema
+    holds after the reasoning, so content validates against the schema and reasoning_content is free text."""
     reasoning_structured(dflash_service, streamed=streamed)

@@ -17,6 +17,7 @@ from pytest_dflash.api import (
     health_answers,
     ready_by_real_generation,
     serves_one_consistent_model,
+    serves_the_commands_configuration,
     serves_the_profiles_algorithm,
     serves_the_profiles_speculation,
     stays_up,
@@ -45,6 +46,12 @@ def test_serves_the_profiles_speculation(dflash_service: ServiceHandle) -> None:
     """/server_info's speculation (a verdict fact) is what the command asks for (algorithm, draft tokens) and
     the log shows no greedy-verification fallback; other settings SGLang changed quietly become notes."""
     serves_the_profiles_speculation(dflash_service)
+
+
+def test_serves_the_commands_configuration(dflash_service: ServiceHandle) -> None:
+    """/server_info's parsers, grammar backend and parallel sizes (tp, dp, pp, ep) are what the command sets,
+    on each such flag it names; without a command they are read from /server_info (the verdict's `served`)."""
+    serves_the_commands_configuration(dflash_service)
 
 
 def test_serves_one_consistent_model(dflash_service: ServiceHandle) -> None:

@@ -24,6 +24,7 @@ from pytest_dflash.api import (
     sampled,
     sampling_varies_with_seed,
     serves_one_consistent_model,
+    serves_the_commands_configuration,
     serves_the_profiles_algorithm,
     serves_the_profiles_speculation,
     serving_chains_import,
@@ -67,6 +68,13 @@ def test_serves_the_profiles_speculation(dflash_service: ServiceHandle) -> None:
     """The served speculation (/server_info, the log) is the command's: algorithm, draft tokens, no greedy
     fallback."""
     serves_the_profiles_speculation(dflash_service)
+
+
+@pytest.mark.service
+def test_serves_the_commands_configuration(dflash_service: ServiceHandle) -> None:
+    """/server_info's parsers, grammar backend and parallel sizes are what the command sets (no request);
+    skipped without a command."""
+    serves_the_commands_configuration(dflash_service)
 
 
 @pytest.mark.generation

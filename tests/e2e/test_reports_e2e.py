@@ -167,7 +167,7 @@ def test_no_junit_evidence_block_without_junitxml(run_suite, tmp_path: Path) -> 
     profile = write_profile(tmp_path, "quiet", {"dflash": ("DFLASH", ["--inject", "missing-soundfile"])})
     result = run_suite("smoke", "--host", str(profile), "-m", "service")
     assert_no_crash(result)
-    result.assert_outcomes(failed=1, skipped=3)
+    result.assert_outcomes(failed=1, skipped=4)
     text = result.stdout.str()
     assert "dflash diagnosis" in text and "[soundfile-missing]" in text
     assert "dflash evidence for JUnit" not in text
@@ -179,7 +179,7 @@ def test_with_junitxml_the_terminal_shows_the_evidence_once(run_suite, tmp_path:
     junit = tmp_path / "junit.xml"
     result = run_suite("smoke", "--host", str(profile), "-m", "service", f"--junitxml={junit}")
     assert_no_crash(result)
-    result.assert_outcomes(failed=1, skipped=3)
+    result.assert_outcomes(failed=1, skipped=4)
     text = result.stdout.str()
     assert "dflash evidence for JUnit" not in text
     sections = [line for line in text.splitlines() if line.strip("-_ ").startswith("dflash diagnosis")]

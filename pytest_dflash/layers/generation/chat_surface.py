@@ -1,5 +1,5 @@
-"""The chat surface: forced tool calls where the command sets --tool-call-parser, reasoning separation
-where it sets --reasoning-parser.
+"""The chat surface: forced tool calls where the service serves a --tool-call-parser, reasoning separation
+where it serves a --reasoning-parser.
 
 SGLang constrains ``tool_choice`` ``"required"`` and a named function with a JSON schema of the call, so
 even an untrained model must return a parseable call: ``finish_reason`` ``"tool_calls"``,
@@ -11,7 +11,9 @@ fragments are put together per index and the calls judged as a whole answer's, a
 ``data: [DONE]``. A reasoning parser splits the output into ``reasoning_content`` and ``content``;
 asked again with ``separate_reasoning: false`` the same greedy output comes back whole, so nothing may be
 lost or duplicated by the split and ``</think>`` belongs to neither part. Each check applies only where the
-command names the parser ("does not apply" otherwise, from the profile).
+service serves the parser: /server_info's ``tool_call_parser`` / ``reasoning_parser`` (an attached server
+needs no command), else its command's (``ServiceHandle.served``, services/served.py); "does not apply"
+otherwise.
 
 Reasoning, then a constrained answer: under a reasoning parser SGLang applies a chat's grammar only after the
 reasoning ends (its ReasonerGrammarBackend waits for the think-end token), so ``response_format`` holds for
@@ -48,10 +50,9 @@ from pytest_dflash.layers.generation.structured import (
     constrained_body,
     length_problem,
 )
-from pytest_dflash.run.skips import not_applicable
+from pytest_dflash.run.skips import could_not_check, not_applicable, sglang_expected
 
 if TYPE_CHECKING:
-    from pytest_dflash.config.profiles import ServiceSpec
     from pytest_dflash.run.state import ServiceHandle
 
 __all__ = [
@@ -61,7 +62,6 @@ __all__ = [
     "ToolCallAnswer",
     "check_reasoned",
     "check_tool_calls",
-    "command_flag",
     "forced_tool_call",
     "reasoned_answer",
     "reasoning_separated",
@@ -86,17 +86,6 @@ TOOL_MAX_TOKENS = 200
 THINK_END = "</think>"
 # room for a reasoning model's thinking before the answer; a length finish is reported, not judged
 REASONED = Sampling(max_tokens=400, temperature=0.0)
-
-
-def command_flag(spec: ServiceSpec, flag: str) -> str | None:
-    """The value of `flag` in the service's command (`--flag X` or `--flag=X`), or None."""
-    command = list(spec.command)
-    for index, part in enumerate(command):
-        if part == flag and index + 1 < len(command):
-            return command[index + 1]
-        if part.startswith(f"{flag}="):
-            return part.split("=", 1)[1]
-    return None
 
 
 CHAT_PATH = "/v1/chat/completions"
@@ -234,15 +223,24 @@ def check_tool_calls(answer: ToolCallAnswer, wanted: str | None, *, what: str,
 
 
 def parser_named(service: ServiceHandle, flag: str, *, constrained: bool) -> str:
-    """The parser the service's command names for `flag`; "does not apply" without one, and, for a check that
-    constrains its answer, without structured output by the profile."""
+    """The parser the service serves for `flag` (`ServiceHandle.served`: /server_info's, else its command's);
+    "does not apply" without one, "could not check" where SGLang's /server_info should say it and did not,
+    and, for a check that constrains its answer, "does not apply" without structured output by the profile."""
     __tracebackhide__ = True
-    parser = command_flag(service.spec, flag)
-    if parser is None:
-        not_applicable(f"the service's command sets no {flag}")
+    config = service.served
+    served = config.tool_call_parser if flag == "--tool-call-parser" else config.reasoning_parser
+    if not served.known and (expected := sglang_expected(service)):
+        could_not_check(f"{service.label}: whether it serves a {flag} is unknown: its command sets none and "
+                        f"{expected}")
+    if contradiction := served.contradiction():
+        could_not_check(f"{service.label}: {contradiction} (test_serves_the_commands_configuration fails "
+                        "on it)")
+    if served.value is None:
+        said = "/server_info says none" if served.known else "it serves no /server_info"
+        not_applicable(f"the service serves no {flag} (its command sets none; {said})")
     if constrained and not service.spec.structured_output:
         not_applicable(NOT_SERVED)
-    return parser
+    return str(served.value)
 
 
 def forced_tool_call(service: ServiceHandle, choice: ToolChoice, *, streamed: bool = False) -> None:

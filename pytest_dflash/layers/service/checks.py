@@ -10,6 +10,7 @@ from pytest_dflash.errors import DflashError
 from pytest_dflash.layers.generation import checks as generation
 from pytest_dflash.run import skips
 from pytest_dflash.services import speculation
+from pytest_dflash.services.served import ServedConfig, command_of
 from pytest_dflash.services.startup import ReadyReport
 
 if TYPE_CHECKING:
@@ -172,6 +173,33 @@ def serves_the_profiles_speculation(service: ServiceHandle) -> speculation.Findi
     return findings
 
 
+def serves_the_commands_configuration(service: ServiceHandle) -> ServedConfig:
+    """The parsers, grammar backend and parallel sizes /server_info reports are the ones the service's command
+    sets, on every such flag it names (services/served.py): a contradiction fails, naming both; what the
+    command leaves out is SGLang's to choose. Without a command there is nothing to compare: what it serves
+    is read from /server_info (the verdict's fact `served`)."""
+    __tracebackhide__ = True
+    skips.needs_sglang(service, "needs SGLang's /server_info")
+    if service.server_info is None:
+        skips.could_not_check(f"{service.label}: /server_info did not answer: what it serves is unknown")
+    served = service.served
+    if not command_of(service.spec):
+        shown = "; ".join(s.describe() for s in served.settings if s.known)
+        skips.not_applicable(f"{service.label}: its profile has no command to compare: what it serves is "
+                             f"read from /server_info ({shown or 'which says none of it'})")
+    unsaid = [s for s in served.settings if s.source == "command"]
+    if contradictions := served.contradictions:
+        _fail(f"{service.label} does not serve what its command sets: " + "; ".join(contradictions)
+              + " (it was not started from the profile's command: a stale or edited unit, a server started "
+              "by hand, or a proxy in front of another server; the checks judge what /server_info says)")
+    if unsaid:
+        skips.could_not_check(f"{service.label}: /server_info does not say "
+                              + ", ".join(s.key for s in unsaid)
+                              + " (SGLang 0.5.17's does): its command's "
+                              + ", ".join(f"{s.flag} {s.command}" for s in unsaid) + " could not be compared")
+    return served
+
+
 __all__ = ["STAY_UP_S", "has_not_restarted", "health_answers", "model_problems", "ready_by_real_generation",
-           "served_models", "serves_one_consistent_model", "serves_the_profiles_algorithm",
-           "serves_the_profiles_speculation", "stays_up"]
+           "served_models", "serves_one_consistent_model", "serves_the_commands_configuration",
+           "serves_the_profiles_algorithm", "serves_the_profiles_speculation", "stays_up"]
