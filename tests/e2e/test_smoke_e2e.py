@@ -15,7 +15,7 @@ def test_local_smoke_passes_and_writes_verdict_and_html(run_suite, tmp_path: Pat
     html = tmp_path / "smoke.html"
     result = run_suite("smoke", "--host", "local", f"--html={html}")
     assert_no_crash(result)
-    result.assert_outcomes(passed=32, skipped=3)  # the 2 GPU checks skip (no GPU here), so does none's speculation
+    result.assert_outcomes(passed=35, skipped=3)  # the 2 GPU checks skip (no GPU here), so does none's speculation
     assert "warnings summary" not in result.stdout.str()  # a healthy run warns of nothing (no rewrite warning)
     result.stdout.fnmatch_lines(["*dflash verdict*", "local: PASS*host:passed*env:passed*service:passed*"
                                  "generation:passed*parity:passed*perf:passed*", "*ddtree: DDTREE*accept length*"])
@@ -37,8 +37,8 @@ def test_sampling_crash_fails_readiness_with_traceback_and_flashinfer_diagnosis(
     started = time.monotonic()
     result = run_suite("smoke", "--host", str(profile), f"--html={html}")
     assert_no_crash(result)
-    # skipped: 9 blocked, the parity test (no [parity] table), the 2 GPU checks (no GPU here)
-    result.assert_outcomes(passed=2, failed=1, skipped=12)
+    # skipped: 10 blocked, the parity test (no [parity] table), the 2 GPU checks (no GPU here)
+    result.assert_outcomes(passed=2, failed=1, skipped=13)
     result.stdout.fnmatch_lines([
         "*_ test_service_ready[[]sm120/dflash[]] _*",
         # the exception and its message first (no path before it), then where in the test, then the evidence
@@ -79,7 +79,7 @@ def test_startup_crash_is_named_within_seconds(run_suite, tmp_path: Path, fault:
     result = run_suite("smoke", "--host", str(profile), "-m", "host or service or generation")
     elapsed = time.monotonic() - started
     assert_no_crash(result)
-    result.assert_outcomes(passed=1, failed=1, skipped=8)  # 3 service + 4 generation tests blocked, the GPU check
+    result.assert_outcomes(passed=1, failed=1, skipped=9)  # 3 service + 5 generation tests blocked, the GPU check
     result.stdout.fnmatch_lines([f"*ServiceCrashed: service dflash died during readiness*{status}*",
                                  f"*[[]{diagnosis}[]]*"])
     assert elapsed < 30, f"a start-up crash took {elapsed:.0f}s to become a verdict"
@@ -92,7 +92,7 @@ def test_generation_only_run_fails_first_test_and_blocks_the_rest(run_suite, tmp
     profile = write_profile(tmp_path, "gen-sm120", {"dflash": ("DFLASH", ["--inject", "flashinfer-sm120"])})
     result = run_suite("smoke", "--host", str(profile), "-m", "generation")
     assert_no_crash(result)
-    result.assert_outcomes(errors=1, skipped=3)
+    result.assert_outcomes(errors=1, skipped=4)
     result.stdout.fnmatch_lines(["*ERROR at setup of test_greedy_generation*",
                                  "*[[]flashinfer-sm12x-nvcc[]]*",
                                  "*blocked: local*" if False else "*blocked*"])

@@ -178,7 +178,8 @@ def stop_string(client: InferenceClient, api: Api, *, max_tokens: int = 24) -> G
         fail(f"{where}: the stop string is in the returned text {stopped.output!r}")
     expected = full[: full.index(stop)]
     if stopped.output != expected:
-        fail(f"{where}: text {stopped.output!r}, expected the greedy text up to the stop string: {expected!r}")
+        fail(f"{where}: text {stopped.output!r}, expected the greedy text up to the stop string: "
+             f"{expected!r}")
     if stopped.matched_stop is not None and stopped.matched_stop != stop:
         fail(f"{where}: matched_stop {stopped.matched_stop!r}")
     return stopped

@@ -102,7 +102,7 @@ class Grammar:
                 return None if accepted else (
                     f"is not even a prefix of the grammar's language "
                     f"({matcher_name})")
-        raise MatcherMissing(f"an output of {self.describe()} cut by max_tokens")
+        raise MatcherMissing(f"a {self.name} output cut by max_tokens")
 
 
 def fewest_characters(text: str) -> str:
