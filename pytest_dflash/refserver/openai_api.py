@@ -237,7 +237,8 @@ def _chat_message(state: ServerState, body: dict[str, Any], text: str, reason: s
         text = "" if calls else text
     elif body.get("tools") and body.get("tool_choice") != "none":
         text, calls = parse_tool_calls(text, state.args.tool_call_parser)
-    message: dict[str, Any] = {"role": "assistant", "content": None if forced and calls else text,
+    content = None if forced and calls and reason != "length" else text  # a cut call: "" (recorded)
+    message: dict[str, Any] = {"role": "assistant", "content": content,
                                "reasoning_content": thought, "tool_calls": calls or None}  # fmt: skip
     return message, "tool_calls" if calls and reason == "stop" else reason
 

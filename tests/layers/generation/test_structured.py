@@ -22,13 +22,13 @@ from pytest_dflash.layers.generation.structured import (
 )
 
 
-def Outcome(text: str, reason: str | None, *, done: bool = True, message: str | None = None,  # noqa: N802
+def Outcome(text: str, reason: str | None, *, done: bool = True, message: str | None = None,
             tokens: int | None = None) -> Answer:
     """A constrained answer as the client reads it (client/answers.py)."""
     return Answer("generate", text, reason, message, done=done, completion_tokens=tokens)
 
 
-def ReasonedAnswer(reasoning: str | None, content: str, reason: str | None, *,  # noqa: N802
+def ReasonedAnswer(reasoning: str | None, content: str, reason: str | None, *,
                    done: bool = True, tokens: int | None = None) -> Answer:
     return Answer("chat", content, reason, reasoning=reasoning, done=done, completion_tokens=tokens)
 
