@@ -86,13 +86,13 @@ def _rambling_without_grammar(upstream: str) -> Rule:
 
 def test_without_a_grammar_matcher_a_cut_output_could_not_be_checked(run_suite, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The controller has neither xgrammar nor llguidance: an output cut by max_tokens can only be judged as a
-    prefix by one, so the check is "could not check" naming the extra (before: a pass, with a warning), and
+    """The controller has no xgrammar: an output cut by max_tokens can only be judged as a prefix by a grammar
+    matcher, so the check is "could not check" naming the extra (before: a pass, with a warning), and
     the layer is not passed."""
     with RefServerProcess("--speculative-algorithm", "DFLASH") as server, \
             FaultProxy(server.url, _rambling_without_grammar(server.url)) as proxy:
         blocker = tmp_path / "blocked"
-        for name in ("xgrammar", "llguidance"):
+        for name in ("xgrammar",):
             (blocker / name).mkdir(parents=True)
             (blocker / name / "__init__.py").write_text(f"raise ImportError('{name} hidden by the test')\n")
         monkeypatch.setenv("PYTHONPATH", str(blocker))
@@ -104,8 +104,8 @@ def test_without_a_grammar_matcher_a_cut_output_could_not_be_checked(run_suite, 
     assert_no_crash(result)
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*could not check: *finished by length, so only a prefix can be asked of it: "
-                                 "judging a json_schema output cut by max_tokens needs a grammar matcher "
-                                 "(xgrammar or llguidance)*pip install 'pytest-dflash[[]grammar[]]'*"])
+                                 "judging a json_schema output cut by max_tokens needs xgrammar's grammar matcher, "
+                                 "and the controller has none: pip install 'pytest-dflash[[]grammar[]]'*"])
     assert verdict(run_suite.reports, "nomatcher")["layers"]["generation"]["outcome"] != "passed"
 
 

@@ -3,10 +3,10 @@
 A whole output: JSON Schema by the jsonschema library, a regex by a full match, EBNF by xgrammar's matcher
 where it is importable, else by the case's equivalent regex (the two agree: tests/layers/generation). An
 output cut by max_tokens can only be asked to be a prefix of the language, and only a real grammar matcher
-decides that: the controller's xgrammar (SGLang's own backend), else llguidance. Without either the
-judgement cannot
-be made: `MatcherMissing`, which the check turns into "could not check" naming the extra that installs one
-(`GRAMMAR_EXTRA`), never a pass.
+decides that: the controller's xgrammar, SGLang's own backend (llguidance, tried as a lighter judge, takes
+raw control characters inside JSON strings, which xgrammar lets in, as outside the language: it would fail
+healthy servers). Without xgrammar the judgement cannot be made: `MatcherMissing`, which the check turns into
+"could not check" naming the extra that installs it (`GRAMMAR_EXTRA`), never a pass.
 
 The text judged is the decoding of the bytes the grammar constrained: a byte-level token that ends inside a
 multi-byte character decodes to U+FFFD, one per stray byte (SGLang 0.5.17 answered a 12-character maxLength
@@ -33,7 +33,6 @@ REPLACEMENT = "\ufffd"  # what a decoder shows for bytes that are not UTF-8
 UTF8_MAX_BYTES = 4
 GRAMMAR_EXTRA = "pip install 'pytest-dflash[grammar]'"
 EBNF = 'root ::= answer "."\nanswer ::= "yes" | "no" | "maybe"'
-_LARK = 'start: answer "."\nanswer: "yes" | "no" | "maybe"'  # EBNF, as llguidance's Lark
 
 PERSON = {
     "type": "object",
@@ -47,8 +46,8 @@ class MatcherMissing(Exception):
     """No grammar matcher on the controller: a prefix judgement cannot be made."""
 
     def __init__(self, judged: str) -> None:
-        super().__init__(f"judging {judged} needs a grammar matcher (xgrammar or llguidance), and the "
-                         f"controller has neither: {GRAMMAR_EXTRA}")
+        super().__init__(f"judging {judged} needs xgrammar's grammar matcher, and the controller has none: "
+                         f"{GRAMMAR_EXTRA}")
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,6 @@ class Grammar:
     schema: dict[str, Any] | None = None  # JSON outputs: the schema they validate against
     pattern: str | None = None  # a regex the whole output must match (an EBNF's language as a regex)
     ebnf: str | None = None
-    lark: str | None = None  # the EBNF for llguidance
 
     def describe(self) -> str:
         shown = self.value if isinstance(self.value, str) else json.dumps(self.value)
@@ -94,15 +92,10 @@ class Grammar:
     def prefix_problem(self, text: str) -> str | None:
         """What makes `text` not even a prefix of the language (a length finish cut the output, so only a
         prefix can be asked of it), or None: it is one. MatcherMissing when no matcher can tell."""
-        text = fewest_characters(text)
-        for matcher in (_xgrammar_prefix, _llguidance_prefix):
-            verdict = matcher(self, text)
-            if verdict is not None:
-                accepted, matcher_name = verdict
-                return None if accepted else (
-                    f"is not even a prefix of the grammar's language "
-                    f"({matcher_name})")
-        raise MatcherMissing(f"a {self.name} output cut by max_tokens")
+        accepted = _xgrammar_prefix(self, fewest_characters(text))
+        if accepted is None:
+            raise MatcherMissing(f"a {self.name} output cut by max_tokens")
+        return None if accepted else "is not even a prefix of the grammar's language (xgrammar's matcher)"
 
 
 def fewest_characters(text: str) -> str:
@@ -112,7 +105,8 @@ def fewest_characters(text: str) -> str:
     return re.sub(f"{REPLACEMENT}+", lambda run: REPLACEMENT * -(-len(run.group()) // UTF8_MAX_BYTES), text)
 
 
-def _xgrammar_prefix(grammar: Grammar, text: str) -> tuple[bool, str] | None:
+def _xgrammar_prefix(grammar: Grammar, text: str) -> bool | None:
+    """Whether xgrammar's matcher takes `text` as a prefix of the language; None without xgrammar."""
     try:
         import xgrammar
         from xgrammar.testing import _is_grammar_accept_string
@@ -126,41 +120,8 @@ def _xgrammar_prefix(grammar: Grammar, text: str) -> tuple[bool, str] | None:
     elif grammar.param == "regex":
         compiled = xgrammar.Grammar.from_regex(str(grammar.value))
     else:
-        return None
-    return bool(_is_grammar_accept_string(compiled, text, require_termination=False)), "xgrammar's matcher"
-
-
-class _ByteVocabulary:
-    """A vocabulary of the 256 bytes and an end token: llguidance then matches text byte by byte."""
-
-    def __init__(self) -> None:
-        self.eos_token_id = 256
-        self.bos_token_id = None
-        self.tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
-        self.special_token_ids = [256]
-
-    def __call__(self, data: bytes) -> list[int]:
-        return list(data)
-
-
-def _llguidance_prefix(grammar: Grammar, text: str) -> tuple[bool, str] | None:
-    try:
-        import llguidance  # type: ignore[import-not-found,unused-ignore]  # the [grammar] extra
-    except ImportError:
-        return None
-    if grammar.schema is not None:
-        source = llguidance.LLMatcher.grammar_from_json_schema(grammar.schema,
-                                                              defaults={"whitespace_flexible": True})
-    elif grammar.lark is not None:
-        source = llguidance.LLMatcher.grammar_from_lark(grammar.lark)
-    elif grammar.param == "regex":
-        source = llguidance.LLMatcher.grammar_from_regex(str(grammar.value))
-    else:
-        return None
-    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary()), slices=[])
-    matcher = llguidance.LLMatcher(tokenizer, source, log_level=0)
-    accepted = not matcher.is_error() and matcher.consume_tokens(list(text.encode()))
-    return bool(accepted and not matcher.is_error()), "llguidance's matcher"
+        raise MatcherMissing(f"a {grammar.name} output cut by max_tokens")  # no grammar to build: no judge
+    return bool(_is_grammar_accept_string(compiled, text, require_termination=False))
 
 
 def ebnf_accepts(ebnf: str, text: str) -> bool | None:
@@ -176,7 +137,7 @@ def ebnf_accepts(ebnf: str, text: str) -> bool | None:
 GRAMMARS: dict[str, Grammar] = {
     "json_schema": Grammar("json_schema", "json_schema", json.dumps(PERSON), schema=PERSON),
     "regex": Grammar("regex", "regex", r"[a-z]{3}-[0-9]{2}", pattern=r"[a-z]{3}-[0-9]{2}"),
-    "ebnf": Grammar("ebnf", "ebnf", EBNF, pattern=r"(yes|no|maybe)\.", ebnf=EBNF, lark=_LARK),
+    "ebnf": Grammar("ebnf", "ebnf", EBNF, pattern=r"(yes|no|maybe)\.", ebnf=EBNF),
     "response_format": Grammar("response_format json_schema", "response_format",
                                {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
                                schema=PERSON),
