@@ -43,7 +43,11 @@ from pytest_dflash.layers.generation.checks import (
     use_api,
 )
 from pytest_dflash.layers.generation.requests import APIS, Api
-from pytest_dflash.layers.generation.structured import STRUCTURED_CASES, structured_output
+from pytest_dflash.layers.generation.structured import (
+    STRUCTURED_CASES,
+    serves_structured_output,
+    structured_output,
+)
 from pytest_dflash.layers.gpu.chains import ALL_CHAINS
 from pytest_dflash.layers.gpu.env import (
     driver_supports_torch_cuda,
@@ -165,6 +169,7 @@ __all__ = [
     "sampling_respects_top_k_top_p",
     "sampling_varies_with_seed",
     "serves_one_consistent_model",
+    "serves_structured_output",
     "serves_the_commands_configuration",
     "serves_the_profiles_algorithm",
     "serves_the_profiles_speculation",

@@ -75,6 +75,7 @@ EXPORTED = [
     "sampling_respects_top_k_top_p",
     "sampling_varies_with_seed",
     "serves_one_consistent_model",
+    "serves_structured_output",
     "serves_the_commands_configuration",
     "serves_the_profiles_algorithm",
     "serves_the_profiles_speculation",

@@ -1,7 +1,11 @@
 """HTTP client for one inference server, in two dialects: OpenAI (/v1/*) and SGLang native (/generate).
 
 `client.inference` holds the client and its calls (`InferenceClient`), `client.sampling` what a call sends and
-gets (`Sampling`, `Generation`, `Stream`), `client.bodies` the byte caps and the parsing of answers,
+gets (`Sampling`, `Generation`, `Stream`), `client.answers` the one typed reading of a generation answer,
+whole or streamed, native or OpenAI (`Answer`: finish, content, reasoning, tool calls, usage, meta_info, an
+error event inside a stream), `client.bodies` the byte caps and the parsing of bodies,
+`client.sse` the reading of an SSE stream's lines,
+`client.connect` the SSL context, proxies and the TCP liveness probe,
 `client.deadline` the total-time bound enforced below httpx (`deadline`, `DeadlineExceeded`).
 
 Explicit timeouts, no retries, and every failure mapped to `ApiError` — including the one that

@@ -235,10 +235,13 @@ def openai_generations(data: Any, elapsed: float, service: str, path: str, *, ch
     usage = data.get("usage") or {}
     out = []
     for choice in choices:
-        text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+        message = (choice.get("message") or {}) if chat else {}
+        text = message.get("content") if chat else choice.get("text")
+        thought = message.get("reasoning_content")
         out.append(
             Generation(
                 text=text or "",
+                reasoning=None if thought is None else str(thought),
                 finish_reason=choice.get("finish_reason"),
                 matched_stop=choice.get("matched_stop"),
                 prompt_tokens=usage.get("prompt_tokens"),

@@ -14,23 +14,19 @@ spent is an ApiError."""
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import json
 import socket
-import ssl
-import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
 
+from pytest_dflash.client.answers import Answer, api_of, streamed_answer, whole_answer
 from pytest_dflash.client.bodies import (
     DEFAULT_MAX_BODY,
     METRICS_MAX_BODY,
-    NEWLINES,
     STREAM_MAX_TOTAL,
     answer_json,
     error_message,
@@ -40,9 +36,10 @@ from pytest_dflash.client.bodies import (
     response_cap,
     stream_tokens,
 )
+from pytest_dflash.client.connect import proxied, ssl_context, tcp_refused
 from pytest_dflash.client.deadline import CallProgress, DeadlineExceeded, bound_total_time, deadline
 from pytest_dflash.client.sampling import GREEDY, Generation, Sampling, Stream
-from pytest_dflash.documents import loads_json
+from pytest_dflash.client.sse import DONE, SKIP, capped_lines, is_error_event, sse_event
 from pytest_dflash.errors import ApiError
 
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
@@ -55,26 +52,6 @@ MIN_ATTEMPT_S = 3.0  # a metadata GET's attempt is never cut below this to leave
 # stays.
 NOT_SERVED = frozenset({404, 405, 410})
 TRANSIENT_CAUSES = frozenset({"timeout", "dropped"})
-
-
-_SSL_LOCK = threading.Lock()
-_SSL: ssl.SSLContext | None = None
-
-
-def _ssl_context() -> ssl.SSLContext:
-    """httpx's own default context (its CA bundle, SSL_CERT_FILE / SSL_CERT_DIR), built once per process."""
-    global _SSL
-    with _SSL_LOCK:
-        if _SSL is None:
-            _SSL = httpx.create_ssl_context()
-        return _SSL
-
-
-def _proxied(host: str) -> bool:
-    """Would httpx (trust_env) send a request for `host` through a proxy named in the environment?"""
-    proxies = urllib.request.getproxies()
-    return any(proxies.get(k) for k in ("http", "https", "all")) and not urllib.request.proxy_bypass(host)
-
 
 
 class InferenceClient:
@@ -95,7 +72,7 @@ class InferenceClient:
         # httpx would load the CA bundle again for each (≈ 15 ms of CPU; 64 services of a fleet worker paid a
         # second).
         self._http = bound_total_time(httpx.Client(base_url=base_url, timeout=timeout, headers=headers,
-                                                   verify=_ssl_context()))
+                                                   verify=ssl_context()))
         # A call's total deadline when it names none: the per-read timeout, now meant as total time.
         self.default_limit_s = timeout.read if timeout.read is not None else 60.0
         self.limit_name = limit_name  # how the default limit is documented ("--request-timeout")
@@ -110,7 +87,7 @@ class InferenceClient:
         # getaddrinfo of the server, resolved once (refuses_connections)
         self._addresses: list[Any] | None = None
         # httpx reads the proxy variables when the client is built; so does this (reading them costs 0.3 ms)
-        self._proxied = _proxied(self._http.base_url.host)
+        self._proxied = proxied(self._http.base_url.host)
 
     def refuses_connections(self, timeout_s: float) -> bool | None:
         """Does nothing listen at the server's address any more? One TCP connect and close, no HTTP: after
@@ -127,18 +104,7 @@ class InferenceClient:
                 self._addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except OSError:
                 return None  # a name that stopped resolving is not a server that died
-        refused = False
-        for family, kind, proto, _, address in self._addresses:
-            try:
-                with socket.socket(family, kind, proto) as probe:
-                    probe.settimeout(timeout_s)
-                    probe.connect(address)
-                return False
-            except ConnectionRefusedError:
-                refused = True
-            except OSError:
-                pass  # unreachable, timed out: not conclusive
-        return refused if refused else None
+        return tcp_refused(self._addresses, timeout_s)
 
     def close(self) -> None:
         self._http.close()
@@ -426,96 +392,78 @@ class InferenceClient:
         return openai_generations(data, time.monotonic() - started, self.service, "/v1/chat/completions",
                                   chat=True)
 
-    def stream(self, path: str, body: Mapping[str, Any], *, timeout_s: float | None = None) -> Stream:
+    def stream(self, path: str, body: Mapping[str, Any], *, timeout_s: float | None = None,
+               in_band_errors: bool = False) -> Stream:
         """POST with stream=true and read the SSE stream to its end, checking it is well formed.
 
-        Raises ApiError for a non-2xx status, a line that is not `data: …`, an event that is not
-        JSON, an event or a stream over its byte cap, or a dropped connection; `Stream.done` is False
-        when the stream ended without [DONE].
+        Raises ApiError for a non-2xx status, a line that is not `data: …`, an event that is not JSON, an
+        event or a stream over its byte cap, or a dropped connection; an error event inside the stream too,
+        unless `in_band_errors` (then it is `Stream.error` and the stream is read on to its end: SGLang sends
+        [DONE] after it). `Stream.done` is False when the stream ended without [DONE].
         """
         started = time.monotonic()
         events: list[dict[str, Any]] = []
         arrival: list[float] = []
         raw: list[str] = []
         done = False
+        error: dict[str, Any] | None = None
         payload_body = {**body, "stream": True}
         line_cap = response_cap(path, payload_body)
         # Every event carries at most the whole output; there are at most about as many events as tokens.
         total_cap = min(STREAM_MAX_TOTAL, line_cap * (requested_tokens(path, payload_body) + 16))
         progress = self._progress("POST", timeout_s, stream=True)
+
+        def on_bytes(total: int) -> None:
+            progress.bytes = total
+            self._check_deadline(path, progress)
+
         with self._mapped(path, progress), deadline(progress.limit_s), self._http.stream(
                 "POST", path, json=payload_body,
                 timeout=self._timeout(timeout_s) or self._http.timeout) as response:
-            progress.status = response.status_code
-            if response.status_code >= 400:
+            progress.status = status = response.status_code
+            if status >= 400:
                 response = self._read_capped(response, path, DEFAULT_MAX_BODY, progress)
-                raise ApiError(self.service, path, response.status_code, error_message(response),
-                               response.text[:500])
+                raise ApiError(self.service, path, status, error_message(response), response.text[:500])
             content_type = response.headers.get("content-type", "")
-            for line in self._capped_lines(response, path, line_cap, total_cap, progress):
+
+            def too_large(cap: int, seen: str, head: bytes) -> Exception:
+                return self._too_large(path, status, cap, seen, head)
+
+            for line in capped_lines(response, line_cap, total_cap, on_bytes=on_bytes, too_large=too_large):
                 raw.append(line)
-                if not line.strip() or line.startswith(":"):
-                    # blank lines end events; ':' lines are SSE comments (a proxy's keep-alive pings)
+                try:
+                    event = sse_event(line)
+                except ValueError as exc:
+                    raise ApiError(self.service, path, status, str(exc)) from None
+                if event is SKIP:
                     continue
                 if done:
-                    raise ApiError(self.service, path, response.status_code,
-                                   f"data after [DONE]: {line[:200]!r}")
-                if not line.startswith("data:"):
-                    raise ApiError(self.service, path, response.status_code,
-                                   f"malformed SSE line: {line[:200]!r}")
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+                    raise ApiError(self.service, path, status, f"data after [DONE]: {line[:200]!r}")
+                if event == DONE:
                     done = True
                     continue
-                try:
-                    event = loads_json(payload)
-                except ValueError as exc:  # JSONDecodeError, DocumentTooDeep
-                    raise ApiError(self.service, path, response.status_code,
-                                   f"SSE event is not JSON ({exc}): {payload[:200]!r}") from exc
-                if not isinstance(event, dict):
-                    raise ApiError(self.service, path, response.status_code,
-                                   f"SSE event is not an object: {payload[:200]!r}")
-                if "error" in event and not event.get("choices") and "text" not in event:
-                    raise ApiError(self.service, path, response.status_code,
-                                   f"error event in stream: {payload[:300]}")
+                assert isinstance(event, dict)
+                if is_error_event(event):
+                    if not in_band_errors:
+                        raise ApiError(self.service, path, status, f"error event in stream: {line[5:305]}")
+                    error = error or event
+                    continue
                 events.append(event)
                 arrival.append(time.monotonic() - started)
                 progress.events = len(events)
                 progress.tokens_seen(stream_tokens(events, progress.tokens))
-        return Stream(events, arrival, done, raw, time.monotonic() - started, response.status_code,
-                      content_type)
+        return Stream(events, arrival, done, raw, time.monotonic() - started, status, content_type, error)
 
-    def _capped_lines(self, response: httpx.Response, path: str, line_cap: int, total_cap: int,
-                      progress: CallProgress) -> Iterator[str]:
-        """`response.iter_lines()` (str.splitlines semantics, as httpx), failing on a line or a total over its
-        cap, or when the call's total deadline passes (blank lines and SSE comments do not buy time)."""
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        pending = ""
-        total = 0
-        for chunk in response.iter_bytes():
-            total += len(chunk)
-            progress.bytes = total
-            self._check_deadline(path, progress)
-            if total > total_cap:
-                raise self._too_large(path, response.status_code, total_cap, f"stream of {total}+ bytes", b"")
-            text = pending + decoder.decode(chunk)
-            hold_cr = text.endswith("\r")  # "\r\n" may be split across chunks: decide with the next one
-            if hold_cr:
-                text = text[:-1]
-            lines = text.splitlines()
-            pending = lines.pop() if lines and text[-1:] not in NEWLINES else ""
-            if hold_cr:
-                pending += "\r"
-            if len(pending) > line_cap:
-                raise self._too_large(path, response.status_code, line_cap,
-                                      f"an SSE line of {len(pending)}+ bytes", pending[:200].encode())
-            for line in lines:
-                if len(line) > line_cap:
-                    raise self._too_large(path, response.status_code, line_cap,
-                                          f"an SSE line of {len(line)} bytes", line[:200].encode())
-                yield line
-        rest = (pending + decoder.decode(b"", final=True)).splitlines()
-        yield from rest
+    def answer(self, path: str, body: Mapping[str, Any], *, timeout_s: float | None = None) -> Answer:
+        """One generation request (streamed when `body` says `stream`) read as a typed `Answer` (choice 0):
+        ApiError for an HTTP error or an answer of the wrong shape; an error event inside a stream is the
+        answer's `error`, for the check to judge."""
+        api = api_of(path)
+        if body.get("stream"):
+            got = self.stream(path, body, timeout_s=timeout_s, in_band_errors=True)
+            return streamed_answer(got.events, api, done=got.done, error=got.error)
+        data = self._json("POST", path, body, timeout_s)
+        return whole_answer(data, api, self.service)
 
     def generate_stream(self, prompt: str, sampling: Sampling = GREEDY, *,
                         timeout_s: float | None = None) -> Stream:

@@ -84,6 +84,12 @@ class Generation:
     elapsed_s: float = 0.0
     logprobs: list[tuple[float, int]] | None = None
     top_logprobs: list[list[tuple[float, int]]] | None = None
+    reasoning: str | None = None  # chat under a reasoning parser: reasoning_content (`text` is the content)
+
+    @property
+    def output(self) -> str:
+        """Everything the sampler produced, reasoning first (chat under a reasoning parser splits it)."""
+        return (self.reasoning or "") + self.text
 
     @property
     def accept_length(self) -> float | None:
@@ -107,5 +113,6 @@ class Stream:
     elapsed_s: float
     status: int = 200
     content_type: str = ""
+    error: dict[str, Any] | None = None  # an error event inside the stream (read with in_band_errors)
 
 

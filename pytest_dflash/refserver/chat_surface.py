@@ -47,6 +47,7 @@ __all__ = [
     "split_reasoning",
     "think_end_ids",
     "tool_call_schema",
+    "tool_calls_cut",
     "tool_calls_from_constrained",
 ]
 
@@ -101,6 +102,19 @@ def tool_calls_from_constrained(text: str) -> list[dict[str, Any]] | None:
         return None
     return [_call(i, str(item.get("name")), item.get("parameters", {}))
             for i, item in enumerate(items) if isinstance(item, dict)]  # fmt: skip
+
+
+def tool_calls_cut(text: str) -> list[dict[str, Any]]:
+    """The calls SGLang 0.5.17 reports for a forced call cut by max_tokens: each call whose name came, with
+    arguments "null" (recorded: shared/data/sglang-0.5.17-h100-2026-12-06/toolcall-answers.txt)."""
+    try:
+        items, _ = partial_json(text, partial_strings=False)
+    except ValueError:
+        return []
+    if not isinstance(items, list):
+        return []
+    return [_call(i, item["name"], None) for i, item in enumerate(items)
+            if isinstance(item, dict) and isinstance(item.get("name"), str)]  # fmt: skip
 
 
 def parse_tool_calls(text: str, parser: str | None) -> tuple[str, list[dict[str, Any]]]:

@@ -50,6 +50,8 @@ FAULTS: dict[str, FaultSpec] = {
     "tree-verify-bug": FaultSpec("", 0.0),
     "grammar-rollback-bug": FaultSpec("", 0.0),
     "reasoning-grammar-bug": FaultSpec("", 0.0),
+    "ignore-tools": FaultSpec("", 0.0),
+    "tools-greedy-only": FaultSpec("", 0.0),
     "greedy-fallback": FaultSpec("", 0.0),
     "slow-decode": FaultSpec("factor", None),
     "token-delay": FaultSpec("seconds_per_token", None),

@@ -16,6 +16,7 @@ from pytest_dflash.refserver.chat_surface import (
     require_reasoning,
     split_reasoning,
     tool_call_schema,
+    tool_calls_cut,
     tool_calls_from_constrained,
 )
 from pytest_dflash.refserver.model import apply_chat_template
@@ -23,7 +24,12 @@ from pytest_dflash.refserver.params import LOGPROB_REFUSED, BadRequest, check_gr
 from pytest_dflash.refserver.scheduler import Output
 from pytest_dflash.refserver.spec import SamplingParams
 from pytest_dflash.refserver.state import Batch, Gen, ServerState, corrupt, dumps
-from pytest_dflash.refserver.structured import GRAMMAR_KINDS, InvalidGrammar, response_format_schema
+from pytest_dflash.refserver.structured import (
+    GRAMMAR_KINDS,
+    NO_BACKEND,
+    InvalidGrammar,
+    response_format_schema,
+)
 
 __all__ = ["add_routes"]
 
@@ -121,6 +127,10 @@ async def _complete(
     default_max: int | None,
 ) -> Response:
     """Both OpenAI endpoints: n choices per prompt, stream or not, usage, logprobs on NONE."""
+    # --inject ignore-tools / tools-greedy-only: a server that drops tools and tool_choice
+    if chat and _tools_ignored(state, body):
+        body = {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}
+        body["ignore_eos"] = body.get("ignore_eos") or "ignore-tools" in state.faults  # rambles to max_tokens
     raw = {dst: body[src] for src, dst in OPENAI_SAMPLING.items() if body.get(src) is not None}
     raw["max_new_tokens"] = body.get("max_tokens", default_max) if "max_tokens" in body else default_max
     n = body.get("n") or 1
@@ -157,6 +167,10 @@ async def _complete(
                 all_prompts.append(prompt)
                 all_params.append(SamplingParams(**{**params.__dict__, "sampling_seed": seed}))
     except BadRequest as e:
+        if chat and body.get("stream") and str(e) == NO_BACKEND:
+            # SGLang's scheduler refuses the grammar after serving_chat began the stream: HTTP 200, an error
+            # event with code 400, the usage chunk (nothing counted) when asked, [DONE]
+            return StreamingResponse(_refused_stream(str(e), body), media_type="text/event-stream")
         return openai_error(str(e))
     top = top_n if want_logprobs else -1
     batch = state.new_batch(all_prompts, all_params, hang=hang, top_logprobs_num=top,
@@ -218,9 +232,13 @@ def _chat_message(state: ServerState, body: dict[str, Any], text: str, reason: s
     calls: list[dict[str, Any]] = []
     if forced and reason == "stop":
         calls = tool_calls_from_constrained(text) or []
+    elif forced and reason == "length":  # SGLang 0.5.17 parses the cut call: its name, arguments "null"
+        calls = tool_calls_cut(text)
+        text = "" if calls else text
     elif body.get("tools") and body.get("tool_choice") != "none":
         text, calls = parse_tool_calls(text, state.args.tool_call_parser)
-    message: dict[str, Any] = {"role": "assistant", "content": None if forced and calls else text,
+    content = None if forced and calls and reason != "length" else text  # a cut call: "" (recorded)
+    message: dict[str, Any] = {"role": "assistant", "content": content,
                                "reasoning_content": thought, "tool_calls": calls or None}  # fmt: skip
     return message, "tool_calls" if calls and reason == "stop" else reason
 
@@ -304,6 +322,25 @@ async def _stream(state: ServerState, batch: Batch, meta: dict[str, Any]) -> Asy
         yield "data: [DONE]\n\n"
     finally:
         batch.abort()
+
+
+def _tools_ignored(state: ServerState, body: dict[str, Any]) -> bool:
+    """Whether a fault makes this chat's tools and tool_choice go unread."""
+    if "ignore-tools" in state.faults:
+        return True
+    return "tools-greedy-only" in state.faults and float(body.get("temperature") or 0) > 0
+
+
+async def _refused_stream(message: str, body: dict[str, Any]) -> AsyncIterator[str]:
+    error = {"object": "error", "message": message, "type": "BAD_REQUEST", "param": None, "code": 400}
+    yield f"data: {dumps({'error': error})}\n\n"
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": 0, "total_tokens": 0, "completion_tokens": 0, "prompt_tokens_details": None,
+                 "reasoning_tokens": 0}
+        chunk = {"id": uuid.uuid4().hex, "object": "chat.completion.chunk", "created": int(time.time()),
+                 "model": body.get("model", "default"), "choices": [], "usage": usage}
+        yield f"data: {dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 def _called(reason: str | None, tool_streams: list[ToolCallStream] | None, i: int) -> str | None:

@@ -137,11 +137,13 @@ def test_structured_output(dflash_service: ServiceHandle, case: str, sampled: bo
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sse"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("choice", TOOL_CHOICES)
-def test_forced_tool_call(dflash_service: ServiceHandle, choice: str, streamed: bool) -> None:
-    """tool_choice required / named where it serves a --tool-call-parser, whole or as delta.tool_calls: a
-    valid call."""
-    forced_tool_call(dflash_service, choice, streamed=streamed)  # type: ignore[arg-type]
+def test_forced_tool_call(dflash_service: ServiceHandle, choice: str, sampled: bool, streamed: bool) -> None:
+    """tool_choice required / named where it serves a --tool-call-parser, greedy and sampled, whole or as
+    delta.tool_calls: a complete call of a given tool with valid arguments (one cut by max_tokens fails,
+    naming the limit)."""
+    forced_tool_call(dflash_service, choice, streamed=streamed, sampled=sampled)  # type: ignore[arg-type]
 
 
 def test_reasoning_separated(dflash_service: ServiceHandle) -> None:

@@ -24,6 +24,7 @@ from pytest_dflash.api import (
     sampled,
     sampling_varies_with_seed,
     serves_one_consistent_model,
+    serves_structured_output,
     serves_the_commands_configuration,
     serves_the_profiles_algorithm,
     serves_the_profiles_speculation,
@@ -100,6 +101,13 @@ def test_sampling_varies_with_seed(dflash_service: ServiceHandle) -> None:
     """At temperature 1 different seeds give different outputs beyond token 1 (a greedy-fallback verifier
     fails)."""
     sampling_varies_with_seed(dflash_service)
+
+
+@pytest.mark.generation
+def test_structured_output(dflash_service: ServiceHandle) -> None:
+    """One greedy json_schema request: the output is in the schema (a server launched with --grammar-backend
+    none, or one that ignores the grammar, fails unless its profile says structured_output = false)."""
+    serves_structured_output(dflash_service)
 
 
 @pytest.mark.parity

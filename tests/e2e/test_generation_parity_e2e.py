@@ -30,9 +30,9 @@ def test_clean_refservers_pass_generation_and_parity(run_suite, tmp_path: Path) 
     assert outcomes.get("passed", 0) >= 100 and set(outcomes) == {"passed", "skipped"}, outcomes
     # do not apply: the DDTREE service's structured parity pair (structured_output = false: its 20
     # structured-output cases run, checking it refuses them cleanly), forced tool calls on NONE and DDTREE
-    # (2 x 2 x whole/sse: no --tool-call-parser) and reasoning separation and the reasoned constrained answer
-    # (whole, sse) on all three (no --reasoning-parser)
-    assert outcomes["skipped"] == 18, outcomes
+    # (2 x 2 choices x greedy/sampled x whole/sse: no --tool-call-parser) and reasoning separation and the
+    # reasoned constrained answer (whole, sse) on all three (no --reasoning-parser)
+    assert outcomes["skipped"] == 26, outcomes
     result.stdout.fnmatch_lines(["*dflash verdict*", "local: PARTIAL*generation:passed*parity:passed*perf:passed*",
                                  "*ddtree: DDTREE*accept length*", "*dflash: DFLASH*accept length*"])
     data = verdict(run_suite.reports, "local")

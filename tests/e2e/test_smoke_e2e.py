@@ -79,7 +79,7 @@ def test_startup_crash_is_named_within_seconds(run_suite, tmp_path: Path, fault:
     result = run_suite("smoke", "--host", str(profile), "-m", "host or service or generation")
     elapsed = time.monotonic() - started
     assert_no_crash(result)
-    result.assert_outcomes(passed=1, failed=1, skipped=9)  # 4 service + 4 generation tests blocked, the GPU check
+    result.assert_outcomes(passed=1, failed=1, skipped=10)  # 4 service + 5 generation tests blocked, the GPU check
     result.stdout.fnmatch_lines([f"*ServiceCrashed: service dflash died during readiness*{status}*",
                                  f"*[[]{diagnosis}[]]*"])
     assert elapsed < 30, f"a start-up crash took {elapsed:.0f}s to become a verdict"
@@ -92,7 +92,7 @@ def test_generation_only_run_fails_first_test_and_blocks_the_rest(run_suite, tmp
     profile = write_profile(tmp_path, "gen-sm120", {"dflash": ("DFLASH", ["--inject", "flashinfer-sm120"])})
     result = run_suite("smoke", "--host", str(profile), "-m", "generation")
     assert_no_crash(result)
-    result.assert_outcomes(errors=1, skipped=3)
+    result.assert_outcomes(errors=1, skipped=4)
     result.stdout.fnmatch_lines(["*ERROR at setup of test_greedy_generation*",
                                  "*[[]flashinfer-sm12x-nvcc[]]*",
                                  "*blocked: local*" if False else "*blocked*"])

@@ -46,7 +46,7 @@ def test_a_verifier_that_ignores_temperature_fails_smoke_naming_it(run_suite, tm
     profile = write_profile(tmp_path, "fallback", {"dflash": ("DFLASH", ["--inject", "greedy-fallback"])})
     result = run_suite("smoke", "--host", str(profile), "-m", "generation")
     assert_no_crash(result)
-    result.assert_outcomes(passed=3, failed=1)  # greedy, sampled and streamed requests still look fine
+    result.assert_outcomes(passed=4, failed=1)  # greedy, sampled, streamed and constrained requests look fine
     result.stdout.fnmatch_lines([
         "*AssertionError: greedy fallback: * pairs of samples (temperature 1, seeds 500..531, /generate) share their "
         "first token and every such pair is identical after it*",

@@ -96,10 +96,10 @@ def test_forced_tool_calls_and_reasoning_where_the_command_names_a_parser(run_su
                                                                 "--grammar-backend", "none"])})  # fmt: skip
     result = run_suite("generation", "--host", str(profile), "-k", "forced_tool_call or reasoning_separated")
     assert_no_crash(result)
-    result.assert_outcomes(passed=5, skipped=6, failed=4)  # plain: no parser; off: no reasoning parser
+    result.assert_outcomes(passed=9, skipped=10, failed=8)  # plain: no parser; off: no reasoning parser
     failed = {f["test"].rsplit("::", 1)[1] for f in verdict(run_suite.reports, "chat")["failures"]}
-    assert failed == {f"test_forced_tool_call[chat/off-{c}-{form}]" for c in ("required", "named")
-                      for form in ("whole", "sse")}, failed  # fmt: skip
+    assert failed == {f"test_forced_tool_call[chat/off-{c}-{s}-{form}]" for c in ("required", "named")
+                      for s in ("greedy", "sampled") for form in ("whole", "sse")}, failed  # fmt: skip
     result.stdout.fnmatch_lines(["*off: its command has `--grammar-backend none`: tool_choice * cannot be forced*"])
 
 
@@ -112,7 +112,7 @@ def test_forced_calls_stay_valid_under_the_rollback_bug(run_suite, tmp_path: Pat
     profile = write_profile(tmp_path, "rollcall", {"bug": ("DFLASH", bug)})
     result = run_suite("generation", "--host", str(profile), "-k", "forced_tool_call")
     assert_no_crash(result)
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=8)
 
 
 def test_the_answer_after_the_reasoning_validates_and_an_answer_in_reasoning_content_fails(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -151,7 +151,7 @@ def test_a_200_without_choices_fails_the_chat_surface_checks_in_one_line(run_sui
                            "reasoning_separated or (forced_tool_call and whole) or chat-json_object and whole "
                            "and greedy")
     assert_no_crash(result)
-    result.assert_outcomes(failed=4)
+    result.assert_outcomes(failed=6)  # 4 forced calls (required / named, greedy / sampled), 2 more
     result.stdout.fnmatch_lines(["*ApiError: wrapped/dflash /v1/chat/completions: HTTP 200: response has no "
                                  "choices*"])
     result.stdout.no_fnmatch_line("*AttributeError*")

@@ -266,3 +266,29 @@ def test_reasoning_grammar_bug_puts_the_answer_into_reasoning_content() -> None:
         message = post(server, "/v1/chat/completions", CHAT).json()["choices"][0]["message"]
     assert message["content"] == ""
     jsonschema.validate(json.loads(message["reasoning_content"], strict=False), SCHEMA)
+
+
+def test_a_forced_call_cut_by_max_tokens_answers_as_sglang_did() -> None:
+    """Real SGLang 0.5.17 (qwen25, recorded: tests/data/sglang-0.5.17-h100-2026-12-06/toolcall-answers.txt)
+    reports a forced call cut by max_tokens as the call it parsed, arguments "null", content "", finish
+    "length"; the refserver answers the same shape. Under --grammar-backend none a streamed constrained chat
+    is HTTP 200, an error event with code 400, the usage chunk, [DONE] (serving_chat)."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": SCHEMA}}]
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0,
+            "tools": tools, "tool_choice": "required"}  # fmt: skip
+    # no free whitespace: '[{"name":"add"' comes within 20 tokens (SGLang's structural tag writes the name itself)
+    with RefServerProcess("--tool-call-parser", "qwen25", "--constrained-json-disable-any-whitespace") as server:
+        choice = post(server, "/v1/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["content"] == ""
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [
+        ("add", "null")]
+    with RefServerProcess("--grammar-backend", "none") as server:
+        got = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+            "messages": [{"role": "user", "content": "hi"}], "stream": True, "response_format": {"type": "json_object"},
+            "stream_options": {"include_usage": True}})
+    assert got.status_code == 200
+    events = [line[6:] for line in got.text.splitlines() if line.startswith("data: ")]
+    error = json.loads(events[0])["error"]
+    assert (error["code"], error["type"]) == (400, "BAD_REQUEST") and "--grammar-backend none" in error["message"]
+    assert json.loads(events[1])["usage"]["completion_tokens"] == 0 and events[2:] == ["[DONE]"]

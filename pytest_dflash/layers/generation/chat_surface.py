@@ -25,14 +25,12 @@ never closed its thinking) or a ``</think>`` left in either part fails, naming t
 from __future__ import annotations
 
 import json
-import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import jsonschema  # type: ignore[import-untyped]
 
-from pytest_dflash.client.bodies import answer_json, chat_choice, error_message, json_kind
+from pytest_dflash.client.answers import Answer
+from pytest_dflash.client.bodies import json_kind
 from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import ApiError
@@ -44,11 +42,10 @@ from pytest_dflash.layers.generation.structured import (
     NOT_SERVED,
     SEED_002,
     Grammar,
-    GrammarWarning,
     backend_disabled,
-    completion_tokens,
     constrained_body,
     length_problem,
+    prefix_or_unchecked,
 )
 from pytest_dflash.run.skips import could_not_check, not_applicable, sglang_expected
 
@@ -58,16 +55,11 @@ if TYPE_CHECKING:
 __all__ = [
     "TOOLS",
     "TOOL_CHOICES",
-    "ReasonedAnswer",
-    "ToolCallAnswer",
     "check_reasoned",
     "check_tool_calls",
     "forced_tool_call",
-    "reasoned_answer",
     "reasoning_separated",
     "reasoning_structured",
-    "streamed_tool_calls",
-    "tool_call_answer",
 ]
 
 ToolChoice = Literal["required", "named"]
@@ -83,8 +75,12 @@ TOOLS: list[dict[str, Any]] = [
                        "required": ["a", "b"]}}},
 ]  # fmt: skip
 TOOL_MAX_TOKENS = 200
+# A forced call is sent greedy and sampled: a server that forces calls only for greedy requests fails.
+TOOL_SAMPLINGS: dict[str, Sampling] = {"greedy": Sampling(max_tokens=TOOL_MAX_TOKENS, temperature=0.0),
+                                       "sampled": Sampling(max_tokens=TOOL_MAX_TOKENS, temperature=0.8,
+                                                           seed=11)}  # fmt: skip
 THINK_END = "</think>"
-# room for a reasoning model's thinking before the answer; a length finish is reported, not judged
+# room for a reasoning model's thinking before the answer; still thinking at the limit is "could not check"
 REASONED = Sampling(max_tokens=400, temperature=0.0)
 
 
@@ -104,121 +100,70 @@ def _refused(service: ServiceHandle, text: str) -> None:
              f"{text[:300]}; {SEED_002}")
 
 
-def _chat(service: ServiceHandle, body: dict[str, Any]) -> dict[str, Any]:
-    """Choice 0 of a chat answer, with the answer's usage; no choice is an ApiError (bodies.chat_choice)."""
-    client = service.client
-    response = client.request("POST", CHAT_PATH, json_body=_chat_body(service, body))
-    if response.status_code >= 400:
-        _refused(service, response.text)
-        raise ApiError(client.service, CHAT_PATH, response.status_code, "chat refused", response.text[:300])
-    data = answer_json(response, client.service, CHAT_PATH)
-    return {**chat_choice(data, client.service, CHAT_PATH), "usage": data.get("usage")}
+def _chat(service: ServiceHandle, body: dict[str, Any]) -> Answer:
+    """A chat answer (streamed when `body` says so), read by the client; a refusal naming --grammar-backend
+    none fails naming seed 002, any other refusal is the ApiError."""
+    try:
+        return service.client.answer(CHAT_PATH, _chat_body(service, body))
+    except ApiError as exc:
+        _refused(service, str(exc))
+        raise
 
 
-@dataclass(frozen=True)
-class ToolCallAnswer:
-    """A forced call's answer: its calls (as ``message.tool_calls``), finish reason and content, whether a
-    stream ended with [DONE], and what was wrong with a stream's deltas."""
-
-    calls: list[dict[str, Any]]
-    finish_reason: str | None
-    content: str
-    done: bool = True
-    problems: tuple[str, ...] = ()
-    tokens: int | None = None  # the completion tokens the answer counts, where it says
+def _calls(answer: Answer) -> str:
+    return ", ".join(call.describe() for call in answer.tool_calls) or "no tool call at all"
 
 
-def tool_call_answer(choice: dict[str, Any]) -> ToolCallAnswer:
-    """The answer of a chat response's choice (with the response's usage, as _chat returns it)."""
-    message = choice.get("message") or {}
-    calls = message.get("tool_calls")
-    return ToolCallAnswer(calls if isinstance(calls, list) else [], choice.get("finish_reason"),
-                          str(message.get("content") or ""), tokens=completion_tokens(choice.get("usage")))
-
-
-def streamed_tool_calls(events: Sequence[dict[str, Any]], *, done: bool) -> ToolCallAnswer:
-    """The answer of a stream's chunks (choice 0): the ``delta.tool_calls`` put together per ``index`` (the
-    first chunk of a call names it, the rest append ``function.arguments``), content and finish reason."""
-    calls: dict[int, dict[str, Any]] = {}
-    problems: list[str] = []
-    content, reason = "", None
-    for event in events:
-        for choice in event.get("choices") or []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            delta = delta if isinstance(delta, dict) else {}
-            content += str(delta.get("content") or "")
-            reason = choice.get("finish_reason") or reason
-            for item in delta.get("tool_calls") or []:
-                index = item.get("index") if isinstance(item, dict) else None
-                if not isinstance(index, int) or isinstance(index, bool):
-                    problems.append(f"a tool-call delta without an integer index: {item!r}")
-                    continue
-                function = item.get("function")
-                function = function if isinstance(function, dict) else {}
-                name, fragment = function.get("name"), function.get("arguments")
-                call = calls.get(index)
-                if call is None:
-                    if not name or not item.get("id"):
-                        problems.append(f"the first delta of call {index} carries no id and function.name: "
-                                        f"{item!r}")
-                    call = calls[index] = {"id": item.get("id"), "index": index, "type": item.get("type"),
-                                           "function": {"name": name, "arguments": ""}}  # fmt: skip
-                elif name and name != call["function"]["name"]:
-                    problems.append(f"call {index} is named {call['function']['name']!r}, then {name!r}")
-                if fragment is not None and not isinstance(fragment, str):
-                    problems.append(f"call {index}: function.arguments fragment {fragment!r} is not a string")
-                elif fragment:
-                    call["function"]["arguments"] += fragment
-    return ToolCallAnswer([calls[i] for i in sorted(calls)], reason, content, done, tuple(problems))
-
-
-def check_tool_calls(answer: ToolCallAnswer, wanted: str | None, *, what: str,
+def check_tool_calls(answer: Answer, wanted: str | None, *, what: str,
                      max_tokens: int = TOOL_MAX_TOKENS) -> None:
-    """Forced calls of the given tools (`wanted`, where named), arguments valid under their parameters, finish
-    reason "tool_calls"; a length finish is reported, not judged."""
+    """A forced call, complete: finish reason "tool_calls", calls of the given tools (`wanted`, where named)
+    whose arguments are a JSON string valid under the tool's parameters. A call cut by max_tokens fails saying
+    so: the call as received and the limit (a forced call that cannot finish serves no client)."""
     __tracebackhide__ = True
+    if answer.error is not None:
+        fail(f"{what}: an error event inside the stream (code {answer.error.code!r}): {answer.error.message}")
     if not answer.done:
-        fail(f"{what}: the stream stopped without [DONE] after {len(answer.calls)} tool call(s) "
-             f"{answer.calls!r:.200}")
+        fail(f"{what}: the stream stopped without [DONE] after {len(answer.tool_calls)} tool call(s) "
+             f"{_calls(answer)}")
     if answer.finish_reason is None:
-        fail(f"{what}: the stream ended without a finish_reason (tool calls {answer.calls!r:.200}, content "
+        fail(f"{what}: the stream ended without a finish_reason (tool calls {_calls(answer)}, content "
              f"{answer.content[:120]!r})")
     if answer.problems:
         fail(f"{what}: malformed tool-call deltas: {'; '.join(answer.problems)[:600]}")
+    tokens = answer.completion_tokens
+    if tokens is not None and tokens > max_tokens:
+        fail(f"{what}: the answer counts {tokens} completion tokens for max_tokens={max_tokens} "
+             f"(finish_reason {answer.finish_reason!r}, {_calls(answer)})")
     if answer.finish_reason == "length":
-        said = answer.content + "".join(str((c.get("function") or {}).get("arguments") or "")
-                                        for c in answer.calls if isinstance(c, dict))
-        if lie := length_problem(said, answer.tokens, max_tokens):
+        said = answer.content + "".join(str(c.arguments or "") for c in answer.tool_calls) + (
+            "x" if answer.tool_calls else "")  # a call named is output, whatever its arguments
+        if lie := length_problem(said, tokens, max_tokens):
             fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
-        warnings.warn(GrammarWarning(f"{what}: finished by length before the call was complete"),
-                      stacklevel=2)
-        return
-    if answer.finish_reason != "tool_calls" or not answer.calls:
+        if not answer.tool_calls:
+            fail(f"{what}: no tool call at all: the output ran to max_tokens={max_tokens} (finish_reason "
+                 f"'length') as content {answer.content[:160]!r}: the forced call was never made")
+        fail(f"{what}: the forced call was cut by max_tokens={max_tokens} (finish_reason 'length'): "
+             f"{_calls(answer)} is not a complete call; a client gets no usable call")
+    if answer.finish_reason != "tool_calls" or not answer.tool_calls:
         fail(f"{what}: expected finish_reason 'tool_calls' with tool calls, got finish_reason "
-             f"{answer.finish_reason!r}, tool_calls {answer.calls or None!r}, content "
-             f"{answer.content[:200]!r}")
+             f"{answer.finish_reason!r}, {_calls(answer)}, content {answer.content[:200]!r}")
     parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    for call in answer.calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if name not in parameters or (wanted and name != wanted):
-            fail(f"{what}: the call names {name!r}, not {wanted or ' or '.join(parameters)}: {call!r}")
-        assert isinstance(function, dict) and isinstance(call, dict)
-        call_id, kind = call.get("id"), call.get("type", "function")
-        if not isinstance(call_id, str) or not call_id or kind != "function":
-            fail(f"{what}: the call has id {call_id!r} and type {kind!r}: a client answers a "
-                 f"call with a tool message naming its id, and OpenAI's calls are of type 'function': "
-                 f"{call!r:.300}")
-        if not isinstance(function.get("arguments"), str):
-            fail(f"{what}: the arguments of {name!r} are {json_kind(function.get('arguments'))}, not a JSON "
-                 f"string (OpenAI's function.arguments; a client's json.loads breaks on it): {call!r:.300}")
+    for call in answer.tool_calls:
+        if call.name not in parameters or (wanted and call.name != wanted):
+            fail(f"{what}: the call names {call.name!r}, not {wanted or ' or '.join(parameters)}: "
+                 f"{call.describe()}")
+        if not isinstance(call.id, str) or not call.id or call.type != "function":
+            fail(f"{what}: the call has id {call.id!r} and type {call.type!r}: a client answers a call with "
+                 f"a tool message naming its id, and OpenAI's calls are of type 'function': "
+                 f"{call.describe()}")
+        if not isinstance(call.arguments, str):
+            fail(f"{what}: the arguments of {call.name!r} are {json_kind(call.arguments)}, not a JSON string "
+                 f"(OpenAI's function.arguments; a client's json.loads breaks on it): {call.describe()}")
         try:
-            arguments = loads_json(function["arguments"], strict=False)
-            jsonschema.validate(arguments, parameters[name])
+            arguments = loads_json(call.arguments, strict=False)
+            jsonschema.validate(arguments, parameters[str(call.name)])
         except (ValueError, jsonschema.ValidationError) as exc:
-            fail(f"{what}: the arguments of {name!r} {function.get('arguments')!r} break its parameters' "
+            fail(f"{what}: the arguments of {call.name!r} {call.arguments!r:.200} break its parameters' "
                  f"schema: {getattr(exc, 'message', exc)}")
 
 
@@ -243,28 +188,26 @@ def parser_named(service: ServiceHandle, flag: str, *, constrained: bool) -> str
     return str(served.value)
 
 
-def forced_tool_call(service: ServiceHandle, choice: ToolChoice, *, streamed: bool = False) -> None:
-    """tool_choice "required" or a named function, whole or streamed: a parseable call of a given tool, valid
-    arguments."""
+def forced_tool_call(service: ServiceHandle, choice: ToolChoice, *, streamed: bool = False,
+                     sampled: bool = False) -> None:
+    """tool_choice "required" or a named function, whole or streamed, greedy or sampled: a complete call of a
+    given tool, valid arguments."""
     __tracebackhide__ = True
     parser = parser_named(service, "--tool-call-parser", constrained=True)
-    if backend_disabled(service.spec):
-        fail(f"{service.name}: its command has `{NO_BACKEND_FLAG}`: tool_choice {choice!r} cannot be "
+    if disabled := backend_disabled(service):
+        fail(f"{service.name}: {disabled}: tool_choice {choice!r} cannot be "
              f"forced; {SEED_002}")
     wanted = "add" if choice == "named" else None
     tool_choice: object = {"type": "function", "function": {"name": wanted}} if wanted else "required"
-    body = {"tools": TOOLS, "tool_choice": tool_choice, "max_tokens": TOOL_MAX_TOKENS}
+    sampling = TOOL_SAMPLINGS["sampled" if sampled else "greedy"]
+    body = {"tools": TOOLS, "tool_choice": tool_choice, **sampling.as_openai(), "stream": streamed}
     what = (f"{service.name}: tool_choice {json.dumps(tool_choice)} (--tool-call-parser {parser})"
-            f"{' streamed' if streamed else ''}")
-    if not streamed:
-        check_tool_calls(tool_call_answer(_chat(service, body)), wanted, what=what)
-        return
+            f"{' streamed' if streamed else ''}{' sampled' if sampled else ''}")
     try:
-        stream = service.client.stream(CHAT_PATH, _chat_body(service, {**body, "stream": True}))
+        answer = _chat(service, body)
     except ApiError as exc:
-        _refused(service, str(exc))
         fail(f"{what}: failed (refused, or the stream broke off): {exc}")
-    check_tool_calls(streamed_tool_calls(stream.events, done=stream.done), wanted, what=what)
+    check_tool_calls(answer, wanted, what=what, max_tokens=sampling.max_tokens)
 
 
 def reasoning_separated(service: ServiceHandle) -> None:
@@ -272,15 +215,16 @@ def reasoning_separated(service: ServiceHandle) -> None:
     __tracebackhide__ = True
     parser = parser_named(service, "--reasoning-parser", constrained=False)
     body = {"max_tokens": 48, "ignore_eos": True}
-    split = (_chat(service, {**body, "separate_reasoning": True}).get("message") or {})
-    unsplit = _chat(service, {**body, "separate_reasoning": False}).get("message") or {}
-    whole = str(unsplit.get("content") or "")
+    split = _chat(service, {**body, "separate_reasoning": True})
+    unsplit = _chat(service, {**body, "separate_reasoning": False})
+    whole = unsplit.content
     if not whole:  # 48 tokens with ignore_eos: an empty output is no output, and would split into nothing
         fail(f"{service.name} (--reasoning-parser {parser}): asked for 48 tokens with ignore_eos and "
-             f"separate_reasoning false, the answer has no content: {unsplit!r:.300}")
-    reasoning, content = split.get("reasoning_content"), str(split.get("content") or "")
+             f"separate_reasoning false, the answer has no content (reasoning_content "
+             f"{unsplit.reasoning!r:.200}, finish_reason {unsplit.finish_reason!r})")
+    reasoning, content = split.reasoning, split.content
     what = f"{service.name} (--reasoning-parser {parser})"
-    if split.get("reasoning_content") is None and THINK_END in whole:
+    if reasoning is None and THINK_END in whole:
         fail(f"{what}: the output has {THINK_END!r} but no reasoning_content came back: {whole[:200]!r}")
     for part, text in (("reasoning_content", reasoning or ""), ("content", content)):
         if THINK_END in text:
@@ -293,56 +237,27 @@ def reasoning_separated(service: ServiceHandle) -> None:
              f"whole output {whole[:200]!r} split at {THINK_END!r}")
 
 
-@dataclass(frozen=True)
-class ReasonedAnswer:
-    """A chat answer under a reasoning parser: its two parts, the finish reason, whether a stream ended."""
-
-    reasoning: str | None
-    content: str
-    finish_reason: str | None
-    done: bool = True  # a stream ended with [DONE]
-    tokens: int | None = None  # the completion tokens the answer counts, where it says
-
-
-def reasoned_answer(data: dict[str, Any] | None = None, events: Sequence[dict[str, Any]] = (), *,
-                    done: bool = True) -> ReasonedAnswer:
-    """The answer of a chat response body, or of a stream's chunks (reasoning and content deltas added up)."""
-    if data is not None:
-        choice = (data.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
-        thought = message.get("reasoning_content")
-        thought = None if thought is None else str(thought)
-        return ReasonedAnswer(thought, str(message.get("content") or ""), choice.get("finish_reason"),
-                              tokens=completion_tokens(data.get("usage")))
-    parts: dict[str, str | None] = {"reasoning_content": None, "content": ""}
-    reason, tokens = None, None
-    for event in events:
-        tokens = completion_tokens(event.get("usage")) or tokens
-        for choice in event.get("choices") or []:
-            if not isinstance(choice, dict):
-                continue
-            delta = choice.get("delta")
-            delta = delta if isinstance(delta, dict) else {}
-            for part in parts:
-                if delta.get(part):
-                    parts[part] = (parts[part] or "") + str(delta[part])
-            reason = choice.get("finish_reason") or reason
-    return ReasonedAnswer(parts["reasoning_content"], parts["content"] or "", reason, done, tokens)
-
-
-def check_reasoned(answer: ReasonedAnswer, grammar: Grammar, *, what: str, max_tokens: int) -> None:
-    """The reasoning separated from the answer, the answer complete and in the grammar's language."""
+def check_reasoned(answer: Answer, grammar: Grammar, *, what: str, max_tokens: int) -> None:
+    """The reasoning separated from the answer, the answer (content) complete and in the grammar's language.
+    Still reasoning when max_tokens cut it (no content yet): "could not check", never a pass; content cut by
+    max_tokens is judged as a prefix by a real grammar matcher."""
     __tracebackhide__ = True
     reasoning = answer.reasoning or ""
+    if answer.error is not None:
+        fail(f"{what}: an error event inside the stream (code {answer.error.code!r}): {answer.error.message}")
     if not answer.done:
         fail(f"{what}: the stream stopped without [DONE] after content {answer.content[-80:]!r}")
     if answer.finish_reason == "length":
-        if lie := length_problem(reasoning + answer.content, answer.tokens, max_tokens):
+        if lie := length_problem(reasoning + answer.content, answer.completion_tokens, max_tokens):
             fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
-        where = "the answer" if answer.content else "the reasoning (no answer yet)"
-        warnings.warn(GrammarWarning(f"{what}: finished by length in {where} after max_tokens={max_tokens}: "
-                                     f"not checked as complete: {answer.content[:80]!r}"), stacklevel=2)
-        return
+        if not answer.content:
+            could_not_check(f"{what}: still reasoning when max_tokens={max_tokens} cut the output "
+                            f"(reasoning {reasoning[-80:]!r}, no content): the constrained answer after the "
+                            "reasoning was never given")
+        if problem := prefix_or_unchecked(grammar, answer.content, what=what):
+            fail(f"{what}: finished by length after max_tokens={max_tokens}, and content "
+                 f"{answer.content[:200]!r} {problem}")
+        return  # content cut by max_tokens, a prefix of the language as the matcher says
     if answer.finish_reason != "stop":
         fail(f"{what}: finish_reason {answer.finish_reason!r} after reasoning {reasoning[-80:]!r} and "
              f"content {answer.content[:120]!r}: a constrained answer must end by its grammar (stop) or by "
@@ -367,22 +282,12 @@ def reasoning_structured(service: ServiceHandle, *, streamed: bool) -> None:
     grammar = GRAMMARS["response_format"]
     what = (f"{service.name}: {grammar.describe()} after reasoning (--reasoning-parser {parser})"
             f"{' streamed' if streamed else ''}")
-    if backend_disabled(service.spec):
-        fail(f"{what}: its command has `{NO_BACKEND_FLAG}`: the answer cannot be constrained; {SEED_002}")
+    if disabled := backend_disabled(service):
+        fail(f"{what}: {disabled}: the answer cannot be constrained; {SEED_002}")
     client = service.client
     path, body = constrained_body(client, "chat", grammar, REASONED, stream=streamed)
     try:
-        if streamed:
-            stream = client.stream(path, body)
-            answer = reasoned_answer(events=stream.events, done=stream.done)
-        else:
-            response = client.request("POST", path, json_body=body)
-            if response.status_code >= 400:
-                raise ApiError(client.service, path, response.status_code, error_message(response),
-                               response.text[:500])
-            data = answer_json(response, client.service, path)
-            chat_choice(data, client.service, path)  # an answer without a choice is no answer
-            answer = reasoned_answer(data)
+        answer = client.answer(path, body)
     except ApiError as exc:
         fail(f"{what}: failed (refused, or the stream broke off): {exc}")
     check_reasoned(answer, grammar, what=what, max_tokens=REASONED.max_tokens)

@@ -158,11 +158,14 @@ def streamed(client: InferenceClient, *, native: bool, max_tokens: int = 16,
 
 def stop_string(client: InferenceClient, api: Api, *, max_tokens: int = 24) -> Generation:
     """A stop string taken from the greedy output ends generation there: finish 'stop', string not in
-    the text."""
+    the text. The whole output is compared, reasoning first (a chat under a reasoning parser splits it into
+    reasoning_content and content; a stop string applies to both), and the stop string is taken from one part
+    (the server matches it in the text between them, `</think>` included)."""
     __tracebackhide__ = True
     free = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    full = request(client, api, PROMPT, free)[0].text
-    stop = pick_stop_string(full)
+    greedy_answer = request(client, api, PROMPT, free)[0]
+    full = greedy_answer.output
+    stop = pick_stop_string(full, boundary=len(greedy_answer.reasoning or ""))
     if stop is None:
         fail(f"stop string ({PATHS[api]}): the greedy output {full!r} has no 2-character substring that "
               "could serve as a stop string")
@@ -171,21 +174,24 @@ def stop_string(client: InferenceClient, api: Api, *, max_tokens: int = 24) -> G
     if stopped.finish_reason != "stop":
         fail(f"{where}: finish_reason {stopped.finish_reason!r}, expected 'stop' (greedy text {full!r}, "
               f"stopped text {stopped.text!r})")
-    if stop in stopped.text:
-        fail(f"{where}: the stop string is in the returned text {stopped.text!r}")
+    if stop in stopped.output:
+        fail(f"{where}: the stop string is in the returned text {stopped.output!r}")
     expected = full[: full.index(stop)]
-    if stopped.text != expected:
-        fail(f"{where}: text {stopped.text!r}, expected the greedy text up to the stop string: {expected!r}")
+    if stopped.output != expected:
+        fail(f"{where}: text {stopped.output!r}, expected the greedy text up to the stop string: "
+             f"{expected!r}")
     if stopped.matched_stop is not None and stopped.matched_stop != stop:
         fail(f"{where}: matched_stop {stopped.matched_stop!r}")
     return stopped
 
 
-def pick_stop_string(text: str) -> str | None:
+def pick_stop_string(text: str, *, boundary: int = 0) -> str | None:
     """A short substring of `text` whose first occurrence is well inside it (printable, no
-    replacement char)."""
+    replacement char), not across `boundary` (where reasoning ends and content begins)."""
     for start in range(4, max(4, len(text) - 2)):
         candidate = text[start : start + 2]
+        if start < boundary < start + 2:
+            continue
         if (len(candidate) == 2 and candidate.isprintable() and "\ufffd" not in candidate
                 and candidate.strip() and text.index(candidate) == start):
             return candidate

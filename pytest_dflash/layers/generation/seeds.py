@@ -85,7 +85,8 @@ def sample_seeds(client: InferenceClient, api: Api, *, count: int | None = None,
         return SeedVariation(seeds, [g.text for g in batch], [tuple(g.output_ids or ()) for g in batch])
 
     def one(seed: int) -> str:
-        return request(client, api, SEED_PROMPT, replace(sampling, seed=seed), timeout_s=timeout_s)[0].text
+        # the whole output: under a reasoning parser a chat's sampled text is (mostly) reasoning_content
+        return request(client, api, SEED_PROMPT, replace(sampling, seed=seed), timeout_s=timeout_s)[0].output
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=count, thread_name_prefix="dflash-seeds") as pool:
         texts = list(pool.map(one, seeds))

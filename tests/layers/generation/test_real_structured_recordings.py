@@ -8,22 +8,21 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from pytest_dflash.client.answers import streamed_answer, whole_answer
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.client.sampling import Sampling
 from pytest_dflash.errors import ApiError
-from pytest_dflash.layers.generation.chat_surface import check_tool_calls, tool_call_answer
+from pytest_dflash.layers.generation.chat_surface import check_tool_calls
 from pytest_dflash.layers.generation.requests import Api
 from pytest_dflash.layers.generation.structured import (
     GRAMMARS,
     NO_BACKEND_FLAG,
-    GrammarWarning,
     check_outcome,
     send,
     unserved_problem,
@@ -79,16 +78,14 @@ def test_every_constrained_answer_is_in_its_grammar(service: str, case: str) -> 
     answer = recording(service)[case]
     assert answer["status"] == 200
     api, grammar = CONSTRAINED[case]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        outcome = send(replaying(answer), api, GRAMMARS[grammar], sampling_of(case), stream="stream" in case)
-        check_outcome(outcome, GRAMMARS[grammar], what=f"{service} {case}", max_tokens=MAX_TOKENS)
+    outcome = send(replaying(answer), api, GRAMMARS[grammar], sampling_of(case), stream="stream" in case)
+    check_outcome(outcome, GRAMMARS[grammar], what=f"{service} {case}", max_tokens=MAX_TOKENS)
     # free whitespace (SGLang's default) on a random model: JSON fills max_new_tokens with it, a length finish
-    # reported as a warning; regex and EBNF end by their grammar
+    # judged as a prefix by the matcher; regex and EBNF end by their grammar
     if grammar in ("json_schema", "response_format"):
-        assert outcome.finish_reason == "length" and any(w.category is GrammarWarning for w in caught)
+        assert outcome.finish_reason == "length" and GRAMMARS[grammar].prefix_problem(outcome.content) is None
     if grammar in ("regex", "ebnf"):
-        assert outcome.finish_reason == "stop" and GRAMMARS[grammar].problem(outcome.text) is None
+        assert outcome.finish_reason == "stop" and GRAMMARS[grammar].problem(outcome.content) is None
 
 
 def test_the_check_would_catch_a_broken_answer() -> None:
@@ -102,17 +99,59 @@ def test_the_check_would_catch_a_broken_answer() -> None:
 
 @pytest.mark.parametrize("case", ["chat-tool-required", "chat-tool-named"])
 @pytest.mark.parametrize("service", SERVING)
-def test_a_forced_call_of_a_random_model_is_a_length_finish_not_a_failure(service: str, case: str) -> None:
+def test_a_forced_call_cut_by_max_tokens_fails_naming_the_limit(service: str, case: str) -> None:
     """qwen25 forces the call through its grammar: the call names `add`, the random model then fills
     whitespace until max_tokens, and SGLang reports what it parsed (arguments "null") with finish_reason
-    length. The chat-surface check reports that as a prefix (a warning), as it does for a JSON length finish."""
+    length. That is a call cut by max_tokens, and the check says exactly that (not "no output at all")."""
     answer = recording(service)[case]
-    choice = json.loads(answer["answer"])["choices"][0]
-    parsed = tool_call_answer(choice)
-    assert parsed.finish_reason == "length" and [c["function"]["name"] for c in parsed.calls] == ["add"]
-    with pytest.warns(GrammarWarning, match="finished by length before the call was complete"):
+    parsed = whole_answer(json.loads(answer["answer"]), "chat", service)
+    assert parsed.finish_reason == "length" and [c.name for c in parsed.tool_calls] == ["add"]
+    with pytest.raises(AssertionError, match=re.escape(f"the forced call was cut by max_tokens={MAX_TOKENS} "
+                                                       "(finish_reason 'length'): add('null')")):
         check_tool_calls(parsed, "add" if case.endswith("named") else None, what=f"{service} {case}",
                          max_tokens=MAX_TOKENS)
+
+
+TOOLCALLS = Path(__file__).parents[2] / "data" / "sglang-0.5.17-h100-2026-12-06" / "toolcall-answers.txt"
+
+
+def toolcall_answers() -> dict[str, str]:
+    """The recorded answers by their '== ' heading (whole: a JSON body; streamed: the SSE text)."""
+    sections: dict[str, list[str]] = {}
+    heading = ""
+    for line in TOOLCALLS.read_text().splitlines():
+        if line.startswith("== "):
+            heading = line[3:]
+            sections[heading] = []
+        elif heading:
+            sections[heading].append(line)
+    return {k: "\n".join(v).strip() for k, v in sections.items()}
+
+
+@pytest.mark.parametrize(("heading", "message"), [
+    ('whole, tool_choice "required", max_tokens 200', "the forced call was cut by max_tokens=200 (finish_reason "
+                                                      "'length'): add('null')"),
+    ('whole, tool_choice "required", max_tokens 2000', "the forced call was cut by max_tokens=2000"),
+    ('streamed, tool_choice "required", max_tokens 200', "the forced call was cut by max_tokens=200 (finish_reason "
+                                                         "'length'): add('')"),
+    ('whole, tool_choice {"type":"function","function":{"name":"add"}}, max_tokens 200',
+     "the answer counts 1410 completion tokens for max_tokens=200 (finish_reason 'tool_calls', add('null'))"),
+])
+def test_real_forced_calls_of_a_random_model_fail_saying_why(heading: str, message: str) -> None:
+    """Real SGLang 0.5.17 (--tool-call-parser qwen25, H100, 2026-12-06): whole, a call named `add` with arguments
+    "null" and finish length; streamed, the name then nothing; named, finish tool_calls after 1410 tokens for
+    max_tokens 200. Each is failed, the call and the limit named: none is "no output at all"."""
+    raw = toolcall_answers()[heading]
+    limit = int(heading.rsplit(" ", 1)[1])
+    if raw.startswith("data:"):
+        events = [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data: {")]
+        parsed = streamed_answer(events, "chat", done=raw.rstrip().endswith("[DONE]"))
+    else:
+        parsed = whole_answer(json.loads(raw), "chat", "plain")
+    assert [c.name for c in parsed.tool_calls] == ["add"]
+    with pytest.raises(AssertionError, match=re.escape(message)) as failed:
+        check_tool_calls(parsed, None, what="plain", max_tokens=limit)
+    assert "no output at all" not in str(failed.value)
 
 
 @pytest.mark.parametrize("case", sorted(CONSTRAINED))
@@ -131,7 +170,7 @@ def test_a_server_without_a_grammar_backend_says_so_and_the_layer_names_the_flag
         return
     assert answer["status"] == 200
     outcome = send(client, api, GRAMMARS[grammar], sampling_of(case), stream=True)
-    assert outcome.finish_reason == "abort" and NO_BACKEND_FLAG in (outcome.message or "")
+    assert outcome.finish_reason == "abort" and NO_BACKEND_FLAG in (outcome.finish_message or "")
     assert unserved_problem(outcome, GRAMMARS[grammar], MAX_TOKENS) is None  # structured_output = false: refused, passes
     with pytest.raises(AssertionError, match="finish_reason 'abort'.*--grammar-backend none"):
         check_outcome(outcome, GRAMMARS[grammar], what="nogrammar", max_tokens=MAX_TOKENS)

@@ -3,32 +3,54 @@ constrained answer after the reasoning, and forced tool calls whole and put toge
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from pytest_dflash.client.answers import Answer, ToolCall, streamed_answer, whole_answer
 from pytest_dflash.client.bodies import stream_tokens
-from pytest_dflash.config.profiles import ServiceSpec
-from pytest_dflash.layers.generation.chat_surface import (
-    ReasonedAnswer,
-    ToolCallAnswer,
-    check_reasoned,
-    check_tool_calls,
-    reasoned_answer,
-    streamed_tool_calls,
-    tool_call_answer,
-)
+from pytest_dflash.layers.generation.chat_surface import check_reasoned, check_tool_calls
 from pytest_dflash.layers.generation.structured import (
     EBNF,
     GRAMMARS,
-    GrammarWarning,
-    Outcome,
     backend_disabled,
     check_outcome,
     ebnf_accepts,
-    streamed_outcome,
 )
+from pytest_dflash.services.served import served_config
+
+
+def Outcome(text: str, reason: str | None, *, done: bool = True, message: str | None = None,
+            tokens: int | None = None) -> Answer:
+    """A constrained answer as the client reads it (client/answers.py)."""
+    return Answer("generate", text, reason, message, done=done, completion_tokens=tokens)
+
+
+def ReasonedAnswer(reasoning: str | None, content: str, reason: str | None, *,
+                   done: bool = True, tokens: int | None = None) -> Answer:
+    return Answer("chat", content, reason, reasoning=reasoning, done=done, completion_tokens=tokens)
+
+
+def reasoned_answer(data: dict[str, Any] | None = None, events: list[dict[str, Any]] | None = None, *,
+                    done: bool = True) -> Answer:
+    if data is not None:
+        return whole_answer(data, "chat", "svc")
+    return streamed_answer(events or [], "chat", done=done)
+
+
+def tool_call_answer(choice: dict[str, Any]) -> Answer:
+    return whole_answer({"choices": [{"index": 0, **choice}], "usage": choice.get("usage")}, "chat", "svc")
+
+
+def streamed_tool_calls(events: list[dict[str, Any]], *, done: bool) -> Answer:
+    return streamed_answer(events, "chat", done=done)
+
+
+def streamed_outcome(events: list[dict[str, Any]], api: str, *, done: bool) -> Answer:
+    return streamed_answer(events, "chat" if api == "chat" else "generate", done=done)
 
 
 @pytest.mark.parametrize(
@@ -60,9 +82,10 @@ def test_ebnf_matcher_and_its_regex_agree(text: str) -> None:
     assert ebnf_accepts(EBNF, text) is (re.fullmatch(pattern, text) is not None)
 
 
-def test_a_length_finish_is_reported_not_judged() -> None:
-    with pytest.warns(GrammarWarning, match="finished by length after max_tokens=8: a prefix"):
-        check_outcome(Outcome('{"name": "a', "length"), GRAMMARS["json_schema"], what="svc", max_tokens=8)
+def test_a_length_finish_is_judged_as_a_prefix() -> None:
+    """A cut output that a real matcher calls a prefix of the language passes (judged, not warned about)."""
+    pytest.importorskip("xgrammar")
+    check_outcome(Outcome('{"name": "a', "length"), GRAMMARS["json_schema"], what="svc", max_tokens=8)
 
 
 @pytest.mark.parametrize(
@@ -77,10 +100,9 @@ def test_a_length_finish_is_reported_not_judged() -> None:
 )
 def test_a_length_finish_outside_the_language_fails(grammar: str, prefix: str, outside: str) -> None:
     """Cut by max_tokens, the output can only be asked to be a prefix of the language: xgrammar's matcher
-    says whether it is one. A prefix passes (with its warning); text no grammar could have produced fails."""
+    says whether it is one. A prefix passes; text no grammar could have produced fails."""
     pytest.importorskip("xgrammar")
-    with pytest.warns(GrammarWarning):
-        check_outcome(Outcome(prefix, "length"), GRAMMARS[grammar], what="svc", max_tokens=8)
+    check_outcome(Outcome(prefix, "length"), GRAMMARS[grammar], what="svc", max_tokens=8)
     with pytest.raises(AssertionError, match="svc: finished by length .* is not even a prefix"):
         check_outcome(Outcome(outside, "length"), GRAMMARS[grammar], what="svc", max_tokens=8)
 
@@ -103,25 +125,37 @@ def test_abort_truncation_and_invalid_output_fail(outcome: Outcome, message: str
 def test_streamed_outcomes_of_both_dialects() -> None:
     native = [{"text": '{"a"', "meta_info": {"finish_reason": None}},
               {"text": '{"a": 1}', "meta_info": {"finish_reason": {"type": "stop", "matched": 256}}}]
-    assert streamed_outcome(native, "generate", done=True) == Outcome('{"a": 1}', "stop")
+    got = streamed_outcome(native, "generate", done=True)
+    assert (got.content, got.finish_reason, got.matched_stop, got.done) == ('{"a": 1}', "stop", 256, True)
     chat = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]},
             {"choices": [{"delta": {"content": '{"a"'}, "finish_reason": None}]},
             {"choices": [{"delta": {"content": ": 1}"}, "finish_reason": "stop"}]}]
-    assert streamed_outcome(chat, "chat", done=False) == Outcome('{"a": 1}', "stop", done=False)
+    got = streamed_outcome(chat, "chat", done=False)
+    assert (got.content, got.finish_reason, got.done) == ('{"a": 1}', "stop", False)
 
 
 @pytest.mark.parametrize(
-    ("command", "disabled"),
+    ("command", "server_info", "said"),
     [
-        (("python", "-m", "sglang.launch_server", "--grammar-backend", "none"), True),
-        (("python", "-m", "sglang.launch_server", "--grammar-backend=none"), True),
-        (("python", "-m", "sglang.launch_server", "--grammar-backend", "xgrammar"), False),
-        (("python", "-m", "sglang.launch_server"), False),
+        (("python", "-m", "sglang.launch_server", "--grammar-backend", "none"), None,
+         "its command has `--grammar-backend none`"),
+        (("python", "-m", "sglang.launch_server", "--grammar-backend=none"), None,
+         "its command has `--grammar-backend none`"),
+        (("python", "-m", "sglang.launch_server", "--grammar-backend", "xgrammar"), None, None),
+        (("python", "-m", "sglang.launch_server"), None, None),
+        # attached (no command), or a DDTREE server that turns the backend off itself: /server_info says it
+        ((), {"grammar_backend": "none"}, "its /server_info says grammar_backend = none"),
+        (("python", "-m", "sglang.launch_server"), {"grammar_backend": "none"},
+         "its /server_info says grammar_backend = none"),
+        ((), {"grammar_backend": "xgrammar"}, None),
     ],
 )
-def test_backend_disabled_reads_the_command(command: tuple[str, ...], disabled: bool) -> None:
-    spec = ServiceSpec(name="s", kind="process", url="http://127.0.0.1:1", algorithm="DFLASH", command=command)
-    assert backend_disabled(spec) is disabled
+def test_backend_disabled_reads_what_the_service_serves(command: tuple[str, ...],
+                                                        server_info: dict[str, Any] | None,
+                                                        said: str | None) -> None:
+    """`--grammar-backend none` is named from /server_info where SGLang says it, else from the command."""
+    service = SimpleNamespace(served=served_config(command, server_info))
+    assert backend_disabled(service) == said  # type: ignore[arg-type]
 
 
 # --- reasoning, then the constrained answer (layers/generation/chat_surface.py) ---------------------------
@@ -131,13 +165,16 @@ ANSWER = '{"name": "ab", "age": 3}'
 
 def test_a_reasoned_answer_is_read_from_a_body_and_from_a_stream() -> None:
     body = {"choices": [{"message": {"reasoning_content": "hm", "content": ANSWER}, "finish_reason": "stop"}]}
-    assert reasoned_answer(body) == ReasonedAnswer("hm", ANSWER, "stop")
+    whole = reasoned_answer(body)
+    assert (whole.reasoning, whole.content, whole.finish_reason) == ("hm", ANSWER, "stop")
     chunks = [{"choices": [{"delta": {"role": "assistant", "content": "", "reasoning_content": None}}]},
               {"choices": [{"delta": {"reasoning_content": "h", "content": None}}]},
               {"choices": [{"delta": {"reasoning_content": "m", "content": None}}]},
               {"choices": [{"delta": {"reasoning_content": None, "content": ANSWER}}]},
               {"choices": [{"delta": {"reasoning_content": None}, "finish_reason": "stop"}]}]  # fmt: skip
-    assert reasoned_answer(events=chunks, done=False) == ReasonedAnswer("hm", ANSWER, "stop", done=False)
+    streamed = reasoned_answer(events=chunks, done=False)
+    assert (streamed.reasoning, streamed.content, streamed.finish_reason, streamed.done) == ("hm", ANSWER, "stop",
+                                                                                             False)
 
 
 def test_content_in_the_schema_after_free_reasoning_passes() -> None:
@@ -162,8 +199,9 @@ def test_an_answer_outside_the_schema_or_not_separated_fails(answer: ReasonedAns
         check_reasoned(answer, GRAMMARS["response_format"], what="svc", max_tokens=8)
 
 
-def test_a_length_finish_while_reasoning_is_reported_not_judged() -> None:
-    with pytest.warns(GrammarWarning, match=r"finished by length in the reasoning \(no answer yet\)"):
+def test_a_length_finish_while_reasoning_could_not_be_checked() -> None:
+    """Still thinking at max_tokens: no content to judge, so "could not check" (never a pass)."""
+    with pytest.raises(pytest.skip.Exception, match=r"could not check: svc: still reasoning when max_tokens=8"):
         check_reasoned(ReasonedAnswer("hmm", "", "length"), GRAMMARS["response_format"], what="svc", max_tokens=8)
 
 
@@ -193,9 +231,8 @@ def test_fragments_split_mid_string_are_put_together_per_index() -> None:
     events = [ROLE, chunk(first(0, "get_weather")), chunk(more(0, '{"ci')), chunk(more(0, 'ty": "Pa')),
               chunk(more(0, 'ris\\u00e9"')), chunk(more(0, "}")), FINISH]  # fmt: skip
     answer = streamed_tool_calls(events, done=True)
-    assert answer == ToolCallAnswer([{"id": "call_1", "index": 0, "type": "function",
-                                      "function": {"name": "get_weather", "arguments": '{"city": "Paris\\u00e9"}'}}],
-                                    "tool_calls", "")  # fmt: skip
+    assert answer.tool_calls == (ToolCall("get_weather", '{"city": "Paris\\u00e9"}', "call_1", "function", 0),)
+    assert (answer.finish_reason, answer.content) == ("tool_calls", "")
     check_tool_calls(answer, None, what="svc")
 
 
@@ -204,7 +241,7 @@ def test_two_calls_interleaved_by_index_are_two_calls() -> None:
               chunk(first(1, "get_weather", "call_b")), chunk(more(1, '{"city": "Rome"}')), chunk(more(0, '"b": 2}')),
               FINISH]  # fmt: skip
     answer = streamed_tool_calls(events, done=True)
-    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in answer.calls] == [
+    assert [(c.id, c.name, c.arguments) for c in answer.tool_calls] == [
         ("call_a", "add", '{"a": 1, "b": 2}'), ("call_b", "get_weather", '{"city": "Rome"}')]
     check_tool_calls(answer, None, what="svc")
     with pytest.raises(AssertionError, match="svc: the call names 'get_weather', not add"):
@@ -215,7 +252,7 @@ def test_the_whole_and_the_streamed_answer_are_judged_alike() -> None:
     call = {"id": "call_1", "index": 0, "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
     whole = tool_call_answer({"message": {"content": None, "tool_calls": [call]}, "finish_reason": "tool_calls"})
     streamed = streamed_tool_calls([ROLE, chunk(first(0, "add")), chunk(more(0, '{"a": 1}')), FINISH], done=True)
-    assert whole == streamed
+    assert whole.tool_calls == streamed.tool_calls and whole.finish_reason == streamed.finish_reason
     for answer in (whole, streamed):
         with pytest.raises(AssertionError, match=r"the arguments of 'add' '\{\"a\": 1\}' break its parameters' "
                                                  "schema: 'b' is a required property"):
@@ -236,7 +273,7 @@ def test_the_whole_and_the_streamed_answer_are_judged_alike() -> None:
         ([ROLE, chunk(first(0, "add")), chunk(first(0, "get_weather")), FINISH], True,
          "call 0 is named 'add', then 'get_weather'"),
         ([ROLE, chunk(content='[{"name": "add"'), {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}],
-         True, "expected finish_reason 'tool_calls' with tool calls, got finish_reason 'stop', tool_calls None, "
+         True, "expected finish_reason 'tool_calls' with tool calls, got finish_reason 'stop', no tool call at all, "
                "content '\\[\\{\"name\": \"add\"'"),
         ([ROLE, chunk(first(0, "add")), chunk(more(0, '{"a": 1, "b"')),
           {"choices": [{"index": 0, "delta": {}, "finish_reason": "abort"}]}], True, "got finish_reason 'abort'"),
@@ -247,10 +284,11 @@ def test_a_broken_or_unfinished_stream_fails(events: list[dict[str, Any]], done:
         check_tool_calls(streamed_tool_calls(events, done=done), None, what="svc")
 
 
-def test_a_length_finish_of_a_streamed_call_is_reported_not_judged() -> None:
+def test_a_streamed_call_cut_by_max_tokens_fails_naming_the_call_and_the_limit() -> None:
     events = [ROLE, chunk(first(0, "add")), chunk(more(0, '{"a": 1')),
               {"choices": [{"index": 0, "delta": {"reasoning_content": None}, "finish_reason": "length"}]}]
-    with pytest.warns(GrammarWarning, match="svc: finished by length before the call was complete"):
+    with pytest.raises(AssertionError, match=re.escape("svc: the forced call was cut by max_tokens=200 (finish_reason "
+                                                       "'length'): add('{\"a\": 1') is not a complete call")):
         check_tool_calls(streamed_tool_calls(events, done=True), None, what="svc")
 
 
@@ -262,15 +300,22 @@ def test_a_tool_call_delta_counts_as_a_streamed_token() -> None:
 
 @pytest.mark.parametrize(("text", "problem"), [
     ('{"name": "river(Ti is\ufffd\ufffd", "age": 1}', None),  # 13 characters decoded, 12 as the grammar saw bytes
+    ('{"name": "river(Ti is\ufffd\ufffd\ufffd\ufffd", "age": 1}', None),  # one 4-byte character, byte by byte
     ('{"name": "river(Ti isXY", "age": 1}', "breaks the schema"),  # 13 real characters
     ('{"name": "\ufffd\ufffd\ufffd", "age": "1"}', "breaks the schema"),  # collapsing fixes nothing else
+    ('{"name": "river(Ti is' + "\ufffd" * 5 + '", "age": 1}', "breaks the schema"),  # 5 bytes: 2 characters
+    ('{"name": "river(Ti is' + "\ufffd" * 13 + '", "age": 1}', "breaks the schema"),  # at least 4 characters
+    ('{"name": "' + "\ufffd" * 60 + '", "age": 1}', "breaks the schema"),  # at least 15 characters
+    ('{"name": "' + "\ufffd" * 48 + '", "age": 1}', None),  # 48 bytes can be 12 characters of 4 bytes
 ])
-def test_a_run_of_replacement_characters_may_stand_for_one_character(text: str, problem: str | None) -> None:
-    """A byte-level token ending inside a multi-byte character decodes to one U+FFFD per stray byte: the
-    grammar counted one character (recorded from real SGLang 0.5.17)."""
+def test_a_run_of_replacement_characters_stands_for_the_fewest_characters_its_bytes_can_be(
+        text: str, problem: str | None) -> None:
+    """A byte-level token ending inside a multi-byte character decodes to one U+FFFD per stray byte (recorded
+    from real SGLang 0.5.17): a run of k stands for at least ceil(k/4) characters (4 bytes at most each), never
+    for one whatever its length."""
     found = GRAMMARS["json_schema"].problem(text)
     assert found is None if problem is None else found is not None and found.startswith(problem), found
-    if problem is None:
+    if problem is None and importlib.util.find_spec("xgrammar"):
         assert GRAMMARS["json_schema"].prefix_problem(text[:-8]) is None
 
 
@@ -289,9 +334,8 @@ def test_a_length_finish_before_max_tokens_fails(outcome: Outcome, message: str)
     fewer tokens by its own count, would otherwise pass every grammar with a warning."""
     with pytest.raises(AssertionError, match=message):
         check_outcome(outcome, GRAMMARS["json_schema"], what="svc", max_tokens=8)
-    with pytest.warns(GrammarWarning):
-        check_outcome(Outcome('{"name": "a', "length", tokens=8), GRAMMARS["json_schema"], what="svc",
-                      max_tokens=8)
+    pytest.importorskip("xgrammar")
+    check_outcome(Outcome('{"name": "a', "length", tokens=8), GRAMMARS["json_schema"], what="svc", max_tokens=8)
 
 
 def test_a_length_finish_before_max_tokens_fails_the_reasoned_answer_and_the_tool_call() -> None:
@@ -305,6 +349,10 @@ def test_a_length_finish_before_max_tokens_fails_the_reasoned_answer_and_the_too
     empty = tool_call_answer({"message": {"content": None, "tool_calls": None}, "finish_reason": "length"})
     with pytest.raises(AssertionError, match="svc: the answer says finish_reason 'length' with no output"):
         check_tool_calls(empty, None, what="svc")
+    rambled = tool_call_answer({"message": {"content": "I think so", "tool_calls": None}, "finish_reason": "length",
+                                "usage": {"completion_tokens": 200}})
+    with pytest.raises(AssertionError, match="svc: no tool call at all: the output ran to max_tokens=200"):
+        check_tool_calls(rambled, None, what="svc")
 
 
 def test_tool_call_arguments_that_are_not_a_string_fail_in_one_line() -> None:
@@ -338,6 +386,6 @@ def test_a_call_without_an_id_or_of_another_type_fails(change: dict[str, Any], s
     ],
 )
 def test_chunks_of_the_wrong_shape_are_read_without_a_crash(events: list[dict[str, Any]]) -> None:
-    assert streamed_outcome(events, "chat", done=True).text == ""
+    assert streamed_outcome(events, "chat", done=True).content == ""
     assert reasoned_answer(events=events).content == ""
     assert streamed_tool_calls(events, done=True).content == ""
