@@ -35,7 +35,7 @@ def test_an_attached_server_gets_the_parser_its_server_info_reports_checked(run_
     with RefServerProcess("--speculative-algorithm", "DFLASH", *PARSERS, *NO_WS) as server:
         result = run_suite("generation", "--attach", server.url, "-k", "forced_tool_call or reasoning_separated")
     assert_no_crash(result)
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=9)  # 8 forced calls (required / named, greedy / sampled, whole / streamed), the split
     served = verdict(run_suite.reports, host_name(server.url))["services"]["attached"]["served"]
     assert served == {"tool_call_parser": "qwen25", "reasoning_parser": "deepseek-r1", "grammar_backend": "xgrammar",
                       "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1}, served
@@ -46,7 +46,7 @@ def test_an_attached_server_without_a_parser_does_not_apply_saying_what_it_serve
         result = run_suite(["generation", "service"], "--attach", server.url, "-rs", "-k",
                            "forced_tool_call or reasoning_separated or commands_configuration")
     assert_no_crash(result)
-    result.assert_outcomes(skipped=6)  # 4 forced calls, the reasoning split, the comparison (no command)
+    result.assert_outcomes(skipped=10)  # 8 forced calls, the reasoning split, the comparison (no command)
     result.stdout.fnmatch_lines(["*its profile has no command to compare: what it serves is read from /server_info "
                                  "(no --tool-call-parser (/server_info); *; --tp-size 1 (/server_info)*",
                                  "*the service serves no --tool-call-parser (its command sets none; /server_info "
@@ -71,7 +71,7 @@ def test_a_command_that_contradicts_server_info_fails_the_service_layer(run_suit
            "/server_info says tool_call_parser = None; its command sets --tp-size 2, /server_info says " \
            "tp_size = 1" in str(failure), failure
     # generation run alone: the forced calls could not be checked (never "does not apply")
-    alone.assert_outcomes(skipped=2)
+    alone.assert_outcomes(skipped=4)  # required / named, greedy / sampled
     alone.stdout.fnmatch_lines(["*could not check: said/dflash: its command sets --tool-call-parser qwen25, "
                                 "/server_info says tool_call_parser = None*"])
 
@@ -83,4 +83,4 @@ def test_a_command_that_agrees_with_server_info_passes(run_suite, tmp_path: Path
         result = run_suite(["service", "generation"], "--host", str(profile), "-k",
                            "commands_configuration or (forced_tool_call and whole)")
     assert_no_crash(result)
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=5)  # the comparison, 4 whole forced calls

@@ -15,7 +15,7 @@ def test_local_smoke_passes_and_writes_verdict_and_html(run_suite, tmp_path: Pat
     html = tmp_path / "smoke.html"
     result = run_suite("smoke", "--host", "local", f"--html={html}")
     assert_no_crash(result)
-    result.assert_outcomes(passed=35, skipped=3)  # the 2 GPU checks skip (no GPU here), so does none's speculation
+    result.assert_outcomes(passed=38, skipped=3)  # the 2 GPU checks skip (no GPU here), so does none's speculation
     assert "warnings summary" not in result.stdout.str()  # a healthy run warns of nothing (no rewrite warning)
     result.stdout.fnmatch_lines(["*dflash verdict*", "local: PASS*host:passed*env:passed*service:passed*"
                                  "generation:passed*parity:passed*perf:passed*", "*ddtree: DDTREE*accept length*"])
@@ -37,8 +37,8 @@ def test_sampling_crash_fails_readiness_with_traceback_and_flashinfer_diagnosis(
     started = time.monotonic()
     result = run_suite("smoke", "--host", str(profile), f"--html={html}")
     assert_no_crash(result)
-    # skipped: 10 blocked, the parity test (no [parity] table), the 2 GPU checks (no GPU here)
-    result.assert_outcomes(passed=2, failed=1, skipped=13)
+    # skipped: 11 blocked, the parity test (no [parity] table), the 2 GPU checks (no GPU here)
+    result.assert_outcomes(passed=2, failed=1, skipped=14)
     result.stdout.fnmatch_lines([
         "*_ test_service_ready[[]sm120/dflash[]] _*",
         # the exception and its message first (no path before it), then where in the test, then the evidence

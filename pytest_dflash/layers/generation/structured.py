@@ -130,7 +130,7 @@ def backend_disabled(service: ServiceHandle) -> str | None:
     served = service.served.grammar_backend
     if served.value != "none":
         return None
-    if served.source == "command":
+    if served.command == "none":  # the flag to remove is the news, whether or not /server_info echoes it
         return f"its command has `{NO_BACKEND_FLAG}`"
     return "its /server_info says grammar_backend = none"
 

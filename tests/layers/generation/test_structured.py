@@ -147,6 +147,8 @@ def test_streamed_outcomes_of_both_dialects() -> None:
         ((), {"grammar_backend": "none"}, "its /server_info says grammar_backend = none"),
         (("python", "-m", "sglang.launch_server"), {"grammar_backend": "none"},
          "its /server_info says grammar_backend = none"),
+        (("python", "-m", "sglang.launch_server", "--grammar-backend", "none"), {"grammar_backend": "none"},
+         "its command has `--grammar-backend none`"),
         ((), {"grammar_backend": "xgrammar"}, None),
     ],
 )
