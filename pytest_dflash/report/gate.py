@@ -85,9 +85,9 @@ def gate_line(gate: Mapping[str, Any]) -> str:
     on = f" on {', '.join(failing[:SHOWN])}" if failing else ""
     verdict = "PASSED" if gate["passed"] else f"FAILED{on}"
     line = f"gate {','.join(gate['layers'])}: {verdict}{' …' if len(failing) > SHOWN else ''}"
-    scope = (gate.get("scope") or {}).get("text")
-    if scope:
-        line += f"; scope: {scope}"
+    scope = gate.get("scope") or {}
+    if scope.get("text") and not scope.get("whole"):  # a chosen part: some suites, or a folder of its own
+        line += f"; scope: {scope['text']}"
     outside = list(gate.get("outside") or ())
     if outside:
         line += f"; outside the gate: {', '.join(outside[:SHOWN])}{' …' if len(outside) > SHOWN else ''}"

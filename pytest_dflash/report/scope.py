@@ -82,7 +82,9 @@ def named_paths(config: pytest.Config) -> list[Path]:
     node id to its file), absolute."""
     base = Path(str(config.invocation_params.dir))
     pyargs = bool(getattr(config.option, "pyargs", False))
-    found = []
+    found: list[Path] = []
+    if config.args_source == pytest.Config.ArgsSource.INVOCATION_DIR:
+        return found  # no argument and no testpaths: the run named nothing
     for arg in config.args or ():  # the positional arguments (or testpaths), not the options' values
         text = str(arg).split("::", 1)[0]
         if not text:

@@ -46,6 +46,10 @@ class ProfileSkip(pytest.skip.Exception):  # type: ignore[name-defined,misc]
         self.kind = kind
 
 
+# shown as pytest's own skip ("Skipped: why", whose prefix every report strips), not under this module's name
+ProfileSkip.__module__, ProfileSkip.__qualname__ = "builtins", "Skipped"
+
+
 def not_applicable(reason: str) -> NoReturn:
     """Skip: the check does not apply to this host or service (innocent)."""
     __tracebackhide__ = True
