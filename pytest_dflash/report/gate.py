@@ -12,12 +12,47 @@ gate did not pass is one line of `why`, printed under the gate line and kept in 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from pytest_dflash.report.verdict import HostVerdict, RunStatus
+from pytest_dflash.report.scope import Scope
 
 SHOWN = 10  # hosts and outside failures named in the one line (the JSON lists them all)
+
+
+# What the gate reads of report/verdict.py's HostVerdict, HostStatus and RunStatus (which build the gate: a
+# Protocol here, not an import back up)
+class HostVerdict(Protocol):
+    host: str
+    failures: list[dict[str, Any]]
+    blocked: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]
+
+    def layer_outcomes(self) -> dict[str, str]: ...
+
+    def unchecked_reasons(self, layers: Iterable[str] | None = None) -> list[str]: ...
+
+
+class HostStatus(Protocol):
+    @property
+    def lost(self) -> tuple[str, ...]: ...
+
+    @property
+    def deselected(self) -> int: ...
+
+    @property
+    def layers(self) -> tuple[str, ...]: ...
+
+    def uncollected_reason(self) -> str | None: ...
+
+
+class RunStatus(Protocol):
+    interrupted: str | None
+    partial: tuple[str, ...]
+    foreign: tuple[str, ...]
+    scope: Scope
+
+    @property
+    def hosts(self) -> Mapping[str, HostStatus]: ...
 
 
 def judge(hosts: Mapping[str, HostVerdict], status: RunStatus, layers: Iterable[str]) -> dict[str, Any]:
