@@ -136,9 +136,10 @@ def test_a_chosen_suite_is_a_declared_scope_not_a_narrowing(pytester: pytest.Pyt
     result.stdout.fnmatch_lines(["gate generation: PASSED; scope: beta (1 of 2 suites)"])
 
 
-def test_a_gated_layer_outside_the_scope_fails_the_gate_as_not_in_scope(pytester: pytest.Pytester,
-                                                                        tree: Path) -> None:
-    result = _run(pytester, "gatepkg/suites/beta", "--gate", "host,generation")
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["no-xdist", "xdist"])
+def test_a_gated_layer_outside_the_scope_fails_the_gate_as_not_in_scope(pytester: pytest.Pytester, tree: Path,
+                                                                        workers: list[str]) -> None:
+    result = _run(pytester, "gatepkg/suites/beta", "--gate", "host,generation", *workers)
     assert result.ret == 1, result.stdout.str()[-3000:]
     why = "failed: gpu-a host: not in scope: beta (1 of 2 suites) define(s) no check of the host layer"
     assert _verdict(pytester)["gate"]["why"] == [why]
