@@ -26,7 +26,7 @@ from pytest_dflash.fleet import scheduling
 from pytest_dflash.report import session as report_session
 from pytest_dflash.report.progress import ProgressChannel
 from pytest_dflash.report.verdict import BUILDER_KEY
-from pytest_dflash.run import cleanup, collection, discovery, preflight, timeouts
+from pytest_dflash.run import cleanup, collection, discovery, preflight, skips, timeouts
 from pytest_dflash.run.blocking import blocked_reason
 from pytest_dflash.run.collection import INFO_KEY
 from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
@@ -259,6 +259,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if info is not None and run is not None:
         timeouts.record_timeout_kill(item, report, run, info.host)
         attach.annotate(item, call, report, run, info)
+        skips.record_origin(item, call, report)  # after annotate: into the property it wrote
     return report
 
 

@@ -43,8 +43,9 @@ JOURNAL_LINES_HELP = "lines of service log / journal attached to each failure (d
 HOSTS_DIR_HELP = "directory of host profiles (default: ./hosts)"
 REPORT_HELP = "directory for verdict JSON files (default: reports)"
 READY_TIMEOUT_HELP = "override every service's readiness budget (e.g. 90s, 15m)"
-GATE_HELP = ("comma-separated layers that must pass on every host for exit code 0, e.g. "
-             "'host,service,generation,parity' (see docs/gating.md)")
+GATE_HELP = ("comma-separated layers that must pass on every host for exit code 0: every check the suites "
+             "run define for them, none narrowed, skipped or left out; e.g. 'host,service,generation,parity' "
+             "(see docs/gating.md)")
 LOCK_WAIT_HELP = "how long to wait for another run's host lock before failing (default 10m)"
 FLEET_HELP = ("test every host of a fleet: a folder of *.toml profiles, or an Ansible inventory FILE[:GROUP] "
               "(YAML, INI or a dynamic script; resolved by ansible-inventory when installed) whose hosts "

@@ -1,13 +1,14 @@
 """The checks a run was meant to make, read from the suite modules' source, against the tests collection
 really produced: a check that became no test for a host — an `-o python_functions=…` / `python_classes` /
-`python_files` override, a conftest's pytest_pycollect_makeitem or pytest_ignore_collect, `--ignore` — is
-named, never left out in silence. Deselection after collection (-k, -m, a conftest that drops items) is
-counted elsewhere (report/session.py's SelectionRecorder); a check that does not apply to a host is a
-skipped test of that host (run/collection.py), so it is produced all the same.
+`python_files` override, a conftest's pytest_pycollect_makeitem or pytest_ignore_collect, `--ignore`,
+`--ignore-glob` — is named, never left out in silence, whether the run named its suites by path (`suites`)
+or by package (`--pyargs pytest_dflash.suites`). Deselection after collection (-k, -m, a conftest that drops
+items) is counted elsewhere (report/session.py's SelectionRecorder); a check that does not apply to a host
+is a skipped test of that host (run/collection.py), so it is produced all the same.
 
-Which modules: every suite module collected (under a `suites/` folder), and every other module that
-produced at least one dflash test; which files: the test files under each suites/ folder (or suite of it)
-the run named.
+Which modules: every suite module collected (under a `suites/` folder), and every other module that produced
+at least one dflash test; which files: the test files under each suites/ folder (or suite of it) the run
+named.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TypeGuard
 
 import pytest
 
+from pytest_dflash.report.scope import package_path
 from pytest_dflash.run.collection import item_info
 
 # pytest's own defaults: a run that changes one of them collects other tests than its suites define
@@ -55,13 +57,16 @@ def check_name(item: pytest.Item) -> str:
     return item.nodeid.split("[", 1)[0].split("::", 1)[-1]
 
 
-def suite_files(args: Iterable[str], invocation_dir: Path) -> set[Path]:
+def suite_files(args: Iterable[str], invocation_dir: Path, *, pyargs: bool = False) -> set[Path]:
     """The test files under each argument that is a suites/ folder or one suite of it (a file named by itself,
-    a node id, a --pyargs name or any other folder: none)."""
+    a node id or any other folder: none). Under --pyargs a package name counts as its folder
+    (`pytest_dflash.suites` is site-packages/pytest_dflash/suites for a wheel), as pytest collects it."""
     found: set[Path] = set()
     for arg in args:
-        path = Path(str(arg).split("::", 1)[0])
-        path = path if path.is_absolute() else invocation_dir / path
+        text = str(arg).split("::", 1)[0]
+        path = Path(text) if Path(text).is_absolute() else invocation_dir / text
+        if pyargs and not path.exists():
+            path = package_path(text) or path
         if not path.is_dir():
             continue
         if path.resolve().name == "suites":

@@ -5,7 +5,6 @@ exit code, verdict files written at session start (as 'interrupted') and end, an
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import uuid
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,13 +18,13 @@ from pytest_dflash.config import options
 from pytest_dflash.config.targets import NAMED_HOSTS_KEY, TARGETS_KEY, load_targets, named_despite_errors
 from pytest_dflash.evidence.attach import first_line, skip_message
 from pytest_dflash.report import checklist, step_summary
+from pytest_dflash.report.gate import gate_line, why_lines
+from pytest_dflash.report.scope import declared_scope, narrowed_by, suite_of
 from pytest_dflash.report.verdict import (
     BUILDER_KEY,
     HostStatus,
     RunStatus,
     VerdictBuilder,
-    gate_line,
-    subset_reason,
     summary_lines,
 )
 from pytest_dflash.run.collection import item_info
@@ -50,19 +49,22 @@ class Selection:
     # host -> checks its suites define that collection made no test of for it (report/checklist.py), and why
     uncollected: dict[str, list[str]] = field(default_factory=dict)
     uncollected_why: str = ""
+    # host -> the layers of the tests collection made for it (before any deselection): what the scope defines
+    layers: dict[str, list[str]] = field(default_factory=dict)
 
     def as_output(self) -> dict[str, Any]:
         return {"selected": dict(self.selected),
                 "deselected": {h: list(ids) for h, ids in self.deselected.items()},
                 "uncollected": {h: list(ids) for h, ids in self.uncollected.items()},
-                "uncollected_why": self.uncollected_why}
+                "uncollected_why": self.uncollected_why,
+                "layers": {h: list(layers) for h, layers in self.layers.items()}}
 
     def merge(self, output: Any) -> None:
         """Fold in a worker's `as_output()` (every worker collects the same tests: a union, not a sum)."""
         if not isinstance(output, dict):
             return
         self.selected.update({str(k): str(v) for k, v in (output.get("selected") or {}).items()})
-        for key in ("deselected", "uncollected"):
+        for key in ("deselected", "uncollected", "layers"):
             for host, ids in (output.get(key) or {}).items():
                 known = getattr(self, key).setdefault(str(host), [])
                 known += [str(i) for i in ids if str(i) not in known]
@@ -119,6 +121,10 @@ class SelectionRecorder:
         for key, item in self.dropped.items():
             if key not in final and (info := item_info(item)) is not None:
                 selection.deselected.setdefault(info.host, []).append(item.nodeid)
+        for item in (*self.raw.values(), *session.items):
+            info = item_info(item)
+            if info is not None and info.layer not in selection.layers.get(info.host, []):
+                selection.layers.setdefault(info.host, []).append(info.layer)
         self._checklist(selection)
         self.config.stash[SELECTION_KEY] = selection
         workeroutput = getattr(self.config, "workeroutput", None)
@@ -137,7 +143,8 @@ class SelectionRecorder:
         modules = {path: nodeid for path, nodeid in self.modules.items()
                    if suite_of(path) is not None or path in dflash_modules}
         invocation = self.config.invocation_params
-        files = checklist.suite_files(invocation.args, Path(str(invocation.dir)))
+        files = checklist.suite_files(invocation.args, Path(str(invocation.dir)),
+                                      pyargs=bool(getattr(self.config.option, "pyargs", False)))
         selection.uncollected = checklist.uncollected(modules, files - self.module_paths, self.raw.values(),
                                                       list(run.profiles), self.config.rootpath)
         if selection.uncollected:
@@ -253,7 +260,8 @@ class VerdictCollector:
             hosts[name] = HostStatus(selected=len(ids), finished=len(ids) - len(lost), lost=lost,
                                      deselected=len(selection.deselected.get(name, ())) if selection else 0,
                                      uncollected=uncollected,
-                                     uncollected_why=selection.uncollected_why if selection else "")
+                                     uncollected_why=selection.uncollected_why if selection else "",
+                                     layers=tuple(selection.layers.get(name, ())) if selection else ())
         attributed = set(selection.selected) if selection else set()
         missing = [nodeid for nodeid in self.expected
                    if nodeid not in self.finished and nodeid not in attributed]
@@ -262,22 +270,22 @@ class VerdictCollector:
             reasons.append(f"{len(missing)} of {len(self.expected)} collected tests never finished ({where})")
         if selection is None and self.expected and any(run.profiles):
             reasons.append("no process that collected the tests reported which host each one belongs to")
-        available = available_suites(self.suites - {""}, config)
-        suites = (self.suites - {""}) | pyargs_suites(config, available)
-        partial = narrowed_by(config, suites, available | suites)
+        scope = declared_scope(config, self.suites - {""})
+        partial = narrowed_by(config)
         foreign = list(self.foreign[:FOREIGN_SHOWN])
         if len(self.foreign) > FOREIGN_SHOWN:
             foreign.append(f"… and {len(self.foreign) - FOREIGN_SHOWN} more")
         selection_facts = {
             **_selection_args(config),
             "layers": sorted(layer for layer in self.layers if layer),
-            "suites": sorted(suites),
+            "suites": list(scope.suites),
             "collected": len(self.expected),
             "finished": len(self.expected.keys() & self.finished),
         }
         return RunStatus(interrupted="; ".join(reasons) or None, partial=tuple(partial),
                          foreign=tuple(foreign), selection=selection_facts, hosts=hosts,
-                         named_hosts=self.builder.status.named_hosts, shard=self.builder.status.shard)
+                         named_hosts=self.builder.status.named_hosts, shard=self.builder.status.shard,
+                         scope=scope)
 
 
 # pytest's own exit codes that say the run as a whole did not work (1 is a test's business; 0 needs no reason)
@@ -327,80 +335,6 @@ def _failure_line(report: pytest.TestReport) -> str:
 
 def _capped(text: str) -> str:
     return scrub(text, LINE_BYTES, "verdict message")
-
-
-def suite_of(path: Path) -> str | None:
-    """'smoke' for .../suites/smoke/test_smoke.py (the installed pytest_dflash/suites too); None elsewhere."""
-    parts = path.parts
-    for index in range(len(parts) - 2, 0, -1):
-        if parts[index - 1] == "suites":
-            return parts[index]
-    return None
-
-
-def installed_suites_root() -> Path | None:
-    """Where `pytest_dflash.suites` lives (a wheel's site-packages, or the clone's suites/ when editable)."""
-    try:
-        spec = importlib.util.find_spec("pytest_dflash.suites")
-    except (ImportError, ValueError):
-        return None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    return Path(locations[0]) if locations else None
-
-
-def pyargs_suites(config: pytest.Config, available: set[str]) -> set[str]:
-    """The suites a --pyargs run names (pytest_dflash.suites.smoke -> smoke; pytest_dflash.suites -> all): its
-    node ids are relative to the package, so they do not say."""
-    if not getattr(config.option, "pyargs", False):
-        return set()
-    named: set[str] = set()
-    for arg in config.invocation_params.args:
-        parts = str(arg).split("::", 1)[0].split(".")
-        if parts[:2] == ["pytest_dflash", "suites"]:
-            named |= {parts[2]} if len(parts) > 2 else set(available)
-    return named
-
-
-def available_suites(seen: set[str], config: pytest.Config) -> set[str]:
-    """The suites that exist beside the ones this run collected (folders of test files under suites/)."""
-    roots = {Path(str(config.invocation_params.dir)) / "suites"}
-    installed = installed_suites_root()
-    if installed is not None and getattr(config.option, "pyargs", False):
-        roots.add(installed)
-    for arg in config.invocation_params.args:
-        path = Path(str(arg).split("::", 1)[0])
-        for candidate in (path, *path.parents):
-            if candidate.name == "suites":
-                roots.add(candidate
-                          if candidate.is_absolute() else Path(str(config.invocation_params.dir)) / candidate)
-    found = set()
-    for root in roots:
-        if root.is_dir():
-            found |= {child.name for child in root.iterdir()
-                      if child.is_dir() and any(child.glob("test_*.py"))}
-    return found | seen
-
-
-def narrowed_by(config: pytest.Config, suites: set[str], available: set[str]) -> list[str]:
-    """How the run was narrowed below a whole suite, in words (empty: a whole run)."""
-    reasons = []
-    option = config.option
-    if getattr(option, "keyword", ""):
-        reasons.append(f"-k {option.keyword!r}")
-    if getattr(option, "markexpr", ""):
-        reasons.append(f"-m {option.markexpr!r}")
-    lastfailed = getattr(config.pluginmanager.get_plugin("lfplugin"), "lastfailed", None)
-    if getattr(option, "lf", False) and lastfailed:  # with nothing failed before, --lf runs everything
-        reasons.append("--lf")
-    if getattr(option, "deselect", None):
-        reasons.append(f"--deselect ({len(option.deselect)})")
-    named = [str(a) for a in config.invocation_params.args if "::" in str(a)]
-    if named:
-        reasons.append(f"selected by node id ({len(named)})")
-    # smoke is a designed slice through every layer; anything else short of every suite is a subset
-    if suites and "smoke" not in suites and available and not (available - {"smoke"}) <= suites:
-        reasons.append(subset_reason(suites, available))
-    return reasons
 
 
 def writes_verdicts(config: pytest.Config) -> bool:
@@ -491,8 +425,8 @@ def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     if gate_layers:
         gate = builder.gate(gate_layers)
         terminalreporter.write_line(gate_line(gate))
-        for reason in gate["refused"]:
-            terminalreporter.write_line(f"  gate refused: {reason}")
+        for line in why_lines(gate):
+            terminalreporter.write_line(line)
     for path in config.stash.get(REPORTED_KEY, []):
         terminalreporter.write_line(f"verdict: {path}")
 

@@ -9,8 +9,9 @@ diagnoses, service facts). `VerdictBuilder` folds them into one verdict per host
                   = skipped if every test was skipped for another reason (e.g. "no GPU")
                   = not-run if no test of the layer was selected
 
-A skip is one of two kinds (run/skips.py): "does not apply" (innocent) or "could not check" (counted in
-`skipped` and in `unchecked`): a layer with one passes no gate, and its host is at best partial.
+A skip is one of three kinds (run/skips.py): "does not apply" (innocent), "could not check" or "skipped from
+outside the profile" (a skip marker or pytest.skip that is not the plugin's); the last two are counted in
+`skipped` and in `unchecked`: a layer with one passes no gate, and its host is at best partial.
 
 A host's verdict is computed from what pytest collected, reported, deselected and lost for that host, and
 from what happened to the run as a whole — never from which options were given:
@@ -22,22 +23,22 @@ from what happened to the run as a whole — never from which options were given
                            written at start)
             = fail         a layer failed or was blocked, or a test outside the dflash tests failed (a check
                            xfailed by a marker, or failed before a rerun that passed, is failed)
-            = partial      nothing failed, but not everything ran: tests of this host were deselected (by any
-                           means: -k, -m, --lf, --sw, --deselect, a conftest, a plugin), a check its
-                           suites define was never collected for it (report/checklist.py), the run named node
-                           ids or a subset of the suites, a check of this host could not be made (a "could
-                           not check" skip), or no test of this host passed at all
-            = pass         every test selected for the host at collection finished and passed (or was skipped
-                           for a stated reason other than a blocked layer), and none of the above happened
+            = partial      nothing failed, but not everything the run's scope defines ran: tests of this host
+                           were deselected (by any means: -k, -m, --lf, --sw, --deselect, a conftest, a
+                           plugin), a check its suites define was never collected for it (report/checklist.py:
+                           --ignore, -o python_functions, …, by path or --pyargs), the run named node ids, a
+                           check of this host could not be made or was skipped from outside the profile, or no
+                           test of this host passed at all
+            = pass         every check the run's declared scope (report/scope.py: the suites it named) defines
+                           for the host ran and passed (or did not apply), and none of the above happened
 
 Every host the run names (--host, --attach, --fleet, this shard's share) gets a verdict, also one with no
-report. Exit codes are documented in docs/gating.md.
+report. Exit codes are documented in docs/gating.md; the gate's rule is report/gate.py.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -48,16 +49,17 @@ import pytest
 
 from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.config.targets import file_name
+from pytest_dflash.report import gate as gate_rule
 from pytest_dflash.report.files import atomic_write
+from pytest_dflash.report.gate import gate_line as gate_line  # re-exported: the gate's one line
 from pytest_dflash.report.plots import stopped_in
+from pytest_dflash.report.scope import Scope
 from pytest_dflash.run import skips
 
 SCHEMA = "pytest-dflash/verdict/1"
 OUTCOMES = ("passed", "failed", "blocked", "skipped", "not-run")
 VERDICTS = ("pass", "fail", "partial", "interrupted")
 LOST_SHOWN = 20  # lost test ids listed in a verdict (the count is always exact)
-# The one narrowing a gate may accept (a gate is about layers, not suites): "ran perf: 1 of 8 suites".
-SUBSET = re.compile(r"ran [^:]+: \d+ of \d+ suites")
 NEVER_FINISHED = ("the run that wrote this file never finished (killed by SIGKILL, an OOM kill, os._exit or "
                   "a pytest-timeout thread kill?): this is the file written when it started")
 
@@ -68,7 +70,9 @@ class LayerTally:
     failed: int = 0
     blocked: int = 0
     skipped: int = 0
-    unchecked: int = 0  # of the skips, those that could not check (run/skips.py); the outcome ignores them
+    # of the skips, the checks not made: could not check, or skipped from outside the profile (run/skips.py);
+    # the outcome ignores them, the host's verdict and a gate do not
+    unchecked: int = 0
 
     @property
     def outcome(self) -> str:
@@ -133,15 +137,19 @@ class HostVerdict:
         return reasons
 
     def unchecked_reasons(self, layers: Iterable[str] | None = None) -> list[str]:
-        """One line per layer (of `layers`, default all) with checks that could not be made, naming the
-        first."""
+        """One line per layer (of `layers`, default all) and kind with checks that were not made (could not
+        check; skipped from outside the profile), naming the first."""
         reasons = []
         for layer in LAYERS if layers is None else layers:
-            entries = [e for e in self.skipped if e.get("kind") == skips.UNCHECKED and e["layer"] == layer]
-            if entries:
-                first = entries[0]
-                reasons.append(f"{len(entries)} check(s) of the {layer} layer could not be made (first: "
-                               f"{first['test']}: {first['message'].removeprefix(skips.UNCHECKED_PREFIX)})")
+            for kind, said in ((skips.UNCHECKED, "could not be made"),
+                               (skips.OUTSIDE, "were skipped from outside the profile (a skip marker or "
+                                               "pytest.skip that is not pytest-dflash's)")):
+                entries = [e for e in self.skipped if e.get("kind") == kind and e["layer"] == layer]
+                if entries:
+                    first = entries[0]
+                    message = first["message"].removeprefix(skips.UNCHECKED_PREFIX)
+                    reasons.append(f"{len(entries)} check(s) of the {layer} layer {said} (first: "
+                                   f"{first['test']}: {message})")
         return reasons
 
     def final_verdict(self, status: RunStatus) -> str:
@@ -181,6 +189,7 @@ class HostVerdict:
                       "uncollected": list(host.uncollected[:LOST_SHOWN])},
             "run": {"hosts": list(status.named_hosts), "shard": status.shard},
             "selection": dict(status.selection),
+            "scope": status.scope.as_dict(),
             "exit_code": exit_code,
             "layers": {
                 layer: {"outcome": outcome, **(vars(self.layers[layer]) if layer in self.layers else {})}
@@ -209,6 +218,8 @@ class HostStatus:
     lost: tuple[str, ...] = ()
     uncollected: tuple[str, ...] = ()  # checks its suites define that collection made no test of
     uncollected_why: str = ""
+    # the layers the run's scope defines checks of for this host (what collection made, before deselection)
+    layers: tuple[str, ...] = ()
 
     def uncollected_reason(self) -> str | None:
         if not self.uncollected:
@@ -219,10 +230,11 @@ class HostStatus:
 
 @dataclass
 class RunStatus:
-    """Was the run whole? `interrupted`: why the whole run is not (None: it is); `partial`: how the whole run
-    was narrowed (node ids, a subset of the suites); `foreign`: failures no dflash test reported (tests
-    without a dflash fixture); `hosts`: each host's own counts (deselected, lost); `named_hosts`: every host
-    the run named before --shard took its share, and `shard` that share ("2/8")."""
+    """Was the run whole? `interrupted`: why the whole run is not (None: it is); `partial`: how the options
+    narrowed the run inside its scope (-k, -m, node ids, …); `scope`: the suites it declared; `foreign`:
+    failures no dflash test reported (tests without a dflash fixture); `hosts`: each host's own counts
+    (deselected, lost); `named_hosts`: every host the run named before --shard took its share, and
+    `shard` that share ("2/8")."""
 
     interrupted: str | None = None
     partial: tuple[str, ...] = ()
@@ -231,6 +243,7 @@ class RunStatus:
     hosts: Mapping[str, HostStatus] = field(default_factory=dict)
     named_hosts: tuple[str, ...] = ()
     shard: str | None = None
+    scope: Scope = field(default_factory=Scope)
 
 
 def _iso(ts: float) -> str:
@@ -282,43 +295,17 @@ class VerdictBuilder:
                 tally.blocked += 1
                 verdict.blocked.append(entry)
             else:
+                kind = skips.kind(message, info.get("skip"))
                 tally.skipped += 1
-                tally.unchecked += skips.is_unchecked(message)
-                verdict.skipped.append({**entry, "kind": skips.kind(message)})
+                tally.unchecked += kind != skips.NOT_APPLICABLE
+                verdict.skipped.append({**entry, "kind": kind})
         elif outcome == "passed" and when == "call":
             tally.passed += 1
 
     def gate(self, layers: Iterable[str]) -> dict[str, Any]:
-        """--gate LAYERS: passed only if the run was whole (nothing interrupted, no failure outside the dflash
-        tests) and each layer passed on every host (skips count as not passed; a check of a gated layer that
-        could not be made refuses the gate)."""
-        wanted = list(layers)
-        per_host = {
-            name: {layer: v.layer_outcomes()[layer] for layer in wanted}
-            for name, v in sorted(self.hosts.items())
-        }
-        refused = [f"the run was interrupted: {self.status.interrupted}"] if self.status.interrupted else []
-        refused += [f"outside the dflash tests: {problem}" for problem in self.status.foreign]
-        refused += [f"the run was narrowed: {why}" for why in self.status.partial
-                    if not SUBSET.fullmatch(why)]
-        for name, host in sorted(self.status.hosts.items()):
-            if host.lost:
-                refused.append(f"{name}: {len(host.lost)} selected test(s) never finished (first: "
-                               f"{host.lost[0]})")
-            if host.deselected:
-                refused.append(f"{name}: {host.deselected} test(s) deselected after collection")
-            if uncollected := host.uncollected_reason():
-                refused.append(f"{name}: {uncollected.replace('of this host ', '')}")
-        for name, verdict in sorted(self.hosts.items()):
-            refused += [f"{name}: {why}" for why in verdict.unchecked_reasons(wanted)]
-        ok = (bool(per_host) and not refused
-              and all(o == "passed" for outcomes in per_host.values() for o in outcomes.values()))
-        # what the gate does not judge but a reader must not miss: a failed layer outside it (a blocked one is
-        # the echo of a failure, listed here or failing the gate)
-        outside = [f"{name} {layer} failed" for name, v in sorted(self.hosts.items())
-                   for layer, outcome in v.layer_outcomes().items()
-                   if layer not in wanted and outcome == "failed"]
-        return {"layers": wanted, "passed": ok, "hosts": per_host, "refused": refused, "outside": outside}
+        """--gate LAYERS over every host (report/gate.py has the rule): `passed`, `hosts`, `why` (one line per
+        reason it did not pass), `refused`, `outside` and the run's `scope`."""
+        return gate_rule.judge(self.hosts, self.status, layers)
 
     def failing(self) -> bool:
         """Does any host's verdict say something other than pass/partial (what the exit code must reflect)?"""
@@ -355,24 +342,6 @@ BUILDER_KEY = pytest.StashKey[VerdictBuilder]()
 
 def _safe(name: str) -> str:
     return file_name(name)  # injective: two hosts never share a verdict file (config/targets.py)
-
-
-def subset_reason(ran: Iterable[str], available: Iterable[str]) -> str:
-    """'ran perf: 1 of 8 suites': which suites a run named, and of how many there are."""
-    named = sorted(set(ran))
-    return f"ran {', '.join(named)}: {len(named)} of {len(set(available) | set(named))} suites"
-
-
-def gate_line(gate: Mapping[str, Any]) -> str:
-    """The gate's one line: 'gate service,generation: PASSED; outside the gate: randdraft perf failed'."""
-    failing = sorted(host for host, outcomes in (gate.get("hosts") or {}).items()
-                     if any(outcome != "passed" for outcome in outcomes.values()))
-    verdict = "PASSED" if gate["passed"] else "FAILED" + (f" on {', '.join(failing[:10])}" if failing else "")
-    line = f"gate {','.join(gate['layers'])}: {verdict}{' …' if len(failing) > 10 else ''}"
-    outside = list(gate.get("outside") or ())
-    if outside:
-        line += f"; outside the gate: {', '.join(outside[:10])}{' …' if len(outside) > 10 else ''}"
-    return line
 
 
 def summary_lines(builder: VerdictBuilder) -> list[str]:
@@ -414,6 +383,8 @@ def summary_lines(builder: VerdictBuilder) -> list[str]:
             lines.append(f"    note: {note}")
     if builder.status.interrupted:
         lines.append(f"INTERRUPTED: {builder.status.interrupted} — no host can pass this run")
+    if scope := builder.status.scope.text():
+        lines.append(f"scope: {scope} (a pass is a pass of the checks these define)")
     partial = any(v.final_verdict(builder.status) == "partial" for v in builder.hosts.values())
     for reason in builder.status.partial:
         lines.append(f"PARTIAL: {reason} — a pass here does not make a host green in the fleet view"

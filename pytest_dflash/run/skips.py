@@ -1,4 +1,5 @@
-"""Every skip of a check is one of two kinds, and only one of them is innocent.
+"""Every skip of a check is one of two kinds, and only one of them is innocent; a skip from anywhere else is a
+third kind, never innocent.
 
 - does not apply (`not_applicable`): the profile or the run rules the check out (a plain service has no
   speculation; a host attached by URL has no host access; an option left off). A pass may stand beside it.
@@ -7,14 +8,23 @@
   host's verdict is at best partial and a --gate over the layer fails, naming the reason
   (report/verdict.py reads `is_unchecked`).
 
-The kind travels in the skip reason itself (a prefix, as run/blocking.py's "blocked: " does), so it survives
-xdist's worker -> controller serialisation and reaches every report that quotes the reason. The checks in
-pytest_dflash/layers and the suites skip only through this module (tests/run/test_skips.py walks them).
+- skipped from outside the profile (`OUTSIDE`): any other skip of a check: a `pytest.mark.skip` / `skipif`
+  that a conftest or a plugin added, a `pytest.skip()` in a fixture or a test that is not the plugin's. Nobody
+  said the check does not apply: the host is at best partial and a --gate over the layer fails, naming the
+  marker's reason (report/verdict.py).
+
+Where a skip came from is known where it was raised, not read from its text: the two kinds above raise
+`ProfileSkip`, and `record_origin` (the plugin's pytest_runtest_makereport, on the process that ran the test)
+writes the kind into the report's `dflash` property, which travels through xdist's worker -> controller
+serialisation. "could not check" also keeps its prefix in the reason (as run/blocking.py's "blocked: " does),
+so every report that quotes the reason says it. The checks in pytest_dflash/layers and the suites skip only
+through this module (tests/run/test_skips.py walks them).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -24,18 +34,58 @@ if TYPE_CHECKING:
 UNCHECKED_PREFIX = "could not check: "
 NOT_APPLICABLE = "does not apply"
 UNCHECKED = "could not check"
+OUTSIDE = "skipped from outside the profile"
+KINDS = (NOT_APPLICABLE, UNCHECKED, OUTSIDE)
+
+
+class ProfileSkip(pytest.skip.Exception):  # type: ignore[name-defined,misc]
+    """A skip raised through this module: its kind is set where it is raised."""
+
+    def __init__(self, msg: str, kind: str) -> None:
+        super().__init__(msg=msg)
+        self.kind = kind
+
+
+# shown as pytest's own skip ("Skipped: why", whose prefix every report strips), not under this module's name
+ProfileSkip.__module__, ProfileSkip.__qualname__ = "builtins", "Skipped"
 
 
 def not_applicable(reason: str) -> NoReturn:
     """Skip: the check does not apply to this host or service (innocent)."""
     __tracebackhide__ = True
-    pytest.skip(reason)
+    raise ProfileSkip(reason, NOT_APPLICABLE)
 
 
 def could_not_check(reason: str) -> NoReturn:
     """Skip: the check applies but could not be made (never a pass: partial at best, a gate fails)."""
     __tracebackhide__ = True
-    pytest.skip(UNCHECKED_PREFIX + reason)
+    raise ProfileSkip(UNCHECKED_PREFIX + reason, UNCHECKED)
+
+
+def origin(exc: BaseException | None, message: str, own_reasons: Iterable[str] = ()) -> str:
+    """The kind of a skip from what raised it: a `ProfileSkip` says its own; a reason among `own_reasons` (the
+    plugin's own skip markers on the test, run/collection.py's `does_not_apply`) does not apply; anything
+    else was skipped from outside the profile."""
+    if isinstance(exc, ProfileSkip):
+        return exc.kind
+    return NOT_APPLICABLE if message in set(own_reasons) else OUTSIDE
+
+
+def record_origin(item: pytest.Item, call: pytest.CallInfo[Any], report: pytest.TestReport) -> None:
+    """Write where a skip of a dflash test came from into its report's `dflash` property (`skip`), on the
+    process that ran it: the kind then reaches the controller's verdict under xdist as every other field
+    does."""
+    if not report.skipped or report.when not in ("setup", "call") or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    message = str(longrepr[2]).removeprefix("Skipped: ") if isinstance(longrepr, tuple) else str(longrepr)
+    callspec = getattr(item, "callspec", None)
+    own = [str(mark.kwargs.get("reason", "")) for mark in getattr(callspec, "marks", ())
+           if mark.name == "skip"]
+    found = origin(call.excinfo.value if call.excinfo is not None else None, message, own)
+    for key, value in report.user_properties:
+        if key == "dflash" and isinstance(value, dict):
+            value["skip"] = found
 
 
 def is_unchecked(skip_message: str) -> bool:
@@ -43,8 +93,11 @@ def is_unchecked(skip_message: str) -> bool:
     return skip_message.startswith(UNCHECKED_PREFIX)
 
 
-def kind(skip_message: str) -> str:
-    """The kind of a skip, from its reason: UNCHECKED or NOT_APPLICABLE (also any skip made elsewhere)."""
+def kind(skip_message: str, recorded: object = None) -> str:
+    """The kind of a skip: the one `record_origin` recorded, else read from its reason (UNCHECKED or
+    NOT_APPLICABLE: a report that carries no recorded kind was made without the plugin's makereport)."""
+    if recorded in KINDS:
+        return str(recorded)
     return UNCHECKED if is_unchecked(skip_message) else NOT_APPLICABLE
 
 
@@ -71,5 +124,6 @@ def needs_sglang(service: ServiceHandle, what: str) -> None:
     not_applicable(f"{what} (not an SGLang server)")
 
 
-__all__ = ["NOT_APPLICABLE", "UNCHECKED", "UNCHECKED_PREFIX", "could_not_check", "is_unchecked", "kind",
-           "needs_sglang", "not_applicable", "sglang_expected"]
+__all__ = ["KINDS", "NOT_APPLICABLE", "OUTSIDE", "UNCHECKED", "UNCHECKED_PREFIX", "ProfileSkip",
+           "could_not_check", "is_unchecked", "kind", "needs_sglang", "not_applicable", "origin",
+           "record_origin", "sglang_expected"]

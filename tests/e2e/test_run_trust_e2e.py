@@ -147,8 +147,10 @@ def test_a_narrowed_run_is_partial_and_never_green_in_the_fleet_view(run_suite, 
     assert data["partial"][1].startswith(f"{everything - 2} test(s) of this host deselected after collection")
 
 
-def test_a_subset_of_the_suites_is_partial_smoke_and_everything_are_not(tmp_path: Path) -> None:
-    from pytest_dflash.report.session import narrowed_by
+def test_a_chosen_suite_is_a_scope_and_only_options_narrow_it(tmp_path: Path) -> None:
+    """Choosing suites declares the run's scope (named, never partial by itself: before, `suites/parity` alone was
+    'partial: ran parity: 1 of 8 suites' while a gate over it passed); -k, -m, --deselect and node ids narrow it."""
+    from pytest_dflash.report.scope import Scope, narrowed_by
 
     class Option:
         keyword = markexpr = ""
@@ -160,12 +162,14 @@ def test_a_subset_of_the_suites_is_partial_smoke_and_everything_are_not(tmp_path
         pluginmanager = type("PM", (), {"get_plugin": staticmethod(lambda name: None)})()
         invocation_params = type("IP", (), {"args": ("suites/parity",)})()
 
-    every = {"smoke", "host", "env", "kernels", "service", "generation", "parity", "perf"}
-    assert narrowed_by(Config(), {"parity"}, every) == [  # type: ignore[arg-type]
-        "ran parity: 1 of 8 suites"]
-    assert narrowed_by(Config(), {"smoke"}, every) == []  # type: ignore[arg-type]
-    assert narrowed_by(Config(), every - {"smoke"}, every) == []  # type: ignore[arg-type]
-    assert narrowed_by(Config(), {"smoke", "parity"}, every) == []  # type: ignore[arg-type]
+    every = ("env", "generation", "host", "kernels", "parity", "perf", "service", "smoke")
+    assert narrowed_by(Config()) == []  # type: ignore[arg-type]
+    Config.option.keyword = "greedy"
+    Config.invocation_params.args = ("suites/parity/test_parity.py::test_x",)  # type: ignore[attr-defined]
+    assert narrowed_by(Config()) == ["-k 'greedy'", "selected by node id (1)"]  # type: ignore[arg-type]
+    assert Scope(("parity",), every).text() == "parity (1 of 8 suites)" and not Scope(("parity",), every).whole
+    assert Scope(every, every).text() == "all 8 suites" and Scope(every, every).whole
+    assert Scope(("smoke",), every, ("tests/mine",)).text() == "smoke (1 of 8 suites), tests/mine"
 
 
 def _gate_suite(tmp_path: Path, extra_test: str) -> Path:

@@ -23,7 +23,8 @@ def test_a_gate_says_what_it_ignored_once(run_suite, tmp_path: Path) -> None:  #
     assert result.ret == 0, result.stdout.str()[-3000:]
     assert verdict(run_suite.reports, "randdraft")["verdict"] == "fail"
     gate_lines = [line for line in result.stdout.lines if line.startswith("gate ")]
-    assert gate_lines == ["gate service,generation: PASSED; outside the gate: randdraft perf failed"], gate_lines
+    assert gate_lines == ["gate service,generation: PASSED; scope: smoke (1 of 8 suites); outside the gate: "
+                          "randdraft perf failed"], gate_lines
     assert verdict(run_suite.reports, "steady")["gate"]["outside"] == ["randdraft perf failed"]
 
 

@@ -54,3 +54,12 @@ def test_suite_files_are_those_under_a_suites_folder_or_one_suite(tmp_path: Path
                                                                                             "test_deep.py"}
     assert suite_files(["tests", "suites/smoke/test_smoke.py", "suites/smoke/test_smoke.py::test_x",
                         "pytest_dflash.suites"], tmp_path) == set()
+
+
+def test_under_pyargs_a_package_name_is_its_folder(tmp_path: Path) -> None:
+    """`--pyargs pytest_dflash.suites` (a wheel's site-packages/pytest_dflash/suites) names the same test files as
+    the path form; before, a package name named none, so `--ignore` of a suite left no check missing."""
+    by_path = suite_files(["suites"], ROOT)
+    assert suite_files(["pytest_dflash.suites"], tmp_path, pyargs=True) == by_path
+    assert suite_files(["pytest_dflash.suites.smoke"], tmp_path, pyargs=True) == suite_files(["suites/smoke"], ROOT)
+    assert suite_files(["pytest_dflash.suites.smoke.test_smoke", "no.such.package"], tmp_path, pyargs=True) == set()

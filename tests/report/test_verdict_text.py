@@ -1,18 +1,21 @@
-"""What the terminal and the HTML title say is what the verdict says: no PARTIAL line under a FAIL, a subset of
-the suites named as what ran of what, one gate line that names what it ignored, partial and interrupted in the
-HTML title."""
+"""What the terminal and the HTML title say is what the verdict says: no PARTIAL line under a FAIL, the run's
+scope named as what ran of what, one gate line that names its scope and what it ignored, partial and
+interrupted in the HTML title."""
 
 from __future__ import annotations
 
+from pytest_dflash.report.gate import why_lines
 from pytest_dflash.report.html import run_title
+from pytest_dflash.report.scope import Scope
 from pytest_dflash.report.verdict import (
     HostStatus,
     RunStatus,
     VerdictBuilder,
     gate_line,
-    subset_reason,
     summary_lines,
 )
+
+EVERY = ("env", "generation", "host", "kernels", "parity", "perf", "service", "smoke")
 
 
 def _add(builder: VerdictBuilder, host: str, layer: str, outcome: str, *, blocked: bool = False) -> None:
@@ -37,27 +40,40 @@ def test_no_partial_line_under_a_fail() -> None:
 def test_a_partial_host_still_says_why() -> None:
     builder = VerdictBuilder("run1")
     _add(builder, "narrow", "host", "passed")
-    builder.status = RunStatus(partial=(subset_reason({"host"}, {"host", "smoke", "perf"}),),
+    builder.status = RunStatus(partial=("-k 'gpu'",), scope=Scope(("host",), EVERY),
                                hosts={"narrow": HostStatus(selected=1, finished=1, deselected=2)})
     lines = summary_lines(builder)
     assert lines[0].startswith("narrow: PARTIAL ")
     assert "    PARTIAL: 2 test(s) of this host deselected after collection (1 of 3 ran)" in lines
-    assert "PARTIAL: ran host: 1 of 3 suites — a pass here does not make a host green in the fleet view" in lines
+    assert "scope: host (1 of 8 suites) (a pass is a pass of the checks these define)" in lines
+    assert "PARTIAL: -k 'gpu' — a pass here does not make a host green in the fleet view" in lines
 
 
-def test_a_subset_names_what_ran_of_what() -> None:
-    every = {"env", "generation", "host", "kernels", "parity", "perf", "service", "smoke"}
-    assert subset_reason({"perf"}, every) == "ran perf: 1 of 8 suites"
-    assert subset_reason({"perf", "parity"}, every) == "ran parity, perf: 2 of 8 suites"
-
-
-def test_a_subset_of_the_suites_does_not_refuse_a_gate_other_narrowing_does() -> None:
+def test_a_chosen_suite_is_a_scope_the_gate_line_names() -> None:
+    """Before: a subset of the suites made the host partial while a gate over it passed."""
     builder = VerdictBuilder("run1")
     _add(builder, "h", "service", "passed")
-    builder.status = RunStatus(partial=(subset_reason({"service"}, {"service", "perf"}),))
-    assert builder.gate(["service"])["passed"]
-    builder.status = RunStatus(partial=("-k 'ready'",))
-    assert builder.gate(["service"])["refused"] == ["the run was narrowed: -k 'ready'"]
+    builder.status = RunStatus(scope=Scope(("service",), EVERY))
+    assert builder.hosts["h"].final_verdict(builder.status) == "pass"
+    gate = builder.gate(["service"])
+    assert gate["passed"] and gate["why"] == [] and gate["scope"]["text"] == "service (1 of 8 suites)"
+    assert gate_line(gate) == "gate service: PASSED; scope: service (1 of 8 suites)"
+    builder.status = RunStatus(partial=("-k 'ready'",), scope=Scope(("service",), EVERY))
+    gate = builder.gate(["service"])
+    assert gate["refused"] == ["the run was narrowed: -k 'ready'"]
+    assert why_lines(gate) == ["  gate refused: the run was narrowed: -k 'ready'"]
+
+
+def test_a_gated_layer_outside_the_scope_is_named() -> None:
+    builder = VerdictBuilder("run1")
+    _add(builder, "h", "service", "passed")
+    builder.status = RunStatus(scope=Scope(("service",), EVERY),
+                               hosts={"h": HostStatus(selected=1, finished=1, layers=("service",))})
+    gate = builder.gate(["service", "perf"])
+    assert not gate["passed"]
+    assert gate["why"] == ["failed: h perf: not in scope: service (1 of 8 suites) define(s) no check of the perf "
+                           "layer"]
+    assert gate_line(gate) == "gate service,perf: FAILED on h; scope: service (1 of 8 suites)"
 
 
 def test_the_gate_line_says_what_it_ignored() -> None:
@@ -78,7 +94,7 @@ def test_the_html_title_says_partial_and_interrupted() -> None:
     """The title reads each host's final verdict (the one its verdict file has), not what its tests said."""
     builder = VerdictBuilder("run1")
     _add(builder, "narrow", "service", "passed")
-    builder.status = RunStatus(partial=("ran service: 1 of 8 suites",))
+    builder.status = RunStatus(partial=("-m 'service'",))
     assert run_title(builder) == "pytest-dflash narrow: PARTIAL"
     builder.status = RunStatus(interrupted="interrupted (Ctrl-C / SIGTERM / pytest.exit)")
     assert run_title(builder) == "pytest-dflash narrow: INTERRUPTED"
@@ -91,4 +107,7 @@ def test_a_failed_gate_names_the_hosts_it_failed_on() -> None:
     builder = VerdictBuilder("run1")
     _add(builder, "gpu-01", "service", "passed")
     _add(builder, "gpu-17", "service", "failed")
-    assert gate_line(builder.gate(["service"])) == "gate service: FAILED on gpu-17"
+    gate = builder.gate(["service"])
+    assert gate_line(gate) == "gate service: FAILED on gpu-17"
+    assert gate["why"] == ["failed: gpu-17 service: 1 check(s) failed (first: "
+                           "suites/smoke/test_smoke.py::test_service[gpu-17/dflash]: it broke)"]

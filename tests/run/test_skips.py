@@ -96,3 +96,34 @@ def test_a_skip_that_does_not_apply_leaves_a_pass() -> None:
     builder = _builder("attached by URL: no host access")
     assert builder.hosts["h"].final_verdict(builder.status) == "pass"
     assert builder.gate(["service"])["passed"]
+
+
+def test_where_a_skip_came_from_decides_its_kind() -> None:
+    """The plugin's own vocabulary says its kind where it is raised; the plugin's own skip marker on a test with
+    nothing to run against does not apply; any other skip (a conftest's marker, pytest.skip in a foreign fixture)
+    was skipped from outside the profile, whatever its text says."""
+    for raise_it, kind in ((skips.not_applicable, skips.NOT_APPLICABLE), (skips.could_not_check, skips.UNCHECKED)):
+        with pytest.raises(pytest.skip.Exception) as caught:
+            raise_it("why")
+        assert skips.origin(caught.value, str(caught.value.msg)) == kind
+    with pytest.raises(pytest.skip.Exception) as foreign:
+        pytest.skip("could not check: known flaky")  # a foreign skip that borrows the vocabulary's words
+    assert skips.origin(foreign.value, "could not check: known flaky") == skips.OUTSIDE
+    own = "does not apply to gpu-a: no [parity] table"
+    assert skips.origin(None, own, [own]) == skips.NOT_APPLICABLE
+    assert skips.origin(None, "known flaky", [own]) == skips.OUTSIDE
+
+
+def test_a_skip_from_outside_the_profile_makes_the_host_partial_and_refuses_the_gate() -> None:
+    builder = VerdictBuilder("r")
+    info = {"host": "h", "layer": "generation"}
+    builder.add("t.py::test_ok", "call", "passed", info, "")
+    builder.add("t.py::test_tool_call", "setup", "skipped", {**info, "skip": skips.OUTSIDE}, "known flaky")
+    verdict = builder.hosts["h"]
+    line = ("1 check(s) of the generation layer were skipped from outside the profile (a skip marker or "
+            "pytest.skip that is not pytest-dflash's) (first: t.py::test_tool_call: known flaky)")
+    assert verdict.final_verdict(builder.status) == "partial"
+    assert verdict.partial_reasons(builder.status) == [line]
+    assert [e["kind"] for e in verdict.skipped] == [skips.OUTSIDE] and verdict.layers["generation"].unchecked == 1
+    gate = builder.gate(["generation"])
+    assert not gate["passed"] and gate["why"] == [f"refused: h: {line}"]

@@ -83,6 +83,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if xfail in item.nodeid:
                 item.add_marker(pytest.mark.xfail(reason="known"))
+    skip = os.environ.get("FUZZ_SKIP")
+    if skip:  # a conftest that skips a failing check
+        for item in items:
+            if skip in item.nodeid:
+                item.add_marker(pytest.mark.skip(reason="known flaky"))
 
 
 def pytest_pycollect_makeitem(collector, name, obj):
@@ -115,6 +120,7 @@ from pathlib import Path
 
 import pytest
 from pytest_dflash.api import ServiceHandle, greedy
+from pytest_dflash.run import skips
 
 
 def maybe_fail(request):
@@ -148,6 +154,18 @@ def test_c(dflash_service: ServiceHandle, request) -> None:
 @pytest.mark.generation
 def test_d(dflash_service: ServiceHandle, request) -> None:
     maybe_fail(request)
+
+
+@pytest.mark.generation
+def test_forced_tool_call(dflash_service: ServiceHandle, request) -> None:
+    """The shapes of a forced tool call judged (the real check is layers/generation's): a call never made fails;
+    arguments that cannot be validated on this controller could not be checked."""
+    shape = os.environ.get("FUZZ_TOOL", "")
+    if shape.startswith("unforced:") and shape.split(":", 1)[1] in request.node.nodeid:
+        pytest.fail("forced tool call never made: finish 'length' after 32 tokens of text, no tool_calls")
+    if shape.startswith("no-validator:") and shape.split(":", 1)[1] in request.node.nodeid:
+        skips.could_not_check("the arguments of the forced call need jsonschema on the controller: "
+                              "pip install 'pytest-dflash[structured]'")
 '''
 
 
@@ -216,7 +234,7 @@ def run_env(workdir: Path, **extra: str) -> dict[str, str]:
            "PYTHONUNBUFFERED": "1", **extra}
     env.pop("GITHUB_STEP_SUMMARY", None)
     for name in ("FUZZ_FAIL", "FUZZ_DROP", "FUZZ_LINGER", "FUZZ_KILL_WORKER", "FUZZ_XFAIL", "FUZZ_FLAKY",
-                 "FUZZ_UNMADE", "FUZZ_BOOM", "PYTEST_ADDOPTS"):
+                 "FUZZ_UNMADE", "FUZZ_BOOM", "FUZZ_SKIP", "FUZZ_TOOL", "PYTEST_ADDOPTS"):
         if name not in extra:
             env.pop(name, None)
     return env
@@ -583,6 +601,99 @@ def _check_rerun(run: Run) -> None:
         "flaky: failed, then run again: Failed: FUZZ_FLAKY says this test fails once"], data["failures"]
 
 
+def _outside_skip(w: Path, rng: random.Random) -> Run:
+    """A conftest adds `pytest.mark.skip(reason="known flaky")` to a failing check (before: gate PASSED, exit 0)."""
+    victim = f"test_{rng.choice('bcd')}[{rng.choice(HOSTS)}"
+    return run_pytest(w, [*setup(w), "--gate", "generation", *rng.choice([[], ["-n", "2"]])],
+                      FUZZ_FAIL=victim, FUZZ_SKIP=victim)
+
+
+def _check_outside_skip(run: Run) -> None:
+    host = run.env["FUZZ_SKIP"].split("[", 1)[1]
+    data = run.verdict(host) or {}
+    assert data.get("verdict") == "partial", data.get("verdict")
+    assert [s["kind"] for s in data["skipped"]] == ["skipped from outside the profile"], data["skipped"]
+    assert f"gate refused: {host}: 1 check(s) of the generation layer were skipped from outside the profile" in (
+        run.output), run.output[-2000:]
+    assert "known flaky" in " ".join(data["gate"]["why"]), data["gate"]
+    other = next(h for h in HOSTS if h != host)
+    assert (run.verdict(other) or {}).get("verdict") == "pass", (run.verdict(other) or {}).get("verdict")
+
+
+def _pyargs_ignore(w: Path, rng: random.Random) -> Run:
+    """The suites as a package (the wheel form), `--pyargs PKG.suites --ignore=<one suite>` whose check fails
+    (before: pass, complete, nothing uncollected, exit 0; the path form gave partial)."""
+    hosts = setup(w)
+    suites = w / "fuzzpkg" / "suites"
+    for folder in (w / "fuzzpkg", suites, suites / "a", suites / "b"):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "__init__.py").write_text("")
+    (suites / "conftest.py").write_text(CONFTEST)
+    (suites / "a" / "test_fuzz.py").write_text(SUITE)
+    (suites / "b" / "test_b.py").write_text(SUITE.replace("def test_", "def test_b_"))
+    ignored = rng.choice([f"--ignore={suites / 'b'}", f"--ignore-glob={suites / 'b' / '*.py'}"])
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--request-timeout=30s",
+               f"--dflash-report={w / 'reports'}", "--pyargs", "fuzzpkg.suites", ignored, *hosts,
+               "--gate", "generation"]
+    run = Run(w, command, {"FUZZ_FAIL": "test_b_a["})
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=w,
+                            env=run_env(w, FUZZ_FAIL="test_b_a["))
+    run.returncode, run.output = result.returncode, result.stdout + result.stderr
+    return run
+
+
+def _check_pyargs_ignore(run: Run) -> None:
+    for host in HOSTS:
+        data = run.verdict(host) or {}
+        assert data.get("complete") is False and data["tests"]["uncollected"], data.get("tests")
+        assert any("never collected" in why and "the run left them out: --ignore" in why
+                   for why in data["gate"]["why"]), data["gate"]["why"]
+
+
+def _narrowed_gate(w: Path, rng: random.Random) -> Run:
+    """A declared scope narrowed inside by an option, with --gate: refused, naming the option."""
+    narrowing = rng.choice([["-k", "not test_d"], ["-m", "generation"],
+                            ["--deselect", f"{w / 'suite'}/test_fuzz.py::test_c[alpha/plain]"],
+                            [f"{w / 'suite'}/test_fuzz.py::test_a"]])
+    run = run_pytest(w, [*setup(w), "--gate", "generation", *narrowing])
+    run.env["FUZZ_NARROWING"] = narrowing[0]
+    return run
+
+
+def _check_narrowed_gate(run: Run) -> None:
+    assert "gate generation: FAILED" in run.output, run.output[-2000:]
+    assert "  gate refused: the run was narrowed: " in run.output, run.output[-2000:]
+    for host in HOSTS:
+        why = (run.verdict(host) or {}).get("gate", {}).get("why", [])
+        assert any(w.startswith("refused: the run was narrowed: ") for w in why), why
+
+
+def _tool_call(shape: str) -> Callable[[Path, random.Random], Run]:
+    """The verdict's shape of a forced tool call that is never made (a failed check) or whose arguments cannot be
+    validated on the controller (a 'could not check' skip), in a gated layer."""
+    def act(w: Path, rng: random.Random) -> Run:
+        host = rng.choice(HOSTS)
+        return run_pytest(w, [*setup(w), "--gate", "generation", *rng.choice([[], ["-n", "2"]])],
+                          FUZZ_TOOL=f"{shape}:[{host}/")
+    return act
+
+
+def _check_tool_call(run: Run) -> None:
+    shape, host = run.env["FUZZ_TOOL"].split(":[", 1)
+    host = host.rstrip("/")
+    data = run.verdict(host) or {}
+    assert data.get("gate", {}).get("passed") is False, data.get("gate")
+    why = " ".join(data["gate"]["why"])
+    if shape == "unforced":
+        assert data["verdict"] == "fail", data["verdict"]
+        assert f"failed: {host} generation: 1 check(s) failed (first: " in why and "never made" in why, why
+    else:
+        assert data["verdict"] == "partial", data["verdict"]
+        assert "could not be made" in why and "pytest-dflash[structured]" in why, why
+    other = next(h for h in HOSTS if h != host)
+    assert (run.verdict(other) or {}).get("verdict") == "pass", (run.verdict(other) or {}).get("verdict")
+
+
 def _unmade(w: Path, rng: random.Random) -> Run:
     """A check collection never made a test of: a python_functions override, or a conftest's
     pytest_pycollect_makeitem that returns no item for it."""
@@ -697,6 +808,17 @@ SHAPES: list[Shape] = [
           "-n 2, --gate", (1,), "mixed", _rerun, _check_rerun),
     Shape("uncollected", "-o python_functions=… or a conftest's pytest_pycollect_makeitem leaves a test "
           "uncollected, --gate", (1,), "partial", _unmade),
+    Shape("outside-skip", "a conftest adds a skip marker to a failing check, with or without -n 2, --gate", (1,),
+          "mixed", _outside_skip, _check_outside_skip),
+    Shape("pyargs-ignore", "`--pyargs PKG.suites` with --ignore or --ignore-glob of a suite whose check fails, --gate",
+          (1,), "partial", _pyargs_ignore, _check_pyargs_ignore),
+    Shape("narrowed-gate", "--gate over a scope narrowed by -k, -m, --deselect or a node id", (1,), "partial",
+          _narrowed_gate, _check_narrowed_gate),
+    Shape("unforced-tool-call", "a forced tool call never made (a failed check of a gated layer), with or without "
+          "-n 2, --gate", (1,), "mixed", _tool_call("unforced"), _check_tool_call),
+    Shape("missing-validator", "a forced call's arguments cannot be validated on the controller (a 'could not "
+          "check' skip of a gated layer), with or without -n 2, --gate", (1,), "mixed", _tool_call("no-validator"),
+          _check_tool_call),
     Shape("internal-error", "an INTERNALERROR (a conftest's tryfirst pytest_configure or its "
           "pytest_collection_finish raises), --gate, after a passing run", (3,), "interrupted", _internal_error),
     Shape("flaky-metadata", "attached DFLASH servers: /server_info 5xx right after readiness (alpha), never routed "
@@ -737,9 +859,10 @@ def _named_hosts(run: Run) -> list[str]:
 
 # In every CI sample: the healthy shape (a fuzz that cannot pass proves nothing) and cheap shapes of the latest
 # trust passes (issue 31; the loopholes of a blocked part, an xfail marker, a rerun, an uncollected check and an
-# internal error), each a few seconds.
+# internal error; issue 39: a skip marker from outside, the wheel form's --ignore, a narrowed gate, and the
+# verdict's shape of an unforced tool call and a missing validator), each a few seconds.
 ALWAYS = ("healthy", "no-test-body-gate", "flaky-metadata", "blocked-part", "xfail-marked", "rerun", "uncollected",
-          "internal-error")
+          "internal-error", "outside-skip", "pyargs-ignore", "narrowed-gate", "unforced-tool-call", "missing-validator")
 
 
 def sample(seed: int, count: int) -> list[Shape]:
