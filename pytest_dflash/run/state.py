@@ -214,6 +214,7 @@ class ServiceHandle:
             "launch_command": shown_launch_command(info),
             "frontend": info.get("frontend"),
             "provisioned": self.manager.provisioned,
+            "configured": self.spec.configured(),  # the profile's command: compared when it never came up
             "ready": self.ready.as_dict() if self.ready else None,
             "stopped": self.stopped.as_dict() if self.stopped else None,
             "server_info_error": self.server_info_error,
