@@ -72,7 +72,8 @@ def safe_name(name: str) -> str:
 # a statistical test's internals, which stay in the JSON.
 _MEASURED = re.compile(
     r"^(?:perf\.[^.]+\.(?:output_throughput|request_throughput|completed|failed|duration|median_ttft_ms"
-    r"|p99_ttft_ms|median_itl_ms|p99_itl_ms|mean_tpot_ms|p99_e2e_latency_ms|accept_length|server_accept_length"
+    r"|p99_ttft_ms|median_itl_ms|p99_itl_ms|mean_tpot_ms|median_e2e_latency_ms|p99_e2e_latency_ms|accept_length"
+    r"|server_accept_length"
     r"|speedup_vs_[^.]+|accept_length_by_category\.[^.]+)"
     r"|token_latency:[^.]+\.(?:ttft_ms|tpot_ms)"
     r"|acceptance:[^.]+\.(?:mean|accept_rate|per_category\.[^.]+)"
