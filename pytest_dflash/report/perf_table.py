@@ -1,7 +1,7 @@
 """One table across services, as GuideLLM prints one across benchmarks: per service its output tok/s, req/s,
 TTFT, ITL and end-to-end latency p50 / p99, accept length (the client's, which the headline states and the
-check judges, and the server's own, each labelled) and speed-up, in the pytest-html report (each perf test's services) and in
-fleet-summary.html (every host's services, failing hosts first).
+check judges, and the server's own, each labelled) and speed-up, in the pytest-html report (each perf test's
+services) and in fleet-summary.html (every host's services, failing hosts first).
 
     html = perf_table([PerfRow(host="h200", service="dflash", algorithm="DFLASH", output_tok_s=514.9, ...)])
 """
@@ -26,8 +26,8 @@ COLUMNS = (("output tok/s", "output_tok_s", 1), ("req/s", "request_per_s", 2),
 TIPS = {"request_per_s": "completed requests per second of the run",
         "e2e_p50_ms": "end-to-end latency of a request: from sending it to its last token",
         "e2e_p99_ms": "end-to-end latency of a request: from sending it to its last token",
-        "accept_length": "Σ output tokens / Σ verify steps of the run's requests (their meta_info): the number "
-                         "the headline states and the accept-length check judges",
+        "accept_length": "Σ output tokens / Σ verify steps of the run's requests (their meta_info): the "
+                         "number the headline states and the accept-length check judges",
         "server_accept_length": "the server's own accept length (its /metrics or /server_info), shown beside "
                                 "the client's, not judged"}
 CSS = ("table.dflash-perf-table{border-collapse:collapse;margin:.4em 0}"
