@@ -72,18 +72,26 @@ def gate_block(gate: Mapping[str, Any] | None) -> str:
     if gate.get("passed"):
         return (f'<p class="dflash-gate">gate {_e(layers)}: <span class="dflash-gate-passed">PASSED</span>'
                 "</p>")
-    why = [str(w) for w in gate.get("why") or ()]
-    if not why:
-        why = [str(r) for r in gate.get("refused") or ()]
-        for host, outcomes in sorted((gate.get("hosts") or {}).items()):
-            bad = [f"{layer} {outcome}" for layer, outcome in outcomes.items() if outcome != "passed"]
-            if bad:
-                why.append(f"{host}: {', '.join(bad)}")
-    if not why:
-        why = ["no host was tested"]
+    why = gate_reasons(gate) or ["no host was tested"]
     items = "".join(f"<li>{_e(w)}</li>" for w in why)
     return (f'<p class="dflash-gate">gate {_e(layers)}: <span class="dflash-gate-failed">FAILED</span></p>'
             f'<ul class="dflash-gate-why">{items}</ul>')
+
+
+def gate_reasons(gate: Mapping[str, Any]) -> list[str]:
+    """Why a gate did not pass, a line each: its `why` where the gate gives one (VerdictBuilder.gate), else
+    what refused it, then each host whose gated layers did not all pass, naming them and their outcome
+    ('gpu-a: generation skipped'): a gate failed by a skipped layer says so."""
+    if gate.get("passed"):
+        return []
+    if why := [str(w) for w in gate.get("why") or ()]:
+        return why
+    out = [str(r) for r in gate.get("refused") or ()]
+    for host, outcomes in sorted((gate.get("hosts") or {}).items()):
+        bad = [f"{layer} {outcome}" for layer, outcome in outcomes.items() if outcome != "passed"]
+        if bad:
+            out.append(f"{host}: {', '.join(bad)}")
+    return out
 
 
 def why_block(builder: VerdictBuilder) -> str:
