@@ -26,7 +26,7 @@ from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import DocumentTooDeep
 from pytest_dflash.fleet.trend import build_trend, what_changed
-from pytest_dflash.fleet.values import iso, numbers
+from pytest_dflash.fleet.values import clip, iso, numbers
 from pytest_dflash.fleet.verdicts import FleetInputError, History, LoadedVerdict
 from pytest_dflash.report.verdict import SCHEMA as VERDICT_SCHEMA
 from pytest_dflash.report.verdict import VERDICTS
@@ -112,7 +112,7 @@ def _failure_entry(failure: Mapping[str, Any]) -> dict[str, Any]:
         "test": failure.get("test", ""),
         "layer": failure.get("layer", ""),
         "phase": failure.get("phase", ""),
-        "message": str(failure.get("message", ""))[:500],
+        "message": clip(str(failure.get("message", "")), 500),
         "diagnosis": [{"id": str(d.get("id", "")), "title": str(d.get("title", "")),
                        "remedy": str(d.get("remedy", ""))}
                       for d in failure.get("diagnosis") or [] if isinstance(d, Mapping)],
