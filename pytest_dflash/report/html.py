@@ -1,4 +1,6 @@
-"""pytest-html integration: the diagnosis as a highlighted extra in each failed row, Host / Layer / Service /
+"""pytest-html integration: the first screen above the (collapsed) Environment table — the run's verdict in
+colour, the gate and why, each failing host's diagnosis, what changed (report/first_screen.py) —, the
+diagnosis as a highlighted extra in each failed row (dark on pale), Host / Layer / Service /
 Diagnosis columns (sortable, like pytest-html's own), the run's metadata in the Environment table (through
 pytest-metadata: run id, plugin version, the SGLang / torch / FlashInfer versions seen), and the host x layer
 verdict table at the top of the report, each host's cold start as a timeline (services side by side, phases

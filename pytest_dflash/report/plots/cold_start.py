@@ -92,7 +92,8 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
                        f'class="dflash-failed-start"/>')
         for j, text in enumerate(texts[name]):
             c.parts.append(f'<text x="{x0}" y="{top + row_h + 6 + 14 * j}" fill="{FAILED}" '
-                           f'class="dflash-stopped">{escape(text)}</text>')
+                           f'class="dflash-stopped" stroke="#fff" stroke-width="3" paint-order="stroke">'
+                           f"{escape(text)}</text>")  # a white halo: readable over the grid lines
         top += row_h + 4 + 14 * len(texts[name])
     axis_y = top + row_h * len(rows) + 4
     for t in ticks:
