@@ -132,9 +132,10 @@ def _configure_run(config: pytest.Config, profiles: dict[str, HostProfile], run_
     if getattr(config.option, "xmlpath", None) and not hasattr(config, "workerinput"):  # junitxml runs there
         config.pluginmanager.register(attach.JUnitEvidence(), "dflash-junit-evidence")
     if config.pluginmanager.hasplugin("html"):
+        from pytest_dflash.fleet.trend import changes_since_good
         from pytest_dflash.report import html
 
-        config.pluginmanager.register(html.HtmlHooks(config), "dflash-html")
+        config.pluginmanager.register(html.HtmlHooks(config, changes=changes_since_good), "dflash-html")
 
 
 @pytest.hookimpl(wrapper=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_dflash.scrub.redact import redact_url
+from pytest_dflash.scrub.redact import redact_argv, redact_mapping_value, redact_url
 
 ALGORITHMS = ("NONE", "DFLASH", "DDTREE", "EAGLE", "EAGLE3", "NGRAM", "STANDALONE")
 # An external service whose profile names no algorithm: read from its /server_info before tests are selected
@@ -93,6 +93,17 @@ class ServiceSpec:
     def display_url(self) -> str:
         """The URL as every line the plugin prints or writes shows it: a password in it masked."""
         return redact_url(self.url)
+
+    def configured(self) -> dict[str, Any]:
+        """How the profile says to run it, as the verdict records it (secrets masked; `{port}` left as
+        written, so two runs' commands compare): what "what changed" diffs when the service never came up."""
+        command = [*self.command, *(self.container.args if self.container else ())]
+        out: dict[str, Any] = {"kind": self.kind, "command": redact_argv(command) if command else None,
+                               "unit": self.unit, "template": str(self.template) if self.template else None,
+                               "image": self.container.image if self.container else None,
+                               "env": {k: redact_mapping_value(k, v) for k, v in sorted(self.env.items())},
+                               "gpus": list(self.gpus)}
+        return {key: value for key, value in out.items() if value not in (None, [], {})}
 
     def url_on(self, port: int | None) -> str:
         """The service's URL with `{port}` filled in (left empty while no port is known)."""

@@ -75,7 +75,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         summary, outputs = fleet_outputs.summarize(
             verdicts, report_dir, previous_path=previous,
             history_dir=options.path(config, "dflash_history") or report_dir / fleet_verdicts.HISTORY,
-            gate_layers=gate, prometheus=options.path(config, "dflash_prometheus"))
+            gate_layers=gate, prometheus=options.path(config, "dflash_prometheus"),
+            one_shard=bool(options.option(config, "dflash_shard")))
         result.update(summary=summary, outputs=outputs)
     except (OSError, fleet_verdicts.FleetInputError) as exc:
         # The verdicts and the exit code stand; the summary is a view of them.

@@ -1,8 +1,9 @@
 """fleet-summary.html: one self-contained page (inline CSS and a few lines of JS, no external assets).
 
-Top to bottom: totals and gate; trend vs the previous run (new failures, fixed, disappeared, perf
-regressions); diagnoses across the fleet; the host x layer matrix (failing hosts first, each failing cell
-names its diagnosis and links to the host's details); the readiness spread (each service's seconds until
+Top to bottom: totals and gate (and, at the end of one shard, the hosts in other shards); the host x layer
+matrix (failing hosts first, host names unwrapped, each failing cell names its diagnosis and links to the
+host's details); trend vs the previous run (new failures, fixed, disappeared, perf regressions); diagnoses
+across the fleet; the readiness spread (each service's seconds until
 ready across the hosts, as inline SVG); one section per failing host (failures with
 diagnosis and remedy, blocked roots, failing since, what changed since its last good verdict, perf deltas,
 services); passing hosts folded at the end.
@@ -36,7 +37,7 @@ pre{white-space:pre-wrap;background:#fafafa;border:1px solid #eee;padding:4px 6p
 article{border:1px solid #e0e0e0;border-radius:4px;padding:.2em 1em 1em;margin:1em 0}
 article:target{box-shadow:0 0 0 3px #ffb300}.bad{color:#c62828;font-weight:600}.good{color:#2e7d32}
 .worse{color:#c62828}
-#controls{margin:.5em 0}
+#controls{margin:.5em 0}#matrix td:first-child{white-space:nowrap}
 """
 SCRIPT = """
 (function(){var f=document.getElementById('filter'),c=document.getElementById('only-failing');
@@ -88,9 +89,12 @@ def render_html(summary: Mapping[str, Any]) -> str:
         links = "".join(f' <a href="#{anchor(h)}">{e(h)}</a>' for h in sorted(gate["failing"]))
         out.append(f"<p>gate <code>{e(','.join(gate['layers']))}</code>: {state}"
                    + (f" — not passed on:{links}" if links else "") + "</p>")
+    if elsewhere := list(summary.get("in_another_shard") or ()):
+        out.append(f'<p class="meta">{len(elsewhere)} more host(s) in another shard: '
+                   f'{e(", ".join(elsewhere))} (the merge of all shards judges the whole fleet)</p>')
+    out += _matrix(hosts, shown)  # before anything long: the first screen answers "which host, why"
     out += _trend(summary.get("trend"))
     out += _diagnoses(summary.get("diagnoses") or {})
-    out += _matrix(hosts, shown)
     out += _readiness(hosts)
     out += _perf_table(hosts)
     failing = [(name, entry) for name, entry in hosts.items() if entry["verdict"] != "pass"]
@@ -271,8 +275,8 @@ def _changed(changed: Mapping[str, Any] | None) -> list[str]:
     head = (f"<h4>What changed since the last good run {e(since.get('run_id'))} ({e(since.get('finished'))})"
             f" — compared: {e(changed['basis'])}</h4>")
     out = [head]
-    if changed.get("note"):
-        out.append(f'<p class="muted">{e(changed["note"])}</p>')
+    for note in [*(changed.get("not_compared") or ()), *([changed["note"]] if changed.get("note") else [])]:
+        out.append(f'<p class="muted">not compared: {e(note)}</p>')
     if not changed["changes"]:
         out.append("<p>nothing that the verdicts record changed (look at the failure and the diagnosis).</p>")
         return out

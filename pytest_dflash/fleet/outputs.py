@@ -57,14 +57,14 @@ def write_outputs(summary: Mapping[str, Any], out_dir: Path, *, prometheus: Path
 def summarize(inputs: Sequence[LoadedVerdict], out_dir: Path, *, previous_path: Path | None,
               history_dir: Path | None, gate_layers: Sequence[str] = (), excluded: Sequence[str] = (),
               exclude_patterns: Sequence[str] = (), prometheus: Path | None = None,
-              perf_threshold_pct: float = 5.0) -> tuple[dict[str, Any], Outputs]:
+              perf_threshold_pct: float = 5.0, one_shard: bool = False) -> tuple[dict[str, Any], Outputs]:
     """Build the summary, write every output, then record this run's good verdicts in the history."""
     previous = read_summary(previous_path) if previous_path is not None else None
     history = History(history_dir) if history_dir is not None else None
     summary = build_summary(inputs, previous=previous,
                             previous_source=str(previous_path) if previous_path else None, history=history,
                             gate_layers=gate_layers, excluded=excluded, exclude_patterns=exclude_patterns,
-                            perf_threshold_pct=perf_threshold_pct)
+                            perf_threshold_pct=perf_threshold_pct, one_shard=one_shard)
     outputs = write_outputs(summary, out_dir, prometheus=prometheus)
     if history is not None:
         outputs.history = history.record(inputs)
@@ -83,6 +83,11 @@ def headline(summary: Mapping[str, Any], *, gate_line: bool = True) -> list[str]
     else:
         first = (f"fleet: {totals['pass']}/{totals['hosts']} hosts pass"
                  + (f" ({', '.join(incomplete)})" if incomplete else ""))
+    elsewhere = list(summary.get("in_another_shard") or ())
+    if elsewhere:  # the end of one shard: the fleet's verdict is the merge's
+        first += (f"; {len(elsewhere)} host{'s' if len(elsewhere) != 1 else ''} in another shard "
+                  f"({', '.join(elsewhere[:5])}{', …' if len(elsewhere) > 5 else ''}): the merge judges "
+                  "the fleet")
     lines = [first
              + (f"; excluded: {', '.join(summary['excluded'])}" if summary.get("excluded") else "")]
     gate = summary.get("gate")
@@ -123,9 +128,14 @@ def headline(summary: Mapping[str, Any], *, gate_line: bool = True) -> list[str]
             more = f" (+{changed['count'] - 4} more)" if changed["count"] > 4 else ""
             lines.append(f"{name}: {since}; changed since last good run {changed['since']['run_id']}: "
                          + "; ".join(parts) + more)
+        if changed is not None:
+            lines += [f"{name}: not compared: {note}" for note in changed.get("not_compared") or ()]
     return lines
 
 
 def _short(value: Any) -> str:
     text = "absent" if value is None else str(value)
-    return text if len(text) <= 40 else text[:37] + "…"
+    if len(text) <= 40:
+        return text
+    cut = max(text.rfind(" ", 0, 38), text.rfind("/", 0, 38) + 1, text.rfind("-", 0, 38) + 1)
+    return text[:cut if cut > 10 else 37].rstrip() + "…"  # after a word where one ends in reach

@@ -32,7 +32,7 @@ from prometheus_client.metrics_core import Metric
 
 from pytest_dflash.client.deadline import bound_total_time, deadline
 from pytest_dflash.errors import ApiError
-from pytest_dflash.fleet.values import measurements
+from pytest_dflash.fleet.values import clip, measurements
 from pytest_dflash.report.files import atomic_write
 
 NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -288,4 +288,4 @@ def _decode(key: str, value: str) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())[:300] or "no reason given"
+    return clip(" ".join(text.split()), 300) or "no reason given"

@@ -26,7 +26,7 @@ from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import DocumentTooDeep
 from pytest_dflash.fleet.trend import build_trend, what_changed
-from pytest_dflash.fleet.values import iso, numbers
+from pytest_dflash.fleet.values import clip, iso, numbers
 from pytest_dflash.fleet.verdicts import FleetInputError, History, LoadedVerdict
 from pytest_dflash.report.verdict import SCHEMA as VERDICT_SCHEMA
 from pytest_dflash.report.verdict import VERDICTS
@@ -112,7 +112,7 @@ def _failure_entry(failure: Mapping[str, Any]) -> dict[str, Any]:
         "test": failure.get("test", ""),
         "layer": failure.get("layer", ""),
         "phase": failure.get("phase", ""),
-        "message": str(failure.get("message", ""))[:500],
+        "message": clip(str(failure.get("message", "")), 500),
         "diagnosis": [{"id": str(d.get("id", "")), "title": str(d.get("title", "")),
                        "remedy": str(d.get("remedy", ""))}
                       for d in failure.get("diagnosis") or [] if isinstance(d, Mapping)],
@@ -174,6 +174,15 @@ def host_entry(verdict: LoadedVerdict) -> dict[str, Any]:
 # ---- the summary -------------------------------------------------------------------------------------------
 
 
+def other_shards(verdicts: Sequence[LoadedVerdict]) -> list[str]:
+    """The hosts the run named (`run.hosts`: the whole fleet before --shard took its share) that this shard's
+    run did not hold: at the end of a shard, they are in another shard, not interrupted."""
+    have = {v.host for v in verdicts}
+    named = {host for v in verdicts if isinstance(run := v.data.get("run"), Mapping) and run.get("shard")
+             for host in run.get("hosts") or () if isinstance(host, str)}
+    return sorted(named - have)
+
+
 def missing_verdicts(verdicts: Sequence[LoadedVerdict], excluded: Sequence[str] = ()) -> list[LoadedVerdict]:
     """A stand-in 'interrupted' verdict for each host a run named (its `run.hosts`: every host of the fleet
     before --shard took its share) that no input has a verdict for: a shard that never uploaded, a runner that
@@ -220,10 +229,14 @@ def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, A
                   previous_source: str | None = None, history: History | None = None,
                   gate_layers: Sequence[str] = (), excluded: Sequence[str] = (),
                   exclude_patterns: Sequence[str] = (), perf_threshold_pct: float = 5.0,
-                  now: float | None = None) -> dict[str, Any]:
-    """`excluded`: the hosts left out of the inputs; `exclude_patterns`: the globs that left them out."""
+                  one_shard: bool = False, now: float | None = None) -> dict[str, Any]:
+    """`excluded`: the hosts left out of the inputs; `exclude_patterns`: the globs that left them out.
+    `one_shard`: the summary at the end of one --shard run, whose fleet's other hosts are in other shards:
+    listed as `in_another_shard`, not as stand-in 'interrupted' verdicts (those are for a merge that lacks a
+    shard)."""
     now = time.time() if now is None else now
-    verdicts = [*verdicts, *missing_verdicts(verdicts, [*excluded, *exclude_patterns])]
+    elsewhere = other_shards(verdicts) if one_shard else []
+    verdicts = [*verdicts, *missing_verdicts(verdicts, [*excluded, *exclude_patterns, *elsewhere])]
     hosts = {v.host: host_entry(v) for v in sorted(verdicts, key=lambda v: v.host)}
     by_host = {v.host: v for v in verdicts}
     before: Mapping[str, Mapping[str, Any]] = (previous or {}).get("hosts", {})
@@ -286,6 +299,7 @@ def build_summary(verdicts: Sequence[LoadedVerdict], *, previous: Mapping[str, A
         "diagnoses": dict(sorted(diagnoses.items(), key=lambda kv: (-len(kv[1]["hosts"]), kv[0]))),
         "gate": gate,
         "excluded": list(excluded),
+        "in_another_shard": elsewhere,
         "trend": trend,
         "hosts": hosts,
     }

@@ -1,4 +1,5 @@
-"""A failing host's "what changed" since its last good verdict, and the trend against the previous summary
+"""A failing host's "what changed" since its last good verdict (also for the per-run HTML report:
+:func:`changes_since_good`, handed to report/html.py by plugin.py), and the trend against the previous summary
 (new failures, fixed hosts, hosts that disappeared or appeared, perf changes beyond the run-to-run spread).
 
 A perf number is a regression only when its change is outside what repeated good runs show (issue 26: a raw
@@ -19,14 +20,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.documents import loads_json
+from pytest_dflash.fleet.changes import service_changes
 from pytest_dflash.fleet.values import flatten, host_numbers, is_measurement, parse_time, safe_name
 
 FAILING = ("failed", "blocked")
 MAX_CHANGES = 200  # per host, in the summary ("what changed" of a whole package set can be long)
-# Service facts that are measurements of one run, not configuration: never "what changed".
-VOLATILE_SERVICE_KEYS = frozenset({"ready", "stopped", "accept_length", "provisioned", "ready_s"})
 # Perf numbers where a smaller value is better (latencies, durations); the rest (tokens/s, accept length)
 # grow.
 LOWER_IS_BETTER = ("ttft", "itl", "tpot", "latency", "_ms", "duration", "ready_s", "e2e", "_p50",
@@ -54,19 +56,6 @@ def _category(key: str) -> str:
     return "facts"
 
 
-def _service_config(data: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    services = data.get("services") or {}
-    for name, facts in services.items():
-        if not isinstance(facts, Mapping):
-            continue
-        for key, value in flatten({k: v for k, v in facts.items() if k not in VOLATILE_SERVICE_KEYS}).items():
-            if key in ("url", "launch_command") and facts.get("provisioned"):
-                continue  # provisioned services get a free port each run (in their URL and their command)
-            out[f"services.{name}.{key}"] = value
-    return out
-
-
 def what_changed(good: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
     """Differences between a host's last good verdict and its current one: the env snapshot and other layer
     facts (packages, driver, unit flags, JIT cache) when both have them, and always the services' algorithm,
@@ -80,11 +69,8 @@ def what_changed(good: Mapping[str, Any], current: Mapping[str, Any]) -> dict[st
             if good_facts.get(key) != now_facts.get(key):
                 changes.append({"category": _category(key), "key": key,
                                 "before": good_facts.get(key), "after": now_facts.get(key)})
-    good_services, now_services = _service_config(good), _service_config(current)
-    for key in sorted(set(good_services) | set(now_services)):
-        if good_services.get(key) != now_services.get(key):
-            changes.append({"category": "service", "key": key,
-                            "before": good_services.get(key), "after": now_services.get(key)})
+    services, not_compared = service_changes(good, current)
+    changes = [*services, *changes]  # the services first: the command of one that never came up leads
     for key in ("profile", "connection"):
         if good.get(key) != current.get(key):
             changes.append({"category": "profile", "key": key, "before": good.get(key),
@@ -93,17 +79,26 @@ def what_changed(good: Mapping[str, Any], current: Mapping[str, Any]) -> dict[st
     if basis == "services" and (good_facts or now_facts):
         side = "the last good verdict" if not good_facts else "this verdict"
         note = f"{side} has no env/facts snapshot: only services and profile compared"
+    elif basis == "services" and _env_ran(current):
+        note = ("no env/facts snapshot in either verdict (the env layer ran but recorded none): packages, "
+                "driver and JIT cache not compared")
     elif basis == "services":
-        note = ("no env/facts snapshot in either verdict (run the env layer): only services and profile "
-                "compared")
+        note = ("no env/facts snapshot in either verdict (the env layer did not run): packages, driver and "
+                "JIT cache not compared")
     return {
         "since": {"run_id": good.get("run_id"), "finished": good.get("finished"),
                   "finished_ts": parse_time(good.get("finished"))},
         "basis": basis,
         "note": note,
+        "not_compared": not_compared,
         "count": len(changes),
         "changes": changes[:MAX_CHANGES],
     }
+
+
+def _env_ran(verdict: Mapping[str, Any]) -> bool:
+    env = (verdict.get("layers") or {}).get("env")
+    return isinstance(env, Mapping) and env.get("outcome") not in (None, "not-run")
 
 
 # ---- trend vs the previous summary -------------------------------------------------------------------------
@@ -324,3 +319,29 @@ def _diagnosis_ids(entry: Mapping[str, Any]) -> list[str]:
             if diagnosis["id"] not in ids:
                 ids.append(diagnosis["id"])
     return ids
+
+
+def changes_since_good(config: pytest.Config) -> dict[str, dict[str, Any] | None]:
+    """{failing host of this run: what changed since its last good verdict, or None with none on record},
+    from this run's written verdicts and the history folder the fleet summary keeps (--dflash-history,
+    default <report dir>/history)."""
+    from pytest_dflash.config import options
+    from pytest_dflash.fleet.verdicts import HISTORY, History
+    from pytest_dflash.run.stash import REPORTED_KEY, RUN_KEY
+
+    run = config.stash.get(RUN_KEY, None)
+    if run is None:
+        return {}
+    history = History(options.path(config, "dflash_history") or run.options.report_dir / HISTORY)
+    out: dict[str, dict[str, Any] | None] = {}
+    for path in config.stash.get(REPORTED_KEY, []):
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        failed = isinstance(data, dict) and data.get("verdict") == "fail"
+        if not failed or not isinstance(data.get("host"), str):
+            continue
+        good = history.last_good(data["host"])
+        out[data["host"]] = what_changed(good, data) if good is not None else None
+    return out

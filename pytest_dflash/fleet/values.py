@@ -44,6 +44,15 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def clip(text: str, limit: int) -> str:
+    """`text` in at most `limit` characters: whole, or cut after its last whole word in reach, with "…" (a
+    summary's failure message read "… befor" where it was cut at a fixed length)."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return (text[:cut] if cut > limit // 2 else text[:limit - 1]).rstrip() + "…"
+
+
 def numbers(value: Any) -> dict[str, float]:
     """The finite numeric leaves of a nested object (bools are not numbers)."""
     return {key: float(item) for key, item in flatten(value).items()
@@ -72,7 +81,8 @@ def safe_name(name: str) -> str:
 # a statistical test's internals, which stay in the JSON.
 _MEASURED = re.compile(
     r"^(?:perf\.[^.]+\.(?:output_throughput|request_throughput|completed|failed|duration|median_ttft_ms"
-    r"|p99_ttft_ms|median_itl_ms|p99_itl_ms|mean_tpot_ms|p99_e2e_latency_ms|accept_length|server_accept_length"
+    r"|p99_ttft_ms|median_itl_ms|p99_itl_ms|mean_tpot_ms|median_e2e_latency_ms|p99_e2e_latency_ms|accept_length"
+    r"|server_accept_length"
     r"|speedup_vs_[^.]+|accept_length_by_category\.[^.]+)"
     r"|token_latency:[^.]+\.(?:ttft_ms|tpot_ms)"
     r"|acceptance:[^.]+\.(?:mean|accept_rate|per_category\.[^.]+)"

@@ -1,4 +1,6 @@
-"""pytest-html integration: the diagnosis as a highlighted extra in each failed row, Host / Layer / Service /
+"""pytest-html integration: the first screen above the (collapsed) Environment table — the run's verdict in
+colour, the gate and why, each failing host's diagnosis, what changed (report/first_screen.py) —, the
+diagnosis as a highlighted extra in each failed row (dark on pale), Host / Layer / Service /
 Diagnosis columns (sortable, like pytest-html's own), the run's metadata in the Environment table (through
 pytest-metadata: run id, plugin version, the SGLang / torch / FlashInfer versions seen), and the host x layer
 verdict table at the top of the report, each host's cold start as a timeline (services side by side, phases
@@ -10,7 +12,7 @@ Registered only when pytest-html is active."""
 from __future__ import annotations
 
 import html
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -31,6 +33,8 @@ VERDICT_COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "partial": "#ef6c00", "
 SKIP_CSS = (".logwrapper:has(.dflash-skip-reason){max-height:none;overflow:visible;background:none}"
             ".logwrapper:has(.dflash-skip-reason) .logexpander{display:none}"
             ".logwrapper:has(.dflash-skip-reason) .log{top:0;height:auto;min-height:0;padding:4px 0}")
+# the diagnosis box in a failed row: near-black on a pale red (pytest-html's log CSS greys text; 15:1 here)
+DIAGNOSIS_BOX = "border-left:4px solid #c62828;padding:6px 10px;background:#fff3f3;color:#1a1a1a"
 COLUMNS = (("host", "Host"), ("layer", "Layer"), ("service", "Service"), ("diagnosis", "Diagnosis"))
 # Where a version seen on a host comes from, first found wins: (verdict fact, field); SGLang from
 # /server_info. The env layer exports "torch" (torch's own facts, GPU hosts) and "serving_stack" (installed
@@ -42,9 +46,16 @@ VERSION_FACTS = {
 }
 
 
+# {failing host: fleet/trend.py's what_changed, or None with no good run on record}
+Changes = Callable[[pytest.Config], Mapping[str, Mapping[str, Any] | None]]
+
+
 class HtmlHooks:
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, *, changes: Changes | None = None) -> None:
         self.config = config
+        # what changed on each failing host since its last good run: fleet/changes.py reads the history
+        # (a package above this one, so plugin.py hands it in)
+        self._changes = changes
         self._page: Any = None  # pytest-html's report data: its title is read when the page is written
 
     def pytest_html_report_title(self, report: Any) -> None:
@@ -68,9 +79,9 @@ class HtmlHooks:
 
         for title, body in report.sections:
             if title == "dflash diagnosis":
-                box = (f'<div style="border-left:4px solid #c62828;padding:6px 10px;background:#fff3f3">'
-                       f"<b>dflash diagnosis</b><pre "
-                       f"style=\"white-space:pre-wrap\">{html.escape(body)}</pre></div>")
+                box = (f'<div class="dflash-diagnosis" style="{DIAGNOSIS_BOX}"><b>dflash diagnosis</b>'
+                       f'<pre style="white-space:pre-wrap;color:#1a1a1a;background:none;margin:4px 0 0">'
+                       f"{html.escape(body)}</pre></div>")
                 report.extras = [*getattr(report, "extras", []), extras.html(box)]  # type: ignore[attr-defined]
         return report
 
@@ -103,6 +114,7 @@ class HtmlHooks:
         self._metadata(builder)
         if builder is None or not builder.hosts:
             return
+        prefix.append(self._first_screen(builder))
         if self._page is not None:
             self._page.title = run_title(builder)
         head = "".join(f"<th>{'host layer' if layer == 'host' else layer}</th>" for layer in LAYERS)
@@ -125,11 +137,21 @@ class HtmlHooks:
                             f"{html.escape(diagnosis or failure['message'])}</td></tr>")
         style = ("<style>table.dflash-verdict{border-collapse:collapse;margin-bottom:1em}"
                  "table.dflash-verdict th,table.dflash-verdict td{border:1px solid #ddd;padding:3px 8px;"
-                 "text-align:left}" + SKIP_CSS + "</style>")
+                 "text-align:left;color:#1a1a1a}table.dflash-verdict td:first-child{white-space:nowrap}"
+                 + SKIP_CSS + "</style>")
         prefix.append(f'{style}<h2>dflash verdict</h2><table '
                       f'class="dflash-verdict"><tr><th>host</th><th>verdict</th>'
                       f"{head}</tr>{''.join(rows)}</table>")
         prefix.append(cold_start_section(builder))
+
+    def _first_screen(self, builder: VerdictBuilder) -> str:
+        """Verdict, gate and why, and what changed (report/first_screen.py), above the Environment table."""
+        from pytest_dflash.report.first_screen import first_screen
+        from pytest_dflash.run.stash import GATE_KEY
+
+        gate_layers = self.config.stash.get(GATE_KEY, [])
+        gate = builder.gate(gate_layers) if gate_layers else None
+        return first_screen(builder, gate, self._changes(self.config) if self._changes else {})
 
     def _metadata(self, builder: VerdictBuilder | None) -> None:
         """The run's facts into pytest-metadata's dict, which pytest-html renders as its Environment table (it

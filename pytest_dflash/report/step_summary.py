@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_dflash.config.layers import LAYERS
+from pytest_dflash.report.first_screen import gate_reasons
 from pytest_dflash.report.verdict import HostVerdict, VerdictBuilder
 from pytest_dflash.scrub.bounds import KB, nbytes
 from pytest_dflash.scrub.redact import redact
@@ -52,7 +53,7 @@ def markdown(builder: VerdictBuilder, gate: Mapping[str, Any] | None = None) -> 
     if gate is not None:
         passed = "✅ passed" if gate.get("passed") else "❌ failed"
         head.append(f"Gate `{_code(','.join(gate.get('layers', [])))}`: **{passed}**")
-        head += [f"- gate refused: {_cell(str(reason))}" for reason in gate.get("refused", [])]
+        head += [f"- {_cell(reason)}" for reason in gate_reasons(gate)]  # the layer and why, per host
         head += [f"- outside the gate: {_cell(str(what))}" for what in gate.get("outside", [])]
         head.append("")
     if status.interrupted:

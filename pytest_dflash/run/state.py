@@ -222,6 +222,7 @@ class ServiceHandle:
             "served": self.served.fact(),  # parsers, grammar backend, parallel sizes (/server_info)
             "frontend": info.get("frontend"),
             "provisioned": self.manager.provisioned,
+            "configured": self.spec.configured(),  # the profile's command: compared when it never came up
             "ready": self.ready.as_dict() if self.ready else None,
             "stopped": self.stopped.as_dict() if self.stopped else None,
             "server_info_error": self.server_info_error,

@@ -38,6 +38,17 @@ MEASURE = """<script>window.addEventListener('load', function () {
         out.push(t.textContent + ' @' + b.x.toFixed(0) + '..' + (b.x + b.width).toFixed(0) + '/' + width);
     });
   });
+  // host names that wrap onto a second line in the verdict tables ("gpu-" / "a")
+  var wrapped = [];
+  document.querySelectorAll('#matrix tbody td:first-child, table.dflash-verdict td:first-child').forEach(function (td) {
+    var range = document.createRange(), tops = {};
+    range.selectNodeContents(td);
+    Array.prototype.forEach.call(range.getClientRects(), function (r) { if (r.width) tops[Math.round(r.top)] = 1; });
+    if (Object.keys(tops).length > 1) wrapped.push(td.textContent);
+  });
+  document.body.setAttribute('data-wrapped', wrapped.join(' | '));
+  var firstTable = document.querySelector('table');
+  document.body.setAttribute('data-first-table', firstTable ? (firstTable.id || firstTable.className) : '');
   document.body.setAttribute('data-texts', String(n));
   document.body.setAttribute('data-overflow', out.join(' | '));
 });</script>"""
@@ -118,6 +129,9 @@ def test_a_failing_three_host_fleet_as_chromium_renders_it(browser: None, run_su
     gamma = dom.split('id="h-gamma"', 1)[1].split("</article>", 1)[0]
     assert re.search(r'class="diag"><b>\[[a-z0-9-]+\]</b> \S.*?<div class="remedy">remedy: \S', gamma), gamma[:3000]
     assert int(fleet.body["data-texts"]) >= 5, "the readiness plot was drawn"
+    # the matrix is the page's first table (before: trend and perf tables above it), no host name wraps
+    assert fleet.body["data-first-table"] == "matrix", fleet.body["data-first-table"]
+    assert fleet.body["data-wrapped"] == "", fleet.body["data-wrapped"]
     assert fleet.body["data-overflow"] == "", fleet.body["data-overflow"]
 
     # the pytest-html report: its title names the run, the verdict table, the failing host's diagnosis
@@ -129,6 +143,7 @@ def test_a_failing_three_host_fleet_as_chromium_renders_it(browser: None, run_su
                                                                          "gamma": "FAIL"}
     assert "sampling-jit-first-sampled-request" in dom and "remedy" in dom
     assert report.body["data-overflow"] == "", report.body["data-overflow"]
+    assert report.body["data-wrapped"] == "", report.body["data-wrapped"]
     # the cold start: the failing host first, its service that died drawn, one legend for the page
     hosts = re.findall(r'class="dflash-cold-start" data-host="([^"]+)"', dom)
     assert hosts == ["gamma", "alpha", LONG], hosts

@@ -124,3 +124,24 @@ def test_fleet_runs_hosts_in_parallel_one_broken_host_fails_alone(run_suite, tmp
     assert sorted(p.name for p in healthy_reports.glob("*.verdict.json")) == ["alpha.verdict.json",
                                                                               "beta.verdict.json"]
     assert elapsed < 90, f"the fleet run took {elapsed:.0f}s"
+
+
+def test_a_shards_summary_names_the_other_shards_hosts_not_interrupted(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """One shard of a three-host fleet, at its end: its headline and fleet-summary.json say the two other hosts
+    are in another shard. Before: "fleet: 0/3 hosts pass (2 interrupted)", and the JSON gave them stand-in
+    'interrupted' verdicts with the connection "none: attached by URL"."""
+    write_profile(tmp_path, "good", {"dflash": ("DFLASH", [])})
+    write_profile(tmp_path, "sm120", {"dflash": ("DFLASH", ["--inject", "flashinfer-sm120"])})
+    inventory = tmp_path / "fleet.yml"
+    inventory.write_text(INVENTORY)
+    result = run_suite("smoke", "--fleet", str(inventory), "--shard", "1/3", "-m", "service")
+    assert_no_crash(result)
+    summary = json.loads((run_suite.reports / "fleet-summary.json").read_text())
+    (mine,) = summary["hosts"]
+    others = sorted({"alpha", "beta", "gamma"} - {mine})
+    assert summary["in_another_shard"] == others, summary["in_another_shard"]
+    assert summary["totals"]["interrupted"] == 0 and summary["totals"]["hosts"] == 1
+    out = result.stdout.str()
+    assert f"2 hosts in another shard ({', '.join(others)}): the merge judges the fleet" in out, out[-3000:]
+    assert "interrupted" not in out.split("dflash verdict", 1)[-1].lower(), out[-3000:]
+    assert "attached by URL" not in (run_suite.reports / "fleet-summary.json").read_text()

@@ -114,3 +114,104 @@ def test_an_interrupted_run_reads_interrupted_in_the_browser(run_suite, tmp_path
     assert parsed.title == parsed.heading.strip() == "pytest-dflash stopped: INTERRUPTED"
     assert parsed.verdict_of("stopped") == "INTERRUPTED", parsed.rows
     assert any(" ".join(row).strip().startswith("INTERRUPTED: stopped early") for row in parsed.rows), parsed.rows
+
+
+# Appended to a copy of the page: after its scripts ran, what the first screen shows, as <body> attributes:
+# the order of the verdict block and pytest-html's Environment table, whether that table is hidden, the
+# heading's colour, the diagnosis box's contrast, and every shortened SVG label that was cut inside a word.
+FIRST_SCREEN = """<script>window.addEventListener('load', function () {
+  function rgb(c) { return (c.match(/[0-9.]+/g) || []).slice(0, 3).map(Number); }
+  function lum(c) { return rgb(c).map(function (v) { v /= 255;
+    return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); })
+    .reduce(function (a, v, i) { return a + v * [0.2126, 0.7152, 0.0722][i]; }, 0); }
+  function contrast(el) { var s = getComputedStyle(el), bg = el, b = 'rgba(0, 0, 0, 0)';
+    while (bg && (b = getComputedStyle(bg).backgroundColor) === 'rgba(0, 0, 0, 0)') bg = bg.parentElement;
+    var a = lum(s.color), z = lum(b || 'rgb(255,255,255)');
+    return (Math.max(a, z) + 0.05) / (Math.min(a, z) + 0.05); }
+  var first = document.getElementById('dflash-first-screen'), env = document.getElementById('environment');
+  var b = document.body;
+  b.setAttribute('data-first-before-env', String(!!(first && env &&
+    (first.compareDocumentPosition(env) & Node.DOCUMENT_POSITION_FOLLOWING))));
+  b.setAttribute('data-env-hidden', String(!!env && env.offsetHeight === 0));
+  b.setAttribute('data-title-colour', getComputedStyle(document.getElementById('title')).color);
+  b.setAttribute('data-first-text', first ? first.innerText : '');
+  var boxes = [];
+  document.querySelectorAll('.dflash-diagnosis pre').forEach(function (p) { boxes.push(contrast(p).toFixed(1)); });
+  b.setAttribute('data-diagnosis-contrast', boxes.join(' '));
+  var cut = [], svgText = [];
+  document.querySelectorAll('svg text').forEach(function (t) {
+    var tip = t.querySelector('title'), shown = '';
+    t.childNodes.forEach(function (n) { if (n.nodeName !== 'title') shown += n.textContent; });
+    svgText.push(shown);
+    if (!tip) return;
+    var whole = tip.textContent, head = shown.split('…')[0];
+    // a shortened label keeps whole words: the text goes on after its kept part with a space or a separator
+    if (whole.indexOf(head) !== 0 || /[A-Za-z0-9]/.test(whole.charAt(head.length) || ' ') &&
+        /[A-Za-z0-9]$/.test(head)) cut.push(shown + ' <- ' + whole);
+  });
+  b.setAttribute('data-cut', cut.join(' | '));
+  b.setAttribute('data-svg-text', svgText.join(' '));
+});</script>"""
+
+
+class _Body(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attrs: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "body":
+            self.attrs = {k: v or "" for k, v in attrs}
+
+
+def _first_screen(page: Path, tmp_path: Path) -> dict[str, str]:
+    measured = tmp_path / f"first-screen-{page.name}"
+    measured.write_text(page.read_text().replace("</body>", FIRST_SCREEN + "</body>", 1))
+    body = _Body()
+    body.feed(dump_dom(measured, timeout_s=120))
+    return body.attrs
+
+
+def test_the_first_screen_says_verdict_gate_why_and_what_changed(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Two nights of one host, gated on service,generation. Night one passes. Night two its unit's command
+    says 6 draft tokens instead of 8 and the service dies on its first sampled request (FlashInfer's SM 12.x
+    JIT). The HTML's first screen, as chromium renders it: a red heading and banner, then the gate FAILED with
+    the layer and why, the diagnosis, and what changed — the command's draft tokens 8 → 6, not the served
+    configuration as "→ absent" — all above pytest-html's Environment table, which is collapsed. Before: a
+    black heading, the Environment table first, no gate anywhere, 11 "→ absent" rows and "run the env layer".
+    The diagnosis box reads dark on pale (before: light grey on pink), and no plot label is cut in a word
+    (before: the cold-start reason was cut in the middle, dropping "nvcc too old")."""
+    night = "night"
+    write_profile(tmp_path, night, {"dflash": ("DFLASH", [])})
+    gate = ("--gate", "service,generation")
+    first = run_suite("smoke", "--host", str(tmp_path / f"{night}.toml"), *gate)
+    assert_no_crash(first)
+    assert first.ret == 0, first.stdout.str()[-3000:]
+    write_profile(tmp_path, night, {"dflash": ("DFLASH", ["--speculative-num-draft-tokens", "6",
+                                                          "--inject", "flashinfer-sm120"])})
+    page = tmp_path / "report.html"
+    second = run_suite("smoke", "--host", str(tmp_path / f"{night}.toml"), *gate, f"--html={page}")
+    assert_no_crash(second)
+    assert second.ret == 1
+    # the terminal's fleet lines name the command's change and what could not be compared
+    out = second.stdout.str()
+    assert "command --speculative-num-draft-tokens 8 -> 6" in out, out[-3000:]
+    assert "night: not compared: dflash never came up in this run" in out
+
+    shown = _first_screen(page, tmp_path)
+    screenshot(page, ROOT / "reports" / "html-report-first-screen.png", timeout_s=120)
+    assert shown["data-first-before-env"] == "true", "the verdict block is above the Environment table"
+    assert shown["data-env-hidden"] == "true", "the Environment table starts collapsed"
+    assert shown["data-title-colour"] == "rgb(183, 28, 28)", shown["data-title-colour"]
+    text = shown["data-first-text"]
+    assert text.startswith("FAIL: night fail; 0 of 1 host pass"), text
+    assert "gate service,generation: FAILED" in text and "night: service failed" in text, text
+    assert "[flashinfer-sm12x-nvcc]" in text and "remedy:" in text, text
+    assert "services.dflash.command --speculative-num-draft-tokens: 8 → 6" in text, text
+    assert "→ absent" not in text, text
+    assert "not compared: dflash never came up in this run" in text, text
+    assert "run the env layer" not in text, text
+    assert all(float(c) >= 7.0 for c in shown["data-diagnosis-contrast"].split()), shown["data-diagnosis-contrast"]
+    assert shown["data-diagnosis-contrast"], "the failed row's diagnosis box was rendered"
+    assert shown["data-cut"] == "", shown["data-cut"]
+    assert "(nvcc) its JIT uses is too old" in " ".join(shown["data-svg-text"].split()), shown["data-svg-text"]

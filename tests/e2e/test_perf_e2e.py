@@ -61,7 +61,8 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
     clean.stdout.fnmatch_lines([
         "*dflash perf*",
         f"{HOST}: generate, concurrency 1, 32+32 tokens, 30 requests and 60 s",
-        "    dflash (DFLASH): * tok/s [[]*, *[]], TTFT p50/p99 */* ms, ITL p99 * ms, accept length * (server *)",
+        "    dflash (DFLASH): * tok/s [[]*, *[]], * req/s, TTFT p50/p99 */* ms, ITL p99 * ms, e2e p50/p99 */* ms, "
+        "accept length * (client; server-reported *)",
         "        errors PASS, output_tok_s PASS, itl_p99_ms PASS, ttft_p50_ms PASS, accept_length PASS, "
         "speedup_vs_none PASS",
         "    speed-up (output tok/s, same load, 95% bounds): *ddtree/dflash *x [[]*[]] (accept length * vs *)*",

@@ -127,3 +127,13 @@ def test_attached_servers_are_named_by_host_and_port_in_every_run(pytester: pyte
     assert clash.ret == 4
     clash.stderr.fnmatch_lines([f"ERROR: --attach {other_path}: host '127.0.0.1:{first.port}' is already "
                                 f"--attach {first.url}*"])
+
+
+def test_a_long_failure_message_is_cut_after_a_word_not_inside_one() -> None:
+    """The summary keeps 500 characters of a failure's message: before, "… not answered yet befor"."""
+    from pytest_dflash.fleet.values import clip
+
+    message = "sampled phase not answered yet " * 20 + "before the deadline"
+    kept = clip(message, 500)
+    assert len(kept) <= 500 and kept.endswith("yet…") and message.startswith(kept[:-1])
+    assert clip("short", 500) == "short"

@@ -50,14 +50,30 @@ def test_the_services_of_a_perf_test_in_one_table() -> None:
                                              confidence=0.95, concurrency=8, accept_length=1.02,
                                              versus_accept_length=None)
     rows = _cells(runs_table([plain, dflash]))
-    assert rows[0] == ["service", "algorithm", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)", "ITL p50 (ms)",
-                       "ITL p99 (ms)", "accept length", "speed-up (output tok/s)"]
-    by_service = {row[0]: row for row in rows[1:]}
+    assert rows[0] == ["service", "algorithm", "output tok/s", "req/s", "TTFT p50 (ms)", "TTFT p99 (ms)",
+                       "ITL p50 (ms)", "ITL p99 (ms)", "e2e p50 (ms)", "e2e p99 (ms)",
+                       "accept length, client (judged)", "accept length, server-reported",
+                       "speed-up (output tok/s)"]
+    by_service = {row[0]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}
     m = dflash.result.metrics
-    assert by_service["dflash"][1:5] == ["DFLASH", f"{m['output_throughput']:.1f}", f"{m['median_ttft_ms']:.1f}",
-                                         f"{m['p99_ttft_ms']:.1f}"]
-    assert by_service["dflash"][-1] == "1.08x vs plain"
-    assert by_service["plain"][-2] == "", "no accept length measured on a plain service"
+    assert [by_service["dflash"][k] for k in ("algorithm", "output tok/s", "req/s", "TTFT p50 (ms)",
+                                              "e2e p50 (ms)", "e2e p99 (ms)")] == [
+        "DFLASH", f"{m['output_throughput']:.1f}", f"{m['request_throughput']:.2f}", f"{m['median_ttft_ms']:.1f}",
+        f"{m['median_e2e_latency_ms']:.1f}", f"{m['p99_e2e_latency_ms']:.1f}"]
+    assert by_service["dflash"]["speed-up (output tok/s)"] == "1.08x vs plain"
+    assert by_service["plain"]["accept length, client (judged)"] == "", "no accept length on a plain service"
+
+
+def test_the_accept_length_the_check_judges_is_the_one_shown_and_the_servers_is_labelled() -> None:
+    """The recorded H200 DFLASH run: its requests' Σ tokens / Σ verify steps is 1.016, the server says 1.000.
+    The headline and the accept-length check use 1.016; the table showed 1.000 under a bare "accept length"."""
+    dflash = _run("dflash", "DFLASH")
+    assert dflash.accept_length is not None and dflash.result.server_accept_length is not None
+    row = dict(zip(*_cells(runs_table([dflash]))[:2], strict=True))
+    assert row["accept length, client (judged)"] == f"{dflash.accept_length:.3f}" == "1.016"
+    assert row["accept length, server-reported"] == f"{dflash.result.server_accept_length:.3f}" == "1.000"
+    assert f"accept length {dflash.accept_length:.3f} (client; server-reported 1.000)" in dflash.headline()
+    assert dflash.metrics()["perf.dflash.accept_length"] == round(dflash.accept_length, 4)
 
 
 def test_failing_hosts_come_first() -> None:

@@ -16,7 +16,7 @@ from pytest_dflash.layers.perf.report import svg_plots
 from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.load import LoadResult
-from pytest_dflash.report.plots import cold_start_timeline_svg, readiness_spread_svg
+from pytest_dflash.report.plots import cold_start_timeline_svg, readiness_spread_svg, text_width
 
 PERF = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200-ddtree" / "run2-three" / "perf"
 
@@ -81,7 +81,27 @@ def test_readiness_labels_fit_for_long_host_names() -> None:
                                 "a-service-with-a-long-name-too-long-for-its-column": {"a": 1.0, long: 3.0}})
     assert svg is not None
     assert overflowing_texts(svg) == []
-    assert any("max 6.7 s (gpu-node" in t and t.endswith(".internal)") for t in texts(svg))
+    # shortened after a whole word (a name's parts end at - or .), the whole name kept as the tooltip
+    shown = next(t for t in texts(svg) if "max 6.7 s (gpu-node" in t)
+    kept = shown.split("(", 1)[1].removesuffix("…)")
+    assert shown.endswith("…)") and long.startswith(kept) and kept[-1] in "-.", shown
+    assert long in svg  # the tooltip
+
+
+def test_a_label_is_cut_after_a_word_or_wrapped_never_inside_one() -> None:
+    """Before: "…FlashInfer cannot target this…9: >= 0.7.1 …" (the middle cut out, "nvcc too old" with it)."""
+    from pytest_dflash.report.plots.canvas import fit_text, wrap_lines
+
+    why = ("[flashinfer-sm12x-nvcc] FlashInfer cannot target this SM 12.x GPU: the CUDA toolkit (nvcc) its JIT "
+           "uses is too old (<= 0.7.0: every SM 12.x needs >= 12.9; >= 0.7.1: SM 12.0 needs >= 12.8)")
+    lines = wrap_lines(why, 600)
+    assert " ".join(lines) == why and all(text_width(line) <= 600 for line in lines), lines
+    assert fit_text("the run stopped before the additional checks", 150) == "the run stopped…"
+    assert fit_text("additional", 30) == "…"
+    svg = cold_start_timeline_svg({}, failed={"dflash": why},
+                                  stopped={"dflash": {"http_s": 1.0, "greedy_s": 2.0, "total_s": 9.1}})
+    assert svg is not None and overflowing_texts(svg) == []
+    assert "(nvcc) its JIT uses is too old" in " ".join(texts(svg)), texts(svg)
 
 
 def test_cold_start_labels_fit_for_long_service_names() -> None:
@@ -101,8 +121,10 @@ def test_a_service_that_never_became_ready_is_drawn_first_saying_where_it_stoppe
     assert overflowing_texts(svg) == []
     longer = cold_start_timeline_svg(ready, failed={"dflash": why + ", " + " ".join(["its last log line"] * 8)})
     assert longer is not None
-    (line,) = [t for t in texts(longer) if t.startswith("ServiceCrashed")]
-    assert line.endswith("its last log line") and "…" in line, "shortened in the middle to fit, the end kept"
+    lines = texts(longer)
+    first = next(i for i, t in enumerate(lines) if t.startswith("ServiceCrashed"))
+    said = " ".join(lines[first:first + 3])
+    assert said == why + ", " + " ".join(["its last log line"] * 8), "wrapped whole, nothing cut"
     assert overflowing_texts(longer) == []
     alone = cold_start_timeline_svg({}, failed={"dflash": why})  # the host's only service died
     assert alone is not None and "never ready:" in texts(alone)

@@ -112,3 +112,18 @@ def test_a_failure_text_with_escapes_reaches_the_summary_written_out() -> None:
     text = markdown(_builder("h", failing=("h",), message="\x1b[2J\x1b]0;PWNED\x07 boom\r::error::x"))
     assert "\\x1b[2J\\x1b]0;PWNED\\x07 boom\\r::error::x" in text.replace("\\\\", "\\")
     assert not [c for c in text if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) <= 0x9f]
+
+
+def test_a_gate_failed_by_a_skipped_layer_names_the_host_the_layer_and_its_outcome() -> None:
+    """Before: "Gate `service,generation`: **❌ failed**" and no reason (nothing refused it, no test failed)."""
+    builder = _builder("a")
+    builder.add("suites/smoke/test_smoke.py::test_greedy_generation[a/dflash]", "setup", "skipped",
+                _entry("a", "generation"), "Skipped: no greedy service")
+    gate = builder.gate(["service", "generation"])
+    assert not gate["passed"]
+    text = markdown(builder, gate)
+    assert "Gate `service,generation`: **❌ failed**\n- a: generation skipped\n" in text, text
+    from pytest_dflash.report.first_screen import gate_block
+
+    assert "<li>a: generation skipped</li>" in gate_block(gate)
+    assert "<li>the one reason</li>" in gate_block({**gate, "why": ["the one reason"]})

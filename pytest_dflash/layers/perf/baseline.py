@@ -19,7 +19,8 @@ from pytest_dflash.documents import loads_json
 from pytest_dflash.layers.perf.judgement import Judgement
 from pytest_dflash.layers.perf.judging import confidence_of, refused, same_load
 from pytest_dflash.layers.perf.service_run import ServiceRun, write_json
-from pytest_dflash.layers.perf.stats import Sample, judge_regression, metric_sample
+from pytest_dflash.layers.perf.stats import Sample, metric_sample
+from pytest_dflash.layers.perf.verdicts import judge_regression
 from pytest_dflash.load.results import LoadResult
 
 __all__ = ["BASELINE_METRICS", "DEFAULT_REGRESSION_PCT", "Baseline", "baseline_path", "judge_baseline",

@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from pytest_dflash.layers.perf.stats import Verdict
+from pytest_dflash.layers.perf.verdicts import Verdict
 
 __all__ = ["NOT_PASSING", "Comparison", "Judgement", "Outcome"]
 

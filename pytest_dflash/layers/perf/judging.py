@@ -17,8 +17,9 @@ from pytest_dflash.config.tables.floors import LATENCY_FLOOR
 from pytest_dflash.layers.parity.acceptance import over_block, required_floor
 from pytest_dflash.layers.perf.judgement import Comparison, Judgement
 from pytest_dflash.layers.perf.service_run import ServiceRun
-from pytest_dflash.layers.perf.stats import judge_floor, judge_ratio, metric_sample, ratio_bound
+from pytest_dflash.layers.perf.stats import metric_sample, ratio_bound
 from pytest_dflash.layers.perf.token_latency import WHOLE_STREAM_MS, hidden_tpot_bound_ms
+from pytest_dflash.layers.perf.verdicts import judge_floor, judge_ratio
 from pytest_dflash.load.spec import LoadSpec
 
 __all__ = ["COMPARABLE_FIELDS", "DEFAULT_CONFIDENCE", "compare", "comparison_pairs", "confidence_of",

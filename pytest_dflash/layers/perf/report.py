@@ -60,7 +60,8 @@ def svg_plots(run: ServiceRun) -> dict[str, str]:
 
 
 def runs_table(runs: Sequence[ServiceRun]) -> str:
-    """The test's services in one table (output tok/s, TTFT / ITL p50 and p99, accept length, speed-up)."""
+    """The test's services in one table (output tok/s, req/s, TTFT / ITL / e2e p50 and p99, the client's and
+    the server's accept length, speed-up)."""
     rows = [row for run in runs
             for row in rows_from_metrics(run.host, run.metrics(), {run.service: run.algorithm},
                                          failing=any(j.outcome == "fail" for j in run.judgements.values()))]
@@ -117,14 +118,18 @@ def summary_lines(summaries: Iterable[Mapping[str, Any]]) -> list[str]:
             if isinstance(s.get("lower"), int | float) and math.isfinite(s["lower"]):
                 bounds = f" [{s['lower']:.1f}, {s['upper']:.1f}]"
             parts = [f"{s['output_tok_s']:.1f} tok/s{bounds}"]
+            if isinstance(s.get("request_throughput"), int | float):
+                parts.append(f"{s['request_throughput']:.2f} req/s")
             if s.get("p99_ttft_ms") is not None:
                 parts.append(f"TTFT p50/p99 {s['median_ttft_ms']:.1f}/{s['p99_ttft_ms']:.1f} ms")
             if s.get("p99_itl_ms") is not None:
                 parts.append(f"ITL p99 {s['p99_itl_ms']:.1f} ms")
+            if s.get("p99_e2e_latency_ms") is not None and s.get("median_e2e_latency_ms") is not None:
+                parts.append(f"e2e p50/p99 {s['median_e2e_latency_ms']:.1f}/{s['p99_e2e_latency_ms']:.1f} ms")
             if s.get("accept_length") is not None:
                 server = s.get("server_accept_length")
-                parts.append(f"accept length {s['accept_length']:.2f}"
-                             + (f" (server {server:.2f})" if server is not None else ""))
+                parts.append(f"accept length {s['accept_length']:.2f} (client"
+                             + (f"; server-reported {server:.2f})" if server is not None else ")"))
             by_category = s.get("accept_length_by_category") or {}
             if by_category:
                 parts.append("per category " + ", ".join(f"{k} {v:.2f}" for k, v in by_category.items()))

@@ -306,6 +306,8 @@ def test_summary_lines_show_numbers_outcomes_and_speedups() -> None:
     lines = summary_lines([none.summary(), run.summary()])
     assert lines[0] == "gpu-a: generate, concurrency 1, 256+128 tokens, 200 requests"
     dflash = next(line for line in lines if line.startswith("    dflash (DFLASH): "))
-    assert "accept length 4.57 (server 4.60)" in dflash
+    # both accept lengths labelled (before: "accept length 4.57 (server 4.60)"), req/s and e2e p50/p99 there
+    assert "accept length 4.57 (client; server-reported 4.60)" in dflash
+    assert " req/s, " in dflash and "e2e p50/p99 " in dflash, dflash
     assert any("output_tok_s FAIL" in line for line in lines)
     assert lines[-1].startswith("    speed-up (output tok/s, same load, 95% bounds): dflash/none 4.")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_dflash.layers.perf.stats import judge_floor, judge_ratio, metric_sample
+from pytest_dflash.layers.perf.stats import metric_sample
+from pytest_dflash.layers.perf.verdicts import judge_floor, judge_ratio
 from pytest_dflash.load.results import LoadResult, aggregate
 
 DATA = Path(__file__).parents[2] / "data" / "sglang-0.5.17-h200-ddtree"

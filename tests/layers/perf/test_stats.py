@@ -8,16 +8,8 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from pytest_dflash.layers.perf.stats import (
-    Sample,
-    bootstrap_bound,
-    judge_bound,
-    judge_floor,
-    judge_ratio,
-    judge_regression,
-    metric_sample,
-    ratio_bound,
-)
+from pytest_dflash.layers.perf.stats import Sample, bootstrap_bound, metric_sample, ratio_bound
+from pytest_dflash.layers.perf.verdicts import judge_bound, judge_floor, judge_ratio, judge_regression
 from pytest_dflash.load import LoadResult, LoadSpec, RequestRecord, Saturation, aggregate
 
 
