@@ -32,8 +32,9 @@ from prometheus_client.metrics_core import Metric
 
 from pytest_dflash.client.deadline import bound_total_time, deadline
 from pytest_dflash.errors import ApiError
-from pytest_dflash.fleet.values import clip, measurements
+from pytest_dflash.fleet.values import measurements
 from pytest_dflash.report.files import atomic_write
+from pytest_dflash.scrub.bounds import clip
 
 NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

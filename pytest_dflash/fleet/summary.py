@@ -26,10 +26,11 @@ from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import DocumentTooDeep
 from pytest_dflash.fleet.trend import build_trend, what_changed
-from pytest_dflash.fleet.values import clip, iso, numbers
+from pytest_dflash.fleet.values import iso, numbers
 from pytest_dflash.fleet.verdicts import FleetInputError, History, LoadedVerdict
 from pytest_dflash.report.verdict import SCHEMA as VERDICT_SCHEMA
 from pytest_dflash.report.verdict import VERDICTS
+from pytest_dflash.scrub.bounds import clip
 
 SUMMARY_SCHEMA = "pytest-dflash/fleet-summary/1"
 

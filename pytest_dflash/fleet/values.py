@@ -44,15 +44,6 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def clip(text: str, limit: int) -> str:
-    """`text` in at most `limit` characters: whole, or cut after its last whole word in reach, with "…" (a
-    summary's failure message read "… befor" where it was cut at a fixed length)."""
-    if len(text) <= limit:
-        return text
-    cut = text.rfind(" ", 0, limit)
-    return (text[:cut] if cut > limit // 2 else text[:limit - 1]).rstrip() + "…"
-
-
 def numbers(value: Any) -> dict[str, float]:
     """The finite numeric leaves of a nested object (bools are not numbers)."""
     return {key: float(item) for key, item in flatten(value).items()

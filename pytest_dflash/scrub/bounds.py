@@ -27,8 +27,8 @@ from pytest_dflash.scrub.redact import redact, redact_mapping_value
 from pytest_dflash.scrub.terminal import terminal_safe
 
 __all__ = ["ITEM_BYTES", "LINE_BYTES", "LOG_BYTES", "LOG_READ_BYTES", "LOG_TAIL_LINES", "LONGREPR_BYTES",
-           "MAX_ENTRIES", "PROPERTY_BYTES", "TEST_BYTES", "Keep", "bound_obj", "cap", "failure_text", "human",
-           "nbytes", "scrub"]
+           "MAX_ENTRIES", "PROPERTY_BYTES", "TEST_BYTES", "Keep", "bound_obj", "cap", "clip", "failure_text",
+           "human", "nbytes", "scrub"]
 
 KB = 1024
 ITEM_BYTES = 8 * KB
@@ -45,6 +45,15 @@ LOG_TAIL_LINES = 40  # of the service log in a failure message (the full window 
 Keep = Literal["head", "tail", "both"]
 _MIN_LIMIT = 96  # room for the marker and a little text
 _SNAP = 256  # cut at a line break if one is this close: a log tail should start with a whole line
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` in at most `limit` characters: whole, or cut after its last whole word in reach, with "…" (a
+    summary's failure message read "… befor", a schema "…additi", where each was cut at a fixed length)."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return (text[:cut] if cut > limit // 2 else text[:limit - 1]).rstrip() + "…"
 
 
 def human(size: int) -> str:

@@ -131,7 +131,7 @@ def test_attached_servers_are_named_by_host_and_port_in_every_run(pytester: pyte
 
 def test_a_long_failure_message_is_cut_after_a_word_not_inside_one() -> None:
     """The summary keeps 500 characters of a failure's message: before, "… not answered yet befor"."""
-    from pytest_dflash.fleet.values import clip
+    from pytest_dflash.scrub.bounds import clip
 
     message = "sampled phase not answered yet " * 20 + "before the deadline"
     kept = clip(message, 500)

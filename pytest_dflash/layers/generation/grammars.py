@@ -25,6 +25,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 
 from pytest_dflash.documents import loads_json
+from pytest_dflash.scrub.bounds import clip
 
 __all__ = ["EBNF", "GRAMMARS", "GRAMMAR_EXTRA", "PERSON", "REPLACEMENT", "Grammar", "MatcherMissing",
            "ebnf_accepts", "fewest_characters"]
@@ -63,7 +64,7 @@ class Grammar:
 
     def describe(self) -> str:
         shown = self.value if isinstance(self.value, str) else json.dumps(self.value)
-        return f"{self.name} {shown[:160]!r}"
+        return f"{self.name} {clip(shown, 160)!r}"  # never cut inside a word (issue 41)
 
     def problem(self, text: str) -> str | None:
         """What is wrong with `text` under this grammar, or None when it is in the language."""

@@ -4,6 +4,7 @@ constrained answer after the reasoning, and forced tool calls whole and put toge
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -391,3 +392,17 @@ def test_chunks_of_the_wrong_shape_are_read_without_a_crash(events: list[dict[st
     assert streamed_outcome(events, "chat", done=True).content == ""
     assert reasoned_answer(events=events).content == ""
     assert streamed_tool_calls(events, done=True).content == ""
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_a_grammar_is_described_without_cutting_a_word(name: str) -> None:
+    """A failure names its grammar in 160 characters at most, cut after a whole token: the json_schema case
+    read '… "required": ["name", "age"], "additi' (issue 41: nothing cut mid-word)."""
+    shown = GRAMMARS[name].describe()
+    value = GRAMMARS[name].value
+    whole = value if isinstance(value, str) else json.dumps(value)
+    quoted = shown[len(GRAMMARS[name].name) + 1:]
+    assert len(quoted) <= 160 + 3
+    if len(whole) > 160:
+        kept = quoted[1:-2].rstrip("…").rstrip()
+        assert whole.startswith(kept) and whole[len(kept)] == " ", shown
