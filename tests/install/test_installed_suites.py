@@ -57,3 +57,16 @@ def test_the_refserver_install_runs_the_smoke_suite_on_the_local_host(refserver_
                     timeout=300).stdout
     data = _verdict(elsewhere / "r2", "local")
     assert data["verdict"] == "partial" and data["selection"]["suites"] == ["host"], host_only[-3000:]
+
+
+def test_the_base_install_on_the_local_host_names_the_extra_it_needs(base_venv: Path, elsewhere: Path) -> None:
+    """`--host local` runs the embedded reference host with this venv's python: without [refserver] that is a
+    one-line usage error naming the extra, not an env layer failing on a missing torch (or soundfile)."""
+    done = run(base_venv / "bin" / "python", "-m", "pytest", "--pyargs", "pytest_dflash.suites.smoke", "--host",
+               "local", "-q", "-p", "no:cacheprovider", cwd=elsewhere, timeout=120, check=False,
+               env=clean_env({"DFLASH_STATE_DIR": str(elsewhere / "state")}))
+    out = done.stdout + done.stderr
+    assert done.returncode == 4, out[-3000:]
+    assert "runs the embedded reference host with this interpreter" in out, out[-3000:]
+    assert "lacks torch, fastapi, uvicorn: pip install 'pytest-dflash[refserver]'" in out, out[-3000:]
+    assert "Traceback" not in out
