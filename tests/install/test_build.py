@@ -10,6 +10,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
 from install_venvs import ROOT, Dists, run
 
 
@@ -50,6 +51,7 @@ def test_the_version_is_written_once() -> None:
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "pytest_dflash.__version__"}
 
 
+@pytest.mark.timeout(900)  # the first test of a run to need the build makes it
 def test_build_makes_an_sdist_and_a_wheel_twine_accepts(built: Dists) -> None:
     version = _source_version()
     assert built.sdist.name == f"pytest_dflash-{version}.tar.gz"
@@ -59,6 +61,7 @@ def test_build_makes_an_sdist_and_a_wheel_twine_accepts(built: Dists) -> None:
     assert out.count("PASSED") == 2, out
 
 
+@pytest.mark.timeout(900)
 def test_the_wheel_ships_every_module_of_the_package_and_the_suites(built: Dists) -> None:
     source = built.source
     expected = {f"pytest_dflash/{p.relative_to(source / 'pytest_dflash').as_posix()}"
@@ -71,6 +74,7 @@ def test_the_wheel_ships_every_module_of_the_package_and_the_suites(built: Dists
     assert f"\nVersion: {_source_version()}\n" in metadata
 
 
+@pytest.mark.timeout(900)
 def test_the_installed_command_prints_the_version(base_venv: Path, elsewhere: Path) -> None:
     version = _source_version()
     out = run(base_venv / "bin" / "pytest-dflash", "--version", cwd=elsewhere, timeout=60).stdout

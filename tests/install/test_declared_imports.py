@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from install_venvs import ROOT, clean_env, run
 
 # Prints the modules that failed to import, one "module: error" line each; none is the pass.
@@ -44,6 +45,7 @@ def test_deptry_finds_every_import_declared_and_none_only_in_dev() -> None:
     assert done.returncode == 0, f"deptry (pyproject [tool.deptry]):\n{done.stdout[-6000:]}{done.stderr[-3000:]}"
 
 
+@pytest.mark.timeout(900)  # the first test of a run to need a venv builds it
 def test_the_base_install_imports_every_module_but_the_refservers_without_torch(base_venv: Path,
                                                                                 elsewhere: Path) -> None:
     python = base_venv / "bin" / "python"
@@ -54,6 +56,7 @@ def test_the_base_install_imports_every_module_but_the_refservers_without_torch(
     assert failed == "", f"modules a plain `pip install pytest-dflash` cannot import:\n{failed}"
 
 
+@pytest.mark.timeout(900)  # the first test of a run to need a venv builds it (~1-2 min, 2.3 GB)
 def test_the_refserver_install_imports_every_module(refserver_venv: Path, elsewhere: Path) -> None:
     failed = run(refserver_venv / "bin" / "python", "-c", WALK, cwd=elsewhere, timeout=300).stdout.strip()
     assert failed == "", f"modules `pip install 'pytest-dflash[refserver]'` cannot import:\n{failed}"

@@ -59,6 +59,7 @@ def test_the_refserver_install_runs_the_smoke_suite_on_the_local_host(refserver_
     assert data["verdict"] == "partial" and data["selection"]["suites"] == ["host"], host_only[-3000:]
 
 
+@pytest.mark.timeout(900)
 def test_the_base_install_on_the_local_host_names_the_extra_it_needs(base_venv: Path, elsewhere: Path) -> None:
     """`--host local` runs the embedded reference host with this venv's python: without [refserver] that is a
     one-line usage error naming the extra, not an env layer failing on a missing torch (or soundfile)."""
