@@ -12,6 +12,7 @@ config/schema.py and `pytest-dflash check` follow; tests/config/test_schema.py h
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 import sys
 import tomllib
@@ -32,6 +33,8 @@ from pytest_dflash.errors import DocumentTooDeep, InventoryError
 from pytest_dflash.scrub.redact import mask_url_passwords, one_line
 
 BUILTIN_PROFILES = Path(__file__).parent / "builtin"
+# What `python -m pytest_dflash.refserver` needs beyond a plain install: the core of the [refserver] extra.
+REFSERVER_MODULES = ("torch", "fastapi", "uvicorn")
 
 
 def load_profile(path: Path, *, name: str | None = None) -> HostProfile:
@@ -75,7 +78,8 @@ def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None
     connection, connect_timeout = check_connection(host, connection_raw)
     python = host.get("python", str, "python3")
     assert python is not None
-    if python == "auto":
+    auto_python = python == "auto"
+    if auto_python:
         python = sys.executable
     provision = host.choice("provision", PROVISION_MODES, "allowed")
     profile = HostProfile(
@@ -108,6 +112,8 @@ def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None
         services[service_name] = parse_service(service_name, sub, profile, source.parent)
     if not services:
         raise services_table.fail("", "expected at least one [services.NAME] table")
+    if auto_python:
+        check_refserver_installed(services, source)
     parity_table = root.sub("parity")
     floors_table = root.sub("floors")
     perf_table = root.sub("perf")
@@ -119,6 +125,18 @@ def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None
         floors=parse_floors(floors_table, services) if floors_table else {},
         perf=parse_perf(perf_table, services, source.parent) if perf_table else {},
     )
+
+
+def check_refserver_installed(services: Mapping[str, ServiceSpec], source: Path) -> None:
+    """Services that run the embedded reference host with the interpreter running pytest (`python = "auto"`,
+    the builtin `local`) need the [refserver] extra in this venv: without it, a one-line error naming the
+    extra, not an env layer failing on the missing torch of a "host" that is this venv."""
+    runs_it = [name for name, spec in services.items() if "pytest_dflash.refserver" in spec.command]
+    missing = [module for module in REFSERVER_MODULES if importlib.util.find_spec(module) is None]
+    if runs_it and missing:
+        raise InventoryError(str(source), f"services.{runs_it[0]}.command",
+                             f"runs the embedded reference host with this interpreter ({sys.executable}), "
+                             f"which lacks {', '.join(missing)}: pip install 'pytest-dflash[refserver]'")
 
 
 def resolve_profile_path(spec: str, hosts_dirs: list[Path]) -> Path:

@@ -2,7 +2,9 @@
 host's rootfs (tests/testhost/build.sh: Debian + /opt/dflash-venv), the checkout bind-mounted read-only at
 /opt/pytest-dflash (the venv's .pth points there), so the refserver inside is this checkout's.
 
-No engine or no rootfs: the tests skip with the reason, or fail under DFLASH_REQUIRE_CONTAINERS=1 (CI)."""
+The rootfs is built (or waited for, while another worker or run builds it: build.sh holds a flock) the way the
+testhost fixtures do, so `pytest tests` needs no setup step first. No engine, or a machine that cannot build
+the rootfs: the tests skip with the reason, or fail under DFLASH_REQUIRE_CONTAINERS=1 (CI)."""
 
 from __future__ import annotations
 
@@ -17,15 +19,17 @@ from pathlib import Path
 import pytest
 
 _HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+_TESTHOST = str(Path(__file__).resolve().parents[1] / "testhost")
+for _path in (_HERE, _TESTHOST):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 ENV_REQUIRE = "DFLASH_REQUIRE_CONTAINERS"
-ROOTFS = Path(os.environ.get("DFLASH_TESTHOST_ROOTFS", "/var/lib/machines/pytest-dflash-bookworm"))
 STAMPS = ("etc/dflash-testhost/base.stamp", "etc/dflash-testhost/config.stamp", "opt/dflash-venv/.dflash-deps")
 IMAGE_REPO = "localhost/pytest-dflash-refserver"
 
 
+import testhost as thapi  # noqa: E402
 from container_helpers import PODMAN, podman  # noqa: E402
 
 
@@ -63,18 +67,34 @@ def engine() -> str:
 
 
 @pytest.fixture(scope="session")
-def refserver_image(engine: str) -> str:
+def testhost_rootfs(engine: str) -> Path:
+    """The test host's rootfs (Debian + /opt/dflash-venv), from tests/testhost/build.sh as for the testhost
+    tests: built when missing or stale (~1.5 min cold), waited for while another process builds it (build.sh
+    holds a flock), < 1 s when current."""
+    reason = thapi.can_run()
+    if reason is not None:
+        unavailable(f"cannot build the test host rootfs: {reason}")
+    try:
+        thapi.build()
+    except (OSError, thapi.TestHostError) as e:
+        pytest.fail(f"tests/testhost/build.sh failed: {e}", pytrace=False)
+    rootfs = thapi.rootfs()
+    missing = [s for s in STAMPS if not (rootfs / s).is_file()]
+    assert not missing, f"build.sh left {rootfs} without {missing}"
+    return rootfs
+
+
+@pytest.fixture(scope="session")
+def refserver_image(testhost_rootfs: Path) -> str:
     """The test host's rootfs as an image, imported once and cached by the rootfs's stamps (~30 s cold)."""
-    missing = [s for s in STAMPS if not (ROOTFS / s).is_file()]
-    if missing:
-        unavailable(f"no test host rootfs at {ROOTFS} ({missing[0]} missing): run bash tests/testhost/ci-setup.sh")
-    digest = hashlib.sha256(b"".join((ROOTFS / s).read_bytes() for s in STAMPS)).hexdigest()[:12]
+    rootfs = testhost_rootfs
+    digest = hashlib.sha256(b"".join((rootfs / s).read_bytes() for s in STAMPS)).hexdigest()[:12]
     tag = f"{IMAGE_REPO}:{digest}"
     lock_path = Path("/tmp/pytest-dflash-image.lock")
     with open(lock_path, "w") as lock:  # xdist workers: one import
         fcntl.flock(lock, fcntl.LOCK_EX)
         if podman("image", "exists", tag, check=False).returncode != 0:
-            tar = subprocess.Popen(["tar", "-C", str(ROOTFS), "-c", "."], stdout=subprocess.PIPE)
+            tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
             try:
                 result = subprocess.run([*PODMAN, "import", "-", tag], stdin=tar.stdout, capture_output=True,
                                         text=True, timeout=300, check=False)
@@ -83,7 +103,7 @@ def refserver_image(engine: str) -> str:
                 tar.stdout.close()
                 tar.wait(timeout=60)
             if result.returncode != 0:
-                pytest.fail(f"podman import of {ROOTFS} failed: {result.stderr.strip()[-500:]}", pytrace=False)
+                pytest.fail(f"podman import of {rootfs} failed: {result.stderr.strip()[-500:]}", pytrace=False)
     return tag
 
 

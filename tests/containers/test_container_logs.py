@@ -4,12 +4,10 @@ copy-on-write, read-only)."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
-import pytest
 from container_helpers import ULIMITS, free_port, podman, remove, unique
 
 from pytest_dflash.config.loader import load_profile
@@ -17,14 +15,10 @@ from pytest_dflash.hostaccess.transport import Transport
 from pytest_dflash.scrub.bounds import LOG_READ_BYTES
 from pytest_dflash.services.container import ContainerService
 
-ROOTFS = Path(os.environ.get("DFLASH_TESTHOST_ROOTFS", "/var/lib/machines/pytest-dflash-bookworm"))
 
-
-def _container(name: str, script: str) -> None:
-    if not (ROOTFS / "bin" / "sh").exists():
-        pytest.skip(f"no test host rootfs at {ROOTFS}: run bash tests/testhost/ci-setup.sh")
+def _container(name: str, script: str, rootfs: Path) -> None:
     podman("run", "-d", "--name", name, *(f"--ulimit={u}" for u in ULIMITS), "--read-only", "--rootfs",
-           f"{ROOTFS}:O", "sh", "-c", f"{script}; echo 'the last line'; sleep 300", timeout=120)
+           f"{rootfs}:O", "sh", "-c", f"{script}; echo 'the last line'; sleep 300", timeout=120)
     deadline = time.monotonic() + 60
     while "the last line" not in podman("logs", "--tail", "1", name).stdout:
         assert time.monotonic() < deadline, "the container never printed its last line"
@@ -40,10 +34,10 @@ def _service(tmp_path: Path, name: str) -> ContainerService:
     return ContainerService(loaded.services["dflash"], Transport(loaded, read_only=True), host="ct", run_id="logs")
 
 
-def test_a_container_log_that_is_not_utf8_is_read_with_replacement(engine: str, tmp_path: Path) -> None:
+def test_a_container_log_that_is_not_utf8_is_read_with_replacement(testhost_rootfs: Path, tmp_path: Path) -> None:
     name = unique("ct-latin1")
     try:
-        _container(name, r"printf 'caf\351 served \377\376\n'")
+        _container(name, r"printf 'caf\351 served \377\376\n'", testhost_rootfs)
         log = _service(tmp_path, name).logs_since(None, 10)
     finally:
         remove(name)
@@ -51,11 +45,11 @@ def test_a_container_log_that_is_not_utf8_is_read_with_replacement(engine: str, 
     assert log.rstrip().endswith("the last line")
 
 
-def test_a_container_log_of_megabytes_is_read_as_its_bounded_tail(engine: str, tmp_path: Path) -> None:
+def test_a_container_log_of_megabytes_is_read_as_its_bounded_tail(testhost_rootfs: Path, tmp_path: Path) -> None:
     name = unique("ct-megabytes")
     try:
         # 5 MB in 500 lines of 10 KB (podman logs takes seconds per 100,000 lines)
-        _container(name, "yes \"$(head -c 10000 /dev/zero | tr '\\0' x)\" | head -n 500")
+        _container(name, "yes \"$(head -c 10000 /dev/zero | tr '\\0' x)\" | head -n 500", testhost_rootfs)
         log = _service(tmp_path, name).logs_since(None, 10**6)
     finally:
         remove(name)

@@ -35,10 +35,11 @@ refserver_deps() {
 import sys, tomllib
 with open(sys.argv[1], "rb") as f:
     deps = tomllib.load(f)["project"]["optional-dependencies"]["refserver"]
-# xgrammar (constrained decoding) is left out: its triton is refused below (a CUDA-sized wheel) and its
-# transformers would add minutes to every cold build; the guest's refservers run --grammar-backend none
-# (units/*.service) and their profiles say structured_output = false (remote_helpers.write_profile).
-print(" ".join(d.replace(" ", "") for d in deps if not d.startswith("xgrammar")))
+# The grammar judge (xgrammar, through the self-reference pytest-dflash[grammar]) is left out: its triton is
+# refused below (a CUDA-sized wheel) and its transformers would add minutes to every cold build; the guest's
+# refservers run --grammar-backend none (units/*.service) and their profiles say structured_output = false
+# (remote_helpers.write_profile).
+print(" ".join(d.replace(" ", "") for d in deps if not d.startswith(("xgrammar", "pytest-dflash"))))
 PY
 }
 VENV_PKGS=${DFLASH_TESTHOST_VENV_PKGS:-$(refserver_deps || echo "torch==2.13.0 fastapi uvicorn soundfile") numpy httpx}

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# For .ci/run, before the test command: make this machine able to boot test hosts, so that the
-# testhost tests RUN (with DFLASH_REQUIRE_TESTHOST=1 they fail instead of skipping otherwise).
+# Prepare a machine ahead of test runs (a CI image): optional, the testhost and container fixtures build the
+# rootfs themselves (build.sh) and up.sh reaps stale instances; .ci/run does not call it.
 #   - host packages (systemd-container, debootstrap, ...) if missing
 #   - the cached rootfs + guest venv (cold ~1m40s on 2 cores; reused when current, < 1 s)
 #   - removal of instances left behind by killed earlier runs (their owner process is gone)
-# Usage (in .ci/run):
+# Usage:
 #   bash tests/testhost/ci-setup.sh
-#   DFLASH_REQUIRE_TESTHOST=1 .venv/bin/pytest ...
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 t0=$EPOCHREALTIME
