@@ -99,6 +99,9 @@ def gather(
         except DflashError as exc:
             props = {"state": f"unknown: {exc}"}
         mark = marks.get(handle.name) or handle.started_mark
+        if handle.ready is None and handle.failure is not None:
+            # never ready (its wait may have run beside another test): its log since it started
+            mark = handle.started_mark
         if state is not None and state.dead:
             # A service that died may have died before this test began (found dead only now): its last lines
             # are older than the test's mark, so the window reaches back to its start, or for an attached

@@ -124,6 +124,10 @@ def test_a_rank_stopped_during_readiness_is_named_not_taken_for_a_cold_jit(  # t
     assert message.startswith("[tp-rank-stopped] tensor-parallel rank TP1")
     assert "stopped during readiness" in props["dflash.ranks"]
     assert "not answered yet" not in text.split("dflash verdict")[-1]
+    # the log once: in its section (since the service started, its wait having run beside another test), not
+    # again as a tail in the failure text
+    assert "--- last lines of the service log ---" not in result.stdout.str()
+    assert "log tp/dflash since" in result.stdout.str()
     assert took < 50  # ready_timeout is 60 s: the stopped rank ended the wait
 
 
