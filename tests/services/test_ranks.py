@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from pytest_dflash.services.phases import describe_in_progress, describe_ranks, nccl_init_stuck, parse_startup
 from pytest_dflash.errors import RankFault
+from pytest_dflash.services.phases import describe_in_progress, describe_ranks, nccl_init_stuck, parse_startup
 from pytest_dflash.services.ranks import (
     last_rank_lines,
     rank_faults_in_log,
