@@ -157,6 +157,8 @@ def _lead_with_diagnosis(report: pytest.TestReport, evidence: Evidence, said: Sy
     section, not again as the tail the error carried). A traceback of a test's own `assert` stays pytest's,
     under the diagnosis."""
     diagnosis = evidence.diagnoses[0] if evidence.diagnoses else None
+    if said is not None and diagnosis is not None and said.message.startswith(f"[{diagnosis.id}] "):
+        diagnosis = None  # the check's own message leads with it already (and its remedy on the next line)
     shown = bool(evidence.logs)  # the log is in a section of its own
     if said is not None:
         report.longrepr = lead_with(diagnosis, said.text(tail=not shown))

@@ -6,6 +6,7 @@ as a tail in the text). A test's own `assert` keeps pytest's explanation, its fi
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,8 @@ __all__ = ["Symptom", "drop_log_tail", "first_line", "lead_with", "reads_as_diag
            "short_fixture_values", "symptom"]
 
 LOG_TAIL_MARK = "--- last lines of the service log ---"
+DIAGNOSED = re.compile(r"\[[a-z0-9-]+\] \S")  # '[curand-header-missing] the CUDA toolkit …'
+
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 
@@ -56,8 +59,10 @@ def symptom(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> 
             where = f"(raised at {item.location[0]}:{entry.lineno + 1}, in {item.name})"
             break
     message, mark, tail = failure_text(excinfo.value).partition(f"\n{LOG_TAIL_MARK}\n")
-    return Symptom(f"{type(excinfo.value).__name__}: {message}", f"{LOG_TAIL_MARK}\n{tail}" if mark else "",
-                   where)
+    # a check that already leads with its diagnosis (layers/gpu/report.py `explain`: '[id] title', its remedy)
+    # keeps it first, not behind the exception's type
+    said = message if DIAGNOSED.match(message) else f"{type(excinfo.value).__name__}: {message}"
+    return Symptom(said, f"{LOG_TAIL_MARK}\n{tail}" if mark else "", where)
 
 
 def drop_log_tail(text: str) -> str:
