@@ -7,10 +7,10 @@
      │    └── HostUnreachable  ssh could not connect at all
      ├── ReadOnlyViolation     a state-changing command was attempted in attach mode
      ├── ServiceError          a service could not be started, stopped or reached
-     │    ├── ServiceCrashed    the process / unit died (exit status, log tail)
+     │    ├── ServiceCrashed    the process / unit died (exit status, log tail, the ranks that failed)
      │    │    └── ServiceGone  attached by URL: it answered, then refused connections (seen over HTTP)
      │    ├── ServiceRestarted  systemd restarted it behind our back (NRestarts grew)
-     │    ├── ServiceNotReady   readiness budget spent without a real generation
+     │    ├── ServiceNotReady   readiness budget spent without a real generation (a stopped rank named)
      │    └── ServiceBusy       another run holds the host-side lock
      └── ApiError              an HTTP call failed: status, body excerpt, a dropped connection, or a
                                body over its size cap
@@ -80,6 +80,52 @@ class Death:
         return ", ".join(parts) or "ended"
 
 
+@dataclass(frozen=True)
+class RankFault:
+    """One tensor-parallel rank that died or stopped: which rank, its process, its GPU, what happened and
+    when. Carried by the errors that name it, so the diagnosis, the verdict JSON and JUnit name one rank."""
+
+    rank: int
+    event: str  # "died", "failed", "stopped"
+    how: str = ""  # "killed by SIGKILL", "exit code -11", "RuntimeError: …", "SIGSTOP or a debugger"
+    pid: int | None = None
+    gpu: str = ""  # "GPU 5" (the profile's gpus) or "visible GPU 1"
+    bus_id: str = ""  # where the host layer's inventory knows it
+    when: str = ""  # "start-up", "readiness", "serving"
+
+    @property
+    def label(self) -> str:
+        return f"TP{self.rank}"
+
+    def where(self) -> str:
+        """'rank 1, pid 25192, visible GPU 1, bus 00000000:19:00.0'."""
+        parts = [f"rank {self.rank}"]
+        if self.pid is not None:
+            parts.append(f"pid {self.pid}")
+        if self.gpu:
+            parts.append(self.gpu)
+        if self.bus_id:
+            parts.append(f"bus {self.bus_id}")
+        return ", ".join(parts)
+
+    def sentence(self) -> str:
+        """'tensor-parallel rank TP1 (rank 1, pid 25192, visible GPU 1) died while serving: killed by
+        SIGKILL'."""
+        when = {"start-up": " at start-up", "readiness": " during readiness",
+                "serving": " while serving"}.get(self.when, "")
+        return (f"tensor-parallel rank {self.label} ({self.where()}) {self.event}{when}"
+                + (f": {self.how}" if self.how else ""))
+
+    def as_dict(self) -> dict[str, object]:
+        """The verdict JSON's entry (`services.<svc>.ranks`)."""
+        out: dict[str, object] = {"rank": self.rank, "label": self.label, "event": self.event,
+                                  "said": self.sentence()}
+        out.update({key: value for key, value in (("how", self.how), ("pid", self.pid), ("gpu", self.gpu),
+                                                  ("bus_id", self.bus_id), ("when", self.when))
+                    if value not in (None, "")})
+        return out
+
+
 @dataclass(eq=False)
 class ServiceCrashed(ServiceError):
     """The service died; carries how it ended and the end of its log."""
@@ -90,11 +136,11 @@ class ServiceCrashed(ServiceError):
     phase: str = ""
     extra: dict[str, str] = field(default_factory=dict)
     # a tensor-parallel service: each rank its log names as failed, with its pid and GPU (services/ranks.py)
-    ranks: tuple[str, ...] = ()
+    ranks: tuple[RankFault, ...] = ()
 
     def __str__(self) -> str:
         where = f" during {self.phase}" if self.phase else ""
-        named = "".join(f"; {rank}" for rank in self.ranks)
+        named = "".join(f"; {rank.sentence()}" for rank in self.ranks)
         return f"service {self.service} died{where}: {self.death.describe()}{named}"
 
 
@@ -141,6 +187,8 @@ class ServiceNotReady(ServiceError):
     waited_s: float
     last_problem: str
     log_tail: str = ""
+    # a tensor-parallel service whose wait a rank ended (stopped, stuck in NCCL init): that rank (ranks.py)
+    ranks: tuple[RankFault, ...] = ()
 
     def __str__(self) -> str:
         return f"service {self.service} not ready after {self.waited_s:.0f}s: {self.last_problem}"

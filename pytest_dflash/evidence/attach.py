@@ -1,54 +1,56 @@
 """Evidence on test reports: log marks before each test, then, for a failure, the service log since the
-mark, unit/process state, kernel-log lines and a diagnosis; and the `dflash` user property every
-report carries to the controller (host, layer, services, blocked, diagnosis, facts).
+mark, unit/process state, kernel-log lines and a diagnosis per root cause, which leads the failure's text
+(evidence/failure_text.py); and the `dflash` user property every report carries to the controller (host,
+layer, services, blocked, diagnosis, the ranks that died or stopped, facts). JUnit's view: evidence/junit.py.
 
-Every report leaves here redacted and bounded (scrub/bounds.py): its failure text, each section, the property,
-and all of them together (TEST_BYTES), whoever put them there (pytest's captured output included)."""
+Every report leaves here redacted and bounded (evidence/bounding.py, scrub/bounds.py): its failure text, each
+section, the property, and all of them together (TEST_BYTES), whoever put them there (pytest's captured output
+included)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import time
-import types
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from pytest_dflash.errors import DflashError, GpuFault, ServiceCrashed, ServiceRestarted
-from pytest_dflash.evidence.gather import gather
+from pytest_dflash.evidence.bounding import bound_longrepr, bound_sections, bounded_info, json_size
+from pytest_dflash.evidence.failure_text import (
+    Symptom,
+    drop_log_tail,
+    first_line,
+    lead_with,
+    reads_as_diagnosis,
+    short_fixture_values,
+    symptom,
+)
+from pytest_dflash.evidence.gather import Evidence, gather
+from pytest_dflash.evidence.junit import (
+    JUnitEvidence,
+    junit_evidence,
+    junit_on,
+    junit_properties,
+    junit_user_properties,
+)
 from pytest_dflash.run.blocking import Failure, is_blocked
 from pytest_dflash.run.collection import ItemInfo
 from pytest_dflash.run.stash import HANDLES_KEY, MARKS_KEY
 from pytest_dflash.run.state import DflashRun, HostContext, ServiceHandle, readiness_error_summary
-from pytest_dflash.scrub.bounds import (
-    ITEM_BYTES,
-    LINE_BYTES,
-    LOG_BYTES,
-    LOG_TAIL_LINES,
-    LONGREPR_BYTES,
-    PROPERTY_BYTES,
-    TEST_BYTES,
-    Keep,
-    bound_obj,
-    failure_text,
-    human,
-    nbytes,
-    scrub,
-)
+from pytest_dflash.scrub.bounds import LINE_BYTES, TEST_BYTES, nbytes, scrub
 from pytest_dflash.scrub.redact import is_secret, remember
 from pytest_dflash.services.base import LogMark
 
-JUNIT_PREFIX = "dflash."  # flat JUnit <property> names: dflash.host, dflash.layer, dflash.verdict, …
-JUNIT_EVIDENCE = "dflash evidence for JUnit"
-JUNIT_ATTR = "dflash_junit_evidence"  # the report attribute that carries it to the controller
-# A test's outcome as the verdict counts it, worst first: what dflash.verdict says after its last phase.
-_OUTCOME_RANK = ("failed", "blocked", "skipped", "passed")
-_OUTCOME_KEY = pytest.StashKey[str]()
+# re-exported: the names plugin.py, report/ and the self-tests read here
+__all__ = ["JUnitEvidence", "annotate", "bounded_info", "first_line", "junit_user_properties", "mark_logs",
+           "remember_run_secrets", "run_secrets", "skip_message"]
+
+# the ranks of a test's services that died or stopped, as the verdict's services.<svc>.ranks entries
+_RANKS_KEY = pytest.StashKey[dict[str, list[dict[str, Any]]]]()
 
 
 def run_secrets(run: DflashRun) -> Iterator[str]:
@@ -88,8 +90,8 @@ def mark_logs(item: pytest.Item, run: DflashRun, info: ItemInfo) -> None:
 
 def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, run: DflashRun,
              info: ItemInfo) -> None:
-    """A service that died during the test fails it; a failure gets its evidence; every report the
-    property."""
+    """A service that died during the test fails it; a failure gets its evidence, its diagnosis first; every
+    report the property."""
     host = run.host(info.host)
     handles = item.stash.get(HANDLES_KEY, [])
     secrets = _secrets(handles)
@@ -104,27 +106,37 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
                     report.outcome = "failed"
                     report.longrepr = f"the test passed but {death}"
                 break
+    said: Symptom | None = None
     if report.failed:
-        if call.excinfo is not None and _reads_as_diagnosis(call.excinfo):
-            report.longrepr = _concise(item, call.excinfo)
+        if call.excinfo is not None and reads_as_diagnosis(call.excinfo):
+            said = symptom(item, call.excinfo)
+            report.longrepr = said.text()
         elif call.excinfo is not None:
-            _short_fixture_values(item, report, call.excinfo)
+            short_fixture_values(item, report, call.excinfo)
         # Redacted and capped first: the summary a later blocked skip quotes is taken from this text.
-        _bound_longrepr(report, secrets)
-        _attach_evidence(item, report, run, host, info, handles)
+        bound_longrepr(report, secrets)
+        errors = tuple(e for e in (call.excinfo.value if call.excinfo else None, death) if e is not None)
+        evidence = _attach_evidence(item, report, run, host, info, handles, errors)
+        if evidence is not None:
+            _lead_with_diagnosis(report, evidence, said)
+            bound_longrepr(report, secrets)
         if call.excinfo is not None and isinstance(call.excinfo.value, GpuFault):
             run.book.scope_to_gpus(item.nodeid, call.excinfo.value.gpus, call.excinfo.value.labels)
             info.gpus = list(call.excinfo.value.labels)
-        if _junit(item):
-            _junit_evidence(report, secrets)
+        if junit_on(item):
+            junit_evidence(report, secrets)
     elif report.skipped:
-        _bound_longrepr(report, secrets)
+        bound_longrepr(report, secrets)
         if report.when in ("setup", "call"):
             info.blocked = is_blocked(skip_message(report))
             if info.blocked:
                 _point_at_root(item, report, run, info, handles)
-    news = _report_info(host, info, handles)
-    junit_reads = report.when == "teardown" and _junit(item)  # JUnit takes a testcase's properties from there
+    ranks = item.stash.get(_RANKS_KEY, {})
+    news = _report_info(host, info, handles, ranks)
+    if report.failed:
+        news["symptom"] = scrub(said.message if said else first_line(report.longreprtext, report.longrepr),
+                                LINE_BYTES, "summary", extra=secrets)
+    junit_reads = report.when == "teardown" and junit_on(item)  # JUnit takes a testcase's properties there
     if report.passed and report.when != "call" and not _has_news(news) and not junit_reads:
         # A passing setup or teardown that learned nothing new says nothing the call report does not (the
         # verdict counts calls, skips and failures): it goes without the property, which was two thirds of a
@@ -133,205 +145,30 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
     else:
         property_ = bounded_info(news, secrets)
     if report.sections:
-        carried = (nbytes(report.longreprtext) if report.longrepr is not None else 0) + _json_size(property_)
-        _bound_sections(report, secrets, TEST_BYTES - carried)
+        carried = (nbytes(report.longreprtext) if report.longrepr is not None else 0) + json_size(property_)
+        bound_sections(report, secrets, TEST_BYTES - carried)
     if property_ is not None:
         report.user_properties.append(("dflash", property_))
-        report.user_properties.extend(junit_properties(item, report, host, info, handles, secrets))
+        report.user_properties.extend(junit_properties(item, report, host, info, handles, secrets, ranks))
 
 
-def junit_properties(item: pytest.Item, report: pytest.TestReport, host: HostContext, info: ItemInfo,
-                     handles: list[ServiceHandle], secrets: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """Flat string properties for JUnit's <property> (the `dflash` dict never reaches it: JUnitEvidence):
-    host, layer, service(s), algorithm(s), diagnosis ids, and the test's outcome so far as the verdict counts
-    it (failed > blocked > skipped > passed) — JUnit keeps the last phase's properties, so its testcase says
-    what the whole test did (a failure xfailed by a marker is the failure it is, as in the verdict)."""
-    if report.failed or (report.skipped and hasattr(report, "wasxfail")):
-        outcome = "failed"
-    elif report.skipped:
-        outcome = "blocked" if info.blocked else "skipped"
-    else:
-        outcome = "passed"
-    previous = item.stash.get(_OUTCOME_KEY, "passed")
-    outcome = min(outcome, previous, key=_OUTCOME_RANK.index)
-    item.stash[_OUTCOME_KEY] = outcome
-    algorithms = []
-    for name in info.services:
-        handle = next((h for h in handles if h.name == name), None) or host.services.get(name)
-        spec = host.profile.services.get(name)
-        algorithms.append(handle.algorithm if handle is not None else spec.algorithm
-                          if spec is not None else "?")
-    values = {
-        "host": info.host,
-        "layer": info.layer,
-        "service": ",".join(info.services),
-        "algorithm": ",".join(algorithms),
-        "diagnosis": ",".join(str(d.get("id", "")) for d in info.diagnosis),
-        "verdict": outcome,
-    }
-    return [(JUNIT_PREFIX + key, scrub(value, LINE_BYTES, "property", extra=secrets))
-            for key, value in values.items() if value or key in ("host", "layer", "verdict")]
-
-
-def _junit_evidence(report: pytest.TestReport, secrets: tuple[str, ...]) -> None:
-    """With --junitxml: the evidence report sections (diagnosis, service state, the end of each log), as one
-    text for JUnit's <failure> (JUnitEvidence adds it there); JUnit writes report sections only with
-    junit_logging, and then only captured output. Bounded so the failure text stays within LONGREPR_BYTES."""
-    parts = []
-    tail_in_text = "--- last lines of the service log ---" in report.longreprtext
-    for title, body in report.sections:
-        if title == "dflash diagnosis" or title.startswith(("service ", "kernel log ")):
-            parts.append(f"--- {title} ---\n{body.strip()}")
-        elif title.startswith(("log ", "journal ")) and not tail_in_text:
-            lines = "\n".join(body.strip().splitlines()[-LOG_TAIL_LINES:])
-            parts.append(f"--- {title} (last {LOG_TAIL_LINES} lines) ---\n{lines}")
-    room = min(LONGREPR_BYTES - nbytes(report.longreprtext) - 256, LOG_BYTES // 2)
-    if not parts or room < 512:
-        return
-    text = scrub("\n".join(parts), room, "JUnit evidence", keep="both", extra=secrets)
-    # Kept beside the failure, not in it: the terminal prints the sections already, and JUnitEvidence puts
-    # this into the <failure> text only while junitxml reads the report. A plain str attribute survives xdist.
-    setattr(report, JUNIT_ATTR, text)
-
-
-class _FailureText:
-    """A longrepr for junitxml alone: its crash line as the failure message, the evidence after the
-    traceback."""
-
-    def __init__(self, original: Any, evidence: str, text: str) -> None:
-        # junitxml's message attribute: the crash line, or the first line of a plain-text failure
-        # (str(original), not the text: under xdist the text starts with the worker's "[gw0] linux -- …" line)
-        self.reprcrash = getattr(original, "reprcrash", None) or types.SimpleNamespace(
-            message=(str(original).strip().splitlines() or [""])[0])
-        self._text = f"{text}\n--- {JUNIT_EVIDENCE} ---\n{evidence}"
-
-    def __str__(self) -> str:
-        return self._text
-
-
-class JUnitEvidence:
-    """With --junitxml: while the report hooks run, a failure's text carries its evidence (junitxml writes the
-    <failure> element then); afterwards the report is as it was, so the terminal prints the evidence once.
-    JUnit's <property> elements get clean values (junit_user_properties) while the report's own
-    user_properties, which the controller builds the verdicts from, stay as they are."""
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        # junitxml writes every user property as str(value) in LogXML.finalize and offers no hook to change
-        # that: the `dflash` dict came out as a Python repr beside the flat dflash.* properties. So that one
-        # method sees the JUnit view of the properties, and the report keeps its own list.
-        from _pytest.junitxml import xml_key
-
-        xml = session.config.stash.get(xml_key, None)
-        finalize = getattr(xml, "finalize", None)
-        if xml is None or not callable(finalize):
-            return
-
-        def finalize_with_clean_properties(report: pytest.TestReport) -> None:
-            original = report.user_properties
-            report.user_properties = junit_user_properties(original)
-            try:
-                finalize(report)
-            finally:
-                report.user_properties = original
-
-        xml.finalize = finalize_with_clean_properties  # type: ignore[method-assign]
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> Iterator[None]:
-        evidence = getattr(report, JUNIT_ATTR, None)
-        if not evidence or not report.failed:
-            return (yield)
-        original = report.longrepr
-        report.longrepr = _FailureText(original, evidence, report.longreprtext)  # type: ignore[assignment]
-        try:
-            return (yield)
-        finally:
-            report.longrepr = original
-
-
-def junit_user_properties(properties: Iterable[tuple[str, object]]) -> list[tuple[str, object]]:
-    """What JUnit's <property> elements get: the flat properties as they are; the `dflash` dict (the
-    controller's input, whose CI-relevant part the flat dflash.* properties carry) left out; any other
-    structured value (the perf layer's `dflash_perf` list, a user's record_property dict) as JSON, never a
-    Python repr."""
-    out: list[tuple[str, object]] = []
-    for name, value in properties:
-        if name == "dflash":
-            continue
-        if value is None or isinstance(value, str | int | float | bool):
-            out.append((name, value))
-        else:
-            out.append((name, json.dumps(value, default=str, separators=(",", ":"))))
-    return out
+def _lead_with_diagnosis(report: pytest.TestReport, evidence: Evidence, said: Symptom | None) -> None:
+    """The failure's text: its diagnosis and remedy first, then the symptom and where, the log once (in its
+    section, not again as the tail the error carried). A traceback of a test's own `assert` stays pytest's,
+    under the diagnosis."""
+    diagnosis = evidence.diagnoses[0] if evidence.diagnoses else None
+    if said is not None and diagnosis is not None and said.message.startswith(f"[{diagnosis.id}] "):
+        diagnosis = None  # the check's own message leads with it already (and its remedy on the next line)
+    shown = bool(evidence.logs)  # the log is in a section of its own
+    if said is not None:
+        report.longrepr = lead_with(diagnosis, said.text(tail=not shown))
+    elif diagnosis is not None or (shown and isinstance(report.longrepr, str)):
+        text = report.longreprtext if diagnosis is not None else str(report.longrepr)
+        report.longrepr = lead_with(diagnosis, drop_log_tail(text) if shown else text)
 
 
 def _secrets(handles: list[ServiceHandle]) -> tuple[str, ...]:
     return tuple(key for h in handles if (key := h.api_key_in_use))
-
-
-_PACKAGE = Path(__file__).resolve().parents[1]
-
-
-def _reads_as_diagnosis(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
-    """A service/transport/API failure, or a check of the plugin's that failed (an AssertionError raised
-    inside pytest_dflash: its message is the evidence). Not a test's own `assert` (pytest's explanation of it
-    is the point) and not a bug of the plugin (its traceback is)."""
-    if isinstance(excinfo.value, DflashError):
-        return True
-    if not isinstance(excinfo.value, AssertionError) or not excinfo.traceback:
-        return False
-    return Path(str(excinfo.traceback[-1].path)).resolve().is_relative_to(_PACKAGE)
-
-
-def _concise(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> str:
-    """The exception and its message first (the short summary, JUnit's message= and the verdict quote that
-    line), then where in the test it was raised; no traceback through the plugin, no repr of its fixtures."""
-    where = ""
-    path = str(getattr(item, "path", ""))
-    for entry in reversed(excinfo.traceback):
-        if str(entry.path) == path:
-            where = f"\n(raised at {item.location[0]}:{entry.lineno + 1}, in {item.name})"
-            break
-    return f"{type(excinfo.value).__name__}: {failure_text(excinfo.value)}{where}"
-
-
-def _short_fixture_values(item: pytest.Item, report: pytest.TestReport,
-                          excinfo: pytest.ExceptionInfo[BaseException]) -> None:
-    """A test's own failing `assert` keeps pytest's traceback and explanation, but the arguments and locals it
-    lists show the plugin's fixtures as what they are (`<ServiceHandle gpu7/dflash>`), not as dataclass dumps
-    with thread events and addresses."""
-    funcargs = getattr(item, "funcargs", {})
-    values = {name: value for name, value in funcargs.items() if name.startswith("dflash_")}
-    if not values:
-        return
-    kinds = tuple({type(v) for value in values.values()
-                   for v in (value if isinstance(value, tuple) else (value,))})
-    frames: dict[str, object] = {}  # the locals of the failing frames that hold one of those objects
-    for entry in excinfo.traceback:
-        with contextlib.suppress(Exception):
-            frames.update((k, v) for k, v in entry.locals.items() if isinstance(v, kinds))
-    short = {name: _short_value(value) for name, value in values.items()}
-    for reprtraceback, _, _ in getattr(report.longrepr, "chain", None) or ():
-        for entry in getattr(reprtraceback, "reprentries", ()):
-            reprfuncargs = getattr(entry, "reprfuncargs", None)
-            if reprfuncargs is not None:
-                reprfuncargs.args = [(name, short.get(name, value)) for name, value in reprfuncargs.args]
-            reprlocals = getattr(entry, "reprlocals", None)
-            if reprlocals is not None:  # --showlocals: "name       = value" lines
-                lines = []
-                for line in reprlocals.lines:
-                    name = line.split(" ", 1)[0]
-                    value = short.get(name) or (_short_value(frames[name]) if name in frames else None)
-                    lines.append(f"{name:<10} = {value}" if value else line)
-                reprlocals.lines = lines
-
-
-def _short_value(value: object) -> str:
-    if isinstance(value, tuple):
-        return f"({', '.join(_short_value(v) for v in value)})"
-    label = getattr(value, "label", None) or getattr(value, "name", None)
-    return f"<{type(value).__name__}{f' {label}' if isinstance(label, str) else ''}>"
 
 
 _ITEMS_KEY = pytest.StashKey[dict[str, pytest.Item]]()
@@ -366,18 +203,22 @@ def skip_message(report: pytest.TestReport) -> str:
 
 
 def _attach_evidence(item: pytest.Item, report: pytest.TestReport, run: DflashRun, host: HostContext,
-                     info: ItemInfo, handles: list[ServiceHandle]) -> None:
+                     info: ItemInfo, handles: list[ServiceHandle],
+                     errors: tuple[BaseException, ...]) -> Evidence | None:
     started = time.monotonic()
     text = report.longreprtext
     marks = item.stash.get(MARKS_KEY, {})
     try:
-        evidence = gather(host, handles, marks, text, lines=run.options.journal_lines)
+        evidence = gather(host, handles, marks, text, lines=run.options.journal_lines, errors=errors)
     except DflashError as exc:  # evidence is best effort; the failure itself stands
         report.sections.append(("dflash evidence", f"could not collect evidence: {exc}"))
-        return
+        return None
     for title, body in evidence.sections:
         report.sections.append((title, body))
     info.diagnosis = [d.as_dict() for d in evidence.diagnoses]
+    if evidence.ranks:
+        item.stash[_RANKS_KEY] = {service: [fault.as_dict() for fault in faults]
+                                  for service, faults in evidence.ranks.items()}
     secrets = _secrets(handles)
     summary = evidence.diagnoses[0].one_line() if evidence.diagnoses else first_line(text, report.longrepr)
     service = info.services[0] if len(info.services) == 1 else None
@@ -393,110 +234,15 @@ def _attach_evidence(item: pytest.Item, report: pytest.TestReport, run: DflashRu
                             f"collected in {time.monotonic() - started:.2f}s: {'; '.join(read) or 'nothing'}"
                             + (f"\nmissing: {evidence.missing}" if evidence.missing and not evidence.diagnoses
                                else "")))
+    return evidence
 
 
-def _bound_longrepr(report: pytest.TestReport, secrets: tuple[str, ...]) -> None:
-    """A failure's text redacted and cut to LONGREPR_BYTES (head: the assertion; tail: where it failed);
-    a skip's reason to ITEM_BYTES. The report keeps pytest's own object when nothing had to change."""
-    longrepr = report.longrepr
-    if longrepr is None:
-        return
-    if isinstance(longrepr, tuple) and len(longrepr) == 3:
-        path, lineno, message = longrepr
-        clean = scrub(str(message), ITEM_BYTES, "skip reason", extra=secrets)
-        if clean != message:
-            report.longrepr = (path, lineno, clean)
-        return
-    text = report.longreprtext
-    clean = scrub(text, LONGREPR_BYTES, "failure text", extra=secrets)
-    if clean != text:
-        report.longrepr = clean
-
-
-def _section_limit(title: str) -> tuple[int, int, str, Keep]:
-    """(priority, limit, what, keep) of a report section: the diagnosis first, captured output last."""
-    if title == "dflash diagnosis":
-        return 0, ITEM_BYTES, "diagnosis", "both"
-    if title.startswith(("log ", "journal ")):
-        return 1, LOG_BYTES, "log tail", "tail"
-    if title.startswith("kernel log"):
-        return 2, ITEM_BYTES, "kernel log excerpt", "tail"
-    if title.startswith("Captured "):
-        return 3, ITEM_BYTES, "captured output", "both"
-    return 2, ITEM_BYTES, "report section", "both"
-
-
-def _bound_sections(report: pytest.TestReport, secrets: tuple[str, ...], budget: int) -> None:
-    """Each section redacted and capped; together within `budget` (what the test may still carry), spent on
-    the diagnosis and the logs before captured output."""
-    sections = list(report.sections)
-    if not sections:
-        return
-    order = sorted(range(len(sections)), key=lambda i: _section_limit(sections[i][0])[0])
-    for index in order:
-        title, body = sections[index]
-        _, limit, what, keep = _section_limit(title)
-        room = min(limit, budget)
-        if room < 256:
-            body = f"[… {nbytes(body):,} bytes cut: cap {human(TEST_BYTES)} per test reached]"
-        else:
-            body = scrub(body, room, what, keep=keep, extra=secrets)
-        budget -= nbytes(body)
-        sections[index] = (title, body)
-    report.sections = sections
-
-
-def _json_size(value: Any) -> int:
-    return len(json.dumps(value, default=str, ensure_ascii=False).encode())
-
-
-def bounded_info(info: dict[str, Any], secrets: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The `dflash` property redacted and within PROPERTY_BYTES as JSON (it goes into JUnit's properties and
-    the verdict): strings cut to ITEM_BYTES, then shorter; if still too big, the largest of notes / facts /
-    metrics / diagnoses is dropped (emptied, types kept for the verdict builder) and a note says so."""
-    item = ITEM_BYTES
-    clean: dict[str, Any] = bound_obj(info, item=item, what="verdict entry", extra=secrets)
-    while _json_size(clean) > PROPERTY_BYTES and item > 512:
-        item //= 2
-        clean = bound_obj(info, item=item, what="verdict entry", extra=secrets)
-    droppable = ("facts", "service_facts", "metrics", "notes", "diagnosis")
-    dropped: list[str] = []
-    while _json_size(clean) > PROPERTY_BYTES:
-        present = [key for key in droppable if clean.get(key) and key not in dropped]
-        if not present:
-            break
-        key = max(present, key=lambda k: _json_size(clean[k]))
-        cut = _json_size(clean[key])
-        clean[key] = type(clean[key])()
-        dropped.append(key)
-        note = f"[… {cut:,} bytes of {key} cut: cap {human(PROPERTY_BYTES)} per test property]"
-        clean["notes"] = [*clean.get("notes", []), note]
-    return clean
-
-
-def first_line(text: str, longrepr: object = None) -> str:
-    """What a summary shows of a failure: pytest's crash line ('ExcType: message', the exception's own words)
-    when the report has one, else the assertion's first line ('E ...': a traceback kept as text, e.g. once
-    capped), else a plain-text failure's first line, else the last line. Never the log tail an exception's
-    message carries after its first line."""
-    crash = getattr(longrepr, "reprcrash", None)
-    message = str(getattr(crash, "message", "") or "").strip()
-    if message:
-        return scrub(message.splitlines()[0], LINE_BYTES, "summary")
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("E "):
-            return scrub(line[2:].strip(), LINE_BYTES, "summary")
-    if isinstance(longrepr, str) and longrepr.strip():
-        # a plain-text failure (the exception and its message first, or a pytest.fail message):
-        # its own first line, not the text's (under xdist, the worker's "[gw0] linux -- …" line)
-        return scrub(longrepr.strip().splitlines()[0], LINE_BYTES, "summary")
-    return scrub((text.strip().splitlines() or [""])[-1], LINE_BYTES, "summary")
-
-
-def _report_info(host: HostContext, info: ItemInfo, handles: list[ServiceHandle]) -> dict[str, Any]:
+def _report_info(host: HostContext, info: ItemInfo, handles: list[ServiceHandle],
+                 ranks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     # a service that never became ready is recorded too: how far its start-up got (`stopped`)
     facts = {h.name: h.facts() for h in handles if h.ready is not None or h.stopped is not None}
+    for service, faults in ranks.items():  # the verdict's services.<svc>.ranks: those that died or stopped
+        facts.setdefault(service, {})["ranks"] = faults
     for handle in handles:
         accept = handle.host.facts.accept_lengths.get(handle.name)
         if accept is not None:
@@ -550,7 +296,3 @@ _NEWS = ("service_facts", "notes", "metrics", "facts")
 
 def _has_news(property_: dict[str, Any]) -> bool:
     return any(property_[key] for key in _NEWS)
-
-
-def _junit(item: pytest.Item) -> bool:
-    return bool(getattr(item.config.option, "xmlpath", None))

@@ -1,5 +1,6 @@
 """Evidence for a failed test: log / journal tails since the test started, unit properties, kernel-log
-lines about OOM and Xid, and a diagnosis from the catalog. Every log is read as bytes, at most its last
+lines about OOM and Xid, a diagnosis per root cause from the catalog (naming the tensor-parallel ranks that
+died or stopped, with a remedy that fits how the service is run). Every log is read as bytes, at most its last
 LOG_READ_BYTES (cut where it is read, whatever the source prints), and decoded with replacement; everything is
 redacted, made safe to print and capped (scrub/bounds.py `scrub`) before it leaves: a log tail keeps its last
 LOG_BYTES, every other section ITEM_BYTES."""
@@ -11,8 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pytest_dflash.errors import DflashError
-from pytest_dflash.evidence.diagnosis import Diagnosis, diagnose
+from pytest_dflash.errors import DflashError, RankFault
+from pytest_dflash.evidence.diagnosis import Diagnosis, diagnose, diagnosis_text, with_subject
+from pytest_dflash.evidence.diagnosis.subjects import rank_faults, rank_subject, service_mode
 from pytest_dflash.hostaccess.transport import journal_since
 from pytest_dflash.scrub.bounds import ITEM_BYTES, LOG_BYTES, Keep, scrub
 from pytest_dflash.services.base import LogMark, ServiceState
@@ -32,18 +34,11 @@ class Evidence:
     sections: list[tuple[str, str]] = field(default_factory=list)
     diagnoses: list[Diagnosis] = field(default_factory=list)
     missing: str = ""  # the log no one could read, and how to make it readable
+    ranks: dict[str, list[RankFault]] = field(default_factory=dict)  # service -> ranks that died or stopped
+    logs: list[str] = field(default_factory=list)  # the titles of the log sections (the log is shown there)
 
     def diagnosis_text(self) -> str:
-        lines = []
-        for diagnosis in self.diagnoses:
-            lines.append(diagnosis.one_line())
-            if diagnosis.remedy:
-                lines.append(f"    remedy: {diagnosis.remedy}")
-            if diagnosis.evidence:
-                lines.append(f"    evidence: {diagnosis.evidence}")
-            if diagnosis.missing:
-                lines.append(f"    missing: {diagnosis.missing}")
-        return "\n".join(lines)
+        return diagnosis_text(self.diagnoses)
 
 
 def missing_log_line(services: list[str]) -> str:
@@ -81,8 +76,10 @@ def gather(
     failure_text: str,
     *,
     lines: int,
+    errors: tuple[BaseException, ...] = (),
 ) -> Evidence:
-    """Collect evidence for a failed test that used `handles` on `host`."""
+    """Collect evidence for a failed test that used `handles` on `host`; `errors`: the exceptions of the
+    failure (the test's own, the services' failures), read for the ranks they name."""
     evidence = Evidence()
     secrets = tuple(key for h in handles if (key := h.api_key_in_use))
 
@@ -102,6 +99,9 @@ def gather(
         except DflashError as exc:
             props = {"state": f"unknown: {exc}"}
         mark = marks.get(handle.name) or handle.started_mark
+        if handle.ready is None and handle.failure is not None:
+            # never ready (its wait may have run beside another test): its log since it started
+            mark = handle.started_mark
         if state is not None and state.dead:
             # A service that died may have died before this test began (found dead only now): its last lines
             # are older than the test's mark, so the window reaches back to its start, or for an attached
@@ -118,8 +118,13 @@ def gather(
         if log.strip():
             log = clean(log, DIAGNOSIS_INPUT_BYTES, f"{what} tail", "tail")
             texts.append(log)
-            evidence.sections.append((f"{what} {handle.label} since {_since(mark)}",
-                                      clean(log, LOG_BYTES, f"{what} tail", "tail")))
+            title = f"{what} {handle.label} since {_since(mark)}"
+            evidence.sections.append((title, clean(log, LOG_BYTES, f"{what} tail", "tail")))
+            evidence.logs.append(title)
+        ranks = rank_faults(host, handle, errors=(*errors, *((handle.failure,) if handle.failure else ())),
+                            log=log)
+        if ranks:
+            evidence.ranks[handle.name] = ranks
         if state is not None:
             texts.append(clean(state.summary(), ITEM_BYTES, "service state"))
         evidence.sections.append((f"service {handle.label}",
@@ -137,9 +142,14 @@ def gather(
             evidence.sections.append((f"kernel log {host.name} (OOM / Xid)", kernel))
     python = host.profile.python
     evidence.missing = missing_log_line(logless)
-    evidence.diagnoses = diagnose(*texts,
-                                  values={"python": python, "service": ",".join(h.label for h in handles)},
-                                  symptoms=texts[0] if logless else "", missing=evidence.missing)
+    subject = rank_subject([fault for faults in evidence.ranks.values() for fault in faults])
+    # the rank sentences are evidence too: a rank found stopped by `ps` says so nowhere in a log
+    evidence.diagnoses = with_subject(
+        diagnose(*texts, subject,
+                 values={"python": python, "service": ",".join(h.label for h in handles)},
+                 symptoms=texts[0] if logless else "", missing=evidence.missing,
+                 mode=service_mode(host, handles)),
+        clean(subject, ITEM_BYTES, "diagnosis"))
     if evidence.diagnoses:
         evidence.sections.insert(0, ("dflash diagnosis",
                                      clean(evidence.diagnosis_text(), ITEM_BYTES, "diagnosis")))

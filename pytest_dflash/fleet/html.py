@@ -18,6 +18,7 @@ from typing import Any
 from pytest_dflash.fleet.values import measurements, safe_name
 from pytest_dflash.report.gpus import gpu_matrix_table
 from pytest_dflash.report.perf_table import perf_table, rows_from_metrics
+from pytest_dflash.report.ranks import rank_lines
 from pytest_dflash.scrub.terminal import terminal_safe
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "blocked": "#ef6c00", "skipped": "#757575",
@@ -219,9 +220,11 @@ def _matrix(hosts: Mapping[str, Mapping[str, Any]], layers: list[str]) -> list[s
         cells = []
         for layer in layers:
             outcome = entry["layers"].get(layer, "not-run")
-            ids = sorted({d["id"] for f in entry["failures"] if f["layer"] == layer for d in f["diagnosis"]})
-            titles = sorted({d["title"] for f in entry["failures"] if f["layer"] == layer
-                             for d in f["diagnosis"]})
+            # root cause first, as each failure lists them (never alphabetical: a consequence would lead)
+            ids = list(dict.fromkeys(d["id"] for f in entry["failures"] if f["layer"] == layer
+                                     for d in f["diagnosis"]))
+            titles = list(dict.fromkeys(d["title"] for f in entry["failures"] if f["layer"] == layer
+                                        for d in f["diagnosis"]))
             messages = [f["message"] for f in entry["failures"] if f["layer"] == layer][:2]
             if outcome == "blocked":
                 messages = [b["message"] for b in entry["blocked"] if layer in b.get("layers", [])][:1]
@@ -250,11 +253,13 @@ def _host_section(name: str, entry: Mapping[str, Any]) -> list[str]:
         out.append(f"<div><b>{e(failure['layer'])}</b> <code>{e(failure['test'])}</code> "
                    f"({e(failure['phase'])})<pre>{e(failure['message'])}</pre>")
         for diagnosis in failure["diagnosis"]:
-            out.append(f'<div class="diag"><b>[{e(diagnosis["id"])}]</b> {e(diagnosis["title"])}'
+            subject = f'{e(diagnosis["subject"])}: ' if diagnosis.get("subject") else ""
+            out.append(f'<div class="diag"><b>[{e(diagnosis["id"])}]</b> {subject}{e(diagnosis["title"])}'
                        + (f'<div class="remedy">remedy: {e(diagnosis["remedy"])}</div>'
                           if diagnosis["remedy"] else "")
                        + "</div>")
         out.append("</div>")
+    out += [f'<p class="rank"><b>rank</b> {e(line)}</p>' for line in rank_lines(entry.get("services") or {})]
     for blocked in entry["blocked"]:
         out.append(f'<p class="muted">{blocked["count"]} test(s) blocked '
                    f'({e(", ".join(blocked["layers"]))}): {e(blocked["message"])}</p>')

@@ -1,7 +1,9 @@
 """fleet-junit.xml: one testcase per host x layer, for CI systems that render JUnit.
 
     classname = "dflash.<host>", name = "<layer>"
-    failed  -> <failure type="<diagnosis ids | failed>" message="<diagnosis title or first message>">details
+    failed  -> <failure type="<diagnosis ids, root cause first | failed>"
+                message="<[id] title — remedy: …, as the failure's own first line; else its message>">details
+                (each failure: its diagnosis and remedy, the symptom, the ranks that died or stopped)
     blocked -> <skipped type="blocked" message="<root failure>">   (the root failure is its own testcase)
     skipped -> <skipped message="all tests of the layer skipped">
     not-run -> <skipped type="not-run" message="no test of the layer was selected">
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from pytest_dflash.report.ranks import rank_lines
 from pytest_dflash.scrub.terminal import terminal_safe
 
 # Characters XML 1.0 cannot carry at all (ANSI escapes in a log line would make the whole file invalid).
@@ -40,12 +43,16 @@ def render_junit(summary: Mapping[str, Any]) -> str:
             if outcome == "failed":
                 counts["failures"] += 1
                 failures = [f for f in entry["failures"] if f["layer"] == layer]
-                ids = sorted({d["id"] for f in failures for d in f["diagnosis"]})
-                titles = [d["title"] for f in failures for d in f["diagnosis"]]
-                message = titles[0] if titles else (failures[0]["message"] if failures else "failed")
+                # root cause first, as each failure lists them (never alphabetical)
+                ids = list(dict.fromkeys(d["id"] for f in failures for d in f["diagnosis"]))
+                first = next((d for f in failures for d in f["diagnosis"]), None)
+                message = (headline(first) if first is not None
+                           else failures[0]["message"] if failures else "failed")
                 element = ET.SubElement(case, "failure",
                                         {"type": ",".join(ids) or "failed", "message": clean(message)})
-                element.text = clean("\n\n".join(_failure_text(f) for f in failures) or "failed")
+                ranks = rank_lines(entry.get("services") or {})
+                element.text = clean("\n\n".join([*(_failure_text(f) for f in failures),
+                                                    *(f"rank {line}" for line in ranks)]) or "failed")
             elif outcome == "blocked":
                 counts["skipped"] += 1
                 roots = [b["message"] for b in entry["blocked"] if layer in b.get("layers", [])]
@@ -65,10 +72,15 @@ def render_junit(summary: Mapping[str, Any]) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
+def headline(diagnosis: Mapping[str, Any]) -> str:
+    """'[id] subject: title — remedy: …': a failure's first line, as the test's own report has it."""
+    subject = f"{diagnosis['subject']}: " if diagnosis.get("subject") else ""
+    remedy = f" — remedy: {diagnosis['remedy']}" if diagnosis.get("remedy") else ""
+    return f"[{diagnosis['id']}] {subject}{diagnosis['title']}{remedy}"
+
+
 def _failure_text(failure: Mapping[str, Any]) -> str:
-    lines = [f"{failure['test']} ({failure['phase']}): {failure['message']}"]
-    for diagnosis in failure["diagnosis"]:
-        lines.append(f"diagnosis [{diagnosis['id']}]: {diagnosis['title']}")
-        if diagnosis["remedy"]:
-            lines.append(f"remedy: {diagnosis['remedy']}")
+    """The diagnoses (each once, root cause first), then the test and what it saw."""
+    lines = [headline(diagnosis) for diagnosis in failure["diagnosis"]]
+    lines.append(f"{failure['test']} ({failure['phase']}): {failure.get('symptom') or failure['message']}")
     return "\n".join(lines)

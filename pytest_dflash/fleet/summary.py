@@ -99,6 +99,8 @@ def _service_entry(facts: Mapping[str, Any]) -> dict[str, Any]:
         entry["accept_length"] = round(float(facts["accept_length"]), 4)
     if facts.get("url"):
         entry["url"] = facts["url"]
+    if isinstance(facts.get("ranks"), list):  # the tensor-parallel ranks that died or stopped
+        entry["ranks"] = [dict(r) for r in facts["ranks"] if isinstance(r, Mapping)]
     return entry
 
 
@@ -115,8 +117,10 @@ def _failure_entry(failure: Mapping[str, Any]) -> dict[str, Any]:
         "phase": failure.get("phase", ""),
         "message": clip(str(failure.get("message", "")), 500),
         "diagnosis": [{"id": str(d.get("id", "")), "title": str(d.get("title", "")),
-                       "remedy": str(d.get("remedy", ""))}
+                       "remedy": str(d.get("remedy", "")),
+                       **({"subject": str(d["subject"])} if d.get("subject") else {})}
                       for d in failure.get("diagnosis") or [] if isinstance(d, Mapping)],
+        **({"symptom": str(failure["symptom"])[:500]} if failure.get("symptom") else {}),
     }
 
 

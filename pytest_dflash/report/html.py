@@ -19,6 +19,7 @@ import pytest
 
 from pytest_dflash import __version__
 from pytest_dflash.config.layers import LAYERS
+from pytest_dflash.report.ranks import rank_lines
 from pytest_dflash.scrub.redact import redact
 
 if TYPE_CHECKING:
@@ -130,8 +131,13 @@ class HtmlHooks:
                         f"<b>{final.upper()}</b></td>{cells}</tr>")
             rows += [f'<tr><td></td><td colspan="{len(LAYERS) + 1}">{html.escape(redact(why))}</td></tr>'
                      for why in verdict_reasons(verdict, builder)]
+            rows += [f'<tr class="dflash-rank"><td></td><td colspan="{len(LAYERS) + 1}">RANK '
+                     f"{html.escape(redact(line))}</td></tr>" for line in rank_lines(verdict.services)]
             for failure in verdict.failures:
-                diagnosis = "; ".join(f"[{d['id']}] {d['title']}" for d in failure.get("diagnosis", [])[:2])
+                diagnosis = "; ".join(
+                    f"[{d['id']}] {d['subject'] + ': ' if d.get('subject') else ''}{d['title']}"
+                    + (f" — remedy: {d['remedy']}" if d.get("remedy") else "")
+                    for d in failure.get("diagnosis", [])[:2])
                 rows.append(f'<tr><td></td><td colspan="{len(LAYERS) + 1}">FAILED '
                             f'{html.escape(failure["test"])}: '
                             f"{html.escape(diagnosis or failure['message'])}</td></tr>")

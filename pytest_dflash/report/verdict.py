@@ -53,6 +53,7 @@ from pytest_dflash.report import gate as gate_rule
 from pytest_dflash.report.files import atomic_write
 from pytest_dflash.report.gate import gate_line as gate_line  # re-exported: the gate's one line
 from pytest_dflash.report.plots import stopped_in
+from pytest_dflash.report.ranks import rank_lines
 from pytest_dflash.report.scope import Scope
 from pytest_dflash.run import skips
 
@@ -289,7 +290,9 @@ class VerdictBuilder:
             entry["gpus"] = info["gpus"]
         if outcome == "failed":
             tally.failed += 1
-            verdict.failures.append({**entry, "phase": when})
+            # what the test saw, beside its diagnosis (the message): 'ServiceCrashed: service … died …'
+            symptom = {"symptom": info["symptom"]} if info.get("symptom") else {}
+            verdict.failures.append({**entry, "phase": when, **symptom})
         elif outcome == "skipped" and when in ("setup", "call"):
             if info.get("blocked"):
                 tally.blocked += 1
@@ -344,6 +347,21 @@ def _safe(name: str) -> str:
     return file_name(name)  # injective: two hosts never share a verdict file (config/targets.py)
 
 
+def failure_lines(failure: Mapping[str, Any]) -> list[str]:
+    """One failure in the terminal's verdict section: the test and its message (the root cause's diagnosis
+    where it has one), each diagnosis once with its remedy, root cause first, then what the test saw."""
+    message = str(failure["message"])
+    lines = [f"    FAILED {failure['test']}: {message}"]
+    for diagnosis in failure.get("diagnosis", [])[:3]:
+        if not message.startswith(f"[{diagnosis['id']}]"):  # the message is the first one's line already
+            lines.append(f"      diagnosis [{diagnosis['id']}]: {diagnosis['title']}")
+        if diagnosis.get("remedy"):
+            lines.append(f"      remedy: {diagnosis['remedy']}")
+    if failure.get("symptom") and failure["symptom"] != message:
+        lines.append(f"      symptom: {failure['symptom']}")
+    return lines
+
+
 def summary_lines(builder: VerdictBuilder) -> list[str]:
     """The terminal summary: one block per host, layer -> outcome, with the diagnosis of each failure."""
     lines: list[str] = []
@@ -370,11 +388,8 @@ def summary_lines(builder: VerdictBuilder) -> list[str]:
                 parts.append(f"accept length {facts['accept_length']:.2f}")
             lines.append(f"    {service}: {', '.join(parts)}")
         for failure in verdict.failures:
-            lines.append(f"    FAILED {failure['test']}: {failure['message']}")
-            for diagnosis in failure.get("diagnosis", [])[:2]:
-                lines.append(f"      diagnosis [{diagnosis['id']}]: {diagnosis['title']}")
-                if diagnosis.get("remedy"):
-                    lines.append(f"      remedy: {diagnosis['remedy']}")
+            lines += failure_lines(failure)
+        lines += [f"    RANK {line}" for line in rank_lines(verdict.services)]
         blocked_roots = sorted({b["message"] for b in verdict.blocked})
         for root in blocked_roots:
             count = sum(1 for b in verdict.blocked if b["message"] == root)

@@ -47,7 +47,7 @@ from pytest_dflash.services.base import LogMark, ServiceManager
 from pytest_dflash.services.events import Progress, ServiceEvent
 from pytest_dflash.services.health import health_bypass
 from pytest_dflash.services.liveness import death_after_readiness
-from pytest_dflash.services.ranks import wedge_at_tp
+from pytest_dflash.services.ranks import rank_watch, wedge_at_tp
 from pytest_dflash.services.readiness import ReadinessWatcher
 from pytest_dflash.services.registry import make_manager, reap_leftovers
 from pytest_dflash.services.served import ServedConfig, command_of, served_config
@@ -157,10 +157,12 @@ class ServiceHandle:
             if stuck is None:
                 return said
             if stuck.moving is False:
-                tp = wedge_at_tp(self.manager, self.host.transport if self.host.has_host_access else None,
-                                 server_info=self.server_info, gpus=self.spec.gpus, since=self.started_mark,
-                                 log_lines=self.host.run.options.journal_lines)
+                transport = self.host.transport if self.host.has_host_access else None
+                tp, ranks = wedge_at_tp(self.manager, transport, server_info=self.server_info,
+                                        gpus=self.spec.gpus, since=self.started_mark,
+                                        log_lines=self.host.run.options.journal_lines)
                 stuck.progress += f"; {tp}" if tp else ""
+                stuck.ranks = tuple(ranks)
             self.failure = stuck
             test = self.current_test or "?"
             self.failure_reported_by = test
@@ -355,6 +357,8 @@ class ServiceHandle:
             abandoned=lambda: self.host.run.cleaning, on_settled=self.settle,
             health_bypassed=self.health_bypassed, nccl_init_budget_s=self.spec.nccl_init_timeout_s,
             gpus=self.spec.gpus, label=self.label,
+            rank_watch=rank_watch(self.manager, self.host.transport if self.host.has_host_access else None,
+                                  self.spec.gpus),
         )
         try:
             return watcher.wait()

@@ -20,7 +20,7 @@ from pytest_dflash.errors import (
     TransportError,
 )
 from pytest_dflash.services.base import LogMark, ServiceManager
-from pytest_dflash.services.ranks import ranks_named_in_log
+from pytest_dflash.services.ranks import rank_faults_in_log
 
 # Over HTTP (no process state): SGLang's HTTP process serves /v1/models itself, so it answers while
 # the scheduler is busy compiling; /health runs a generation through the scheduler (20 s, then 503).
@@ -126,7 +126,8 @@ def death_after_readiness(manager: ServiceManager, client: InferenceClient, *, l
     if state.death is not None:
         time.sleep(0.2)
         log = manager.logs_since(since, log_lines)
-        return ServiceCrashed(label, state.death, log, ranks=tuple(ranks_named_in_log(log, gpus)))
+        return ServiceCrashed(label, state.death, log,
+                              ranks=tuple(rank_faults_in_log(log, gpus, when="serving")))
     if state.restarts > base_restarts:
         return ServiceRestarted(label, base_restarts, state.restarts, manager.logs_since(since, log_lines))
     return None

@@ -1,9 +1,10 @@
 """Failures read like diagnoses (issue 32): real smoke runs attached by URL to refservers that fail, read back
 from the terminal, the JUnit XML (junitparser) and the pytest-html report.
 
-The first line of a failure is the exception and its message (no path, no traceback through the plugin, no repr
-of a fixture); with no log to read, the diagnosis comes from what was seen over HTTP and says which evidence is
-missing; blocked skips point at the test that failed, once per host."""
+The first line of a failure is its diagnosis and remedy (issue 41), a remedy that fits attach mode; then the
+exception and its message (no path, no traceback through the plugin, no repr of a fixture); with no log to read,
+the diagnosis comes from what was seen over HTTP and says which evidence is missing; blocked skips point at the
+test that failed, once per host."""
 
 from __future__ import annotations
 
@@ -59,23 +60,30 @@ def test_a_death_on_the_first_sampled_request_is_diagnosed_from_http_and_blocks_
     result, junit, page = attached_run(run_suite, tmp_path, "--inject", "flashinfer-sm120")
     out = result.stdout.str()
     assert result.ret == 1
-    # the failure starts with the exception, then the diagnosis from what was seen over HTTP, then what is missing
-    result.stdout.fnmatch_lines(["_*test_service_ready*_", "ServiceGone: service attached is gone during readiness:*",
+    # the failure starts with the diagnosis and its remedy, then the exception, then where; then the diagnosis's
+    # evidence from what was seen over HTTP, then what is missing
+    result.stdout.fnmatch_lines(["_*test_service_ready*_",
+                                 "[[]sampling-jit-first-sampled-request] the service died on its first sampled* — "
+                                 "remedy: on the server's host*",
+                                 "ServiceGone: service attached is gone during readiness:*",
                                  "(raised at suites/smoke/test_smoke.py:*, in test_service_ready*)",
                                  "*dflash diagnosis*",
                                  "[[]sampling-jit-first-sampled-request] the service died on its first sampled*",
                                  "*remedy: *", "*evidence: seen over HTTP: *first sampled generation*", MISSING],
                                 consecutive=True)
+    # attached by URL there is no kernels layer to run: the remedy says what can be done from here
+    assert "run the kernels layer" not in out
     assert "collected in" in out and "collected in 0.01s\n" not in out.replace("0.00s\n", "0.01s\n")
     # blocked skips: at the failing test's line, one folded line for the host, never at plugin.py
     skips = [line for line in out.splitlines() if line.startswith("SKIPPED") and "blocked:" in line]
     assert len(skips) == 1, skips
     assert re.match(r"SKIPPED \[\d+\] \S*suites/smoke/test_smoke\.py:\d+: blocked: service layer failed on ", skips[0])
     assert "plugin.py" not in out and "fixtures.py" not in out
-    # JUnit: message= starts with the exception; the diagnosis id in the flat property
+    # JUnit: message= starts with the diagnosis and its remedy; the diagnosis id in the flat property
     (failed,) = [c for c in junit.values() if outcome(c, Failure) is not None]
-    assert outcome(failed, Failure).message.startswith("ServiceGone: service attached is gone"), outcome(
-        failed, Failure).message
+    message = outcome(failed, Failure).message
+    assert message.startswith("[sampling-jit-first-sampled-request] the service died"), message
+    assert "remedy: on the server's host" in message
     assert properties(failed)["dflash.diagnosis"] == "sampling-jit-first-sampled-request"
     blocked = [c for c in junit.values() if properties(c).get("dflash.verdict") == "blocked"]
     assert blocked and all("plugin.py" not in (outcome(c, Skipped).text or "") for c in blocked)
@@ -106,7 +114,7 @@ def test_zero_acceptance_fails_with_its_message_first_and_no_fixture_reprs(  # t
         run_suite, tmp_path: Path) -> None:
     result, junit, page = attached_run(run_suite, tmp_path, "--random-draft")
     assert result.ret == 1
-    result.stdout.fnmatch_lines(["_*test_accept_length*_",
+    result.stdout.fnmatch_lines(["_*test_accept_length*_", "[[]draft-never-accepted]* — remedy: *",
                                  "AssertionError: *attached: no speculation in practice: accept length 1.0*",
                                  "(raised at suites/smoke/test_smoke.py:*, in test_accept_length*)",
                                  "*dflash diagnosis*", "[[]draft-never-accepted]*", "*remedy: *",
@@ -114,7 +122,7 @@ def test_zero_acceptance_fails_with_its_message_first_and_no_fixture_reprs(  # t
                                 consecutive=True)
     (failed,) = [c for c in junit.values() if outcome(c, Failure) is not None]
     message = outcome(failed, Failure).message
-    assert message.startswith("AssertionError: ") and "no speculation in practice" in message, message
+    assert message.startswith("[draft-never-accepted] ") and " — remedy: " in message, message
     assert properties(failed)["dflash.diagnosis"] == "draft-never-accepted"
     xml = (tmp_path / "junit.xml").read_text()
     assert not REPRS.search(result.stdout.str() + page + xml), REPRS.search(result.stdout.str() + page + xml)
@@ -125,11 +133,12 @@ def test_a_wedged_engine_attached_by_url_says_which_evidence_is_missing(  # type
         run_suite, tmp_path: Path, fault: str) -> None:
     result, junit, page = attached_run(run_suite, tmp_path, "--inject", fault, extra=("--request-timeout=5s",))
     assert result.ret == 1
-    result.stdout.fnmatch_lines(["DeadlineExceeded: *attached*", "(raised at suites/smoke/test_smoke.py:*",
+    result.stdout.fnmatch_lines(["[[]engine-stuck]* — remedy: on the server's host*", "DeadlineExceeded: *attached*",
+                                 "(raised at suites/smoke/test_smoke.py:*",
                                  "*dflash diagnosis*", "[[]engine-stuck]*", "*remedy: *", "*evidence: *", MISSING],
                                 consecutive=True)
     (failed,) = [c for c in junit.values() if outcome(c, Failure) is not None]
-    assert outcome(failed, Failure).message.startswith("DeadlineExceeded: ")
+    assert outcome(failed, Failure).message.startswith("[engine-stuck] ")
     assert properties(failed)["dflash.diagnosis"] == "engine-stuck"
     assert not REPRS.search(result.stdout.str() + page)
 

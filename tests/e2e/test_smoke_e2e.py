@@ -31,33 +31,53 @@ def test_local_smoke_passes_and_writes_verdict_and_html(run_suite, tmp_path: Pat
     assert "dflash verdict" in page and "local" in page
 
 
-def test_sampling_crash_fails_readiness_with_traceback_and_flashinfer_diagnosis(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_sampling_crash_fails_readiness_leading_with_its_diagnosis_and_remedy(  # type: ignore[no-untyped-def]
+        run_suite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41: a provisioned DFLASH service that dies on its first sampled request (the seed's SM 12.x toolkit).
+    Before: the failure began 'ServiceCrashed: …', the diagnosis at line 46 of 122, the traceback three times, the
+    short summary cut to '- Service...'. Now: diagnosis and remedy first, then the symptom, then where; the log
+    once; one diagnosis for the one cause; each diagnosis once in the verdict section."""
+    monkeypatch.setenv("COLUMNS", "250")  # pytest's short summary cuts its line to the terminal
     profile = write_profile(tmp_path, "sm120", {"dflash": ("DFLASH", ["--inject", "flashinfer-sm120"])})
-    html = tmp_path / "sm120.html"
+    html, junit = tmp_path / "sm120.html", tmp_path / "junit.xml"
     started = time.monotonic()
-    result = run_suite("smoke", "--host", str(profile), f"--html={html}")
+    result = run_suite("smoke", "--host", str(profile), f"--html={html}", f"--junitxml={junit}", "-rf")
     assert_no_crash(result)
     # skipped: 11 blocked, the parity test (no [parity] table), the 2 GPU checks (no GPU here)
     result.assert_outcomes(passed=2, failed=1, skipped=14)
     result.stdout.fnmatch_lines([
         "*_ test_service_ready[[]sm120/dflash[]] _*",
-        # the exception and its message first (no path before it), then where in the test, then the evidence
+        "[[]flashinfer-sm12x-nvcc[]] FlashInfer cannot target this SM 12.x GPU: * — remedy: point CUDA_HOME *",
         "ServiceCrashed: service dflash died during readiness: first sampled generation*killed by SIGKILL*",
-        "*(raised at suites/smoke/test_smoke.py:*, in test_service_ready[[]sm120/dflash[]])",
+        "(raised at suites/smoke/test_smoke.py:*, in test_service_ready[[]sm120/dflash[]])",
         "*dflash diagnosis*",
-        "*[[]flashinfer-sm12x-nvcc[]]*",
-        "*[[]sampling-jit-first-sampled-request[]]*",
-    ])
+        "[[]flashinfer-sm12x-nvcc[]]*",
+    ], consecutive=True)
+    result.stdout.fnmatch_lines(["FAILED *test_service_ready[[]sm120/dflash[]] - [[]flashinfer-sm12x-nvcc[]] *"])
     text = result.stdout.str()
-    assert "in top_k_top_p_sampling_from_probs" in text and "get_sampling_module" in text
-    assert "RuntimeError: FlashInfer requires GPUs with sm75 or higher" in text
+    # the server's traceback once (the log section), not again as a tail in the failure text
+    assert text.count("RuntimeError: FlashInfer requires GPUs with sm75 or higher") == 1, text
+    assert text.count("in top_k_top_p_sampling_from_probs") == 1
+    # one root cause, one diagnosis: the consequences are folded into it, not listed beside it
+    assert "[sampling-jit-first-sampled-request]" not in text and "[scheduler-crash]" not in text
+    assert "[flashinfer-no-eligible-arch]" not in text
+    verdict_section = text.split("dflash verdict")[-1].split("short test summary")[0]
+    assert verdict_section.count("flashinfer-sm12x-nvcc") == 1, verdict_section
+    assert verdict_section.count("remedy: point CUDA_HOME") == 1
+    assert "symptom: ServiceCrashed: service dflash died during readiness" in verdict_section
     data = verdict(run_suite.reports, "sm120")
     assert data["verdict"] == "fail" and data["exit_code"] == 1
     assert data["layers"]["service"]["outcome"] == "failed"
     assert data["layers"]["generation"]["outcome"] == "blocked"
-    found = [d["id"] for d in data["failures"][0]["diagnosis"]]
-    assert found[0] == "flashinfer-sm12x-nvcc", found
-    assert "sampling-jit-first-sampled-request" in found, found
+    (found,) = data["failures"][0]["diagnosis"]
+    assert found["id"] == "flashinfer-sm12x-nvcc", found
+    assert "sampling-jit-first-sampled-request" in found["folded"]
+    # JUnit and the fleet JUnit: message= is the diagnosis and its remedy, the same first line
+    xml = junit.read_text()
+    assert 'message="[flashinfer-sm12x-nvcc] FlashInfer cannot target this SM 12.x GPU' in xml
+    assert "remedy: point CUDA_HOME" in xml.split('message="[flashinfer-sm12x-nvcc]')[1].split('"')[0]
+    fleet = (run_suite.reports / "fleet-junit.xml").read_text()
+    assert 'type="flashinfer-sm12x-nvcc" message="[flashinfer-sm12x-nvcc] FlashInfer cannot target' in fleet
     page = html.read_text()
     assert "flashinfer-sm12x-nvcc" in page and "top_k_top_p_sampling_from_probs" in page
     assert time.monotonic() - started < 60

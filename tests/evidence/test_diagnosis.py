@@ -28,7 +28,8 @@ def ids(text: str) -> list[str]:
         ("S1_no_soundfile.log", "soundfile-missing"),
         ("S2a_no_StructuralTag_grammar_none.log", "xgrammar-structural-tag"),
         ("S2b_no_StructuralTag_default_grammar.log", "xgrammar-structural-tag"),
-        ("S3a_sampling_jit_nvcc_bad_flag.log", "sampling-jit-first-sampled-request"),
+        # the cause (a stray NVCC flag), not its consequence (the first sampled request died), comes first
+        ("S3a_sampling_jit_nvcc_bad_flag.log", "nvcc-rejects-flags"),
         ("S3b_sampling_jit_no_curand_headers.log", "curand-header-missing"),
         ("S4a_frac_0.99_other_process_holds_gpu.log", "cuda-oom-startup"),
         ("S4b_gpu_full_0.25GiB_free.log", "cuda-oom-startup"),

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import datetime as dt
 
+from pytest_dflash.errors import RankFault
 from pytest_dflash.services.phases import describe_in_progress, describe_ranks, nccl_init_stuck, parse_startup
 from pytest_dflash.services.ranks import (
     last_rank_lines,
+    rank_faults_in_log,
     rank_on_gpu,
     rank_processes,
-    ranks_named_in_log,
+    stopped_ranks,
     tensor_parallel_wedge,
+    tp_mismatch,
     tp_size_of,
 )
 
@@ -56,16 +59,19 @@ def test_a_heartbeat_names_the_slowest_rank() -> None:
 def test_a_ranks_death_is_named_with_its_pid_and_gpu() -> None:
     died = ("[2026-12-04 23:47:52] Subprocess scheduler_1 (pid=25274) crashed with exit code -9. Triggering "
             "SIGQUIT for cleanup...\n")
-    assert ranks_named_in_log(died, [4, 5]) == [
-        "tensor-parallel rank TP1 (GPU 5) died: scheduler_1 pid 25274, killed by SIGKILL (OOM killer, Xid or an "
-        "operator)"]
+    (fault,) = rank_faults_in_log(died, [4, 5], when="serving")
+    assert fault == RankFault(1, "died", "killed by SIGKILL", 25274, "GPU 5", when="serving")
+    assert fault.sentence() == "tensor-parallel rank TP1 (rank 1, pid 25274, GPU 5) died while serving: killed by SIGKILL"
+    assert fault.as_dict()["said"] == fault.sentence() and fault.as_dict()["pid"] == 25274
+    segv = died.replace("scheduler_1 (pid=25274)", "scheduler_0 (pid=7)").replace("-9.", "-11.")
+    assert rank_faults_in_log(segv, [])[0].how == "killed by SIGSEGV"
     failed = ("[2026-12-04 23:40:46 TP1] Scheduler hit an exception: Traceback (most recent call last):\n"
               '  File "x.py", line 1, in <module>\nRuntimeError: Not enough memory. Please try to increase '
               "--mem-fraction-static.\n")
-    assert ranks_named_in_log(failed, []) == [
-        "tensor-parallel rank TP1 (visible GPU 1) failed at start-up: RuntimeError: Not enough memory. Please try "
-        "to increase --mem-fraction-static."]
-    assert ranks_named_in_log("[2026-12-04 23:40:46] Load weight end.\n", [0]) == []
+    (fault,) = rank_faults_in_log(failed, [])
+    assert fault.sentence() == ("tensor-parallel rank TP1 (rank 1, visible GPU 1) failed at start-up: RuntimeError: "
+                                "Not enough memory. Please try to increase --mem-fraction-static.")
+    assert rank_faults_in_log("[2026-12-04 23:40:46] Load weight end.\n", [0]) == []
     assert rank_on_gpu("PP0 TP3", [4, 5, 6, 7]) == "PP0 TP3 (GPU 7)"
 
 
@@ -81,17 +87,28 @@ PS = """\
 def test_a_stopped_rank_is_found_below_its_server() -> None:
     assert rank_processes(PS, 100) == {0: (101, "Sl"), 1: (102, "Tl")}
     assert rank_processes(PS, None)[0] == (200, "Sl")  # another server's rank, when no pid is known
-    note = tensor_parallel_wedge(2, [4, 5], ps_text=PS, main_pid=100, log=TP_LOG)
+    note, faults = tensor_parallel_wedge(2, [4, 5], ps_text=PS, main_pid=100, log=TP_LOG)
     assert note.startswith("the engine is tensor-parallel (--tp-size 2")
-    assert "rank TP1 (GPU 5) (sglang::scheduler_TP1, pid 102) is stopped (SIGSTOP or a debugger)" in note
+    assert ("tensor-parallel rank TP1 (rank 1, pid 102, GPU 5) stopped while serving: SIGSTOP or a debugger "
+            "(process state T) (sglang::scheduler_TP1)") in note
+    assert faults == [RankFault(1, "stopped", "SIGSTOP or a debugger (process state T)", 102, "GPU 5",
+                                when="serving")]
     assert "the rank whose log went quiet first: TP1 (GPU 5), last line [2026-12-04 21:29:48 TP1]" in note
-    running = tensor_parallel_wedge(2, [], ps_text=PS.replace(" Tl ", " Sl "), main_pid=100)
-    assert "every rank process is running (state TP0=Sl, TP1=Sl)" in running
-    assert tensor_parallel_wedge(1, [0], ps_text=PS, main_pid=100) == ""
+    running, none = tensor_parallel_wedge(2, [], ps_text=PS.replace(" Tl ", " Sl "), main_pid=100)
+    assert "every rank process is running (state TP0=Sl, TP1=Sl)" in running and none == []
+    assert tensor_parallel_wedge(1, [0], ps_text=PS, main_pid=100) == ("", [])
+    # a rank in a driver call that does not return (D) takes part in no collective either
+    (hung,) = stopped_ranks({0: (101, "Sl"), 1: (102, "D")}, [], when="readiness")
+    assert hung.sentence().startswith("tensor-parallel rank TP1 (rank 1, pid 102, visible GPU 1) hangs during "
+                                      "readiness: in uninterruptible I/O")
 
 
-def test_tp_size_from_server_info_else_from_the_command() -> None:
+def test_tp_size_from_server_info_and_the_command_the_larger_names_the_ranks() -> None:
     assert tp_size_of(["-m", "sglang.launch_server", "--tp", "4"], None) == 4
     assert tp_size_of([], {"tp_size": 8}) == 8
     assert tp_size_of(["--tp-size", "{tp}"], {}) == 1
+    # /server_info saying 1 under --tp-size 2 still has two ranks to look at, and the mismatch is said
+    assert tp_size_of(["--tp-size", "2"], {"tp_size": 1}) == 2
+    assert tp_mismatch(["--tp-size", "2"], {"tp_size": 1}) == "/server_info says tp_size 1, the command --tp-size 2"
+    assert tp_mismatch(["--tp-size", "2"], {"tp_size": 2}) == "" == tp_mismatch([], {"tp_size": 1})
     assert last_rank_lines(TP_LOG)["TP1"] == "[2026-12-04 21:29:48 TP1] Init torch distributed begin."
