@@ -17,15 +17,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_dflash.config.parallel import LayoutError, parse_layout
 from pytest_dflash.errors import DflashError, RankFault
 from pytest_dflash.hostaccess.transport import Transport
 from pytest_dflash.services.base import LaunchesOnHost, LogMark, ServiceManager
 from pytest_dflash.services.phases import STAMP
-from pytest_dflash.services.served import command_of
+from pytest_dflash.services.served import command_of, served_config
 
 __all__ = ["RankWatch", "last_rank_lines", "rank_faults_in_log", "rank_gpu", "rank_on_gpu", "rank_processes",
-           "rank_watch", "stopped_ranks", "tensor_parallel_wedge", "tp_mismatch", "tp_size_of", "tp_sizes",
+           "rank_watch", "stopped_ranks", "tensor_parallel_wedge", "tp_mismatch", "tp_size_of",
            "wedge_at_tp"]
 
 _CHILD_DIED = re.compile(r"Subprocess scheduler_(\d+) \(pid=(\d+)\) crashed with exit code (-?\d+)")
@@ -164,31 +163,19 @@ def tensor_parallel_wedge(tp_size: int, gpus: Sequence[int], *, ps_text: str = "
     return "; ".join(parts), faults
 
 
-def tp_sizes(argv: Sequence[str], server_info: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
-    """(/server_info's tp_size, the launch command's --tp-size): None where one does not say."""
-    served = (server_info or {}).get("tp_size")
-    served = served if isinstance(served, int) and not isinstance(served, bool) and served > 0 else None
-    try:
-        commanded: int | None = parse_layout(argv).tp if argv else None
-    except LayoutError:
-        commanded = None
-    return served, commanded
-
-
 def tp_size_of(argv: Sequence[str], server_info: Mapping[str, Any] | None) -> int:
     """The service's tensor parallelism, for naming its ranks: the larger of what /server_info says runs and
-    what its launch command asks for (a server_info that says 1 under --tp-size 2 still has two ranks to
-    look at)."""
-    served, commanded = tp_sizes(argv, server_info)
-    return max(served or 1, commanded or 1)
+    what its launch command asks for (services/served.py; a server_info that says 1 under --tp-size 2 still
+    has two ranks to look at)."""
+    setting = served_config(argv, server_info).tp_size
+    sizes = [value for value in (setting.value, setting.command)
+             if isinstance(value, int) and not isinstance(value, bool) and value > 0]
+    return max(sizes, default=1)
 
 
 def tp_mismatch(argv: Sequence[str], server_info: Mapping[str, Any] | None) -> str:
-    """'/server_info says tp_size 1, the command --tp-size 2' where the two disagree, else ''."""
-    served, commanded = tp_sizes(argv, server_info)
-    if served is None or commanded is None or served == commanded:
-        return ""
-    return f"/server_info says tp_size {served}, the command --tp-size {commanded}"
+    """'its command sets --tp-size 2, /server_info says tp_size = 1' where the two disagree, else ''."""
+    return served_config(argv, server_info).tp_size.contradiction() or ""
 
 
 def _rank_ps(manager: ServiceManager, transport: Transport | None) -> tuple[str, int | None]:

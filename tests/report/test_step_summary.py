@@ -122,8 +122,10 @@ def test_a_gate_failed_by_a_skipped_layer_names_the_host_the_layer_and_its_outco
     gate = builder.gate(["service", "generation"])
     assert not gate["passed"]
     text = markdown(builder, gate)
-    assert "Gate `service,generation`: **❌ failed**\n- a: generation skipped\n" in text, text
+    assert "Gate `service,generation`: **❌ failed**\n- failed: a generation: every check was skipped, none " \
+           "passed" in text, text
     from pytest_dflash.report.first_screen import gate_block
 
-    assert "<li>a: generation skipped</li>" in gate_block(gate)
+    assert "<li>failed: a generation: every check was skipped, none passed" in gate_block(gate)
+    assert "<li>a: generation skipped</li>" in gate_block({**gate, "why": []})  # an older verdict: no `why`
     assert "<li>the one reason</li>" in gate_block({**gate, "why": ["the one reason"]})

@@ -109,6 +109,6 @@ def test_tp_size_from_server_info_and_the_command_the_larger_names_the_ranks() -
     assert tp_size_of(["--tp-size", "{tp}"], {}) == 1
     # /server_info saying 1 under --tp-size 2 still has two ranks to look at, and the mismatch is said
     assert tp_size_of(["--tp-size", "2"], {"tp_size": 1}) == 2
-    assert tp_mismatch(["--tp-size", "2"], {"tp_size": 1}) == "/server_info says tp_size 1, the command --tp-size 2"
+    assert tp_mismatch(["--tp-size", "2"], {"tp_size": 1}) == "its command sets --tp-size 2, /server_info says tp_size = 1"
     assert tp_mismatch(["--tp-size", "2"], {"tp_size": 2}) == "" == tp_mismatch([], {"tp_size": 1})
     assert last_rank_lines(TP_LOG)["TP1"] == "[2026-12-04 21:29:48 TP1] Init torch distributed begin."

@@ -50,8 +50,8 @@ def test_a_command_that_contradicts_server_info_is_named_on_each_flag() -> None:
                                      "tool_call_parser = None",
                                      "its command sets --tp-size 2, /server_info says tp_size = 1"]
     assert [s.key for s in served.compared] == ["tool_call_parser", "grammar_backend", "tp_size", "ep_size"]
-    assert served.tp_size.value == 1  # what runs: rank naming uses it
-    assert tp_size_of(command, _recorded()) == 1
+    assert served.tp_size.value == 1  # what runs
+    assert tp_size_of(command, _recorded()) == 2  # ranks are looked for by the larger size: one may be stopped
 
 
 def test_a_flag_the_command_leaves_out_is_no_contradiction() -> None:
@@ -85,12 +85,13 @@ def test_the_refserver_reports_every_setting_as_real_sglang_does() -> None:
 
 
 @pytest.mark.parametrize(("tp", "note"), [
-    ("2", "its command sets --tp-size 2, /server_info says tp_size = 1: by /server_info one rank, none to name"),
-    ("1", ""),
+    ("2", ("its command sets --tp-size 2, /server_info says tp_size = 1; the engine is tensor-parallel "
+           "(--tp-size 2: one stopped rank holds every collective)", [])),
+    ("1", ("", [])),
 ])  # fmt: skip
-def test_a_stuck_engine_whose_command_contradicts_server_info_says_so(tp: str, note: str) -> None:
+def test_a_stuck_engine_whose_command_contradicts_server_info_says_so(tp: str, note: tuple[str, list[object]]) -> None:
     """Attached with a command saying --tp-size 2 while /server_info says 1 (issue 41): the stuck engine's note
-    names the contradiction (the served size names the ranks: one, so none)."""
+    names the contradiction first, and the ranks are looked at by the larger size (two: one may be stopped)."""
     spec = ServiceSpec(name="dflash", kind="external", url="http://127.0.0.1:9", algorithm="DFLASH",
                        command=("python", "-m", "sglang.launch_server", "--tp-size", tp))
     assert wedge_at_tp(ExternalService(spec), None, server_info={"tp_size": 1}, gpus=(), since=None,
