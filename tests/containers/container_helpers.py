@@ -36,8 +36,11 @@ def unique(prefix: str) -> str:
 
 
 def refserver_command(algorithm: str, args: Sequence[str] = ()) -> list[str]:
+    # the guest venv has no xgrammar (tests/testhost/build.sh): its refservers say --grammar-backend none, as
+    # the test host's units do, and their profiles structured_output = false (write_profile)
     return [GUEST_PYTHON, "-m", "pytest_dflash.refserver", "--host", "0.0.0.0", "--port", "{port}",
-            "--speculative-algorithm", algorithm, "--speculative-num-draft-tokens", "8", *args]
+            "--speculative-algorithm", algorithm, "--speculative-num-draft-tokens", "8", "--grammar-backend", "none",
+            *args]
 
 
 def write_profile(directory: Path, host: str, image: str, *, algorithm: str = "DFLASH", args: Sequence[str] = (),
@@ -49,7 +52,7 @@ def write_profile(directory: Path, host: str, image: str, *, algorithm: str = "D
              f"ulimits = {json.dumps(ULIMITS)}", f'image = "{image}"', f'algorithm = "{algorithm}"',
              f"port = {port or free_port()}", f"mounts = {json.dumps([f'{ROOT}:/opt/pytest-dflash:ro'])}",
              f"command = {json.dumps(list(command) if command is not None else refserver_command(algorithm, args))}",
-             'ready_timeout = "90s"', 'stop_timeout = "5s"', extra, ""]
+             'ready_timeout = "90s"', 'stop_timeout = "5s"', "structured_output = false", extra, ""]
     path = directory / f"{host}.toml"
     path.write_text("\n".join(lines))
     return path
