@@ -33,7 +33,7 @@ def test_clean_refservers_pass_generation_and_parity(run_suite, tmp_path: Path) 
     # (2 x 2 choices x greedy/sampled x whole/sse: no --tool-call-parser) and reasoning separation and the
     # reasoned constrained answer (whole, sse) on all three (no --reasoning-parser)
     assert outcomes["skipped"] == 26, outcomes
-    result.stdout.fnmatch_lines(["*dflash verdict*", "local: PARTIAL*generation:passed*parity:passed*perf:passed*",
+    result.stdout.fnmatch_lines(["*dflash verdict*", "local: PASS*generation:passed*parity:passed*perf:passed*",
                                  "*ddtree: DDTREE*accept length*", "*dflash: DFLASH*accept length*"])
     data = verdict(run_suite.reports, "local")
     metrics = data["metrics"]
