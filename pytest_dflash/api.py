@@ -109,8 +109,9 @@ from pytest_dflash.layers.service.checks import (
     stays_up,
 )
 from pytest_dflash.layers.service.coldstart import cold_start_within_budgets
+from pytest_dflash.run.handle import ServiceHandle
 from pytest_dflash.run.skips import needs_sglang, not_applicable
-from pytest_dflash.run.state import HostContext, ServiceHandle
+from pytest_dflash.run.state import HostContext
 
 __all__ = [
     "ALL_CHAINS",

@@ -29,8 +29,9 @@ from pytest_dflash.report.verdict import BUILDER_KEY
 from pytest_dflash.run import cleanup, collection, discovery, preflight, skips, timeouts
 from pytest_dflash.run.blocking import blocked_reason
 from pytest_dflash.run.collection import INFO_KEY
+from pytest_dflash.run.records import RunOptions
 from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
-from pytest_dflash.run.state import DflashRun, RunOptions
+from pytest_dflash.run.state import DflashRun
 
 # The fixtures, and the layer modules that add their own options and hooks (pytest loads them with this
 # plugin).

@@ -24,6 +24,6 @@ It is enforced below httpx, on every socket operation (connect, write, each read
 time left), so it covers response headers as well as the body; the body and SSE loops check it between
 chunks too. Running out of it raises `DeadlineExceeded` (an `ApiError`, cause "timeout") naming the
 endpoint, the limit and how far the call got (no response headers / status and bytes / SSE events and
-tokens, seconds per token). `on_deadline`, when set (run/state.py), is told first and may add what it
+tokens, seconds per token). `on_deadline`, when set (run/handle.py), is told first and may add what it
 found out about the server (is the engine still making progress?) to the error's message.
 """

@@ -39,8 +39,9 @@ from pytest_dflash.evidence.junit import (
 )
 from pytest_dflash.run.blocking import Failure, is_blocked
 from pytest_dflash.run.collection import ItemInfo
+from pytest_dflash.run.handle import ServiceHandle, readiness_error_summary
 from pytest_dflash.run.stash import HANDLES_KEY, MARKS_KEY
-from pytest_dflash.run.state import DflashRun, HostContext, ServiceHandle, readiness_error_summary
+from pytest_dflash.run.state import DflashRun, HostContext
 from pytest_dflash.scrub.bounds import LINE_BYTES, TEST_BYTES, nbytes, scrub
 from pytest_dflash.scrub.redact import is_secret, remember
 from pytest_dflash.services.base import LogMark

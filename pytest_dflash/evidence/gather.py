@@ -20,7 +20,8 @@ from pytest_dflash.scrub.bounds import ITEM_BYTES, LOG_BYTES, Keep, scrub
 from pytest_dflash.services.base import LogMark, ServiceState
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import HostContext, ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
+    from pytest_dflash.run.state import HostContext
 
 # What the diagnosis reads of each text (the end of a log): far more than a report shows, far less than a
 # log of 30 KB lines can hold.

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from pytest_dflash.run.collection import ItemInfo
-from pytest_dflash.run.state import HostContext, ServiceHandle
+from pytest_dflash.run.handle import ServiceHandle
+from pytest_dflash.run.state import HostContext
 from pytest_dflash.scrub.bounds import LINE_BYTES, LOG_BYTES, LOG_TAIL_LINES, LONGREPR_BYTES, nbytes, scrub
 
 __all__ = ["JUNIT_ATTR", "JUNIT_EVIDENCE", "JUNIT_PREFIX", "JUnitEvidence", "junit_evidence", "junit_on",

@@ -13,8 +13,9 @@ import pytest
 
 from pytest_dflash.errors import DflashError
 from pytest_dflash.run.blocking import Failure, blocked_reason
+from pytest_dflash.run.handle import ServiceHandle, readiness_error_summary
 from pytest_dflash.run.stash import HANDLES_KEY, RUN_KEY
-from pytest_dflash.run.state import DflashRun, HostContext, ServiceHandle, readiness_error_summary
+from pytest_dflash.run.state import DflashRun, HostContext
 from pytest_dflash.scrub.bounds import failure_text
 
 

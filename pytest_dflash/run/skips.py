@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
 
 UNCHECKED_PREFIX = "could not check: "
 NOT_APPLICABLE = "does not apply"

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import DflashRun, ServiceHandle  # noqa: F401
+    from pytest_dflash.run.handle import ServiceHandle
+    from pytest_dflash.run.state import DflashRun  # noqa: F401
     from pytest_dflash.services.base import LogMark
 
 RUN_KEY = pytest.StashKey["DflashRun"]()

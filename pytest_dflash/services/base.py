@@ -1,10 +1,10 @@
 """What every service manager offers (start, stop, one-round-trip state, logs since a mark), what a host
 offers a manager (`ServiceHost`), and what a service kind is (`Kind`: services/registry.py lists them).
 
-The run (run/state.py) knows managers through `ServiceManager` only: what differs between kinds is a member
-of it (`attach`, `provisionable`, `native_api`, `started_env`) or of the kind (`Kind.reap`, `Kind.table`),
-never an `isinstance` on a kind's class. The GPU layers ask for optional abilities (`RunsProbes`,
-`LaunchesOnHost`), never for a kind.
+The run (run/state.py, run/handle.py) knows managers through `ServiceManager` only: what differs between kinds
+is a member of it (`attach`, `provisionable`, `native_api`, `started_env`) or of the kind (`Kind.reap`,
+`Kind.table`), never an `isinstance` on a kind's class. The GPU layers ask for optional abilities
+(`RunsProbes`, `LaunchesOnHost`), never for a kind.
 """
 
 from __future__ import annotations

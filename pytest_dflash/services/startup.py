@@ -60,7 +60,7 @@ class StartupWatch:
     `on_settled(why)` is called once, when the service's GPU memory is settled: its KV pools are allocated
     (the log's pool lines are over) or, where the log says nothing of them, its port opened (SGLang opens it
     after all of its scheduler's allocations). A neighbour on the same GPU may start from then on
-    (run/state.py).
+    (run/state.py, run/handle.py).
     """
 
     service: ServiceManager

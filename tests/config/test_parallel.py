@@ -22,7 +22,8 @@ from pytest_dflash.config.parallel import (
 from pytest_dflash.errors import InventoryError, ServiceError
 from pytest_dflash.layers.gpu.parallel import layout_problems
 from pytest_dflash.layers.gpu.services import ServiceView
-from pytest_dflash.run.state import DflashRun, RunOptions
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun
 
 
 @pytest.mark.parametrize(("argv", "ranks", "needed"), [

@@ -17,7 +17,8 @@ import pytest
 
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import ServiceCrashed
-from pytest_dflash.run.state import DflashRun, RunOptions
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun
 
 PROFILE = """
 [host]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from pytest_dflash.config.loader import load_profile
-from pytest_dflash.run.state import DflashRun, RunOptions
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun
 from pytest_dflash.services.health import BYPASS_ENV
 
 

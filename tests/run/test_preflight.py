@@ -14,7 +14,8 @@ import pytest
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import ServiceError
 from pytest_dflash.run.preflight import preflight, wait_for_host
-from pytest_dflash.run.state import DflashRun, HostContext, RunOptions
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun, HostContext
 
 LOCAL = Path(__file__).parents[2] / "pytest_dflash" / "config" / "builtin" / "local.toml"
 

@@ -27,7 +27,8 @@ from pytest_dflash.config.tables import kinds
 from pytest_dflash.config.tables.kinds import KIND_TABLES, KindTable
 from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.errors import DflashError, InventoryError, ServiceError
-from pytest_dflash.run.state import DflashRun, RunOptions
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun
 from pytest_dflash.services.base import Kind, LogMark, ServiceHost, ServiceState, death_from_returncode
 from pytest_dflash.services.process import free_port
 from pytest_dflash.services.registry import KINDS, make_manager, register, unregister

@@ -29,7 +29,8 @@ from testhost import TestHost
 
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.errors import DflashError, ReadOnlyViolation
-from pytest_dflash.run.state import DflashRun, RunOptions
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun
 
 pytest_plugins = ["remote_fixtures"]  # guest, runs
 pytestmark = pytest.mark.testhost

@@ -14,7 +14,8 @@ from pytest_dflash.errors import RankFault
 from pytest_dflash.services.ranks import rank_faults_in_log
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import HostContext, ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
+    from pytest_dflash.run.state import HostContext
 
 
 def service_mode(host: HostContext, handles: Sequence[ServiceHandle]) -> str:

@@ -50,7 +50,7 @@ from pytest_dflash.layers.generation.structured import (
 from pytest_dflash.run.skips import could_not_check, not_applicable, sglang_expected
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
 
 __all__ = [
     "TOOLS",

@@ -45,7 +45,7 @@ from pytest_dflash.layers.generation.shapes import (
 from pytest_dflash.run import skips
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
 
 # Sampling configurations of the sampled-generation test: each knob alone, then all together.
 SAMPLING_CASES: dict[str, Sampling] = {

@@ -20,7 +20,7 @@ from pytest_dflash.layers.generation.requests import PATHS, Api, generate_batch,
 from pytest_dflash.layers.generation.shapes import fail
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
 
 # Open-ended, so that a correctly sampled continuation varies from seed to seed on any model.
 SEED_PROMPT = "Here is a random sequence of numbers between 0 and 999, separated by commas:"

@@ -38,7 +38,7 @@ from pytest_dflash.layers.generation.shapes import fail
 from pytest_dflash.run.skips import could_not_check, needs_sglang
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
 
 __all__ = [
     "EBNF",

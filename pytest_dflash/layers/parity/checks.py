@@ -27,7 +27,7 @@ from pytest_dflash.run import skips
 from pytest_dflash.run.fixtures import ready_or_blocked
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
 
 Pair = tuple["ServiceHandle", "ServiceHandle"]
 Cache = dict[tuple[str, ...], Any]

@@ -36,7 +36,7 @@ from pytest_dflash.layers.parity.prompts import Prompt
 
 if TYPE_CHECKING:
     from pytest_dflash.layers.parity.hooks import LayerOptions
-    from pytest_dflash.run.state import ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
 
 Kind = Literal["tie", "noise", "real", "unknown"]
 DEFAULT_NOISE_GAP = 0.5

@@ -21,7 +21,7 @@ from pytest_dflash.layers.parity.distribution import DEFAULT_ALPHA, DEFAULT_MIN_
 from pytest_dflash.layers.parity.prompts import BUILTIN_PROMPTS, Prompt, load_prompts
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
 
 DEFAULT_MAX_TOKENS = 64  # tokens of each prompt's greedy parity comparison (--parity-max-tokens)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.paths import state_root
 from pytest_dflash.errors import DflashError
-from pytest_dflash.run.state import ServiceHandle
+from pytest_dflash.run.handle import ServiceHandle
 from pytest_dflash.services.derive import PlainUnavailable
 from pytest_dflash.services.plain import derive_plain_spec
 
@@ -38,7 +38,7 @@ def plain_service(reference: ServiceHandle, *, port: int | None = None) -> Servi
             "reference's model and flags minus speculation)")
     taken = [g for h in host.services.values() for g in h.spec.gpus]
     derived_spec = derive_plain_spec(reference.spec, host.profile, directory=state_root() / "derived",
-                                     run_id=host.run.run_id, port=port, taken_gpus=taken)
+                                     run_id=host.run_id, port=port, taken_gpus=taken)
     handle = host.add_service(derived_spec)
     host.notes.append(f"parity: started {derived_spec.name}, a plain server derived from {reference.name} "
                       "(speculative flags removed) for tie triage")

@@ -34,7 +34,7 @@ from pytest_dflash.layers.parity.plain import ready_plain
 from pytest_dflash.run.skips import needs_sglang, not_applicable
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
 
 __all__ = ["PARITY_GRAMMARS", "PARITY_PROMPTS", "ConstrainedRun", "constrained_greedy", "structured_parity"]
 

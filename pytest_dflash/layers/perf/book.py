@@ -23,7 +23,8 @@ from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.layers.perf.stats import bootstrap_bound, metric_sample
 from pytest_dflash.load.run import run_load
-from pytest_dflash.run.state import HostContext, ServiceHandle
+from pytest_dflash.run.handle import HandleHost, ServiceHandle
+from pytest_dflash.run.state import HostContext
 from pytest_dflash.services.events import Heartbeat
 
 __all__ = ["PerfBook", "PerfItem", "host_of", "perf_file", "throughput_interval"]
@@ -104,7 +105,7 @@ class PerfBook:
         self.publish(handle.host, run)
         return run
 
-    def _compare(self, host: HostContext, run: ServiceRun) -> None:
+    def _compare(self, host: HandleHost, run: ServiceRun) -> None:
         """Speed-ups between this run and the host's other runs (DDTREE vs DFLASH vs NONE)."""
         peers = {name: r for (h, name), r in self.runs.items() if h == host.name}
         for faster, slower in comparison_pairs({name: r.algorithm for name, r in peers.items()}):
@@ -116,7 +117,7 @@ class PerfBook:
                 if peers[faster] is not run:
                     self.publish(host, peers[faster])
 
-    def publish(self, host: HostContext, run: ServiceRun) -> None:
+    def publish(self, host: HandleHost, run: ServiceRun) -> None:
         """Numbers into the verdict (host.facts.metrics), the per-service JSON under the report dir."""
         host.facts.metrics.update(run.metrics())
         host.facts.metrics.update(throughput_interval(run))

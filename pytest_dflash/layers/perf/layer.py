@@ -37,7 +37,7 @@ from pytest_dflash.layers.perf.token_latency import (
     token_latency_ceiling,
 )
 from pytest_dflash.run import skips
-from pytest_dflash.run.state import ServiceHandle
+from pytest_dflash.run.handle import ServiceHandle
 
 __all__ = ["INCONCLUSIVE_HINT", "REFUSED_HINT", "PerfLayer"]
 

@@ -14,7 +14,7 @@ from pytest_dflash.services.served import ServedConfig, command_of
 from pytest_dflash.services.startup import ReadyReport
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
 
 STAY_UP_S = 2.0  # the seed's service was "active" 2-3 s before it died
 

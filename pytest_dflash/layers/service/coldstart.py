@@ -12,7 +12,7 @@ from pytest_dflash.config.tables.floors import COLD_START_FLOORS
 from pytest_dflash.run import skips
 
 if TYPE_CHECKING:
-    from pytest_dflash.run.state import ServiceHandle
+    from pytest_dflash.run.handle import ServiceHandle
 
 __all__ = ["cold_start_within_budgets", "judge_cold_start", "phase_durations"]
 

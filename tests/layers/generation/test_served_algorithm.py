@@ -9,7 +9,9 @@ import pytest
 from pytest_dflash.config.loader import attach_profile, load_profile
 from pytest_dflash.layers.generation import checks as generation
 from pytest_dflash.run import discovery
-from pytest_dflash.run.state import DflashRun, RunOptions, ServiceHandle
+from pytest_dflash.run.handle import ServiceHandle
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun
 
 LOCAL = Path(__file__).parents[3] / "pytest_dflash" / "config" / "builtin" / "local.toml"
 

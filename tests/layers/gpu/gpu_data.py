@@ -11,7 +11,8 @@ from typing import Any
 
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.layers.gpu.layer import GpuHost, GpuOptions
-from pytest_dflash.run.state import DflashRun, RunOptions
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun
 
 DATA = Path(__file__).parents[2] / "data" / "gpu"
 H200 = DATA / "h200"

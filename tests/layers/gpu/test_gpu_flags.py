@@ -22,7 +22,8 @@ from pytest_dflash.layers.gpu.flags import (
     flag_findings,
 )
 from pytest_dflash.layers.gpu.layer import GpuHost
-from pytest_dflash.run.state import DflashRun, RunOptions
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun
 
 RELEASES = tomllib.loads((REPO / "tests" / "data" / "sglang-versions" / "releases.toml").read_text(encoding="utf-8"))
 SGLANG = ["{python}", "-m", "sglang.launch_server", "--model-path", "/models/target", "--port", "{port}",

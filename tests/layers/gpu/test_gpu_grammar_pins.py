@@ -18,7 +18,8 @@ from pytest_dflash.config.loader import load_profile
 from pytest_dflash.layers.gpu import env
 from pytest_dflash.layers.gpu.chains import GRAMMAR_BACKENDS
 from pytest_dflash.layers.gpu.layer import GpuHost
-from pytest_dflash.run.state import DflashRun, RunOptions
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun
 
 SGLANG = ["{python}", "-m", "sglang.launch_server", "--model-path", "/models/target", "--port", "{port}"]
 # sglang 0.5.17's own Requires-Dist on its grammar backends, as its wheel's METADATA says (recorded on the H200)

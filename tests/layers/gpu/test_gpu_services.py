@@ -12,7 +12,8 @@ import pytest
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.hostaccess.transport import CommandResult
 from pytest_dflash.layers.gpu.layer import GpuHost
-from pytest_dflash.run.state import DflashRun, RunOptions
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun
 
 SYSTEMD_PATH = ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin")
 TEMPLATE = """[Unit]

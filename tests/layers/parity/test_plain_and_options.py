@@ -11,7 +11,8 @@ import pytest
 from pytest_dflash.config.loader import load_profile
 from pytest_dflash.layers.parity.plain import plain_service
 from pytest_dflash.layers.parity.prompts import BUILTIN_PROMPTS, load_prompts
-from pytest_dflash.run.state import DflashRun, HostContext, RunOptions
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun, HostContext
 from pytest_dflash.services.derive import PlainUnavailable, strip_speculative_args, strip_speculative_text
 from pytest_dflash.services.plain import derive_plain_spec
 

@@ -11,7 +11,9 @@ from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.config.loader import attach_profile
 from pytest_dflash.layers.parity.acceptance import Acceptance, FlushRefused, check_floor, measure
 from pytest_dflash.layers.parity.hooks import OPTIONS_KEY, state_change_refusal
-from pytest_dflash.run.state import DflashRun, RunOptions, ServiceHandle
+from pytest_dflash.run.handle import ServiceHandle
+from pytest_dflash.run.records import RunOptions
+from pytest_dflash.run.state import DflashRun
 
 
 def _attached() -> ServiceHandle:
