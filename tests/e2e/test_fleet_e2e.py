@@ -70,9 +70,12 @@ def test_fleet_runs_hosts_in_parallel_one_broken_host_fails_alone(run_suite, tmp
     assert [gamma["layers"][la]["outcome"] for la in ("host", "service", "generation")] == [
         "passed", "failed", "blocked"]
     assert gamma["failures"][0]["diagnosis"][0]["id"] == "flashinfer-sm12x-nvcc"
-    result.stdout.fnmatch_lines(["gate service,generation: FAILED on gamma", "fleet: 2/3 hosts pass"])
+    result.stdout.fnmatch_lines(["gate service,generation: FAILED on gamma; scope: smoke (1 of 8 suites)",
+                                 "  gate failed: gamma service: 1 check(s) failed*[[]flashinfer-sm12x-nvcc[]]*",
+                                 "fleet: 2/3 hosts pass"])
     assert [line for line in result.stdout.lines if line.startswith("gate ")] == [
-        "gate service,generation: FAILED on gamma"], "one gate line, in the dflash verdict section"
+        "gate service,generation: FAILED on gamma; scope: smoke (1 of 8 suites)"], \
+        "one gate line, in the dflash verdict section"
 
     # ... the merged summary ...
     merged = tmp_path / "merged"

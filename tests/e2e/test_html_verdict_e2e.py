@@ -205,7 +205,7 @@ def test_the_first_screen_says_verdict_gate_why_and_what_changed(run_suite, tmp_
     assert shown["data-title-colour"] == "rgb(183, 28, 28)", shown["data-title-colour"]
     text = shown["data-first-text"]
     assert text.startswith("FAIL: night fail; 0 of 1 host pass"), text
-    assert "gate service,generation: FAILED" in text and "night: service failed" in text, text
+    assert "gate service,generation: FAILED" in text and "failed: night service: 1 check(s) failed" in text, text
     assert "[flashinfer-sm12x-nvcc]" in text and "remedy:" in text, text
     assert "services.dflash.command --speculative-num-draft-tokens: 8 → 6" in text, text
     assert "→ absent" not in text, text

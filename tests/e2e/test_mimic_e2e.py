@@ -19,22 +19,38 @@ def host_name(url: str) -> str:
 
 
 @pytest.mark.parametrize("algorithm", ["DFLASH", "DDTREE"])
-def test_smoke_passes_on_0_5_23(run_suite, algorithm: str) -> None:  # type: ignore[no-untyped-def]
+def test_smoke_passes_on_0_5_23(run_suite, tmp_path: Path, algorithm: str) -> None:  # type: ignore[no-untyped-def]
+    """DFLASH by --attach URL; DDTREE, whose port turns its grammar backend off itself, by a profile that says
+    structured_output = false (attached without one it fails, naming that: the test below)."""
     with RefServerProcess("--mimic-version", "0.5.23", "--speculative-algorithm", algorithm) as server:
+        if algorithm == "DFLASH":
+            result = run_suite("smoke", "--attach", server.url)
+            name = host_name(server.url)
+        else:
+            profile = tmp_path / "later.toml"
+            profile.write_text(f'[host]\nname = "later"\nconnection = "local://"\n\n[services.attached]\n'
+                               f'kind = "external"\nurl = "{server.url}"\nalgorithm = "DDTREE"\n'
+                               "structured_output = false\n")
+            result = run_suite("smoke", "--host", str(profile))
+            name = "later"
+    assert_no_crash(result)
+    data = verdict(run_suite.reports, name)
+    assert data["tests_verdict"] == "pass", result.stdout.str()[-3000:]
+    assert data["services"]["attached"]["algorithm"] == algorithm
+    assert "acceptance:attached" in data["metrics"] or data["services"]["attached"].get("accept_length")
+
+
+def test_an_attached_ddtree_server_without_a_profile_fails_smoke_naming_its_grammar_backend(run_suite) -> None:  # type: ignore[no-untyped-def]
+    """The ddtree port turns its grammar backend off itself (/server_info: grammar_backend none). Attached with
+    no profile to say structured_output = false, smoke's constrained request names it (seed 002), and nothing
+    else fails; with the profile saying so (test_smoke_passes_on_0_5_23), smoke passes."""
+    with RefServerProcess("--mimic-version", "0.5.23", "--speculative-algorithm", "DDTREE") as server:
         result = run_suite("smoke", "--attach", server.url)
     assert_no_crash(result)
     data = verdict(run_suite.reports, host_name(server.url))
-    if algorithm == "DDTREE":
-        # the ddtree port turns its grammar backend off itself (/server_info: grammar_backend none); attached
-        # with no profile to say structured_output = false, smoke's constrained request names it (seed 002)
-        # and nothing else fails
-        assert data["tests_verdict"] == "fail", result.stdout.str()[-3000:]
-        assert [f["test"].split("::")[-1].split("[")[0] for f in data["failures"]] == ["test_structured_output"]
-        assert "its /server_info says grammar_backend = none" in data["failures"][0]["message"]
-    else:
-        assert data["tests_verdict"] == "pass", result.stdout.str()[-3000:]
-    assert data["services"]["attached"]["algorithm"] == algorithm
-    assert "acceptance:attached" in data["metrics"] or data["services"]["attached"].get("accept_length")
+    assert data["tests_verdict"] == "fail", result.stdout.str()[-3000:]
+    assert [f["test"].split("::")[-1].split("[")[0] for f in data["failures"]] == ["test_structured_output"]
+    assert "its /server_info says grammar_backend = none" in data["failures"][0]["message"]
 
 
 SECRET = "sk-later-0123456789abcdefKEY"
