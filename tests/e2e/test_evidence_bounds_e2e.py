@@ -90,7 +90,10 @@ def test_the_api_key_in_the_servers_log_appears_nowhere(pytester: pytest.Pyteste
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DFLASH_E2E_KEY", SECRET)
     line = next(x for x in RECORDED.read_text().splitlines() if "server_args=ServerArgs(" in x)
-    planted = line.replace("api_key=None", f"api_key='{SECRET}'", 1)
+    # the recorded line up to its api_key, then the two *_token* settings the assertions below read: the whole
+    # line is 11.5 KB, and the refserver's own start-up lines after it pushed it out of the 16 KB tail
+    head = line[:line.index("api_key=None")]
+    planted = f"{head}api_key='{SECRET}', kt_max_deferred_experts_per_token=None, num_reserved_decode_tokens=512)"
     # server_args first: the log tail (16 KB) keeps the end, and these lines must be in it
     preamble = (f"{planted}\n"
                 f"[launch] argv=['python3', '-m', 'sglang.launch_server', '--api-key', '{SECRET}', '--port', '1']\n"
