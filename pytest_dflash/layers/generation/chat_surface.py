@@ -201,6 +201,8 @@ def forced_tool_call(service: ServiceHandle, choice: ToolChoice, *, streamed: bo
     tool_choice: object = {"type": "function", "function": {"name": wanted}} if wanted else "required"
     sampling = TOOL_SAMPLINGS["sampled" if sampled else "greedy"]
     body = {"tools": TOOLS, "tool_choice": tool_choice, **sampling.as_openai(), "stream": streamed}
+    if streamed:  # the stream's token count (constrained_body says why)
+        body["stream_options"] = {"include_usage": True}
     what = (f"{service.name}: tool_choice {json.dumps(tool_choice)} (--tool-call-parser {parser})"
             f"{' streamed' if streamed else ''}{' sampled' if sampled else ''}")
     try:
