@@ -208,6 +208,16 @@ def test_a_length_finish_while_reasoning_could_not_be_checked() -> None:
         check_reasoned(ReasonedAnswer("hmm", "", "length"), GRAMMARS["response_format"], what="svc", max_tokens=8)
 
 
+def test_content_cut_by_length_with_no_token_count_could_not_be_checked() -> None:
+    """Before: content '{' after the reasoning, finish 'length' and no count passed as a prefix (a stream cut
+    short reads the same); with the count it is judged."""
+    pytest.importorskip("xgrammar")
+    with pytest.raises(pytest.skip.Exception, match=r"could not check: svc: finished by length after content"):
+        check_reasoned(ReasonedAnswer("hmm", "{", "length"), GRAMMARS["response_format"], what="svc", max_tokens=8)
+    check_reasoned(ReasonedAnswer("hmm", "{", "length", tokens=8), GRAMMARS["response_format"], what="svc",
+                   max_tokens=8)
+
+
 # --- forced tool calls, whole and streamed (layers/generation/chat_surface.py) ------------------------------
 
 
