@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 
 from pytest_dflash.config import options
+from pytest_dflash.config.targets import TARGETS_KEY, file_name
 from pytest_dflash.fleet import outputs as fleet_outputs
 from pytest_dflash.fleet import prometheus
 from pytest_dflash.fleet import summary as fleet_summary
 from pytest_dflash.fleet import verdicts as fleet_verdicts
+from pytest_dflash.report import session as report_session
 from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
 
 RESULT_KEY = pytest.StashKey[dict[str, Any]]()
@@ -38,6 +40,27 @@ def pytest_configure(config: pytest.Config) -> None:
             prometheus.check_push_url(push_url)
         except prometheus.PushError as exc:
             raise pytest.UsageError(f"--prometheus-push / dflash_prometheus_push: {exc}") from None
+    _retract_passes(config)
+
+
+def _retract_passes(config: pytest.Config) -> None:
+    """A run killed outright (SIGKILL, an OOM kill, a CI timeout's kill -9) never reaches sessionfinish: the
+    textfiles would keep the last run's `dflash_host_pass 1`. From the start they say what the verdict files
+    report/started.py wrote say: each host this run names is interrupted until the run ends."""
+    profiles = config.stash.get(TARGETS_KEY, None)
+    if not profiles or not _enabled(config) or not report_session.writes_verdicts(config):
+        return
+    report_dir = options.report_dir(config)
+    paths = [report_dir / f"{file_name(host)}.verdict.json" for host in profiles]
+    try:
+        started = [fleet_verdicts.LoadedVerdict(path, fleet_verdicts.read_verdict(path)) for path in paths
+                   if path.is_file()]
+        text = prometheus.fleet_exposition(fleet_summary.build_summary(started))
+        for textfile in (report_dir / fleet_outputs.PROMETHEUS, options.path(config, "dflash_prometheus")):
+            if textfile is not None and textfile.is_file():
+                prometheus.write_textfile(textfile, text)
+    except (OSError, fleet_verdicts.FleetInputError) as exc:  # the run goes on; its end rewrites them
+        config.stash[RESULT_KEY] = {"error": f"fleet.prom not reset at the start: {exc}"}
 
 
 def _push_url(config: pytest.Config) -> str:

@@ -21,7 +21,7 @@ from typing import TypeGuard
 
 import pytest
 
-from pytest_dflash.report.scope import package_path
+from pytest_dflash.report.scope import installed_suites_root, package_path, suite_of
 from pytest_dflash.run.collection import item_info
 
 # pytest's own defaults: a run that changes one of them collects other tests than its suites define
@@ -99,8 +99,37 @@ def uncollected(modules: Mapping[Path, str], files: Iterable[Path], items: Itera
     return {host: checks for host, checks in missing.items() if checks}
 
 
-def why_uncollected(config: pytest.Config) -> str:
-    """What made checks into no tests, as far as the options say; else where to look."""
+def copies_without(modules: Iterable[Path], installed: Path | None = None) -> list[str]:
+    """The checks pytest-dflash's own suite S defines that a copy of it lacks: a `suites/S` folder elsewhere
+    (vendored, or kept from an older release) claims S's name in the scope and the gate line, so a check it
+    dropped (smoke's constrained request) is a check left out, not a suite of one's own (that has its own
+    name). Each as 'pytest_dflash.suites.S: FILE::CHECK (the copy at PATH lacks it)'."""
+    installed = installed if installed is not None else installed_suites_root()
+    if installed is None or not installed.is_dir():
+        return []
+    copies: dict[Path, str] = {}  # the copy's suite folder -> the suite it is named after
+    for path in modules:
+        if (suite := suite_of(path)) is None or not (installed / suite).is_dir():
+            continue
+        root = next(p for p in path.parents if p.name == suite and p.parent.name == "suites")
+        if root.resolve() != (installed / suite).resolve():
+            copies[root] = suite
+    missing: list[str] = []
+    for root, suite in sorted(copies.items()):
+        for canonical in sorted((installed / suite).rglob("test_*.py")):
+            relative = canonical.relative_to(installed / suite)
+            have = set(defined_checks(root / relative)) if (root / relative).is_file() else set()
+            missing += [f"pytest_dflash.suites.{suite}: {relative.as_posix()}::{name} (the copy at {root} "
+                        "lacks it)" for name in defined_checks(canonical) if name not in have]
+    return missing
+
+
+def why_uncollected(config: pytest.Config, *, copies: bool = False) -> str:
+    """What made checks into no tests, as far as the options say; else where to look (`copies`: a copy of a
+    suite lacks some; copies_without)."""
+    if copies:
+        return ("a copy of pytest-dflash's suite lacks checks the installed one defines: run the installed "
+                "suite (--pyargs pytest_dflash.suites.NAME), or name a suite of one's own otherwise")
     changed = [f"{name} = {' '.join(map(str, value))!r}" for name, default in COLLECTION_INI.items()
                if list(value := config.getini(name)) != default]
     if changed:

@@ -147,8 +147,11 @@ class SelectionRecorder:
                                       pyargs=bool(getattr(self.config.option, "pyargs", False)))
         selection.uncollected = checklist.uncollected(modules, files - self.module_paths, self.raw.values(),
                                                       list(run.profiles), self.config.rootpath)
+        copied = checklist.copies_without(modules)
+        for host in (run.profiles if copied else ()):
+            selection.uncollected[host] = [*copied, *selection.uncollected.get(host, [])]
         if selection.uncollected:
-            selection.uncollected_why = checklist.why_uncollected(self.config)
+            selection.uncollected_why = checklist.why_uncollected(self.config, copies=bool(copied))
 
 
 class VerdictCollector:

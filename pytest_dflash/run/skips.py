@@ -24,6 +24,8 @@ through this module (tests/run/test_skips.py walks them).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
@@ -36,6 +38,7 @@ NOT_APPLICABLE = "does not apply"
 UNCHECKED = "could not check"
 OUTSIDE = "skipped from outside the profile"
 KINDS = (NOT_APPLICABLE, UNCHECKED, OUTSIDE)
+PACKAGE = Path(__file__).resolve().parents[1]  # pytest_dflash/: the plugin's own code
 
 
 class ProfileSkip(pytest.skip.Exception):  # type: ignore[name-defined,misc]
@@ -62,13 +65,36 @@ def could_not_check(reason: str) -> NoReturn:
     raise ProfileSkip(UNCHECKED_PREFIX + reason, UNCHECKED)
 
 
-def origin(exc: BaseException | None, message: str, own_reasons: Iterable[str] = ()) -> str:
+def origin(exc: BaseException | None, message: str, own_reasons: Iterable[str] = (),
+           test_file: Path | None = None) -> str:
     """The kind of a skip from what raised it: a `ProfileSkip` says its own; a reason among `own_reasons` (the
     plugin's own skip markers on the test, run/collection.py's `does_not_apply`) does not apply; anything
-    else was skipped from outside the profile."""
+    else was skipped from outside the profile. Given the test's file, "does not apply" is said only by the
+    check itself or the plugin: a conftest or plugin that calls `not_applicable` is a skip from outside."""
     if isinstance(exc, ProfileSkip):
+        if exc.kind == NOT_APPLICABLE and test_file is not None and not _said_by(exc, test_file):
+            return OUTSIDE
         return exc.kind
     return NOT_APPLICABLE if message in set(own_reasons) else OUTSIDE
+
+
+def _said_by(exc: BaseException, test_file: Path) -> bool:
+    """Whether the code that called into this module to raise `exc` is the test's file or pytest-dflash."""
+    frames = [tb.tb_frame.f_code.co_filename for tb in _tracebacks(exc)]
+    here = str(Path(__file__).resolve())
+    while frames and str(Path(frames[-1]).resolve()) == here:
+        frames.pop()  # not_applicable itself, and needs_sglang that calls it
+    if not frames:
+        return True  # no caller recorded: nothing says it came from elsewhere
+    caller = Path(frames[-1]).resolve()
+    return caller == test_file.resolve() or PACKAGE in caller.parents
+
+
+def _tracebacks(exc: BaseException) -> Iterable[TracebackType]:
+    tb = exc.__traceback__
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
 
 
 def record_origin(item: pytest.Item, call: pytest.CallInfo[Any], report: pytest.TestReport) -> None:
@@ -82,7 +108,8 @@ def record_origin(item: pytest.Item, call: pytest.CallInfo[Any], report: pytest.
     callspec = getattr(item, "callspec", None)
     own = [str(mark.kwargs.get("reason", "")) for mark in getattr(callspec, "marks", ())
            if mark.name == "skip"]
-    found = origin(call.excinfo.value if call.excinfo is not None else None, message, own)
+    raised = call.excinfo.value if call.excinfo is not None else None
+    found = origin(raised, message, own, Path(str(item.path)))
     for key, value in report.user_properties:
         if key == "dflash" and isinstance(value, dict):
             value["skip"] = found

@@ -40,7 +40,7 @@ def test_answers(dflash_host):
     assert not os.environ.get("FAIL_ANSWERS"), "the answer was wrong"
 """
 
-# a conftest (or a plugin) that hides the failing check of a gated layer, in one of four ways
+# a conftest (or a plugin) that hides the failing check of a gated layer, in one of four ways (and one more: the api's not_applicable)
 CONFTEST = """
 import os
 import pytest
@@ -59,6 +59,10 @@ def pytest_collection_modifyitems(config, items):
 def hide_in_a_fixture(request):
     if os.environ.get("HIDE") == "fixture" and "test_probe" in request.node.nodeid:
         pytest.skip("flaky, skipped by our fixture")
+    if os.environ.get("HIDE") == "api" and "test_probe" in request.node.nodeid:
+        from pytest_dflash.api import not_applicable  # the plugin's own words, said by a conftest
+
+        not_applicable("flaky, our fixture says it does not apply")
 """
 
 
@@ -91,12 +95,14 @@ def _verdict(pytester: pytest.Pytester) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("how", "reason"), [("skip", "known flaky"), ("skipif", "known flaky on this rack"),
-                                             ("fixture", "flaky, skipped by our fixture")])
+                                             ("fixture", "flaky, skipped by our fixture"),
+                                             ("api", "flaky, our fixture says it does not apply")])
 @pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["no-xdist", "xdist"])
 def test_a_skip_from_outside_the_profile_refuses_the_gate_naming_its_reason(
         pytester: pytest.Pytester, tree: Path, monkeypatch: pytest.MonkeyPatch, how: str, reason: str,
         workers: list[str]) -> None:
-    """Before: the failing check skipped by a conftest's marker gave `gate host: PASSED`, exit 0."""
+    """Before: the failing check skipped by a conftest's marker gave `gate host: PASSED`, exit 0; so did a
+    conftest's fixture calling the api's not_applicable (only the check itself or the plugin says that)."""
     monkeypatch.setenv("FAIL_PROBE", "1")
     monkeypatch.setenv("HIDE", how)
     result = _run(pytester, "gatepkg/suites", "--gate", "host", *workers)

@@ -201,6 +201,8 @@ def forced_tool_call(service: ServiceHandle, choice: ToolChoice, *, streamed: bo
     tool_choice: object = {"type": "function", "function": {"name": wanted}} if wanted else "required"
     sampling = TOOL_SAMPLINGS["sampled" if sampled else "greedy"]
     body = {"tools": TOOLS, "tool_choice": tool_choice, **sampling.as_openai(), "stream": streamed}
+    if streamed:  # the stream's token count (constrained_body says why)
+        body["stream_options"] = {"include_usage": True}
     what = (f"{service.name}: tool_choice {json.dumps(tool_choice)} (--tool-call-parser {parser})"
             f"{' streamed' if streamed else ''}{' sampled' if sampled else ''}")
     try:
@@ -254,6 +256,9 @@ def check_reasoned(answer: Answer, grammar: Grammar, *, what: str, max_tokens: i
             could_not_check(f"{what}: still reasoning when max_tokens={max_tokens} cut the output "
                             f"(reasoning {reasoning[-80:]!r}, no content): the constrained answer after the "
                             "reasoning was never given")
+        if answer.completion_tokens is None:  # a stream cut short after a valid prefix reads the same
+            could_not_check(f"{what}: finished by length after content {answer.content[:80]!r}, and the "
+                            "answer says no token count: whether max_tokens cut it cannot be told")
         if problem := prefix_or_unchecked(grammar, answer.content, what=what):
             fail(f"{what}: finished by length after max_tokens={max_tokens}, and content "
                  f"{answer.content[:200]!r} {problem}")

@@ -102,8 +102,9 @@ def constrained_body(client: InferenceClient, api: Api, grammar: Grammar, sampli
         return "/generate", {"text": PROMPT, "sampling_params": params, "stream": stream}
     body: dict[str, Any] = {"model": client.model(), "messages": messages(PROMPT), **sampling.as_openai(),
                             grammar.param: grammar.value}  # fmt: skip
-    if stream:
-        body["stream"] = True
+    if stream:  # the usage chunk is the stream's token count: without it a stream cut short by a 'length'
+        body["stream"] = True  # finish after a valid prefix passes as a prefix (length_problem)
+        body["stream_options"] = {"include_usage": True}
     return "/v1/chat/completions", body
 
 
@@ -249,6 +250,10 @@ def check_outcome(answer: Answer, grammar: Grammar, *, what: str, max_tokens: in
     if answer.finish_reason == "length":
         if lie := length_problem(text, answer.completion_tokens, max_tokens):
             fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
+        if answer.completion_tokens is None:  # a stream cut short after a valid prefix reads the same
+            could_not_check(f"{what}: finished by length after {text[:80]!r}, and the answer says no token "
+                            "count (usage, meta_info; a stream's usage chunk was asked): whether max_tokens "
+                            "cut it cannot be told")
         if problem := prefix_or_unchecked(grammar, text, what=what):
             fail(f"{what}: finished by length after max_tokens={max_tokens}, and the output "
                  f"{text[:200]!r} {problem}")

@@ -86,7 +86,7 @@ def test_ebnf_matcher_and_its_regex_agree(text: str) -> None:
 def test_a_length_finish_is_judged_as_a_prefix() -> None:
     """A cut output that a real matcher calls a prefix of the language passes (judged, not warned about)."""
     pytest.importorskip("xgrammar")
-    check_outcome(Outcome('{"name": "a', "length"), GRAMMARS["json_schema"], what="svc", max_tokens=8)
+    check_outcome(Outcome('{"name": "a', "length", tokens=8), GRAMMARS["json_schema"], what="svc", max_tokens=8)
 
 
 @pytest.mark.parametrize(
@@ -103,9 +103,9 @@ def test_a_length_finish_outside_the_language_fails(grammar: str, prefix: str, o
     """Cut by max_tokens, the output can only be asked to be a prefix of the language: xgrammar's matcher
     says whether it is one. A prefix passes; text no grammar could have produced fails."""
     pytest.importorskip("xgrammar")
-    check_outcome(Outcome(prefix, "length"), GRAMMARS[grammar], what="svc", max_tokens=8)
+    check_outcome(Outcome(prefix, "length", tokens=8), GRAMMARS[grammar], what="svc", max_tokens=8)
     with pytest.raises(AssertionError, match="svc: finished by length .* is not even a prefix"):
-        check_outcome(Outcome(outside, "length"), GRAMMARS[grammar], what="svc", max_tokens=8)
+        check_outcome(Outcome(outside, "length", tokens=8), GRAMMARS[grammar], what="svc", max_tokens=8)
 
 
 @pytest.mark.parametrize(
@@ -206,6 +206,16 @@ def test_a_length_finish_while_reasoning_could_not_be_checked() -> None:
     """Still thinking at max_tokens: no content to judge, so "could not check" (never a pass)."""
     with pytest.raises(pytest.skip.Exception, match=r"could not check: svc: still reasoning when max_tokens=8"):
         check_reasoned(ReasonedAnswer("hmm", "", "length"), GRAMMARS["response_format"], what="svc", max_tokens=8)
+
+
+def test_content_cut_by_length_with_no_token_count_could_not_be_checked() -> None:
+    """Before: content '{' after the reasoning, finish 'length' and no count passed as a prefix (a stream cut
+    short reads the same); with the count it is judged."""
+    pytest.importorskip("xgrammar")
+    with pytest.raises(pytest.skip.Exception, match=r"could not check: svc: finished by length after content"):
+        check_reasoned(ReasonedAnswer("hmm", "{", "length"), GRAMMARS["response_format"], what="svc", max_tokens=8)
+    check_reasoned(ReasonedAnswer("hmm", "{", "length", tokens=8), GRAMMARS["response_format"], what="svc",
+                   max_tokens=8)
 
 
 # --- forced tool calls, whole and streamed (layers/generation/chat_surface.py) ------------------------------
@@ -406,3 +416,45 @@ def test_a_grammar_is_described_without_cutting_a_word(name: str) -> None:
     if len(whole) > 160:
         kept = quoted[1:-2].rstrip("…").rstrip()
         assert whole.startswith(kept) and whole[len(kept)] == " ", shown
+
+
+def _cut_stream(honours_usage: bool) -> Any:
+    """A server that ends a streamed constrained chat after one token ('{') with finish_reason 'length', and
+    sends the usage chunk (its true count, 1) where the request asks for it and `honours_usage`."""
+    from services.http_doubles import Reply
+
+    def rule(method: str, path: str, body: Any) -> Reply | None:
+        if method != "POST" or not isinstance(body, dict) or not body.get("stream"):
+            return None
+        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": "{"}, "finish_reason": None}]},
+                  {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "length"}]}]
+        if honours_usage and (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1,
+                                                    "total_tokens": 6}})
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return Reply(200, text.encode(), content_type="text/event-stream")
+    return rule
+
+
+@pytest.mark.parametrize("honours_usage", [True, False], ids=["usage", "no-usage"])
+def test_a_stream_cut_short_by_a_length_finish_is_no_prefix(honours_usage: bool) -> None:
+    """Before: a streamed chat constrained request sent no stream_options.include_usage, so a stream ended by
+    'length' after one valid token ('{', of max_tokens=160) passed as a prefix; now its count says it was not
+    max_tokens (fails), and an answer with no count at all is 'could not check', never a pass."""
+    from services.http_doubles import FaultProxy
+
+    from pytest_dflash.client.inference import InferenceClient
+    from pytest_dflash.layers.generation.structured import GREEDY, send
+
+    pytest.importorskip("xgrammar")
+    grammar = GRAMMARS["response_format"]
+    with FaultProxy("http://127.0.0.1:9", _cut_stream(honours_usage)) as server, \
+            InferenceClient(server.url, model="m") as client:
+        answer = send(client, "chat", grammar, GREEDY, stream=True)
+    assert answer.finish_reason == "length" and answer.content == "{"
+    if honours_usage:
+        with pytest.raises(AssertionError, match="says finish_reason 'length' after 1 of max_tokens=160"):
+            check_outcome(answer, grammar, what="svc", max_tokens=GREEDY.max_tokens)
+    else:
+        with pytest.raises(pytest.skip.Exception, match="could not check: svc: finished by length"):
+            check_outcome(answer, grammar, what="svc", max_tokens=GREEDY.max_tokens)
