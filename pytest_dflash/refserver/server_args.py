@@ -28,6 +28,8 @@ DEFAULT_CONTEXT_LENGTH = 2048
 MAX_CONTEXT_LENGTH = 32768  # the "derived" context length of the built-in model
 DEFAULT_BLOCK_SIZE = 8  # SGLang takes DFlash's from the draft model's config (16 on the H200 record)
 DEFAULT_DDTREE_BUDGET = 32
+# SGLang 0.5.17 ServerArgs._handle_deprecated_args: deprecated tool-call parser names and the ones it serves
+DEPRECATED_TOOL_CALL_PARSERS = {"qwen25": "qwen", "glm45": "glm"}
 NGRAM_DEFAULT_DRAFT_TOKENS = 12  # SGLang's default for NGRAM
 DRAFT_HEAD_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
 DFLASH_DRAFT_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "trtllm_mha", "ascend")  # SGLang 0.5.17's
@@ -132,6 +134,9 @@ class ServerArgs:
         self.sampling_backend = self.sampling_backend or "flashinfer"
         self.attention_backend = self.attention_backend or "triton"
         self.grammar_backend = self.grammar_backend or "xgrammar"
+        # as SGLang 0.5.17's ServerArgs._handle_deprecated_args: /server_info then says the new name
+        parser = self.tool_call_parser
+        self.tool_call_parser = DEPRECATED_TOOL_CALL_PARSERS.get(parser, parser) if parser else parser
         self.page_size = self.page_size or 1
         if self.tp_size < 1:
             raise ValueError(f"--tp-size must be >= 1, got {self.tp_size}")

@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 from pytest_dflash.config.profiles import ServiceSpec
 
-__all__ = ["FLAGS", "Served", "ServedConfig", "command_of", "served_config"]
+__all__ = ["DEPRECATED_TOOL_CALL_PARSERS", "FLAGS", "Served", "ServedConfig", "as_served", "command_of",
+           "served_config"]
 
 Source = Literal["/server_info", "command", "unknown"]
 
@@ -40,6 +41,10 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "ep_size": ("--ep-size", "--expert-parallel-size", "--ep"),
 }
 SIZES = ("tp_size", "dp_size", "pp_size", "ep_size")
+# SGLang 0.5.17 renames these before anything reads them (ServerArgs._handle_deprecated_args, with a
+# warning), so /server_info says `qwen` for `--tool-call-parser qwen25`: the same parser, no contradiction
+# (seen on a real H100, 2026-12-06: the comparison failed every qwen25 service before it knew this)
+DEPRECATED_TOOL_CALL_PARSERS = {"qwen25": "qwen", "glm45": "glm"}
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,9 @@ class Served:
 
     def contradiction(self) -> str | None:
         """Where the command names the flag and /server_info says otherwise: the sentence that says so."""
-        if self.source != "/server_info" or self.command is None or self.command == self.value:
+        if self.source != "/server_info" or self.command is None:
+            return None
+        if as_served(self.key, self.command) == self.value:
             return None
         return f"its command sets {self.flag} {self.command}, /server_info says {self.key} = {self.value!r}"
 
@@ -114,6 +121,13 @@ def command_of(spec: ServiceSpec) -> tuple[str, ...]:
     """The server command the profile gives a service: its `command`, with a container's `args` after it."""
     extra = spec.container.args if spec.container is not None else ()
     return (*spec.command, *extra)
+
+
+def as_served(key: str, value: str | int | None) -> str | int | None:
+    """A command's value as SGLang serves it (a deprecated parser name under its new name)."""
+    if key == "tool_call_parser" and isinstance(value, str):
+        return DEPRECATED_TOOL_CALL_PARSERS.get(value, value)
+    return value
 
 
 def _normalise(key: str, value: Any) -> str | int | None:

@@ -29,7 +29,7 @@ def _profile(tmp_path: Path, url: str, command: list[str]) -> Path:
 
 
 def test_an_attached_server_gets_the_parser_its_server_info_reports_checked(run_suite) -> None:  # type: ignore[no-untyped-def]
-    """--attach URL, no command: /server_info says tool_call_parser qwen25 and reasoning_parser deepseek-r1, so the
+    """--attach URL, no command: /server_info says tool_call_parser qwen (SGLang renames qwen25) and reasoning_parser deepseek-r1, so the
     forced tool calls and the reasoning split run and pass (they skipped: "the service's command sets no
     --tool-call-parser"); the served settings are the verdict's fact."""
     with RefServerProcess("--speculative-algorithm", "DFLASH", *PARSERS, *NO_WS) as server:
@@ -37,7 +37,7 @@ def test_an_attached_server_gets_the_parser_its_server_info_reports_checked(run_
     assert_no_crash(result)
     result.assert_outcomes(passed=9)  # 8 forced calls (required / named, greedy / sampled, whole / streamed), the split
     served = verdict(run_suite.reports, host_name(server.url))["services"]["attached"]["served"]
-    assert served == {"tool_call_parser": "qwen25", "reasoning_parser": "deepseek-r1", "grammar_backend": "xgrammar",
+    assert served == {"tool_call_parser": "qwen", "reasoning_parser": "deepseek-r1", "grammar_backend": "xgrammar",
                       "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1}, served
 
 

@@ -81,7 +81,7 @@ def test_the_refserver_reports_every_setting_as_real_sglang_does() -> None:
     for key in FLAGS:
         assert key in served, key
         assert recorded[key] is None or type(served[key]) is type(recorded[key]), key
-    assert served_config((), served).tool_call_parser.value == "qwen25"
+    assert served_config((), served).tool_call_parser.value == "qwen"  # renamed as SGLang renames it
 
 
 @pytest.mark.parametrize(("tp", "note"), [
@@ -96,3 +96,20 @@ def test_a_stuck_engine_whose_command_contradicts_server_info_says_so(tp: str, n
                        command=("python", "-m", "sglang.launch_server", "--tp-size", tp))
     assert wedge_at_tp(ExternalService(spec), None, server_info={"tp_size": 1}, gpus=(), since=None,
                        log_lines=10) == note
+
+
+def test_a_deprecated_parser_name_is_the_one_sglang_serves() -> None:
+    """Real SGLang 0.5.17 on an H100 (2026-12-06): `--tool-call-parser qwen25` -> /server_info
+    tool_call_parser 'qwen' (ServerArgs._handle_deprecated_args). The same parser: no contradiction, and the
+    forced tool calls are checked (they were "could not check" on every qwen25 service)."""
+    command = ["python", "-m", "sglang.launch_server", "--tool-call-parser", "qwen25"]
+    served = served_config(command, {"tool_call_parser": "qwen"})
+    assert served.contradictions == [] and served.tool_call_parser.value == "qwen"
+    assert served_config(command, {"tool_call_parser": "hermes"}).contradictions == [
+        "its command sets --tool-call-parser qwen25, /server_info says tool_call_parser = 'hermes'"]
+    # the refserver renames it as SGLang does, from the same table
+    from pytest_dflash.refserver.server_args import DEPRECATED_TOOL_CALL_PARSERS as REFSERVER_TABLE
+    from pytest_dflash.services.served import DEPRECATED_TOOL_CALL_PARSERS
+
+    assert REFSERVER_TABLE == DEPRECATED_TOOL_CALL_PARSERS
+    assert prepare_server_args(["--tool-call-parser", "qwen25"]).as_dict()["tool_call_parser"] == "qwen"
