@@ -18,7 +18,7 @@ case ${PHASE:-structured} in
     structured)
         run smoke tools/device/h200-structured.toml suites/smoke "${B1:-270}" "--gate service,generation"
         run generation tools/device/h200-structured.toml suites/generation "${B2:-280}" \
-            '-k "structured or forced_tool_call or reasoning or stop_string or sampling_varies"' ;;
+            "-k \"${GEN_K:-structured or forced_tool_call or reasoning or stop_string or sampling_varies}\"" ;;
     all)
         run all tools/device/h200.toml "suites/smoke suites/generation suites/parity suites/perf" "${B1:-540}" "" ;;
 esac
