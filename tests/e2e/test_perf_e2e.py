@@ -66,7 +66,7 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
         "        errors PASS, output_tok_s PASS, itl_p99_ms PASS, ttft_p50_ms PASS, accept_length PASS, "
         "speedup_vs_none PASS",
         "    speed-up (output tok/s, same load, 95% bounds): *ddtree/dflash *x [[]*[]] (accept length * vs *)*",
-        f"{HOST}: PARTIAL*perf:passed*",
+        f"{HOST}: PASS*perf:passed*",  # one suite is a declared scope (docs/gating.md)
     ])
     data = verdict(run_suite.reports, HOST)
     metrics = data["metrics"]

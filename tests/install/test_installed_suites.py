@@ -26,7 +26,9 @@ def test_the_base_install_runs_the_smoke_suite_attached_by_url(base_venv: Path, 
     where = run(python, "-c", "import pytest_dflash.suites.smoke as s; print(s.__file__)", cwd=elsewhere,
                 timeout=60).stdout
     assert where.startswith(str(base_venv)), where  # the installed copy, not this checkout
-    with RefServerProcess("--speculative-algorithm", "DFLASH") as server:
+    # whitespace-free JSON, as `--host local`'s profile: the random model then closes smoke's constrained
+    # answer within its 48 tokens, judged whole by jsonschema (a base install has no grammar matcher)
+    with RefServerProcess("--speculative-algorithm", "DFLASH", "--constrained-json-disable-any-whitespace") as server:
         done = run(python, "-m", "pytest", "--pyargs", "pytest_dflash.suites.smoke", "--attach", server.url, "-q",
                    "-p", "no:cacheprovider", cwd=elsewhere, timeout=300, check=False,
                    env=clean_env({"DFLASH_STATE_DIR": str(elsewhere / "state")}))
@@ -51,12 +53,13 @@ def test_the_refserver_install_runs_the_smoke_suite_on_the_local_host(refserver_
     assert data["profile"].startswith(str(refserver_venv)), data["profile"]  # the builtin profile it ships
     assert set(data["services"]) == {"none", "dflash", "ddtree"}
 
-    # One suite other than smoke, by --pyargs and under xdist (node ids relative to the package): still partial.
+    # One suite other than smoke, by --pyargs and under xdist (node ids relative to the package): a declared
+    # scope, so a pass of the checks it defines (docs/gating.md).
     host_only = run(python, "-m", "pytest", "--pyargs", "pytest_dflash.suites.host", "--host", "local", "-q",
                     "-p", "no:cacheprovider", "-n", "2", "--dflash-report", "r2", cwd=elsewhere, env=env,
                     timeout=300).stdout
     data = _verdict(elsewhere / "r2", "local")
-    assert data["verdict"] == "partial" and data["selection"]["suites"] == ["host"], host_only[-3000:]
+    assert data["verdict"] == "pass" and data["selection"]["suites"] == ["host"], host_only[-3000:]
 
 
 @pytest.mark.timeout(900)

@@ -159,7 +159,7 @@ def test_attached_kernels_run_with_allow_gpu_use(pytester: pytest.Pytester, tmp_
     result, builds = _run(pytester, monkeypatch, tmp_path, "--allow-gpu-use", "-k", "sampling_builds_cold")
     out = result.stdout.str()
     assert result.ret == 1 and result.parseoutcomes()["failed"] == 1, out
-    result.stdout.fnmatch_lines(["*test_flashinfer_sampling_builds_cold*", "*AssertionError: "
-                                 "[[]flashinfer-no-eligible-arch[]]*"])
+    result.stdout.fnmatch_lines(["*test_flashinfer_sampling_builds_cold*",
+                                 "*[[]flashinfer-no-eligible-arch[]]*"])
     assert "FlashInfer requires GPUs with sm75 or higher" in out  # FlashInfer's own words: the build really ran
     assert len(builds) == 1
