@@ -4,6 +4,7 @@
 #   1. suites/smoke --gate service,generation on tools/device/h200-structured.toml (plain, DFLASH, NGRAM and
 #      `--grammar-backend none`): the deploy gate must fail on the grammar-off server (seed 002), naming it;
 #   2. suites/generation's structured / tool-call / reasoning / chat checks on the same four servers.
+# PHASE=smoke or PHASE=generation runs one of them (a call each, chained on the warm machine);
 # PHASE=all instead runs every suite on tools/device/h200.toml (plain + DFLASH): no false failures.
 # Everything comes back as one archive ($OUT/trust.tar.gz): the run tool returns at most 8 files.
 # Carry: .sglang-stage .device/wheels (docs/real-sglang.md).
@@ -15,13 +16,18 @@ run() {  # NAME PROFILE SUITES BUDGET ADDOPTS (pytest shlex-splits PYTEST_ADDOPT
     grep -E '^(gate |[a-z0-9-]+: (PASS|FAIL|PARTIAL|INTERRUPTED))' "$work/$1/pytest.log" | head -20
 }
 case ${PHASE:-structured} in
-    structured)
-        run smoke tools/device/h200-structured.toml suites/smoke "${B1:-270}" "--gate service,generation"
+    structured) PHASES="smoke generation" ;;
+    *) PHASES=$PHASE ;;
+esac
+for phase in $PHASES; do case $phase in
+    smoke)
+        run smoke tools/device/h200-structured.toml suites/smoke "${B1:-270}" "--gate service,generation" ;;
+    generation)
         run generation tools/device/h200-structured.toml suites/generation "${B2:-280}" \
             "-k \"${GEN_K:-structured or forced_tool_call or reasoning or stop_string or sampling_varies}\"" ;;
     all)
         run all tools/device/h200.toml "suites/smoke suites/generation suites/parity suites/perf" "${B1:-540}" "" ;;
-esac
+esac; done
 rm -rf "$work"/*/server-logs.tar.gz.tmp
 tar -czf "$FINAL/trust.tar.gz" -C /tmp trust
 ls -la "$FINAL"
