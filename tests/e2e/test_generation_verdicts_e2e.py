@@ -33,7 +33,7 @@ def test_a_server_that_ignores_tools_fails_every_forced_call(run_suite, tmp_path
     result = run_suite("generation", "--host", str(profile), "-k", "forced_tool_call")
     assert_no_crash(result)
     result.assert_outcomes(failed=8)
-    result.stdout.fnmatch_lines(["*dflash: tool_choice * (--tool-call-parser qwen25)*: no tool call at all: the "
+    result.stdout.fnmatch_lines(["*dflash: tool_choice * (--tool-call-parser qwen)*: no tool call at all: the "
                                  "output ran to max_tokens=200 (finish_reason 'length') as content *: the forced "
                                  "call was never made*"])
     assert "GrammarWarning" not in result.stdout.str()

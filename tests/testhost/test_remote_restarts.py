@@ -46,7 +46,7 @@ def test_attach_to_a_restarting_unit_fails_although_it_is_active(testhost: TestH
     # Named as a restart (NRestarts grew: the usual case), or, when a poll caught the millisecond between
     # the exit and the restart, as a crash that systemd will restart: never as the symptom (a 500, a drop).
     message = next((line for line in outcome.out.splitlines()
-                    if re.search(r": Service(Restarted|Crashed): service dflash", line)), None)
+                    if re.search(r"(^|: )Service(Restarted|Crashed): service dflash", line)), None)
     assert message is not None, outcome.out[-4000:]
     if "ServiceRestarted: " in message:
         assert "restarted 1 time(s) (NRestarts " in message and "although systemd may call it active" in message
