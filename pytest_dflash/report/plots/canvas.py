@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 from xml.sax.saxutils import escape
@@ -112,6 +112,16 @@ def fmt(v: float) -> str:
     if abs(v) >= 100:
         return f"{v:.0f}"
     return f"{v:.3g}"
+
+
+def vertical_grid(px: Callable[[float], float], ticks: Sequence[float], top: float,
+                  axis_y: float) -> list[str]:
+    """A horizontal timeline's grid: a light line per tick from `top` down to the axis, its label under it."""
+    parts: list[str] = []
+    for t in ticks:
+        parts.append(f'<line x1="{px(t):.1f}" y1="{top}" x2="{px(t):.1f}" y2="{axis_y}" stroke="#eee"/>')
+        parts.append(f'<text x="{px(t):.1f}" y="{axis_y + 14}" text-anchor="middle">{escape(fmt(t))}</text>')
+    return parts
 
 
 class Canvas:

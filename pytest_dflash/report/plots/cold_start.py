@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from xml.sax.saxutils import escape
 
-from pytest_dflash.report.plots.canvas import FAILED, Canvas, fmt, linear_ticks, svg_label, wrap_lines
+from pytest_dflash.report.plots.canvas import (
+    FAILED,
+    Canvas,
+    linear_ticks,
+    svg_label,
+    vertical_grid,
+    wrap_lines,
+)
 from pytest_dflash.report.plots.phases import (
     cold_start_phases,
     phase_order,
@@ -96,11 +103,7 @@ def cold_start_timeline_svg(services: Mapping[str, Mapping[str, object]], *, tit
                            f"{escape(text)}</text>")  # a white halo: readable over the grid lines
         top += row_h + 4 + 14 * len(texts[name])
     axis_y = top + row_h * len(rows) + 4
-    for t in ticks:
-        c.parts.append(f'<line x1="{px(t):.1f}" y1="{34 - 4}" x2="{px(t):.1f}" y2="{axis_y}" '
-                       f'stroke="#eee"/>')
-        c.parts.append(f'<text x="{px(t):.1f}" y="{axis_y + 14}" '
-                       f'text-anchor="middle">{escape(fmt(t))}</text>')
+    c.parts += vertical_grid(px, ticks, 34 - 4, axis_y)
     c.parts.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{axis_y + 30}" text-anchor="middle">seconds since the '
                    "first service's wait began</text>")
     for i, (name, off, phases) in enumerate(rows):

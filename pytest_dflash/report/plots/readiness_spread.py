@@ -15,6 +15,7 @@ from pytest_dflash.report.plots.canvas import (
     log_ticks,
     svg_label,
     text_width,
+    vertical_grid,
 )
 
 
@@ -43,11 +44,7 @@ def readiness_spread_svg(ready_s: Mapping[str, Mapping[str, float]], *, title: s
     c.set_x(min(positive) if log else 0.0, high if high > low else high + 1.0, log=log)
     ticks = log_ticks(c.xlo, c.xhi)[2] if log else linear_ticks(c.xlo, c.xhi)[2]
     axis_y = top + row_h * len(rows) + 2
-    for t in ticks:
-        c.parts.append(f'<line x1="{c.px(t):.1f}" y1="{top - 4}" x2="{c.px(t):.1f}" y2="{axis_y}" '
-                       f'stroke="#eee"/>')
-        c.parts.append(f'<text x="{c.px(t):.1f}" y="{axis_y + 14}" '
-                       f'text-anchor="middle">{escape(fmt(t))}</text>')
+    c.parts += vertical_grid(c.px, ticks, top - 4, axis_y)
     c.parts.append(f'<text x="{(c.x0 + c.x1) / 2:.1f}" y="{axis_y + 32}" text-anchor="middle">seconds until '
                    f"ready{' (log scale)' if log else ''}</text>")
     for i, (name, hosts) in enumerate(sorted(rows.items())):
