@@ -4,18 +4,11 @@ Attach mode finds a running container by name (`container = "sglang"`) or by one
 (`label = "app=sglang"`) and only reads it: `inspect`, `logs`, `exec` of read-only probes, `ps`.
 `--provision` runs one from the profile (`run -d`), labelled `pytest-dflash.run=<run id>` and
 `pytest-dflash.host=<profile>`; teardown stops and removes it. A container left by a killed run still
-carries those labels: `reap_stale_containers` removes it on the next run of that profile, and never a
-container without the label (this tool did not create it).
+carries those labels: `reap_stale_containers` (container_engine.py) removes it on the next run of that
+profile, and never a container without the label (this tool did not create it).
 
-State is one `inspect` call: Status, ExitCode, OOMKilled, RestartCount, health, StartedAt. An exited
-or restarting container is dead (with how it ended); a RestartCount that grows is a restart loop.
-
-A container service's profile table has the container keys (`CONTAINER_KEYS`, read into a `ContainerSpec`
-by `TABLE`) and may say `gpus = "all"`; they are unknown keys on a service of another kind.
-
-Why one file of ~540 lines: a service kind is one file (services/registry.py registers its `KIND`: the
-manager, the reaper of dead runs' containers and the profile table), and the container kind has the most of
-each: sixteen profile keys, two engines, and probes run inside the image.
+The kind is three modules: this one the manager, container_engine.py what the engine says (labels, `inspect`
+read as a state, the reaper), container_table.py the profile table (`CONTAINER_KEYS`).
 """
 
 from __future__ import annotations
@@ -27,103 +20,30 @@ import shlex
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_dflash.config.placeholders import render
-from pytest_dflash.config.profiles import ContainerSpec, HostProfile, ServiceSpec
-from pytest_dflash.config.tables.kinds import KindTable
-from pytest_dflash.config.tables.reader import Table
-from pytest_dflash.documents import loads_json
+from pytest_dflash.config.profiles import ContainerSpec, ServiceSpec
 from pytest_dflash.errors import Death, ServiceError, TransportError
 from pytest_dflash.hostaccess.transport import JOURNAL_SLACK_S, CommandResult, Transport, parse_probe_output
 from pytest_dflash.services.base import Kind, LaunchEnvironment, LogMark, ServiceHost, ServiceState
-from pytest_dflash.services.process import pid_alive
+from pytest_dflash.services.container_engine import (
+    DESCRIBE_FORMAT,
+    HOST_LABEL,
+    INSPECT_FORMAT,
+    OWNER_LABEL,
+    RUN_LABEL,
+    SERVICE_LABEL,
+    engine_prefix,
+    not_found,
+    reap_stale_containers,
+    state_from_inspect,
+)
+from pytest_dflash.services.container_table import CONTAINER_KEYS, TABLE
 
-RUN_LABEL = "pytest-dflash.run"
-HOST_LABEL = "pytest-dflash.host"
-OWNER_LABEL = "pytest-dflash.owner"
-SERVICE_LABEL = "pytest-dflash.service"
-# One line of `inspect` output: what the state needs, and nothing else (Config.Env may hold secrets).
-INSPECT_FORMAT = ("{{json .State}}\t{{.RestartCount}}\t{{.Id}}\t"
-                  '{{index .Config.Labels "' + RUN_LABEL + '"}}\t{{.Name}}')
-DESCRIBE_FORMAT = ("{{.Config.Image}}\t{{json .HostConfig.RestartPolicy}}\t{{.HostConfig.Memory}}\t"
-                   "{{json .Config.Cmd}}")
-SIGNAL_NAMES = {1: "HUP", 2: "INT", 3: "QUIT", 6: "ABRT", 9: "KILL", 11: "SEGV", 15: "TERM"}
-NOT_FOUND = ("no such container", "no such object", "not found")
-CONTAINER_ENGINES = ("docker", "podman")
-# The container keys of a [services.NAME] table with kind = "container" (docs/profiles.md), and their JSON
-# Schema (config/schema.py's $defs: strings, duration).
-CONTAINER_KEYS: dict[str, Any] = {
-    "engine": {"enum": list(CONTAINER_ENGINES), "default": "docker"},
-    "runtime": {"type": "string"},
-    "container": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
-    "label": {"type": "string", "pattern": r"^[A-Za-z0-9_.\-/]+=\S*$"},
-    "image": {"type": "string"},
-    "args": {"$ref": "#/$defs/strings"},
-    "devices": {"$ref": "#/$defs/strings"},
-    "mounts": {"type": "array", "items": {"type": "string", "pattern": ":"}},
-    "network": {"type": "string"},
-    "ipc": {"type": "string"},
-    "shm_size": {"type": "string"},
-    "restart": {"type": "string", "pattern": r"^(no|always|unless-stopped|on-failure(:\d+)?)$"},
-    "memory": {"type": "string"},
-    "ulimits": {"type": "array", "items": {"type": "string", "pattern": r"^[a-z]+=-?\d+(:-?\d+)?$"}},
-    "run_args": {"$ref": "#/$defs/strings"},
-    "stop_timeout": {"$ref": "#/$defs/duration"},
-}
-
-
-def engine_prefix(container: ContainerSpec) -> str:
-    """`podman --runtime runc` / `docker`: the engine and its global options."""
-    podman_runtime = container.runtime and container.engine == "podman"
-    runtime = f" --runtime {shlex.quote(container.runtime or '')}" if podman_runtime else ""
-    return f"{container.engine}{runtime}"
-
-
-def state_from_inspect(line: str, *, restart_policy: str | None = None) -> ServiceState:
-    """One `inspect --format INSPECT_FORMAT` line to a ServiceState (death when exited, restarting or
-    dead)."""
-    raw_state, _, rest = line.strip().partition("\t")
-    restarts_raw, _, rest = rest.partition("\t")
-    try:
-        state: dict[str, Any] = loads_json(raw_state)
-    except ValueError:  # JSONDecodeError, DocumentTooDeep
-        return ServiceState(running=False, death=Death(detail=f"unreadable inspect output: {line[:200]!r}"))
-    restarts = int(restarts_raw) if restarts_raw.strip().isdigit() else 0
-    status = str(state.get("Status") or "").lower()
-    health = state.get("Health") or state.get("Healthcheck") or {}
-    health_status = str(health.get("Status") or "") if isinstance(health, dict) else ""
-    code = int(state.get("ExitCode") or 0)
-    oom = bool(state.get("OOMKilled"))
-    props = {"ActiveState": status, "SubState": health_status or "no-healthcheck", "ExitCode": str(code),
-             "OOMKilled": str(oom).lower(), "RestartCount": str(restarts),
-             "StartedAt": str(state.get("StartedAt", "")), "FinishedAt": str(state.get("FinishedAt", "")),
-             "Error": str(state.get("Error") or "")}
-    pid = int(state.get("Pid") or 0) or None
-    restarting = bool(state.get("Restarting")) or status == "restarting"
-    if status == "running" and not restarting:
-        return ServiceState(running=True, restarts=restarts, pid=pid, properties=props)
-    if status in ("created", "configured", "initialized") and not code:
-        return ServiceState(running=True, restarts=restarts, properties=props)  # starting
-    policy = f", restart policy {restart_policy}" if restart_policy and restart_policy != "no" else ""
-    loop = f", restart loop (RestartCount={restarts}{policy})" if restarts or restarting else ""
-    if not loop and policy:
-        loop = f", RestartCount=0{policy}: the engine will start it again"
-    ended = props["FinishedAt"]
-    finished = f" at {ended}" if ended and not ended.startswith("0001") else ""
-    if oom:
-        death = Death(exit_status=code or 137, signal="KILL", result="oom-kill",
-                      detail=f"OOMKilled=true: the container hit its memory limit{finished}{loop}")
-    elif code > 128 and code - 128 in SIGNAL_NAMES:
-        death = Death(exit_status=code, signal=SIGNAL_NAMES[code - 128],
-                      detail=f"container {status or 'gone'} (ExitCode={code}){finished}{loop}")
-    else:
-        error = f", error: {props['Error']}" if props["Error"] else ""
-        death = Death(exit_status=code,
-                      detail=f"container {status or 'gone'} (ExitCode={code}){finished}{loop}{error}")
-    return ServiceState(running=False, death=death, restarts=restarts, properties=props)
+__all__ = ["CONTAINER_KEYS", "KIND", "TABLE", "ContainerService", "reap_stale_containers",
+           "state_from_inspect"]
 
 
 @dataclass
@@ -283,7 +203,7 @@ class ContainerService:
             except TransportError as exc:
                 errors.append(str(exc))
                 continue
-            if not result.ok and not _not_found(result):
+            if not result.ok and not not_found(result):
                 errors.append(f"`{command}` exited {result.rc}: {' '.join(result.tail(2).split())}")
         self._provisioned = False
         gone = self._inspect_line(name) is None
@@ -297,7 +217,7 @@ class ContainerService:
                                     timeout_s=15, root=True)
         if result.ok and result.stdout.strip():
             return result.stdout.strip().splitlines()[0]
-        if _not_found(result):
+        if not_found(result):
             return None
         raise TransportError(f"{self.host}: `{self.box.engine} inspect {name}` exited {result.rc}: "
                              f"{' '.join(result.tail(2).split())}")
@@ -448,43 +368,6 @@ class ContainerService:
         return [*argv, "--entrypoint", self.guest_python, str(box.image), "-"]
 
 
-def _not_found(result: CommandResult) -> bool:
-    text = f"{result.stdout}\n{result.stderr}".lower()
-    return not result.ok and any(marker in text for marker in NOT_FOUND)
-
-
-def reap_stale_containers(transport: Transport, container: ContainerSpec, *, host: str,
-                          run_id: str) -> list[str]:
-    """Remove containers a dead run of this host profile left (by their labels). Call only holding the host
-    lock.
-
-    Only containers carrying `pytest-dflash.host=<host>` and a run label other than `run_id`; on a local host,
-    only when their controller process is gone (a live run of another profile is never touched)."""
-    engine = engine_prefix(container)
-    out = transport.run(f"{engine} ps -a --filter %s --filter %s --format '{{{{.Names}}}}'",
-                        f"label={HOST_LABEL}={host}", f"label={RUN_LABEL}", timeout_s=20, root=True)
-    done: list[str] = []
-    if not out.ok:
-        return [f"could not list stale containers: {' '.join(out.tail(2).split())}"]
-    for name in sorted(set(out.stdout.split())):
-        labels = transport.run(f"{engine} container inspect --format %s %s",
-                               '{{index .Config.Labels "' + RUN_LABEL + '"}}\t{{index .Config.Labels "'
-                               + OWNER_LABEL + '"}}', name, timeout_s=15, root=True)
-        if not labels.ok:
-            continue
-        owner_run, _, owner = labels.stdout.strip().partition("\t")
-        if not owner_run or owner_run == "<no value>" or owner_run == run_id:
-            continue
-        owner_host, _, owner_pid = owner.partition(":")
-        mine_alive = owner_host == socket.gethostname() and owner_pid.isdigit() and pid_alive(int(owner_pid))
-        if transport.is_local and mine_alive:
-            continue
-        transport.run(f"{engine} rm -f {shlex.quote(name)}", mutating=True,
-                      timeout_s=container.stop_timeout_s + 60)
-        done.append(f"removed stale container {name} left by run {owner_run}")
-    return done
-
-
 def _make(spec: ServiceSpec, host: ServiceHost) -> ContainerService:
     return ContainerService(spec, host.transport, host=host.name, run_id=host.run_id)
 
@@ -499,51 +382,4 @@ def _reap(host: ServiceHost, specs: list[ServiceSpec]) -> list[str]:
     return notes
 
 
-def _read_table(table: Table, spec: ServiceSpec, host: HostProfile, profile_dir: Path) -> ServiceSpec:
-    """The container keys, as the service's `ContainerSpec`; `gpus` (indices, or "all") is its `--gpus`."""
-    engine = table.choice("engine", CONTAINER_ENGINES, "docker")
-    name = table.get("container", str)
-    label = table.get("label", str)
-    if label is not None and not re.fullmatch(r"[A-Za-z0-9_.\-/]+=\S*", label):
-        raise table.fail("label", f'expected "key=value", got {label!r}')
-    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise table.fail("container", f"expected a container name ([A-Za-z0-9][A-Za-z0-9_.-]*), got {name!r}")
-    restart = table.get("restart", str)
-    if restart is not None and not re.fullmatch(r"no|always|unless-stopped|on-failure(:\d+)?", restart):
-        raise table.fail("restart", f"expected no, on-failure[:N], always or unless-stopped, got {restart!r}")
-    ulimits = table.str_list("ulimits")
-    for item in ulimits:
-        if not re.fullmatch(r"[a-z]+=-?\d+(:-?\d+)?", item):
-            raise table.fail("ulimits", f'expected items like "nofile=1024:1024", got {item!r}')
-    mounts = table.str_list("mounts")
-    for item in mounts:
-        if ":" not in item:
-            raise table.fail("mounts", f'expected items like "/host/dir:/container/dir[:ro]", got {item!r}')
-    gpus = "all" if table.raw("gpus") == "all" else None
-    if spec.gpus:
-        gpus = "device=" + ",".join(str(g) for g in spec.gpus)
-    container = ContainerSpec(
-        engine=engine or "docker",
-        runtime=table.get("runtime", str),
-        name=name,
-        label=label,
-        image=table.get("image", str),
-        args=table.str_list("args"),
-        gpus=gpus,
-        devices=table.str_list("devices"),
-        mounts=mounts,
-        network=table.get("network", str),
-        ipc=table.get("ipc", str),
-        shm_size=table.get("shm_size", str),
-        restart=restart,
-        memory=table.get("memory", str),
-        ulimits=ulimits,
-        run_args=table.str_list("run_args"),
-        stop_timeout_s=table.duration("stop_timeout", 30.0),
-    )
-    return replace(spec, container=container)
-
-
-TABLE = KindTable("container", read=_read_table, keys=CONTAINER_KEYS, all_gpus=True,
-                  schema={"properties": {"gpus": {"anyOf": [{"$ref": "#/$defs/gpus"}, {"const": "all"}]}}})
 KIND = Kind("container", make=_make, reap=_reap, table=TABLE)
