@@ -26,7 +26,7 @@ from pytest_dflash.fleet import scheduling
 from pytest_dflash.report import session as report_session
 from pytest_dflash.report.progress import ProgressChannel
 from pytest_dflash.report.verdict import BUILDER_KEY
-from pytest_dflash.run import cleanup, collection, discovery, preflight, skips, timeouts
+from pytest_dflash.run import cleanup, collection, discovery, preflight, raised, skips, timeouts
 from pytest_dflash.run.blocking import blocked_reason
 from pytest_dflash.run.collection import INFO_KEY
 from pytest_dflash.run.records import RunOptions
@@ -253,6 +253,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     attach.mark_logs(item, run, info)
 
 
+# innermost: it sees what the test raised before any other wrapper could swallow it (run/raised.py)
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    if item.stash.get(INFO_KEY, None) is None:
+        return (yield)
+    return (yield from raised.watch_call(item))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report: pytest.TestReport = yield
@@ -262,6 +270,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         timeouts.record_timeout_kill(item, report, run, info.host)
         attach.annotate(item, call, report, run, info)
         skips.record_origin(item, call, report)  # after annotate: into the property it wrote
+        raised.record(item, report)
     return report
 
 

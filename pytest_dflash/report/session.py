@@ -27,6 +27,7 @@ from pytest_dflash.report.verdict import (
     VerdictBuilder,
     summary_lines,
 )
+from pytest_dflash.run import raised
 from pytest_dflash.run.collection import item_info
 from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
 from pytest_dflash.scrub.bounds import LINE_BYTES, scrub
@@ -311,8 +312,12 @@ RERUN = "rerun"
 def counted(report: pytest.TestReport) -> tuple[str, str]:
     """The outcome the verdict counts for a report, and its one line: a failure stays a failure under an xfail
     marker (added by a conftest or a plugin onto a check: xfailed, or not run at all with run=False) and
-    under a rerun that then passed (pytest-rerunfailures: a flaky check is no pass); an xpass that is not
-    strict counts as the pass it is."""
+    under a rerun that then passed (pytest-rerunfailures: a flaky check is no pass), and a report some plugin
+    rewrote into a pass although the check raised (run/raised.py); an xpass that is not strict counts as the
+    pass it is."""
+    forged = raised.forged_pass(report)
+    if forged is not None:
+        return "failed", _capped(f"reported as a pass by a plugin, but the check raised {forged}")
     if report.outcome == RERUN:
         return "failed", _capped(f"flaky: failed, then run again: {_failure_line(report)}")
     if report.skipped and hasattr(report, "wasxfail"):

@@ -1,6 +1,7 @@
 """In real pytest runs (host-layer tests only, no server): ways a run that did not check what it should could
 still end with a `pass` verdict or an open gate — a blocked part of the plugin, an internal error, an xfail
-marker on a failing check, a rerun that erases a failure, a check that collection never produced — each closed."""
+marker on a failing check, a rerun that erases a failure, a plugin that rewrites a failure into a pass, a check
+that collection never produced — each closed."""
 
 from __future__ import annotations
 
@@ -206,6 +207,46 @@ def test_a_check_that_passed_only_on_a_rerun_is_a_failure(pytester: pytest.Pytes
     assert data["verdict"] == "fail" and inconsistency(data) is None, data
     assert [(f["test"], f["message"]) for f in data["failures"]] == [
         ("test_flaky.py::test_flaky[gpu-a]", "flaky: failed, then run again: AssertionError: the first attempt failed")]
+
+
+# ---- a plugin that rewrites a failing check's report into a pass ----------------------------------------------
+
+CONFTEST_FORGE = """
+import pytest
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call" and report.failed:
+        report.outcome, report.longrepr = "passed", None  # "known flaky on this host"
+    return report
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["no-xdist", "xdist"])
+def test_a_plugin_that_forges_a_pass_does_not_pass_the_host(pytester: pytest.Pytester, profile: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             workers: list[str]) -> None:
+    """pytest itself counts the forged report as passed; the verdict counts what the check raised."""
+    from pytest_dflash.fleet.verdicts import inconsistency
+
+    pytester.makeconftest(CONFTEST_FORGE)
+    monkeypatch.setenv("FAIL_PROBE", "1")
+    result = _run(pytester, profile, "--gate", "host", *workers)
+    assert result.ret == 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["*2 passed*"])  # pytest's own count: the forged report
+    result.stdout.fnmatch_lines(["gpu-a: FAIL *", "    FAILED test_hosts.py::test_probe[[]gpu-a[]]: reported as a pass "
+                                 "by a plugin, but the check raised AssertionError: the probe said no",
+                                 "gate host: FAILED on gpu-a"])
+    data = _verdict(pytester)
+    assert data["verdict"] == "fail" and inconsistency(data) is None, data
+
+
+def test_a_forging_plugin_leaves_a_passing_check_a_pass(pytester: pytest.Pytester, profile: Path) -> None:
+    """The healthy case: nothing raised, nothing to forge."""
+    pytester.makeconftest(CONFTEST_FORGE)
+    assert _run(pytester, profile, "--gate", "host").ret == 0
+    assert _verdict(pytester)["verdict"] == "pass"
 
 
 # ---- a check that collection never made a test of ------------------------------------------------------------
