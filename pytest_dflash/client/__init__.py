@@ -1,9 +1,10 @@
 """HTTP client for one inference server, in two dialects: OpenAI (/v1/*) and SGLang native (/generate).
 
 `client.inference` holds the client and its calls (`InferenceClient`), `client.sampling` what a call sends and
-gets (`Sampling`, `Generation`, `Stream`), `client.answers` the one typed reading of a generation answer,
-whole or streamed, native or OpenAI (`Answer`: finish, content, reasoning, tool calls, usage, meta_info, an
-error event inside a stream), `client.bodies` the byte caps and the parsing of bodies,
+gets (`Sampling`, `Generation`: a view of an `Answer`, `Stream`), `client.answers` the one typed reading of a
+generation answer, whole or streamed, native or OpenAI (`Answer`: finish, content, reasoning, tool calls,
+usage, meta_info, logprobs, an error event inside a stream, a stream's framing; no other module reads an
+answer's keys), `client.bodies` the byte caps, the decoding of bodies and error messages,
 `client.sse` the reading of an SSE stream's lines,
 `client.connect` the SSL context, proxies and the TCP liveness probe,
 `client.deadline` the total-time bound enforced below httpx (`deadline`, `DeadlineExceeded`).

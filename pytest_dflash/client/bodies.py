@@ -1,7 +1,7 @@
 """Response bodies: the byte cap of each answer (`response_cap`: what a generation request allows, else
 `DEFAULT_MAX_BODY`, `/metrics` `METRICS_MAX_BODY`), the one decoding of an answer's JSON (`answer_json`: not
-JSON, or nested too deep, is an ApiError naming the endpoint), and the parsing of answers into `Generation`s,
-error messages and streamed token counts."""
+JSON, or nested too deep, is an ApiError naming the endpoint) and an error body's message. What a generation
+answer says is read in client/answers.py, nowhere else."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 
-from pytest_dflash.client.sampling import Generation
 from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import ApiError
 from pytest_dflash.scrub.terminal import terminal_safe
@@ -28,31 +27,6 @@ _BASE_BODY = 64 * 1024  # meta_info, usage, spec histograms, headers of the JSON
 _PER_TOKEN = 512
 _PER_TOP_LOGPROB = 128
 _TOKENS_UNBOUNDED = 32768  # no max_tokens: SGLang generates up to the context length
-
-
-
-
-def stream_tokens(events: list[dict[str, Any]], before: int) -> int:
-    """Tokens streamed so far: native /generate events carry the cumulative output_ids (or completion_tokens);
-    OpenAI chunks carry one delta each (a chunk with text, content or a tool-call delta counts one token, at
-    least)."""
-    last = events[-1]
-    if isinstance(last.get("output_ids"), list):
-        return len(last["output_ids"])
-    meta = last.get("meta_info")
-    if isinstance(meta, dict) and isinstance(meta.get("completion_tokens"), int):
-        return int(meta["completion_tokens"])
-    usage = last.get("usage")
-    if (isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int)
-            and not last.get("choices")):
-        return max(before, int(usage["completion_tokens"]))
-    for choice in last.get("choices") or []:
-        if not isinstance(choice, dict):
-            continue
-        delta = choice.get("delta") or {}
-        if choice.get("text") or delta.get("content") or delta.get("tool_calls"):
-            return before + 1
-    return before
 
 
 NEWLINES = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines splits on
@@ -144,17 +118,6 @@ def _error_text(response: httpx.Response) -> str:
     return json.dumps(body)[:300]
 
 
-def _finish(reason: Any) -> tuple[str | None, int | str | None]:
-    if isinstance(reason, dict):
-        return reason.get("type"), reason.get("matched")
-    return (str(reason) if reason is not None else None), None
-
-
-def _pairs(raw: Any) -> list[tuple[float, int]]:
-    # SGLang: [logprob, token_id, token_text|null]
-    return [(float(item[0]), int(item[1])) for item in raw or [] if isinstance(item, list) and len(item) >= 2]
-
-
 def json_kind(data: Any) -> str:
     """What a JSON value is, in words, for a message about a body that should have been an object."""
     if isinstance(data, list):
@@ -168,86 +131,3 @@ def json_kind(data: Any) -> str:
     if isinstance(data, str):
         return "a JSON string"
     return "a JSON object" if isinstance(data, dict) else type(data).__name__
-
-
-def chat_choice(data: Any, service: str, path: str) -> dict[str, Any]:
-    """Choice 0 of an OpenAI answer, with its `message` (chat) an object; an answer that has none (a 200 that
-    carries an error object, no choices, a list) is an ApiError quoting it, never an AttributeError."""
-    if not isinstance(data, dict):
-        raise ApiError(service, path, 200, f"response is {json_kind(data)}, not an object",
-                       json.dumps(data)[:300])
-    choices = data.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    if not isinstance(choice, dict):
-        raise ApiError(service, path, 200, "response has no choices", json.dumps(data)[:300])
-    if path == "/v1/chat/completions" and not isinstance(choice.get("message"), dict):
-        raise ApiError(service, path, 200, "response's choice has no message", json.dumps(data)[:300])
-    return choice
-
-
-def native_answer(data: Any, service: str) -> dict[str, Any]:
-    """A /generate answer (the first of a batch) with its `meta_info` an object; anything else is an ApiError
-    quoting it."""
-    answer = data[0] if isinstance(data, list) and data else data
-    if not isinstance(answer, dict):
-        raise ApiError(service, "/generate", 200, f"response is {json_kind(data)}, not an object",
-                       json.dumps(data)[:300])
-    if not isinstance(answer.get("meta_info"), dict):
-        raise ApiError(service, "/generate", 200, "response has no meta_info object",
-                       json.dumps(answer)[:300])
-    return answer
-
-
-def native_generation(data: Any, elapsed: float, service: str) -> Generation:
-    """One /generate answer as a `Generation`; what is wrong with one that is not is quoted as it came."""
-    if not isinstance(data, dict):
-        raise ApiError(service, "/generate", 200, f"response is {json_kind(data)}, not an object",
-                       json.dumps(data)[:300])
-    lacking = [key for key in ("text", "meta_info") if key not in data]
-    if lacking or not isinstance(data["meta_info"], dict):
-        problem = (f"response lacks {' and '.join(lacking)}" if lacking
-                   else f"response's meta_info is {json_kind(data['meta_info'])}, not an object")
-        raise ApiError(service, "/generate", 200, problem, json.dumps(data)[:300])
-    meta = data["meta_info"]
-    reason, matched = _finish(meta.get("finish_reason"))
-    top = meta.get("output_top_logprobs")
-    return Generation(
-        text=str(data["text"]),
-        finish_reason=reason,
-        output_ids=list(data["output_ids"]) if isinstance(data.get("output_ids"), list) else None,
-        matched_stop=matched,
-        prompt_tokens=meta.get("prompt_tokens"),
-        completion_tokens=meta.get("completion_tokens"),
-        meta=meta,
-        elapsed_s=elapsed,
-        logprobs=_pairs(meta.get("output_token_logprobs")) if "output_token_logprobs" in meta else None,
-        top_logprobs=[_pairs(step) for step in top] if isinstance(top, list) else None,
-    )
-
-
-def openai_generations(data: Any, elapsed: float, service: str, path: str, *, chat: bool) -> list[Generation]:
-    if not isinstance(data, dict):
-        raise ApiError(service, path, 200, f"response is {json_kind(data)}, not an object",
-                       json.dumps(data)[:300])
-    choices = data.get("choices")
-    if not isinstance(choices, list) or not choices:
-        raise ApiError(service, path, 200, "response has no choices", json.dumps(data)[:300])
-    usage = data.get("usage") or {}
-    out = []
-    for choice in choices:
-        message = (choice.get("message") or {}) if chat else {}
-        text = message.get("content") if chat else choice.get("text")
-        thought = message.get("reasoning_content")
-        out.append(
-            Generation(
-                text=text or "",
-                reasoning=None if thought is None else str(thought),
-                finish_reason=choice.get("finish_reason"),
-                matched_stop=choice.get("matched_stop"),
-                prompt_tokens=usage.get("prompt_tokens"),
-                completion_tokens=usage.get("completion_tokens"),
-                meta={"usage": usage, "index": choice.get("index")},
-                elapsed_s=elapsed,
-            )
-        )
-    return out

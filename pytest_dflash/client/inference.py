@@ -23,23 +23,28 @@ from typing import Any
 
 import httpx
 
-from pytest_dflash.client.answers import Answer, api_of, streamed_answer, whole_answer
+from pytest_dflash.client.answers import (
+    Answer,
+    api_of,
+    is_error_event,
+    stream_tokens,
+    streamed_answer,
+    whole_answer,
+    whole_answers,
+)
 from pytest_dflash.client.bodies import (
     DEFAULT_MAX_BODY,
     METRICS_MAX_BODY,
     STREAM_MAX_TOTAL,
     answer_json,
     error_message,
-    native_generation,
-    openai_generations,
     requested_tokens,
     response_cap,
-    stream_tokens,
 )
 from pytest_dflash.client.connect import proxied, ssl_context, tcp_refused
 from pytest_dflash.client.deadline import CallProgress, DeadlineExceeded, bound_total_time, deadline
 from pytest_dflash.client.sampling import GREEDY, Generation, Sampling, Stream
-from pytest_dflash.client.sse import DONE, SKIP, capped_lines, is_error_event, sse_event
+from pytest_dflash.client.sse import DONE, SKIP, capped_lines, sse_event
 from pytest_dflash.errors import ApiError
 
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
@@ -346,9 +351,8 @@ class InferenceClient:
         body = self._generate_body(prompt, sampling, return_logprob, top_logprobs_num)
         started = time.monotonic()
         data = self._json("POST", "/generate", body, timeout_s)
-        if isinstance(data, list) and data:  # a batch-shaped answer to one prompt: its one entry
-            data = data[0]
-        return native_generation(data, time.monotonic() - started, self.service)
+        # a batch-shaped answer to one prompt: its one entry
+        return Generation(whole_answer(data, "generate", self.service), time.monotonic() - started)
 
     def generate_many(self, prompt: str | Sequence[int], sampling: Sampling, *,
                       timeout_s: float | None = None) -> list[Generation]:
@@ -359,8 +363,8 @@ class InferenceClient:
         if data == []:  # n samples asked, none came: never an empty list of generations to judge
             raise ApiError(self.service, "/generate", 200,
                            f"response is an empty JSON list, not {sampling.n} samples", "[]")
-        items = data if isinstance(data, list) else [data]
-        return [native_generation(item, time.monotonic() - started, self.service) for item in items]
+        elapsed = time.monotonic() - started
+        return [Generation(answer, elapsed) for answer in whole_answers(data, "generate", self.service)]
 
     def _generate_body(self, prompt: str | Sequence[int], sampling: Sampling, return_logprob: bool,
                        top_logprobs_num: int) -> dict[str, Any]:
@@ -380,8 +384,8 @@ class InferenceClient:
         body = {"model": self.model(), "prompt": prompt, **sampling.as_openai()}
         started = time.monotonic()
         data = self._json("POST", "/v1/completions", body, timeout_s)
-        return openai_generations(data, time.monotonic() - started, self.service, "/v1/completions",
-                                  chat=False)
+        elapsed = time.monotonic() - started
+        return [Generation(answer, elapsed) for answer in whole_answers(data, "completions", self.service)]
 
     def chat(self, messages: Sequence[Mapping[str, str]], sampling: Sampling = GREEDY, *,
              timeout_s: float | None = None) -> list[Generation]:
@@ -389,8 +393,8 @@ class InferenceClient:
         body = {"model": self.model(), "messages": list(messages), **sampling.as_openai()}
         started = time.monotonic()
         data = self._json("POST", "/v1/chat/completions", body, timeout_s)
-        return openai_generations(data, time.monotonic() - started, self.service, "/v1/chat/completions",
-                                  chat=True)
+        elapsed = time.monotonic() - started
+        return [Generation(answer, elapsed) for answer in whole_answers(data, "chat", self.service)]
 
     def stream(self, path: str, body: Mapping[str, Any], *, timeout_s: float | None = None,
                in_band_errors: bool = False) -> Stream:

@@ -1,10 +1,13 @@
 """What a call sends (`Sampling`, rendered for either dialect; `GREEDY`, `SAMPLED`) and what it gets back
-(`Generation`, normalised across dialects; `Stream`, a completed SSE stream)."""
+(`Generation`, the sampler checks' view of a typed `Answer`; `Stream`, a completed SSE stream)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from pytest_dflash.client.answers import Answer
 
 
 @dataclass(frozen=True)
@@ -70,26 +73,72 @@ GREEDY = Sampling(max_tokens=8, temperature=0.0)
 SAMPLED = Sampling(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Generation:
-    """One completed generation, normalised across dialects."""
+    """One completed generation as the sampler checks read it: a view of the client's typed `Answer` (the one
+    reading of an answer body, client/answers.py) and the time the call took. Nothing here reads JSON."""
 
-    text: str
-    finish_reason: str | None
-    output_ids: list[int] | None = None
-    matched_stop: int | str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    answer: Answer
     elapsed_s: float = 0.0
-    logprobs: list[tuple[float, int]] | None = None
-    top_logprobs: list[list[tuple[float, int]]] | None = None
-    reasoning: str | None = None  # chat under a reasoning parser: reasoning_content (`text` is the content)
+
+    @property
+    def text(self) -> str:
+        """The content (chat under a reasoning parser: after the reasoning), else the text."""
+        return self.answer.content
+
+    @property
+    def reasoning(self) -> str | None:
+        return self.answer.reasoning
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.answer.finish_reason
+
+    @property
+    def matched_stop(self) -> object:
+        return self.answer.matched_stop
+
+    @property
+    def output_ids(self) -> list[int] | None:
+        ids = self.answer.output_ids
+        return None if ids is None else [int(i) for i in ids]
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self.answer.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return self.answer.completion_tokens
+
+    @property
+    def index(self) -> int | None:
+        """The OpenAI choice's index (None for /generate)."""
+        return self.answer.index
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The native answer's meta_info ({} for OpenAI: its usage is `usage`)."""
+        return self.answer.meta_info
+
+    @property
+    def usage(self) -> Mapping[str, Any]:
+        return self.answer.usage
+
+    @property
+    def logprobs(self) -> list[tuple[float, int]] | None:
+        entries = self.answer.logprobs
+        return None if entries is None else [(e.logprob, e.token) for e in entries]
+
+    @property
+    def top_logprobs(self) -> list[list[tuple[float, int]]] | None:
+        steps = self.answer.top_logprobs
+        return None if steps is None else [[(e.logprob, e.token) for e in step] for step in steps]
 
     @property
     def output(self) -> str:
         """Everything the sampler produced, reasoning first (chat under a reasoning parser splits it)."""
-        return (self.reasoning or "") + self.text
+        return self.answer.output
 
     @property
     def accept_length(self) -> float | None:

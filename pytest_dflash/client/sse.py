@@ -13,7 +13,7 @@ import httpx
 from pytest_dflash.client.bodies import NEWLINES
 from pytest_dflash.documents import loads_json
 
-__all__ = ["DONE", "SKIP", "capped_lines", "is_error_event", "sse_event"]
+__all__ = ["DONE", "SKIP", "capped_lines", "sse_event"]
 
 DONE = "[DONE]"
 SKIP = None  # a blank line or an SSE comment: nothing to read
@@ -67,8 +67,3 @@ def sse_event(line: str) -> dict[str, Any] | str | None:
     if not isinstance(event, dict):
         raise ValueError(f"SSE event is not an object: {payload[:200]!r}")
     return event
-
-
-def is_error_event(event: dict[str, Any]) -> bool:
-    """An error event (SGLang: ``{"error": {...}}``, no choices, no text), not an answer's chunk."""
-    return "error" in event and not event.get("choices") and "text" not in event

@@ -36,6 +36,11 @@ ATTACH_HELP = "attach to an already running OpenAI-compatible server at URL (no 
 ATTACH_LOG_COMMAND_HELP = ("a command on this machine printing the attached server's log, for failure "
                            "evidence, e.g. 'kubectl logs deploy/sglang --since-time={since}'; once for every "
                            "--attach, or once per --attach in order")
+ATTACH_ALGORITHM_HELP = ("what the attached server serves, declared: its speculative algorithm (NONE, "
+                         "DFLASH, DDTREE, ...); compared with /server_info, and a declared speculative "
+                         "server that answers no /server_info (a gateway in front of it) makes its "
+                         "accept-length checks 'could not check'; once for every --attach, or once per "
+                         "--attach in order; default: read from /server_info")
 PROVISION_HELP = ("deploy and start the profile's services (systemd units / processes) and remove them "
                   "afterwards; default: attach to the services already running")
 KEEP_HELP = "leave provisioned services running after the run (for debugging)"
@@ -64,6 +69,8 @@ def add_core_options(parser: pytest.Parser) -> None:
                     help=ATTACH_HELP)
     group.addoption("--attach-log-command", action="append", dest="dflash_attach_log_command", default=None,
                     metavar="CMD", help=ATTACH_LOG_COMMAND_HELP)
+    group.addoption("--attach-algorithm", action="append", dest="dflash_attach_algorithm", default=None,
+                    metavar="ALGORITHM", help=ATTACH_ALGORITHM_HELP)
     group.addoption("--provision", action="store_true", dest="dflash_provision", default=None,
                     help=PROVISION_HELP)
     group.addoption("--keep", action="store_true", dest="dflash_keep", default=None, help=KEEP_HELP)
@@ -84,6 +91,7 @@ def add_core_options(parser: pytest.Parser) -> None:
     parser.addini("dflash_hosts", HOST_HELP, type="linelist", default=[])
     parser.addini("dflash_attach", ATTACH_HELP, type="linelist", default=[])
     parser.addini("dflash_attach_log_command", ATTACH_LOG_COMMAND_HELP, type="linelist", default=[])
+    parser.addini("dflash_attach_algorithm", ATTACH_ALGORITHM_HELP, type="linelist", default=[])
     parser.addini("dflash_provision", PROVISION_HELP, type="bool", default=False)
     parser.addini("dflash_keep", KEEP_HELP, type="bool", default=False)
     parser.addini("dflash_journal_lines", JOURNAL_LINES_HELP, default="200")

@@ -71,6 +71,9 @@ class ServiceSpec:
     model: str | None = None
     # AUTO that could not be resolved: why (the service layer fails with it)
     discovery_error: str | None = None
+    # AUTO resolved to NONE only because the server answers no /server_info (not SGLang, or a gateway hiding
+    # it): why its algorithm is unknown (the verdict says "unknown", never NONE)
+    algorithm_unknown: str | None = None
     container: ContainerSpec | None = None  # kind = "container"
     log_command: str | None = None  # kind = "external": a command printing its log ({since}: unix time)
     log_file: str | None = None  # kind = "external": a log file on the host

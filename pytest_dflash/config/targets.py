@@ -14,7 +14,7 @@ import pytest
 from pytest_dflash.config import inventory
 from pytest_dflash.config.loader import attach_profile, error_line, load_profile, resolve_profile_path
 from pytest_dflash.config.options import option
-from pytest_dflash.config.profiles import HostProfile
+from pytest_dflash.config.profiles import ALGORITHMS, HostProfile
 from pytest_dflash.errors import InventoryError
 
 # the run's profiles, loaded first (report/started.py)
@@ -77,8 +77,10 @@ def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
             _add(profiles, load_profile(resolve_profile_path(spec, [hosts_dir])), f"--host {spec}")
         urls = list(option(config, "dflash_attach") or [])
         log_commands = attach_log_commands(config, len(urls))
+        algorithms = attach_algorithms(config, len(urls))
         for index, url in enumerate(urls):
-            profile = with_log_command(attach_profile(url), log_commands[index])
+            profile = with_algorithm(with_log_command(attach_profile(url), log_commands[index]),
+                                     algorithms[index])
             _add(profiles, profile, f"--attach {profile.services['attached'].display_url}")
         for spec in option(config, "dflash_fleet") or []:
             for profile in inventory.load_fleet(str(spec), hosts_dir):
@@ -132,6 +134,36 @@ def attach_log_commands(config: pytest.Config, attached: int) -> list[str | None
         raise pytest.UsageError(f"--attach-log-command / dflash_attach_log_command: given {len(commands)} "
                                 f"times for {attached} --attach URLs (give it once, or once per --attach)")
     return list(commands)
+
+
+def attach_algorithms(config: pytest.Config, attached: int) -> list[str | None]:
+    """--attach-algorithm: one of ALGORITHMS, for every --attach or one per --attach in order (None: read from
+    /server_info, run/discovery.py)."""
+    where = "--attach-algorithm / dflash_attach_algorithm"
+    raw = option(config, "dflash_attach_algorithm") or []
+    given = [str(a).strip().upper() for a in raw if str(a).strip()]
+    if not given:
+        return [None] * attached
+    if not attached:
+        raise pytest.UsageError(f"{where}: needs --attach URL")
+    for algorithm in given:
+        if algorithm not in ALGORITHMS:
+            raise pytest.UsageError(f"{where}: {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+    if len(given) == 1:
+        return [given[0]] * attached
+    if len(given) != attached:
+        raise pytest.UsageError(f"{where}: given {len(given)} times for {attached} --attach URLs (give it "
+                                "once, or once per --attach)")
+    return list(given)
+
+
+def with_algorithm(profile: HostProfile, algorithm: str | None) -> HostProfile:
+    """An --attach profile whose service is declared to serve `algorithm` (None: left to discovery)."""
+    if algorithm is None:
+        return profile
+    services = {name: dataclasses.replace(spec, algorithm=algorithm)
+                for name, spec in profile.services.items()}
+    return dataclasses.replace(profile, services=services)
 
 
 def with_log_command(profile: HostProfile, command: str | None) -> HostProfile:

@@ -12,6 +12,7 @@ single-runner nightly needs no merge step.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,9 @@ from pytest_dflash.report import session as report_session
 from pytest_dflash.run.stash import GATE_KEY, REPORTED_KEY, RUN_KEY
 
 RESULT_KEY = pytest.StashKey[dict[str, Any]]()
+# The report dir's fleet-summary.json as the run found it: the trend's baseline at its end (the file itself
+# says 'interrupted' from the start, for a run that is killed before it ends)
+PREVIOUS_KEY = pytest.StashKey[bytes]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,8 +49,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _retract_passes(config: pytest.Config) -> None:
     """A run killed outright (SIGKILL, an OOM kill, a CI timeout's kill -9) never reaches sessionfinish: the
-    textfiles would keep the last run's `dflash_host_pass 1`. From the start they say what the verdict files
-    report/started.py wrote say: each host this run names is interrupted until the run ends."""
+    textfiles would keep the last run's `dflash_host_pass 1`, fleet-summary.json/.html and fleet-junit.xml the
+    last run's pass. From the start they say what the verdict files report/started.py wrote say: each host
+    this run names is interrupted until the run ends (the old summary is kept in memory as the trend's
+    baseline)."""
     profiles = config.stash.get(TARGETS_KEY, None)
     if not profiles or not _enabled(config) or not report_session.writes_verdicts(config):
         return
@@ -55,12 +61,20 @@ def _retract_passes(config: pytest.Config) -> None:
     try:
         started = [fleet_verdicts.LoadedVerdict(path, fleet_verdicts.read_verdict(path)) for path in paths
                    if path.is_file()]
-        text = prometheus.fleet_exposition(fleet_summary.build_summary(started))
+        summary = fleet_summary.build_summary(started)
+        text = prometheus.fleet_exposition(summary)
+        old = report_dir / fleet_outputs.SUMMARY_JSON
+        files = (fleet_outputs.SUMMARY_JSON, fleet_outputs.SUMMARY_HTML, fleet_outputs.JUNIT_XML)
+        if any((report_dir / name).is_file() for name in files):
+            if old.is_file():
+                config.stash[PREVIOUS_KEY] = old.read_bytes()
+            fleet_outputs.write_summary_files(summary, report_dir)
         for textfile in (report_dir / fleet_outputs.PROMETHEUS, options.path(config, "dflash_prometheus")):
             if textfile is not None and textfile.is_file():
                 prometheus.write_textfile(textfile, text)
     except (OSError, fleet_verdicts.FleetInputError) as exc:  # the run goes on; its end rewrites them
-        config.stash[RESULT_KEY] = {"error": f"fleet.prom not reset at the start: {exc}"}
+        config.stash[RESULT_KEY] = {"error": f"the fleet summary and fleet.prom not reset at the start: "
+                                             f"{exc}"}
 
 
 def _push_url(config: pytest.Config) -> str:
@@ -80,11 +94,28 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reported = config.stash.get(REPORTED_KEY, [])
     if run is None or not run.profiles or not reported:
         return
-    report_dir = run.options.report_dir
+    report_dir: Path = run.options.report_dir
     previous = options.path(config, "dflash_previous_summary")
-    if previous is None and (report_dir / fleet_outputs.SUMMARY_JSON).is_file():
+    kept = config.stash.get(PREVIOUS_KEY, None)
+    if previous is None and kept is None and (report_dir / fleet_outputs.SUMMARY_JSON).is_file():
         previous = report_dir / fleet_outputs.SUMMARY_JSON
     result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="dflash-summary-") as scratch:
+        if previous is None and kept is not None:  # the summary the run found (its file says interrupted now)
+            previous = Path(scratch) / fleet_outputs.SUMMARY_JSON
+            previous.write_bytes(kept)
+        _summarize(config, run, reported, previous, result)
+    if "summary" in result and (push_url := _push_url(config)):
+        try:
+            result["pushed"] = prometheus.push(push_url, result["summary"])
+        except prometheus.PushError as exc:
+            result["push_error"] = f"prometheus push failed: {exc}"
+    config.stash[RESULT_KEY] = result
+
+
+def _summarize(config: pytest.Config, run: Any, reported: list[str], previous: Path | None,
+               result: dict[str, Any]) -> None:
+    report_dir = run.options.report_dir
     try:
         verdicts = [fleet_verdicts.LoadedVerdict(Path(p), fleet_verdicts.read_verdict(Path(p)))
                     for p in reported]
@@ -104,12 +135,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     except (OSError, fleet_verdicts.FleetInputError) as exc:
         # The verdicts and the exit code stand; the summary is a view of them.
         result["error"] = f"fleet summary not written: {exc}"
-    if "summary" in result and (push_url := _push_url(config)):
-        try:
-            result["pushed"] = prometheus.push(push_url, result["summary"])
-        except prometheus.PushError as exc:
-            result["push_error"] = f"prometheus push failed: {exc}"
-    config.stash[RESULT_KEY] = result
 
 
 @pytest.hookimpl(trylast=True)

@@ -8,6 +8,9 @@
     skipped -> <skipped message="all tests of the layer skipped">
     not-run -> <skipped type="not-run" message="no test of the layer was selected">
     passed  -> an empty testcase
+and, for a host whose verdict is 'interrupted' (a run killed before its end leaves its start's summary, which
+says so), one more testcase name = "run" with <error type="interrupted" message="<why>">: a CI that reads
+JUnit never takes an unfinished run for a clean one.
 """
 
 from __future__ import annotations
@@ -32,10 +35,16 @@ def clean(text: str) -> str:
 def render_junit(summary: Mapping[str, Any]) -> str:
     hosts: Mapping[str, Mapping[str, Any]] = summary["hosts"]
     root = ET.Element("testsuites", {"name": "pytest-dflash fleet"})
-    counts = {"tests": 0, "failures": 0, "skipped": 0}
-    suite = ET.SubElement(root, "testsuite", {"name": "dflash-fleet", "timestamp": str(summary["generated"]),
-                                              "errors": "0"})
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    suite = ET.SubElement(root, "testsuite", {"name": "dflash-fleet", "timestamp": str(summary["generated"])})
     for name, entry in hosts.items():
+        if entry.get("verdict") == "interrupted":
+            counts["tests"] += 1
+            counts["errors"] += 1
+            case = ET.SubElement(suite, "testcase", {"classname": clean(f"dflash.{name}"), "name": "run",
+                                                     "time": "0"})
+            ET.SubElement(case, "error", {"type": "interrupted", "message": clean(
+                f"the run did not finish: {entry.get('interrupted') or 'interrupted'}")})
         for layer, outcome in entry["layers"].items():
             case = ET.SubElement(suite, "testcase", {"classname": clean(f"dflash.{name}"), "name": layer,
                                                      "time": "0"})

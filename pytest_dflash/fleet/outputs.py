@@ -39,13 +39,18 @@ class Outputs:
         return [self.summary_json, self.summary_html, self.junit_xml, *self.prometheus]
 
 
+def write_summary_files(summary: Mapping[str, Any], out_dir: Path) -> None:
+    """fleet-summary.json, fleet-summary.html and fleet-junit.xml (not the Prometheus textfiles)."""
+    atomic_write(out_dir / SUMMARY_JSON, json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write(out_dir / SUMMARY_HTML, render_html(summary))
+    atomic_write(out_dir / JUNIT_XML, render_junit(summary))
+
+
 def write_outputs(summary: Mapping[str, Any], out_dir: Path, *, prometheus: Path | None = None) -> Outputs:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = Outputs(out_dir / SUMMARY_JSON, out_dir / SUMMARY_HTML, out_dir / JUNIT_XML,
                     [out_dir / PROMETHEUS], [])
-    atomic_write(paths.summary_json, json.dumps(summary, indent=1, default=str) + "\n")
-    atomic_write(paths.summary_html, render_html(summary))
-    atomic_write(paths.junit_xml, render_junit(summary))
+    write_summary_files(summary, out_dir)
     text = fleet_exposition(summary)
     write_textfile(paths.prometheus[0], text)
     if prometheus is not None and prometheus.resolve() != paths.prometheus[0].resolve():

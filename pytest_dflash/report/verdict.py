@@ -376,7 +376,8 @@ def summary_lines(builder: VerdictBuilder) -> list[str]:
             lines += [f"    PARTIAL: {why}" for why in verdict.partial_reasons(builder.status)
                       if why not in builder.status.partial]
         for service, facts in sorted(verdict.services.items()):
-            parts = [f"{facts.get('algorithm', '?')}"]
+            parts = [f"algorithm unknown: {facts['algorithm_unknown']}" if facts.get("algorithm_unknown")
+                     else f"{facts.get('algorithm', '?')}"]
             if facts.get("version"):
                 parts.append(f"sglang {facts['version']}")
             ready = facts.get("ready") or {}

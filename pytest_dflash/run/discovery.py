@@ -41,6 +41,11 @@ WAIT_UP_S = 180.0  # how long a server that refuses connections may take to open
 PROGRESS_EVERY_S = 10.0
 INFO_CAP = 256 * 1024  # /server_info is ~31 KB on SGLang 0.5.17; anything far bigger is not it
 
+# Why an attached server that answers no /server_info (404 on both names) is selected as plain: nothing tells
+# a server that is not SGLang from a gateway in front of SGLang that routes only the OpenAI API.
+UNKNOWN_ALGORITHM = ("it answers no /server_info (not SGLang, or a gateway in front of it): no speculative "
+                     "check was selected for it; declare what it serves with --attach-algorithm ALGORITHM (a "
+                     "profile: `algorithm`), and attach to the SGLang server itself, not a gateway")
 Answers = dict[str, dict[str, str]]  # "host/service" -> {"algorithm": ...} or {"error": ...}
 
 
@@ -83,7 +88,7 @@ def ask(spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S) -> dict[str, 
                 return {"algorithm": str(info.get("speculative_algorithm") or "NONE").upper()}
     except (httpx.HTTPError, ValueError) as exc:
         return {"error": scrub(f"{type(exc).__name__}: {exc}", 300, "discovery")}
-    return {"algorithm": "NONE", "note": "no /server_info (not an SGLang server): treated as plain"}
+    return {"algorithm": "NONE", "note": UNKNOWN_ALGORITHM}
 
 
 def ask_when_up(key: str, spec: ServiceSpec, timeout_s: float = DISCOVERY_TIMEOUT_S,
@@ -142,7 +147,8 @@ def apply(profiles: Mapping[str, HostProfile], answers: Answers) -> dict[str, Ho
             if spec.algorithm != AUTO or answer is None:
                 continue
             if "algorithm" in answer:
-                services[name] = dataclasses.replace(spec, algorithm=answer["algorithm"])
+                services[name] = dataclasses.replace(spec, algorithm=answer["algorithm"],
+                                                     algorithm_unknown=answer.get("note"))
             else:
                 services[name] = dataclasses.replace(
                     spec,
@@ -154,4 +160,5 @@ def apply(profiles: Mapping[str, HostProfile], answers: Answers) -> dict[str, Ho
     return out
 
 
-__all__ = ["DISCOVERY_TIMEOUT_S", "WAIT_UP_S", "apply", "ask", "ask_when_up", "discover", "pending"]
+__all__ = ["DISCOVERY_TIMEOUT_S", "UNKNOWN_ALGORITHM", "WAIT_UP_S", "apply", "ask", "ask_when_up", "discover",
+           "pending"]

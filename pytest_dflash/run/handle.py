@@ -229,6 +229,12 @@ class ServiceHandle:
         return self.spec.algorithm
 
     @property
+    def algorithm_unknown(self) -> str | None:
+        """Why its speculative algorithm is unknown (selected as plain: it answered no /server_info at
+        discovery, nor since); None when the profile, --attach-algorithm or /server_info says it."""
+        return self.spec.algorithm_unknown if self.server_info is None else None
+
+    @property
     def served(self) -> ServedConfig:
         """Its parsers, grammar backend and parallel sizes: /server_info's, else its command's (services/
         served.py); the generation checks read the parsers here, rank naming the tp size."""
@@ -244,7 +250,8 @@ class ServiceHandle:
         info = self.server_info or {}
         return {
             "url": self.url,
-            "algorithm": self.algorithm,
+            "algorithm": "unknown" if self.algorithm_unknown else self.algorithm,
+            "algorithm_unknown": self.algorithm_unknown,
             "version": self.version,
             "model": info.get("model_path"),
             "num_draft_tokens": info.get("speculative_num_draft_tokens"),

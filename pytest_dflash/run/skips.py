@@ -135,8 +135,11 @@ def sglang_expected(service: ServiceHandle) -> str | None:
     if service.server_info_error is not None:
         return f"/server_info could not be read: {service.server_info_error}"
     if service.spec.speculative:
-        return (f"its algorithm is {service.spec.algorithm} (profile or discovery) and it does not serve "
-                "SGLang's /server_info")
+        # a gateway that routes only the OpenAI API hides SGLang: the declaration says what is behind it
+        where = ("--attach-algorithm" if str(service.host.profile.source) == "--attach"
+                 else f"the profile {service.host.profile.source}")
+        return (f"it is declared {service.spec.algorithm} ({where}) and answers no /server_info: attach to "
+                "the SGLang server itself, not a gateway in front of it")
     return None
 
 

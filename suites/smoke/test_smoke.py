@@ -16,6 +16,7 @@ from pytest_dflash.api import (
     PerfLayer,
     ServiceHandle,
     check_slice,
+    forced_tool_call,
     gpus_visible,
     greedy,
     not_applicable,
@@ -108,6 +109,14 @@ def test_structured_output(dflash_service: ServiceHandle) -> None:
     """One greedy json_schema request: the output is in the schema (a server launched with --grammar-backend
     none, or one that ignores the grammar, fails unless its profile says structured_output = false)."""
     serves_structured_output(dflash_service)
+
+
+@pytest.mark.generation
+def test_forced_tool_call(dflash_service: ServiceHandle) -> None:
+    """Where it serves a --tool-call-parser: one greedy tool_choice "required" call comes back complete, of a
+    given tool, with valid arguments (a server that ignores tools and rambles to max_tokens fails); does not
+    apply without a parser."""
+    forced_tool_call(dflash_service, "required")
 
 
 @pytest.mark.parity

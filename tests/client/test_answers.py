@@ -70,3 +70,39 @@ def test_an_answer_is_frozen() -> None:
     with pytest.raises(AttributeError):
         answer.content = "y"  # type: ignore[misc]
     assert json.dumps(answer.usage) == "{}"
+
+
+def test_every_choice_batch_entry_logprob_and_stream_frame_is_read_here() -> None:
+    """The sampler checks' `Generation` is a view of these: n choices, a /generate batch, logprobs (the prompt's
+    ids from input_token_logprobs, whose first logprob is null), and how a stream was framed."""
+    from pytest_dflash.client.answers import Chunk, Logprob, whole_answers
+    from pytest_dflash.client.sampling import Generation
+
+    two = whole_answers({"choices": [{"index": 0, "text": "a", "finish_reason": "length"},
+                                     {"index": 1, "text": "b", "finish_reason": "stop"}],
+                         "usage": {"completion_tokens": 8}}, "completions", "svc")
+    assert [(g.text, g.finish_reason, g.index, g.completion_tokens) for g in map(Generation, two)] == [
+        ("a", "length", 0, 8), ("b", "stop", 1, 8)]
+    meta = {"finish_reason": {"type": "length"}, "completion_tokens": 1, "spec_verify_ct": 1,
+            "output_token_logprobs": [[-0.5, 7, "x"]], "output_top_logprobs": [[[-0.5, 7, "x"], [-1.5, 8, None]]],
+            "input_token_logprobs": [[None, 1, None], [-2.0, 2, None]]}
+    batch = whole_answers([{"text": "x", "output_ids": [7], "meta_info": meta}] * 2, "generate", "svc")
+    assert len(batch) == 2 and batch[0].input_ids == (1, 2)
+    assert batch[0].top_logprobs == ((Logprob(-0.5, 7, "x"), Logprob(-1.5, 8)),)
+    gen = Generation(batch[0])
+    assert (gen.logprobs, gen.top_logprobs, gen.output_ids, gen.verify_ct) == ([(-0.5, 7)], [[(-0.5, 7), (-1.5, 8)]],
+                                                                              [7], 1)
+    with pytest.raises(ApiError, match="a choice is JSON null, not an object"):
+        whole_answers({"choices": [{"text": "a"}, None]}, "completions", "svc")
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": "h"}, "finish_reason": None}]},
+              {"choices": [{"index": 0, "delta": {"content": "i"}, "finish_reason": "length"}]},
+              {"choices": [], "usage": {"completion_tokens": 2}}]
+    framing = streamed_answer(chunks, "chat", done=True).framing
+    assert framing is not None and framing.usage_last and framing.usage_chunks == 1 and framing.usage_tokens == 2
+    assert framing.chunks == (Chunk(0, "h", None, "assistant"), Chunk(0, "i", "length"))
+    native = streamed_answer([{"text": "a", "output_ids": [1], "meta_info": {"finish_reason": None}},
+                              {"text": "ab", "output_ids": [1, 2], "meta_info": {
+                                  "finish_reason": {"type": "length"}, "completion_tokens": 2}}],
+                             "generate", done=True).framing
+    assert native is not None and native.output_ids == ((1,), (1, 2)) and native.last_tokens == 2
+    assert native.last_finish == {"type": "length"} and native.last_text == "ab"

@@ -15,7 +15,8 @@ def test_local_smoke_passes_and_writes_verdict_and_html(run_suite, tmp_path: Pat
     html = tmp_path / "smoke.html"
     result = run_suite("smoke", "--host", "local", f"--html={html}")
     assert_no_crash(result)
-    result.assert_outcomes(passed=38, skipped=3)  # the 2 GPU checks skip (no GPU here), so does none's speculation
+    result.assert_outcomes(passed=39, skipped=5)  # the 2 GPU checks skip (no GPU here), so do none's speculation
+    # and the forced tool call of the two services that serve no --tool-call-parser
     assert "warnings summary" not in result.stdout.str()  # a healthy run warns of nothing (no rewrite warning)
     result.stdout.fnmatch_lines(["*dflash verdict*", "local: PASS*host:passed*env:passed*service:passed*"
                                  "generation:passed*parity:passed*perf:passed*", "*ddtree: DDTREE*accept length*"])
@@ -43,8 +44,8 @@ def test_sampling_crash_fails_readiness_leading_with_its_diagnosis_and_remedy(  
     started = time.monotonic()
     result = run_suite("smoke", "--host", str(profile), f"--html={html}", f"--junitxml={junit}", "-rf")
     assert_no_crash(result)
-    # skipped: 11 blocked, the parity test (no [parity] table), the 2 GPU checks (no GPU here)
-    result.assert_outcomes(passed=2, failed=1, skipped=14)
+    # skipped: 12 blocked, the parity test (no [parity] table), the 2 GPU checks (no GPU here)
+    result.assert_outcomes(passed=2, failed=1, skipped=15)
     result.stdout.fnmatch_lines([
         "*_ test_service_ready[[]sm120/dflash[]] _*",
         "[[]flashinfer-sm12x-nvcc[]] FlashInfer cannot target this SM 12.x GPU: * — remedy: point CUDA_HOME *",
@@ -99,7 +100,7 @@ def test_startup_crash_is_named_within_seconds(run_suite, tmp_path: Path, fault:
     result = run_suite("smoke", "--host", str(profile), "-m", "host or service or generation")
     elapsed = time.monotonic() - started
     assert_no_crash(result)
-    result.assert_outcomes(passed=1, failed=1, skipped=10)  # 4 service + 5 generation tests blocked, the GPU check
+    result.assert_outcomes(passed=1, failed=1, skipped=11)  # 4 service + 6 generation tests blocked, the GPU check
     result.stdout.fnmatch_lines([f"*ServiceCrashed: service dflash died during readiness*{status}*",
                                  f"*[[]{diagnosis}[]]*"])
     assert elapsed < 30, f"a start-up crash took {elapsed:.0f}s to become a verdict"
@@ -112,7 +113,7 @@ def test_generation_only_run_fails_first_test_and_blocks_the_rest(run_suite, tmp
     profile = write_profile(tmp_path, "gen-sm120", {"dflash": ("DFLASH", ["--inject", "flashinfer-sm120"])})
     result = run_suite("smoke", "--host", str(profile), "-m", "generation")
     assert_no_crash(result)
-    result.assert_outcomes(errors=1, skipped=4)
+    result.assert_outcomes(errors=1, skipped=5)
     result.stdout.fnmatch_lines(["*ERROR at setup of test_greedy_generation*",
                                  "*[[]flashinfer-sm12x-nvcc[]]*",
                                  "*blocked: local*" if False else "*blocked*"])

@@ -46,7 +46,8 @@ def test_a_verifier_that_ignores_temperature_fails_smoke_naming_it(run_suite, tm
     profile = write_profile(tmp_path, "fallback", {"dflash": ("DFLASH", ["--inject", "greedy-fallback"])})
     result = run_suite("smoke", "--host", str(profile), "-m", "generation")
     assert_no_crash(result)
-    result.assert_outcomes(passed=4, failed=1)  # greedy, sampled, streamed and constrained requests look fine
+    result.assert_outcomes(passed=4, failed=1, skipped=1)  # greedy, sampled, streamed and constrained
+    # requests look fine; no --tool-call-parser: no forced call
     result.stdout.fnmatch_lines([
         "*AssertionError: greedy fallback: * pairs of samples (temperature 1, seeds 500..531, /generate) share their "
         "first token and every such pair is identical after it*",
@@ -127,3 +128,21 @@ def test_attach_sends_no_flush_cache_unless_allowed(run_suite) -> None:  # type:
         # the measured line carries the server-side value once it was read after the flush (also when a loaded CI
         # machine saturates the load client and the judgement is refused)
         allowed.stdout.fnmatch_lines(["*(DFLASH): * output tok/s, *accept length * (client; server-reported [0-9]*)*"])
+
+
+def test_the_deploy_gate_sees_a_forced_tool_call_that_is_never_made(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 39: smoke passed a server that ignores tools and tool_choice (whole smoke, `--gate
+    service,generation`: PASSED, exit 0; only suites/generation failed it). Now smoke's one forced call fails
+    that service's generation layer and the gate; the healthy service beside it passes."""
+    tools = ["--tool-call-parser", "qwen25", "--constrained-json-disable-any-whitespace"]
+    profile = write_profile(tmp_path, "gatetools", {"notools": ("DFLASH", [*tools, "--inject", "ignore-tools"]),
+                                                    "tools": ("NONE", tools)})
+    result = run_suite("smoke", "--host", str(profile), "--gate", "service,generation", "-rA")
+    assert_no_crash(result)
+    data = verdict(run_suite.reports, "gatetools")
+    assert [f["test"].rsplit("::", 1)[1] for f in data["failures"]] == ["test_forced_tool_call[gatetools/notools]"]
+    result.stdout.fnmatch_lines(["PASSED *test_forced_tool_call[[]gatetools/tools[]]*"], consecutive=False)
+    result.stdout.fnmatch_lines(["*notools: tool_choice \"required\" (--tool-call-parser qwen)*no tool call at all*"
+                                 "the forced call was never made*"])
+    result.stdout.fnmatch_lines(["gate service,generation: FAILED*"])
+    assert result.ret != 0 and data["layers"]["generation"]["outcome"] == "failed"

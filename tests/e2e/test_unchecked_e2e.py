@@ -59,8 +59,8 @@ def test_a_gateway_without_server_info_leaves_a_dflash_profile_partial_and_fails
     gated.stdout.fnmatch_lines(["gw: PARTIAL *",
                                 "  gate refused: gw: * check(s) of the service layer could not be made (first: "
                                 "*test_serves_the_profiles_algorithm[[]gw/dflash[]]*: gw/dflash: needs SGLang's "
-                                "/server_info, but its algorithm is DFLASH (profile or discovery) and it does not "
-                                "serve SGLang's /server_info)"])
+                                "/server_info, but it is declared DFLASH (the profile *gw.toml) and answers no "
+                                "/server_info: attach to the SGLang server itself, not a gateway in front of it)"])
     data = verdict(run_suite.reports, "gw")
     assert data["verdict"] == "partial", data["verdict"]
     assert any("of the service layer could not be made" in why for why in data["partial"]), data["partial"]

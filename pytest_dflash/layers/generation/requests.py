@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from pytest_dflash.client.answers import whole_answers
 from pytest_dflash.client.bodies import answer_json
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.client.sampling import Generation, Sampling, Stream
@@ -71,17 +72,11 @@ def generate_batch(client: InferenceClient, prompts: Sequence[str], samplings: S
                        f"{len(data) if isinstance(data, list) else 'no'} results",
                        response.text[:300])
     out = []
-    for item in data:
-        ids = item.get("output_ids") if isinstance(item, dict) else None
-        meta = item.get("meta_info") if isinstance(item, dict) else None
-        if not isinstance(ids, list) or not isinstance(meta, dict):
+    for answer in whole_answers(data, "generate", client.service):
+        if answer.output_ids is None:
             raise ApiError(client.service, "/generate", response.status_code,
-                           "batch result lacks output_ids/meta_info", str(item)[:300])
-        reason = meta.get("finish_reason")
-        out.append(Generation(text=str(item.get("text", "")), output_ids=[int(i) for i in ids],
-                              finish_reason=reason.get("type") if isinstance(reason, dict) else reason,
-                              completion_tokens=meta.get("completion_tokens"),
-                              prompt_tokens=meta.get("prompt_tokens"), meta=meta))
+                           "a batch result lacks output_ids", response.text[:300])
+        out.append(Generation(answer))
     return out
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
+from pytest_dflash.client.answers import AnswerApi, streamed_answer
 from pytest_dflash.client.sampling import Generation, Sampling, Stream
 
 
@@ -21,7 +22,8 @@ def check_completion_shape(gen: Generation, sampling: Sampling, *, what: str) ->
     """A finished generation: tokens counted, a finish reason that fits max_tokens."""
     __tracebackhide__ = True
     if gen.finish_reason not in ("length", "stop"):
-        fail(f"{what}: finish_reason {gen.finish_reason!r}, expected 'length' or 'stop' (meta: {gen.meta})")
+        fail(f"{what}: finish_reason {gen.finish_reason!r}, expected 'length' or 'stop' "
+             f"(meta: {dict(gen.meta or gen.usage)})")
     if gen.completion_tokens is None or gen.completion_tokens <= 0:
         fail(f"{what}: completion_tokens = {gen.completion_tokens!r}; a generation must produce tokens")
     if gen.completion_tokens > sampling.max_tokens:
@@ -50,7 +52,7 @@ def check_full_length(gens: Sequence[Generation], sampling: Sampling, *, what: s
         if tokens != sampling.max_tokens * len(gens):
             fail(f"{what}: usage.completion_tokens = {tokens} for {len(gens)} choices of "
                   f"{sampling.max_tokens} tokens each")
-        indices = sorted(int(g.meta["index"]) for g in gens if isinstance(g.meta.get("index"), int))
+        indices = sorted(g.index for g in gens if g.index is not None)
         if indices != list(range(len(gens))):
             fail(f"{what}: choice indices {indices}, expected 0..{len(gens) - 1}")
 
@@ -75,42 +77,40 @@ def check_stream(stream: Stream, *, native: bool, max_tokens: int, what: str,
               f"(last line {stream.raw_lines[-1:]!r})")
     if any(b < a for a, b in zip(stream.arrival_s, stream.arrival_s[1:], strict=False)):
         fail(f"{what}: event arrival times go backwards: {stream.arrival_s}")
+    api: AnswerApi = "generate" if native else ("chat" if chat else "completions")
+    framing = streamed_answer(stream.events, api, done=stream.done).framing
+    assert framing is not None  # a streamed answer's
+    last_line = stream.raw_lines[-1][:300] if stream.raw_lines else ""
     if native:
-        previous: list[int] = []
-        text = ""
-        for index, event in enumerate(stream.events):
-            ids = event.get("output_ids") or []
+        previous: tuple[object, ...] = ()
+        for index, ids in enumerate(framing.output_ids):
+            ids = ids or ()
             if ids[: len(previous)] != previous:
-                fail(f"{what}: event {index} output_ids {ids} do not extend the previous {previous}")
+                fail(f"{what}: event {index} output_ids {list(ids)} do not extend the previous "
+                     f"{list(previous)}")
             previous = ids
-            text = str(event.get("text", ""))
-        final = stream.events[-1]
-        meta: dict[str, Any] = final.get("meta_info") or {}
-        reason = meta.get("finish_reason")
-        if not reason:
-            fail(f"{what}: last event has no finish_reason: {final}")
-        tokens = meta.get("completion_tokens")
+        if not framing.last_finish:
+            fail(f"{what}: last event has no finish_reason: {last_line}")
+        tokens = framing.last_tokens
         if tokens != len(previous):
             fail(f"{what}: completion_tokens {tokens} != {len(previous)} streamed ids")
-        return StreamCheck(stream, text, tokens)
-    usage_events = [e for e in stream.events if e.get("usage") and not e.get("choices")]
-    if not usage_events:
+        return StreamCheck(stream, framing.last_text, tokens if isinstance(tokens, int) else None)
+    if not framing.usage_chunks:
         fail(f"{what}: no final usage chunk (choices: [] with usage) although include_usage was requested")
-    if stream.events[-1] is not usage_events[-1]:
-        fail(f"{what}: the usage chunk is not the last event: {stream.events[-1]}")
-    chunks = [c for e in stream.events for c in e.get("choices") or []]
-    if chat and chunks and (chunks[0].get("delta") or {}).get("role") not in ("assistant", None):
-        fail(f"{what}: first chat delta has role {(chunks[0].get('delta') or {}).get('role')!r}")
-    text = "".join(str(c.get("text") or (c.get("delta") or {}).get("content") or "") for c in chunks)
-    finishes = [c.get("finish_reason") for c in chunks if c.get("finish_reason")]
+    if not framing.usage_last:
+        fail(f"{what}: the usage chunk is not the last event: {last_line}")
+    chunks = framing.chunks
+    if chat and chunks and chunks[0].role not in ("assistant", None):
+        fail(f"{what}: first chat delta has role {chunks[0].role!r}")
+    text = "".join(c.text for c in chunks)
+    finishes = [c.finish_reason for c in chunks if c.finish_reason]
     if not finishes:
         fail(f"{what}: no chunk carried a finish_reason")
-    if len(finishes) != 1 or chunks[-1].get("finish_reason") != finishes[0]:
+    if len(finishes) != 1 or chunks[-1].finish_reason != finishes[0]:
         fail(f"{what}: finish_reason must come once, on the last choice chunk; got {finishes}")
-    tokens = usage_events[-1]["usage"].get("completion_tokens")
+    tokens = framing.usage_tokens
     if not isinstance(tokens, int) or not 0 < tokens <= max_tokens:
         fail(f"{what}: usage.completion_tokens = {tokens!r} for max_tokens={max_tokens}")
     return StreamCheck(stream, text, tokens)
-
 
 __all__ = ["StreamCheck", "check_completion_shape", "check_full_length", "check_stream", "fail"]

@@ -130,7 +130,7 @@ class Acceptance:
         return fact
 
 
-def _per_request(meta: dict[str, Any]) -> tuple[int, int] | None:
+def _per_request(meta: Mapping[str, Any]) -> tuple[int, int] | None:
     steps = meta.get("spec_verify_ct")
     tokens = meta.get("completion_tokens")
     if isinstance(steps, int | float) and isinstance(tokens, int | float) and steps > 0:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from pytest_dflash.client.answers import Answer, whole_answer
 from pytest_dflash.client.bodies import answer_json
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.client.sampling import Generation, Sampling
@@ -225,15 +226,6 @@ class ParityReport:
 # ---- the plain server's view ------------------------------------------------------------------------
 
 
-def _candidates(step: Any) -> tuple[Candidate, ...]:
-    out = []
-    for item in step or []:
-        if isinstance(item, list) and len(item) >= 2 and isinstance(item[0], int | float):
-            out.append(Candidate(float(item[0]), int(item[1]), item[2] if len(item) > 2 and
-                                 isinstance(item[2], str) else None))
-    return tuple(out)
-
-
 @dataclass
 class PlainView:
     """A plain server's greedy output with its top logprobs at every position."""
@@ -249,18 +241,13 @@ class PlainServer:
         self.client = client
         self.top = top
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, body: dict[str, Any]) -> Answer:
         response = self.client.request("POST", "/generate", json_body=body)
         if response.status_code >= 400:
             raise ApiError(self.client.service, "/generate", response.status_code, "return_logprob refused",
                            response.text[:300])
-        data = answer_json(response, self.client.service, "/generate")
-        if isinstance(data, list):
-            data = data[0] if data else {}
-        if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
-            raise ApiError(self.client.service, "/generate", response.status_code, "response lacks meta_info",
-                           str(data)[:300])
-        return data
+        return whole_answer(answer_json(response, self.client.service, "/generate"), "generate",
+                            self.client.service)
 
     def greedy(self, prompt: str | Sequence[int], tokens: int) -> PlainView:
         body: dict[str, Any] = {
@@ -269,24 +256,20 @@ class PlainServer:
         }
         body["text" if isinstance(prompt, str) else "input_ids"] = (prompt if isinstance(prompt, str)
                                                                     else list(prompt))
-        data = self._post(body)
-        top = data["meta_info"].get("output_top_logprobs")
-        ids = data.get("output_ids")
-        return PlainView([int(i) for i in ids] if isinstance(ids, list) else [],
-                         [_candidates(step) for step in top] if isinstance(top, list) else [])
+        answer = self._post(body)
+        return PlainView([int(i) for i in answer.output_ids or ()],
+                         [tuple(Candidate(e.logprob, e.token, e.text) for e in step)
+                          for step in answer.top_logprobs or ()])
 
     def prompt_ids(self, prompt: str) -> list[int] | None:
         """The prompt's token ids, where the server reports input logprobs (logprob_start_len = 0)."""
         body = {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 1},
                 "return_logprob": True, "logprob_start_len": 0}
         try:
-            entries = self._post(body)["meta_info"].get("input_token_logprobs")
+            ids = self._post(body).input_ids
         except ApiError:
             return None
-        if not isinstance(entries, list) or not entries:
-            return None
-        ids = [int(e[1]) for e in entries if isinstance(e, list) and len(e) >= 2 and isinstance(e[1], int)]
-        return ids if len(ids) == len(entries) else None
+        return list(ids) if ids is not None else None
 
 
 def triage(plain: PlainServer, prompt: str, reference: Sequence[int], compared: Sequence[int], index: int,

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_dflash.client.bodies import answer_json, native_answer
+from pytest_dflash.client.answers import whole_answer
+from pytest_dflash.client.bodies import answer_json
 from pytest_dflash.client.inference import InferenceClient
 from pytest_dflash.errors import ApiError
 from pytest_dflash.layers.generation.structured import GRAMMARS, NOT_SERVED, Grammar
@@ -64,20 +65,17 @@ def constrained_greedy(client: InferenceClient, prompt: str, grammar: Grammar, *
     if response.status_code >= 400:
         raise ApiError(client.service, "/generate", response.status_code, "constrained request refused",
                        response.text[:300])
-    data = native_answer(answer_json(response, client.service, "/generate"), client.service)
-    ids = data.get("output_ids")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or (
-            data.get("text") and not ids):
+    answer = whole_answer(answer_json(response, client.service, "/generate"), "generate", client.service)
+    ids = answer.output_ids
+    if ids is None or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or (
+            answer.content and not ids):
         # without them two answers would count as token-identical having compared nothing
         raise ApiError(client.service, "/generate", response.status_code,
-                       "the answer carries no output_ids (a list of token ids) to compare", str(data)[:300])
-    meta = data["meta_info"]
-    reason = meta.get("finish_reason")
-    top = meta.get("output_top_logprobs") if logprobs else None
-    steps = tuple(tuple((float(e[0]), int(e[1])) for e in step if isinstance(e, list) and len(e) >= 2)
-                  for step in top or [] if isinstance(step, list))  # fmt: skip
-    return ConstrainedRun(tuple(ids), str(data.get("text", "")),
-                          reason.get("type") if isinstance(reason, dict) else reason, steps)
+                       "the answer carries no output_ids (a list of token ids) to compare",
+                       response.text[:300])
+    steps = tuple(tuple((e.logprob, e.token) for e in step)
+                  for step in answer.top_logprobs or ()) if logprobs else ()
+    return ConstrainedRun(tuple(int(i) for i in ids), answer.content, answer.finish_reason, steps)
 
 
 def structured_parity(pair: Sequence[ServiceHandle], *, plain_port: int | None = None) -> None:

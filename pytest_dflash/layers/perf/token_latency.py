@@ -7,8 +7,8 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from pytest_dflash.client.answers import event_has_text, event_tokens
 from pytest_dflash.client.sampling import Stream
 from pytest_dflash.layers.perf.judgement import Judgement
 
@@ -36,19 +36,6 @@ class TokenLatency:
         return 1000.0 / self.tpot_ms if self.tpot_ms else None
 
 
-def _event_tokens(event: Mapping[str, Any]) -> int | None:
-    """Cumulative tokens after a native event (its output_ids), else None (OpenAI chunks carry text only)."""
-    ids = event.get("output_ids")
-    return len(ids) if isinstance(ids, list) else None
-
-
-def _has_content(event: Mapping[str, Any]) -> bool:
-    for choice in event.get("choices") or []:
-        if isinstance(choice, dict) and (choice.get("text") or (choice.get("delta") or {}).get("content")):
-            return True
-    return False
-
-
 def stream_token_latency(stream: Stream, tokens: int) -> TokenLatency:
     """bench_serving's TPOT: (last token's arrival - first token's arrival) / (tokens after the first event).
 
@@ -59,9 +46,9 @@ def stream_token_latency(stream: Stream, tokens: int) -> TokenLatency:
     last = 0.0
     count = 0
     for arrival, event in zip(stream.arrival_s, stream.events, strict=False):
-        cumulative = _event_tokens(event)
+        cumulative = event_tokens(event)
         grew = cumulative is not None and cumulative > count
-        if not grew and not (cumulative is None and _has_content(event)):
+        if not grew and not (cumulative is None and event_has_text(event)):
             continue
         count = cumulative if cumulative is not None else count + 1
         if first is None:

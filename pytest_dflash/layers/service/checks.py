@@ -36,6 +36,8 @@ def ready_by_real_generation(service: ServiceHandle) -> ReadyReport:
 def serves_the_profiles_algorithm(service: ServiceHandle) -> None:
     """/server_info speculative_algorithm is the profile's (or, attached, the one read at collection)."""
     __tracebackhide__ = True
+    if unknown := service.algorithm_unknown:
+        skips.not_applicable(f"{service.label}: its speculative algorithm is unknown: {unknown}")
     if service.spec.discovery_error is None:
         skips.needs_sglang(service, "needs SGLang's /server_info")
     if reason := generation.served_algorithm_unknown(service):

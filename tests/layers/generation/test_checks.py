@@ -161,11 +161,12 @@ def test_a_5xx_for_a_bad_request_fails(replay: Callable[..., InferenceClient]) -
 
 
 def test_full_length_check_counts_openai_choices() -> None:
+    from pytest_dflash.client.answers import Answer
     from pytest_dflash.client.sampling import Generation
 
     sampling = Sampling(max_tokens=4, n=2, ignore_eos=True)
-    gens = [Generation("a", "length", completion_tokens=8, meta={"index": i}) for i in range(2)]
+    gens = [Generation(Answer("completions", "a", "length", completion_tokens=8, index=i)) for i in range(2)]
     check_full_length(gens, sampling, what="n=2")
-    gens[1] = Generation("a", "stop", completion_tokens=8, meta={"index": 1})
+    gens[1] = Generation(Answer("completions", "a", "stop", completion_tokens=8, index=1))
     with pytest.raises(AssertionError, match=r"n=2 \(sample 1\): finish_reason 'stop' with ignore_eos"):
         check_full_length(gens, sampling, what="n=2")

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from pytest_dflash.client.answers import Answer, ToolCall, streamed_answer, whole_answer
-from pytest_dflash.client.bodies import stream_tokens
+from pytest_dflash.client.answers import Answer, ToolCall, stream_tokens, streamed_answer, whole_answer
 from pytest_dflash.layers.generation.chat_surface import check_reasoned, check_tool_calls
 from pytest_dflash.layers.generation.structured import (
     EBNF,
