@@ -54,6 +54,7 @@ __all__ = [
     "refused_or_served",
     "send",
     "serves_structured_output",
+    "still_reasoning",
     "structured_output",
     "unserved_problem",
 ]
@@ -92,6 +93,12 @@ def length_problem(text: str, tokens: int | None, max_tokens: int) -> str | None
     if not text:
         return f"says finish_reason 'length' with no output at all (max_tokens={max_tokens})"
     return None
+
+
+def still_reasoning(what: str, reasoning: str, max_tokens: int, given: str) -> str:
+    """Why a check could not judge an answer whose reasoning max_tokens cut (no content yet)."""
+    return (f"{what}: still reasoning when max_tokens={max_tokens} cut the output (reasoning "
+            f"{reasoning[-80:]!r}, no content): the {given} after the reasoning was never given")
 
 
 def constrained_body(client: InferenceClient, api: Api, grammar: Grammar, sampling: Sampling, *,
@@ -248,8 +255,11 @@ def check_outcome(answer: Answer, grammar: Grammar, *, what: str, max_tokens: in
     if not answer.done:
         fail(f"{what}: the stream stopped without [DONE] after {text[-80:]!r}")
     if answer.finish_reason == "length":
-        if lie := length_problem(text, answer.completion_tokens, max_tokens):
+        reasoning = answer.reasoning or ""
+        if lie := length_problem(reasoning + text, answer.completion_tokens, max_tokens):
             fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
+        if reasoning and not text:  # a --reasoning-parser grammar holds only after the think-end
+            could_not_check(still_reasoning(what, reasoning, max_tokens, "constrained answer"))
         if answer.completion_tokens is None:  # a stream cut short after a valid prefix reads the same
             could_not_check(f"{what}: finished by length after {text[:80]!r}, and the answer says no token "
                             "count (usage, meta_info; a stream's usage chunk was asked): whether max_tokens "
