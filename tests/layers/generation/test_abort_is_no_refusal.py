@@ -45,3 +45,17 @@ def test_an_abort_that_is_no_400_is_no_refusal(status: int | None) -> None:
     problem = unserved_problem(streamed_answer(events, "generate", done=True), GRAMMARS["json_schema"], 160)
     assert problem is not None and f"an abort with status {status!r}" in problem, problem
     assert "Grammar accept_token failed" in problem and "no refusal of the request" in problem
+
+
+def test_a_refusal_fails_a_service_whose_profile_says_it_serves_structured_output() -> None:
+    """The converse (structured_output = true): SGLang's in-stream refusals, the chat error event with code 400
+    and the /generate abort with status 400, are failures of a service that should serve the grammar."""
+    from pytest_dflash.layers.generation.structured import check_outcome
+
+    event = {"error": {"message": "grammar refused", "type": "BadRequestError", "code": 400}}
+    chat = streamed_answer([], "chat", done=True, error=event)  # the client hands the error event over apart
+    with pytest.raises(AssertionError, match=r"svc: an error event inside the stream \(code 400\): grammar refused"):
+        check_outcome(chat, GRAMMARS["response_format"], what="svc", max_tokens=160)
+    with pytest.raises(AssertionError, match=r"svc: finish_reason 'abort' \(Grammar-based generation"):
+        check_outcome(streamed_answer(recorded_refusal(), "generate", done=True), GRAMMARS["json_schema"],
+                      what="svc", max_tokens=160)
