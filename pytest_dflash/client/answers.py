@@ -131,6 +131,7 @@ class Answer:
     top_logprobs: tuple[tuple[Logprob, ...], ...] | None = None  # native output_top_logprobs, where asked
     input_ids: tuple[int, ...] | None = None  # the prompt's ids (input_token_logprobs, where all carry one)
     framing: Framing | None = None  # a stream's: how it was framed
+    finish_status: int | None = None  # a native abort's status_code (400: SGLang refused the request)
 
     @property
     def output(self) -> str:
@@ -149,6 +150,11 @@ def _finish(reason: Any) -> tuple[str | None, str | None, object]:
         return (str(reason["type"]) if reason.get("type") is not None else None,
                 str(message) if message is not None else None, reason.get("matched"))
     return (str(reason) if reason is not None else None), None, None
+
+
+def _finish_status(reason: Any) -> int | None:
+    """The status_code of a native finish_reason object (an abort's), where it says one."""
+    return _int(reason.get("status_code")) if isinstance(reason, dict) else None
 
 
 def _tool_call(item: Any) -> ToolCall:
@@ -191,6 +197,7 @@ def _native(item: Any, service: str) -> Answer:
     kind, message, matched = _finish(meta.get("finish_reason"))
     ids, top = item.get("output_ids"), meta.get("output_top_logprobs")
     return Answer("generate", str(item["text"]), kind, message, matched,
+                  finish_status=_finish_status(meta.get("finish_reason")),
                   completion_tokens=_int(meta.get("completion_tokens")),
                   prompt_tokens=_int(meta.get("prompt_tokens")), meta_info=meta,
                   output_ids=tuple(ids) if isinstance(ids, list) else None,
@@ -312,6 +319,7 @@ def streamed_answer(events: Sequence[dict[str, Any]], api: AnswerApi, *, done: b
                           str(last.get("text", "")), final.get("finish_reason"),
                           final.get("completion_tokens"))
         return Answer(api, text, kind, message, matched,
+                      finish_status=_finish_status(meta.get("finish_reason")),
                       completion_tokens=_int(meta.get("completion_tokens")),
                       prompt_tokens=_int(meta.get("prompt_tokens")), meta_info=meta,
                       output_ids=tuple(ids) if ids is not None else None, streamed=True, done=done,

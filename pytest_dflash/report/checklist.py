@@ -57,16 +57,42 @@ def check_name(item: pytest.Item) -> str:
     return item.nodeid.split("[", 1)[0].split("::", 1)[-1]
 
 
-def suite_files(args: Iterable[str], invocation_dir: Path, *, pyargs: bool = False) -> set[Path]:
-    """The test files under each argument that is a suites/ folder or one suite of it (a file named by itself,
-    a node id or any other folder: none). Under --pyargs a package name counts as its folder
-    (`pytest_dflash.suites` is site-packages/pytest_dflash/suites for a wheel), as pytest collects it."""
-    found: set[Path] = set()
+def _argument_path(arg: str, invocation_dir: Path, pyargs: bool) -> Path:
+    text = str(arg).split("::", 1)[0]
+    path = Path(text) if Path(text).is_absolute() else invocation_dir / text
+    if pyargs and not path.exists():
+        path = package_path(text) or path
+    return path
+
+
+def _suite_root(path: Path) -> Path | None:
+    """The suite folder (suites/<name>) a file lies in, or None."""
+    return next((parent for parent in path.parents if parent.parent.name == "suites"), None)
+
+
+def files_of_suites(args: Iterable[str], invocation_dir: Path, *,
+                    pyargs: bool = False) -> list[tuple[str, Path]]:
+    """(argument, suite folder) for each argument that names one file of a suite by itself (no node id): the
+    suite is the scope it declares (report/scope.py), so the suite's other files are checks it left out."""
+    named = []
     for arg in args:
-        text = str(arg).split("::", 1)[0]
-        path = Path(text) if Path(text).is_absolute() else invocation_dir / text
-        if pyargs and not path.exists():
-            path = package_path(text) or path
+        path = _argument_path(arg, invocation_dir, pyargs)
+        if "::" not in str(arg) and path.is_file() and (root := _suite_root(path.resolve())) is not None:
+            named.append((str(arg), root))
+    return named
+
+
+def suite_files(args: Iterable[str], invocation_dir: Path, *, pyargs: bool = False) -> set[Path]:
+    """The test files under each argument that is a suites/ folder or one suite of it, or a file of a suite
+    named by itself (the suite is its scope: its other files count too; a node id or any other folder: none).
+    Under --pyargs a package or module name counts as its folder or file (`pytest_dflash.suites` is
+    site-packages/pytest_dflash/suites for a wheel), as pytest collects it."""
+    found: set[Path] = set()
+    args = list(args)
+    for _, root in files_of_suites(args, invocation_dir, pyargs=pyargs):
+        found |= {f.resolve() for f in root.rglob("test_*.py")}
+    for arg in args:
+        path = _argument_path(arg, invocation_dir, pyargs)
         if not path.is_dir():
             continue
         if path.resolve().name == "suites":
@@ -139,6 +165,12 @@ def why_uncollected(config: pytest.Config, *, copies: bool = False) -> str:
                if (value := config.getoption(name, None))]
     if ignored:
         return f"the run left them out: {', '.join(ignored)}"
+    invocation = config.invocation_params
+    files = files_of_suites(invocation.args, Path(str(invocation.dir)),
+                            pyargs=bool(getattr(config.option, "pyargs", False)))
+    if files:
+        return "; ".join(f"the run named one file of suite {root.name} ({arg}): name the suite's folder to "
+                         "run all of it" for arg, root in files)
     return ("a conftest or plugin made them no test (pytest_pycollect_makeitem, pytest_ignore_collect, "
             "collect_ignore, norecursedirs)")
 

@@ -3,9 +3,9 @@
 Choosing suites is a declaration, not a narrowing: `pytest suites/smoke` (the deploy gate's suite),
 `pytest suites/generation`, `pytest --pyargs pytest_dflash.suites.perf` or a folder of one's own each
 declare a scope, which the verdict and the gate line name ("scope: generation (1 of 8 suites)"). Inside
-the scope, anything that leaves a check out — -k, -m, --lf, --deselect, node ids, --ignore, a conftest that
-drops or skips checks — is a narrowing: the host is partial and a gate refuses it (report/verdict.py,
-report/gate.py).
+the scope, anything that leaves a check out — -k, -m, --lf, --deselect, node ids, --ignore, one file of a
+suite named by itself (report/checklist.py lists the suite's other files), a conftest that drops or skips
+checks — is a narrowing: the host is partial and a gate refuses it (report/verdict.py, report/gate.py).
 """
 
 from __future__ import annotations

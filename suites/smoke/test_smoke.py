@@ -113,10 +113,10 @@ def test_structured_output(dflash_service: ServiceHandle) -> None:
 
 @pytest.mark.generation
 def test_forced_tool_call(dflash_service: ServiceHandle) -> None:
-    """Where it serves a --tool-call-parser: one greedy tool_choice "required" call comes back complete, of a
-    given tool, with valid arguments (a server that ignores tools and rambles to max_tokens fails); does not
-    apply without a parser."""
-    forced_tool_call(dflash_service, "required")
+    """Where it serves a --tool-call-parser: one sampled tool_choice "required" call comes back complete, of a
+    given tool, with valid arguments (a server that ignores tools, or forces calls only for greedy requests,
+    fails); does not apply without a parser."""
+    forced_tool_call(dflash_service, "required", sampled=True)
 
 
 @pytest.mark.parity

@@ -52,8 +52,9 @@ def test_suite_files_are_those_under_a_suites_folder_or_one_suite(tmp_path: Path
     assert found == {"suites/smoke/test_smoke.py", "suites/perf/test_perf.py", "suites/perf/deep/test_deep.py"}
     assert {p.name for p in suite_files([str(tmp_path / "suites" / "perf")], tmp_path)} == {"test_perf.py",
                                                                                             "test_deep.py"}
-    assert suite_files(["tests", "suites/smoke/test_smoke.py", "suites/smoke/test_smoke.py::test_x",
-                        "pytest_dflash.suites"], tmp_path) == set()
+    assert suite_files(["tests", "suites/smoke/test_smoke.py::test_x", "pytest_dflash.suites"], tmp_path) == set()
+    # one file of a suite named by itself: the suite is its scope, so its other files count too
+    assert {p.name for p in suite_files(["suites/perf/test_perf.py"], tmp_path)} == {"test_perf.py", "test_deep.py"}
 
 
 def test_under_pyargs_a_package_name_is_its_folder(tmp_path: Path) -> None:
@@ -62,4 +63,6 @@ def test_under_pyargs_a_package_name_is_its_folder(tmp_path: Path) -> None:
     by_path = suite_files(["suites"], ROOT)
     assert suite_files(["pytest_dflash.suites"], tmp_path, pyargs=True) == by_path
     assert suite_files(["pytest_dflash.suites.smoke"], tmp_path, pyargs=True) == suite_files(["suites/smoke"], ROOT)
-    assert suite_files(["pytest_dflash.suites.smoke.test_smoke", "no.such.package"], tmp_path, pyargs=True) == set()
+    assert suite_files(["no.such.package"], tmp_path, pyargs=True) == set()
+    assert suite_files(["pytest_dflash.suites.parity.test_parity"], tmp_path, pyargs=True) == suite_files(
+        ["suites/parity"], ROOT)  # a module of a suite: the suite's files, test_acceptance.py too

@@ -197,3 +197,41 @@ def test_ignore_leaves_the_host_partial_by_path_and_by_package(pytester: pytest.
     assert [u.rsplit("/", 1)[-1] for u in data["tests"]["uncollected"]] == [
         "test_beta.py (no test of it was collected)"], data["tests"]
     assert any("the run left them out: --ignore" in why for why in data["gate"]["why"]), data["gate"]["why"]
+
+
+SECOND = """
+import os
+import pytest
+
+@pytest.mark.host
+def test_second(dflash_host):
+    assert not os.environ.get("FAIL_SECOND"), "the second file said no"
+"""
+
+
+@pytest.mark.parametrize("form", ["path", "pyargs"])
+def test_one_file_of_a_suite_is_a_narrowing_of_that_suite(pytester: pytest.Pytester, tree: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    """Before: `suites/alpha/test_alpha.py --gate host` (or `--pyargs PKG.suites.alpha.test_alpha`) declared the
+    scope 'alpha (1 of 2 suites)' and passed the gate, exit 0, while alpha's other file held a failing check
+    that never ran. Naming one file of a suite leaves the suite's other files out: they are uncollected."""
+    (tree / "suites" / "alpha" / "test_alpha2.py").write_text(SECOND)
+    monkeypatch.setenv("FAIL_SECOND", "1")
+    target = (["gatepkg/suites/alpha/test_alpha.py"] if form == "path"
+              else ["--pyargs", "gatepkg.suites.alpha.test_alpha"])
+    result = _run(pytester, *target, "--gate", "host")
+    assert result.ret == 1, result.stdout.str()[-3000:]
+    data = _verdict(pytester)
+    assert data["verdict"] == "partial" and data["complete"] is False, (data["verdict"], data["partial"])
+    assert [u.rsplit("/", 1)[-1] for u in data["tests"]["uncollected"]] == [
+        "test_alpha2.py (no test of it was collected)"], data["tests"]
+    assert any("the run named one file of suite alpha" in why for why in data["gate"]["why"]), data["gate"]["why"]
+
+
+def test_every_file_of_a_suite_named_is_the_suite(pytester: pytest.Pytester, tree: Path) -> None:
+    """The healthy case: naming each of a suite's files is the suite, a pass of its scope."""
+    (tree / "suites" / "alpha" / "test_alpha2.py").write_text(SECOND)
+    result = _run(pytester, "gatepkg/suites/alpha/test_alpha.py", "gatepkg/suites/alpha/test_alpha2.py",
+                  "--gate", "host")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert _verdict(pytester)["verdict"] == "pass"

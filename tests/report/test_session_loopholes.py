@@ -249,6 +249,51 @@ def test_a_forging_plugin_leaves_a_passing_check_a_pass(pytester: pytest.Pyteste
     assert _verdict(pytester)["verdict"] == "pass"
 
 
+# ---- a plugin that answers a check's call without running it -------------------------------------------------
+
+CONFTEST_SHORT_CIRCUIT = {
+    "pyfunc_call": """
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    if "test_probe" in pyfuncitem.nodeid:
+        return True  # "known flaky on this host": answered, never called
+""",
+    "runtest": """
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    if "test_probe" in item.nodeid:
+        item.runtest = lambda: None
+""",
+}
+
+
+@pytest.mark.parametrize("how", list(CONFTEST_SHORT_CIRCUIT))
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["no-xdist", "xdist"])
+def test_a_check_whose_function_never_ran_does_not_pass_the_host(pytester: pytest.Pytester, profile: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, how: str,
+                                                                 workers: list[str]) -> None:
+    """Before: a conftest whose pytest_pyfunc_call returned True for the failing check (or that replaced its
+    runtest) gave `gate host: PASSED`, exit 0: the check's function never ran, so it had no evidence to pass on."""
+    pytester.makeconftest(CONFTEST_SHORT_CIRCUIT[how])
+    monkeypatch.setenv("FAIL_PROBE", "1")
+    result = _run(pytester, profile, "--gate", "host", *workers)
+    assert result.ret == 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["gpu-a: FAIL *", "*test_probe*the check's function never ran*",
+                                 "gate host: FAILED on gpu-a"])
+    assert _verdict(pytester)["verdict"] == "fail"
+
+
+def test_a_check_whose_function_ran_passes_beside_such_a_plugin(pytester: pytest.Pytester, profile: Path) -> None:
+    """The healthy case: the plugin leaves test_host alone, which runs and passes."""
+    pytester.makeconftest(CONFTEST_SHORT_CIRCUIT["pyfunc_call"].replace("test_probe", "test_nothing"))
+    assert _run(pytester, profile, "--gate", "host").ret == 0
+    assert _verdict(pytester)["verdict"] == "pass"
+
+
 # ---- a check that collection never made a test of ------------------------------------------------------------
 
 SUITE_FILE = """

@@ -46,6 +46,7 @@ from pytest_dflash.layers.generation.structured import (
     constrained_body,
     length_problem,
     prefix_or_unchecked,
+    still_reasoning,
 )
 from pytest_dflash.run.skips import could_not_check, not_applicable, sglang_expected
 
@@ -135,10 +136,13 @@ def check_tool_calls(answer: Answer, wanted: str | None, *, what: str,
         fail(f"{what}: the answer counts {tokens} completion tokens for max_tokens={max_tokens} "
              f"(finish_reason {answer.finish_reason!r}, {_calls(answer)})")
     if answer.finish_reason == "length":
-        said = answer.content + "".join(str(c.arguments or "") for c in answer.tool_calls) + (
+        said = (answer.reasoning or "") + answer.content + "".join(
+            str(c.arguments or "") for c in answer.tool_calls) + (
             "x" if answer.tool_calls else "")  # a call named is output, whatever its arguments
         if lie := length_problem(said, tokens, max_tokens):
             fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
+        if answer.reasoning and not answer.content and not answer.tool_calls:  # forced after the think-end
+            could_not_check(still_reasoning(what, answer.reasoning, max_tokens, "forced call"))
         if not answer.tool_calls:
             fail(f"{what}: no tool call at all: the output ran to max_tokens={max_tokens} (finish_reason "
                  f"'length') as content {answer.content[:160]!r}: the forced call was never made")
@@ -253,9 +257,7 @@ def check_reasoned(answer: Answer, grammar: Grammar, *, what: str, max_tokens: i
         if lie := length_problem(reasoning + answer.content, answer.completion_tokens, max_tokens):
             fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
         if not answer.content:
-            could_not_check(f"{what}: still reasoning when max_tokens={max_tokens} cut the output "
-                            f"(reasoning {reasoning[-80:]!r}, no content): the constrained answer after the "
-                            "reasoning was never given")
+            could_not_check(still_reasoning(what, reasoning, max_tokens, "constrained answer"))
         if answer.completion_tokens is None:  # a stream cut short after a valid prefix reads the same
             could_not_check(f"{what}: finished by length after content {answer.content[:80]!r}, and the "
                             "answer says no token count: whether max_tokens cut it cannot be told")

@@ -11,8 +11,9 @@ grammar. Every answer is read once, by the client, into an `Answer` (client/answ
 
 A server that serves no grammar (``--grammar-backend none``, seed 002's fix; a DDTREE server sets it itself)
 fails every case, naming the flag and the seed, unless its profile says ``structured_output = false``. Then
-the same requests check that it says so: a refusal (HTTP 400 or 422; streamed, an ``abort`` finish or an
-error event with code 400 or 422 after HTTP 200, as SGLang's serving_chat refuses a stream) passes, and so
+the same requests check that it says so: a refusal (HTTP 400 or 422; streamed, an ``abort`` finish with
+status_code 400 or 422, as SGLang refuses a streamed /generate, or an error event with code 400 or 422 after
+HTTP 200, as its serving_chat refuses a stream) passes, and so
 does output in the grammar's language; a 200 whose output ignores the grammar (a client asking for JSON
 silently gets text), another 4xx, a 5xx, a dropped connection or a death fails, naming the grammar.
 """
@@ -54,6 +55,7 @@ __all__ = [
     "refused_or_served",
     "send",
     "serves_structured_output",
+    "still_reasoning",
     "structured_output",
     "unserved_problem",
 ]
@@ -92,6 +94,12 @@ def length_problem(text: str, tokens: int | None, max_tokens: int) -> str | None
     if not text:
         return f"says finish_reason 'length' with no output at all (max_tokens={max_tokens})"
     return None
+
+
+def still_reasoning(what: str, reasoning: str, max_tokens: int, given: str) -> str:
+    """Why a check could not judge an answer whose reasoning max_tokens cut (no content yet)."""
+    return (f"{what}: still reasoning when max_tokens={max_tokens} cut the output (reasoning "
+            f"{reasoning[-80:]!r}, no content): the {given} after the reasoning was never given")
 
 
 def constrained_body(client: InferenceClient, api: Api, grammar: Grammar, sampling: Sampling, *,
@@ -218,17 +226,20 @@ def refused_or_served(service: ServiceHandle, api: Api, grammar: Grammar, sampli
 
 def unserved_problem(answer: Answer, grammar: Grammar, max_tokens: int) -> str | None:
     """What is wrong with an answer a service that serves no structured output gave to a constrained request
-    it accepted; None for a refusal inside the stream (an abort, as SGLang refuses a streamed /generate under
-    --grammar-backend none, or an error event with code 400 / 422, as its serving_chat refuses a streamed
-    chat: the client is told) or output in the grammar's language (served after all). MatcherMissing when a
-    length finish needs a matcher the controller lacks."""
+    it accepted; None for a refusal inside the stream (an abort with status 400 / 422, as SGLang refuses a
+    streamed /generate under --grammar-backend none, or an error event with code 400 / 422, as its
+    serving_chat refuses a streamed chat: the client is told) or output in the grammar's language (served
+    after all). MatcherMissing when a length finish needs a matcher the controller lacks."""
     if answer.error is not None:
         if answer.error.code in REFUSALS:
             return None
         return (f"is an error event inside the stream with code {answer.error.code!r} "
                 f"({answer.error.message}), no refusal of the request (that is 400 or 422)")
     if answer.finish_reason == "abort":
-        return None
+        if answer.finish_status in REFUSALS:
+            return None  # SGLang's in-stream refusal: an abort with status_code 400 (recorded)
+        return (f"is an abort with status {answer.finish_status!r} ({answer.finish_message}), no refusal of "
+                "the request (that is an abort with status 400 or 422)")
     if not answer.done:
         return "the stream stopped without [DONE]"
     if answer.finish_reason == "length":  # cut by max_tokens: a prefix is all it can be
@@ -248,8 +259,11 @@ def check_outcome(answer: Answer, grammar: Grammar, *, what: str, max_tokens: in
     if not answer.done:
         fail(f"{what}: the stream stopped without [DONE] after {text[-80:]!r}")
     if answer.finish_reason == "length":
-        if lie := length_problem(text, answer.completion_tokens, max_tokens):
+        reasoning = answer.reasoning or ""
+        if lie := length_problem(reasoning + text, answer.completion_tokens, max_tokens):
             fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
+        if reasoning and not text:  # a --reasoning-parser grammar holds only after the think-end
+            could_not_check(still_reasoning(what, reasoning, max_tokens, "constrained answer"))
         if answer.completion_tokens is None:  # a stream cut short after a valid prefix reads the same
             could_not_check(f"{what}: finished by length after {text[:80]!r}, and the answer says no token "
                             "count (usage, meta_info; a stream's usage chunk was asked): whether max_tokens "
