@@ -139,6 +139,11 @@ def check_tool_calls(answer: Answer, wanted: str | None, *, what: str,
         said = (answer.reasoning or "") + answer.content + "".join(
             str(c.arguments or "") for c in answer.tool_calls) + (
             "x" if answer.tool_calls else "")  # a call named is output, whatever its arguments
+        if not said and tokens == max_tokens:  # the server's own count: max_tokens of output it did not give
+            fail(f"{what}: the forced call was cut by max_tokens={max_tokens} (finish_reason 'length', "
+                 f"{tokens} completion tokens) and the answer carries neither a tool call nor content: the "
+                 "server withheld the incomplete call (real SGLang 0.5.17 does in a whole answer); a client "
+                 "gets no usable call")
         if lie := length_problem(said, tokens, max_tokens):
             fail(f"{what}: the answer {lie}: a length finish is only a prefix when max_tokens cut it")
         if answer.reasoning and not answer.content and not answer.tool_calls:  # forced after the think-end

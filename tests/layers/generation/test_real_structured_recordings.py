@@ -154,6 +154,25 @@ def test_real_forced_calls_of_a_random_model_fail_saying_why(heading: str, messa
     assert "no output at all" not in str(failed.value)
 
 
+def test_a_whole_forced_call_the_server_withheld_is_named_as_cut() -> None:
+    """Real SGLang 0.5.17 (H100, 2026-12-06, second run, the same random model): streamed, the call came as
+    add('7802020202…') cut at max_tokens 200; whole, the answer held no tool call and no content, finish length,
+    200 completion tokens. The check names the cut call the parser withheld, not "no output at all"."""
+    data = {"id": "x", "object": "chat.completion", "model": "default", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None},
+         "logprobs": None, "finish_reason": "length", "matched_stop": None}],
+        "usage": {"prompt_tokens": 24, "total_tokens": 224, "completion_tokens": 200}}
+    parsed = whole_answer(data, "chat", "plain")
+    with pytest.raises(AssertionError, match=re.escape(
+            "the forced call was cut by max_tokens=200 (finish_reason 'length', 200 completion tokens) and the "
+            "answer carries neither a tool call nor content")) as failed:
+        check_tool_calls(parsed, None, what="plain", max_tokens=200)
+    assert "no output at all" not in str(failed.value)
+    data["usage"]["completion_tokens"] = 3  # a length finish after 3 of 200 tokens is the server's lie
+    with pytest.raises(AssertionError, match="after 3 of max_tokens=200 tokens"):
+        check_tool_calls(whole_answer(data, "chat", "plain"), None, what="plain", max_tokens=200)
+
+
 @pytest.mark.parametrize("case", sorted(CONSTRAINED))
 def test_a_server_without_a_grammar_backend_says_so_and_the_layer_names_the_flag(case: str) -> None:
     """`--grammar-backend none` (seed 002's fix): a 400 naming the flag, or for a streamed /generate HTTP 200
