@@ -46,6 +46,7 @@ from pytest_dflash.layers.generation.structured import (
     constrained_body,
     length_problem,
     prefix_or_unchecked,
+    room_to_think,
     still_reasoning,
 )
 from pytest_dflash.run.skips import could_not_check, not_applicable, sglang_expected
@@ -208,7 +209,8 @@ def forced_tool_call(service: ServiceHandle, choice: ToolChoice, *, streamed: bo
              f"forced; {SEED_002}")
     wanted = "add" if choice == "named" else None
     tool_choice: object = {"type": "function", "function": {"name": wanted}} if wanted else "required"
-    sampling = TOOL_SAMPLINGS["sampled" if sampled else "greedy"]
+    sampling = room_to_think(TOOL_SAMPLINGS["sampled" if sampled else "greedy"], "chat",
+                             service.served.reasoning_parser.value)
     body = {"tools": TOOLS, "tool_choice": tool_choice, **sampling.as_openai(), "stream": streamed}
     if streamed:  # the stream's token count (constrained_body says why)
         body["stream_options"] = {"include_usage": True}

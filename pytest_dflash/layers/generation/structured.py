@@ -20,6 +20,7 @@ silently gets text), another 4xx, a 5xx, a dropped connection or a death fails, 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_dflash.client.answers import Answer
@@ -78,6 +79,18 @@ STRUCTURED_CASES: dict[str, tuple[Api, str]] = {
 GREEDY = Sampling(max_tokens=160, temperature=0.0)
 SAMPLED = Sampling(max_tokens=160, temperature=0.8, seed=11)
 SMOKE = Sampling(max_tokens=48, temperature=0.0)  # a person object fits; cut, it is judged as a prefix
+# Tokens a reasoning model may think before a chat answer (a served --reasoning-parser: SGLang applies a
+# chat's grammar, and a forced call's, only after the think-end); thinking at the limit: "could not check".
+THINKING_ROOM = 400
+
+
+def room_to_think(sampling: Sampling, api: Api, reasoning_parser: str | int | None) -> Sampling:
+    """`sampling` with THINKING_ROOM more max_tokens for a chat request to a service that serves a reasoning
+    parser: its answer comes after the thinking. /generate returns the raw text, its grammar from the first
+    token."""
+    if api != "chat" or not reasoning_parser:
+        return sampling
+    return replace(sampling, max_tokens=sampling.max_tokens + THINKING_ROOM)
 
 
 def completion_tokens(counts: Any) -> int | None:
@@ -176,6 +189,7 @@ def _constrained(service: ServiceHandle, api: Api, grammar: Grammar, sampling: S
         fail(f"{service.name}: {disabled}: every constrained request "
              f"({grammar.describe()}) is refused, JSON mode and tool-call forcing are off for every client; "
              f"{SEED_002}. Say `structured_output = false` in its profile if that is intended")
+    sampling = room_to_think(sampling, api, service.served.reasoning_parser.value)
     try:
         answer = send(service.client, api, grammar, sampling, stream=streamed)
     except ApiError as exc:
@@ -205,6 +219,7 @@ def refused_or_served(service: ServiceHandle, api: Api, grammar: Grammar, sampli
     never answer 200 with output that ignores the grammar."""
     __tracebackhide__ = True
     why = "its profile says structured_output = false, so a constrained request must be refused (HTTP 400)"
+    sampling = room_to_think(sampling, api, service.served.reasoning_parser.value)
     try:
         answer = send(service.client, api, grammar, sampling, stream=streamed)
     except ApiError as exc:

@@ -43,9 +43,21 @@ def test_without_reasoning_the_same_cut_still_fails() -> None:
     still fails with reasoning."""
     with pytest.raises(AssertionError, match="no output at all"):
         check_outcome(chat({"content": ""}, "length", 160), GRAMMARS["response_format"], what="svc", max_tokens=160)
-    with pytest.raises(AssertionError, match="no output at all"):
+    with pytest.raises(AssertionError, match="cut by max_tokens=200 .* neither a tool call nor content"):
         check_tool_calls(chat({"content": "", "tool_calls": None}, "length", 200), None, what="svc", max_tokens=200)
     with pytest.raises(AssertionError, match="after 12 of max_tokens=160"):
         check_outcome(chat(THINKING, "length", 12), GRAMMARS["response_format"], what="svc", max_tokens=160)
     with pytest.raises(AssertionError, match="after 12 of max_tokens=200"):
         check_tool_calls(chat({**THINKING, "tool_calls": None}, "length", 12), None, what="svc", max_tokens=200)
+
+
+def test_a_chat_to_a_reasoning_model_gets_room_to_think() -> None:
+    """Deliver 6: a served reasoning parser gives a chat (constrained or forced call) THINKING_ROOM more
+    max_tokens; /generate and a model without one keep the check's own limit."""
+    from pytest_dflash.client.sampling import Sampling
+    from pytest_dflash.layers.generation.structured import THINKING_ROOM, room_to_think
+
+    base = Sampling(max_tokens=160, temperature=0.8, seed=11)
+    assert room_to_think(base, "chat", "qwen3") == Sampling(max_tokens=160 + THINKING_ROOM, temperature=0.8, seed=11)
+    assert room_to_think(base, "chat", None) == base
+    assert room_to_think(base, "generate", "qwen3") == base
