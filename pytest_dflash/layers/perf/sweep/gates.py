@@ -32,6 +32,13 @@ def levels_up_to(levels: Sequence[int], n: int) -> tuple[list[int], int | None]:
     return [lvl for lvl in sorted(levels) if target is None or lvl <= target], target
 
 
+def _also(undecided: Sequence[tuple[int, str]]) -> str:
+    """'; also undecided: concurrency 16 (not run: sweep_budget 2m spent)' for the levels after the first."""
+    rest = [f"concurrency {level} ({why if len(why) < 80 else why[:77] + '...'})"
+            for level, why in undecided[1:]]
+    return f"; also undecided: {', '.join(rest)}" if rest else ""
+
+
 def _short(levels: Sequence[int], n: int, key: str) -> str:
     return (f"the sweep stops at concurrency {max(levels)}, below {key} {n}: add a level >= {n} "
             "([perf] sweep or --perf-sweep)")
@@ -69,7 +76,8 @@ def gate_max_concurrency(record: SweepRecord, service: str, n: int) -> GateResul
     if undecided:
         level, why = undecided[0]
         return GateResult(service=service, key=key, outcome="inconclusive", level=level, threshold=float(n),
-                          message=f"{key}: INCONCLUSIVE — concurrency {level}: {why}; {within}")
+                          message=f"{key}: INCONCLUSIVE — concurrency {level}: {why}{_also(undecided)}; "
+                                  f"{within}")
     if target is None:
         return GateResult(service=service, key=key, outcome="inconclusive", threshold=float(n),
                           message=f"{key}: INCONCLUSIVE — {_short(record.curve.levels, n, key)}; {within}")
@@ -159,7 +167,8 @@ def gate_crossover(record: SweepRecord, service: str, versus: str, up_to: int, *
         level, why = undecided[0]
         return GateResult(service=service, key=key, outcome="inconclusive", level=level,
                           threshold=min_speedup,
-                          message=f"{key}: INCONCLUSIVE at concurrency {level} — {why}; {crossing}")
+                          message=f"{key}: INCONCLUSIVE at concurrency {level} — {why}{_also(undecided)}; "
+                                  f"{crossing}")
     if target is None:
         return GateResult(service=service, key=key, outcome="inconclusive", threshold=min_speedup,
                           message=f"{key}: INCONCLUSIVE — "
