@@ -168,3 +168,29 @@ def test_a_level_that_breaks_its_slos_twice_stops_the_service() -> None:
     level = dflash.at(4)
     assert level is not None and level.attempts == 2
     assert gate_max_concurrency(record, "dflash", 8).outcome == "fail"
+
+
+@pytest.mark.parametrize(("path", "service"), [
+    ("runs/dflash-c16.json", "dflash"), ("runs/none_16.json", "none"), ("runs/ddtree.c4.json", "ddtree"),
+    ("runs/ngram-concurrency64.json", "ngram"), ("runs/c16-dflash.json", "dflash"), ("dflash/c16.json", "dflash"),
+    ("c16/plain.json", "plain")])
+def test_a_run_file_names_its_service(tmp_path: Path, path: str, service: str) -> None:
+    source = DATA / "dflash-c4.json"
+    target = tmp_path / path
+    target.parent.mkdir(parents=True)
+    target.write_text(source.read_text())
+    curve = curve_from_files([target], host="h")
+    assert [(s.service, s.algorithm) for s in curve.services] == [(service, "NONE" if service == "plain" else
+                                                                     service.upper())]
+
+
+def test_the_command_line_writes_the_curve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_dflash.layers.perf.sweep.__main__ import main
+
+    out = tmp_path / "sweep.json"
+    assert main([str(DATA), "--host", "refserver", "--slo", "e2e_p90_ms=150", "--out", str(out)]) == 0
+    assert "the crossover: dflash (DFLASH) is slower than none from concurrency 8" in capsys.readouterr().out
+    curve = SweepCurve.from_json(out.read_text())
+    assert curve.host == "refserver" and curve.slo == {"e2e_p90_ms": 150.0}
+    assert main([str(DATA / "dflash-c1.json"), str(DATA / "dflash-c1.json"), "--host", "h"]) == 2
+    assert "a second run of dflash at concurrency 1" in capsys.readouterr().err

@@ -35,9 +35,9 @@ from pytest_dflash.layers.perf.verdicts import judge_floor
 from pytest_dflash.load.results import LoadResult
 from pytest_dflash.load.spec import Slo
 
-__all__ = ["KNOWN_ALGORITHMS", "comparison_pairs", "crossover_text", "curve_from_files", "curve_from_runs",
-           "goodput_sample", "judge_slo", "level_point", "per_request_slo", "slo_outcome", "speedup_bound",
-           "speedup_curve"]
+__all__ = ["KNOWN_ALGORITHMS", "algorithm_of_name", "comparison_pairs", "crossover_text", "curve_from_files",
+           "curve_from_runs", "goodput_sample", "judge_slo", "level_point", "per_request_slo", "slo_outcome",
+           "speedup_bound", "speedup_curve"]
 
 
 def per_request_slo(objectives: Mapping[str, float]) -> Slo:
@@ -231,7 +231,9 @@ def curve_from_runs(runs: Mapping[str, Mapping[int, LoadResult]], *, host: str, 
                       load=load, slo=dict(slo or {}), confidence=confidence)
 
 
-_LEVEL_SUFFIX = re.compile(r"[._-]+c?\d+$")
+_LEVEL_SUFFIX = re.compile(r"[._-]+(?:c|conc|concurrency|level)?[._-]?\d+$", re.I)
+_LEVEL_PREFIX = re.compile(r"^(?:c|conc|concurrency|level)?[._-]?\d+[._-]+", re.I)
+_LEVEL_ONLY = re.compile(r"(?:c|conc|concurrency|level)?[._-]?\d+", re.I)
 
 
 def _service_of(path: Path, doc: Mapping[str, object]) -> tuple[str, str | None]:
@@ -241,12 +243,22 @@ def _service_of(path: Path, doc: Mapping[str, object]) -> tuple[str, str | None]
     perf = doc.get("dflash_perf")
     if isinstance(perf, dict) and perf.get("service"):
         return str(perf["service"]), str(perf.get("algorithm") or "") or None
-    if re.fullmatch(r"c?\d+", path.stem):  # <service>/c16.json
+    if _LEVEL_ONLY.fullmatch(path.stem):  # <service>/c16.json
         return path.parent.name, None
-    return _LEVEL_SUFFIX.sub("", path.stem), None
+    stem = _LEVEL_SUFFIX.sub("", path.stem)  # dflash-c16, dflash_16, dflash.concurrency16
+    return _LEVEL_PREFIX.sub("", stem) if stem == path.stem else stem, None  # c16-dflash
 
 
 KNOWN_ALGORITHMS = ("NONE", "DFLASH", "DDTREE", "NGRAM", "EAGLE", "EAGLE3", "STANDALONE")
+
+
+def algorithm_of_name(service: str) -> str | None:
+    """The algorithm a service is named for: `dflash`, `ddtree-b32` (DDTREE), `plain` (NONE); None."""
+    upper = service.upper()
+    if upper in ("PLAIN", "BASELINE", "TARGET"):
+        return "NONE"
+    return next((alg for alg in sorted(KNOWN_ALGORITHMS, key=len, reverse=True)
+                 if upper == alg or re.match(rf"{alg}[._-]", upper)), None)
 
 
 def curve_from_files(paths: Iterable[Path], *, host: str, algorithms: Mapping[str, str] | None = None,
@@ -269,10 +281,10 @@ def curve_from_files(paths: Iterable[Path], *, host: str, algorithms: Mapping[st
             named[service] = algorithm
     for service in runs:
         if service not in named:
-            upper = service.upper()
-            if upper not in KNOWN_ALGORITHMS:
+            guessed = algorithm_of_name(service)
+            if guessed is None:
                 raise ValueError(f"{service}: its algorithm is not known (name it: algorithms={{{service!r}: "
                                  "'DFLASH'}, or name the files for it: none-c1.json, dflash-c1.json)")
-            named[service] = upper
+            named[service] = guessed
     return curve_from_runs(runs, host=host, algorithms=named, slo=slo, confidence=confidence)
 
