@@ -82,6 +82,11 @@ def test_a_crossover_below_the_gate_fails_naming_the_level_and_the_healthy_host_
         "< min_speedup 1x (asked up to concurrency 16; n=160 requests); the crossover: dflash (DFLASH) is slower "
         "than none from concurrency 8 (0.*x, 95% upper bound 0.*x)",
     ])
+    result.stdout.fnmatch_lines([  # the terminal's summary of each host's curve
+        "*= dflash sweep =*",
+        "stops-paying: speed-up dflash/none: c1 *x [[]*, *[]], c8 0.*x [[]0.*, 0.*[]]; the crossover: dflash (DFLASH) is "
+        "slower than none from concurrency 8*",
+    ])
     bad = SweepCurve.from_json((run_suite.reports / "perf" / "stops-paying" / "sweep.json").read_text())
     speedup = bad.speedup("dflash", "none")
     assert speedup is not None and speedup.crossover == 8

@@ -72,7 +72,7 @@ def check_sweep(sweeps: SweepBook, handle: ServiceHandle, kind: str, *, node: py
     curve = record.curve
     shown = curve_lines(curve)
     properties += [p for p in junit_properties(curve, handle.name) if p not in properties]
-    lines += [line for line in shown if line not in lines]
+    lines += [f"{handle.host.name}: {line}" for line in shown if f"{handle.host.name}: {line}" not in lines]
     gates = [g for g in curve.gates if g.service == handle.name and _ours(g, kind)]
     if not gates:
         skips.not_applicable(f"no {kind} gate for {handle.label} in [floors.{handle.name}] of "
