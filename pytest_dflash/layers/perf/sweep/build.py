@@ -20,7 +20,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from pytest_dflash.layers.perf.judgement import Judgement
-from pytest_dflash.layers.perf.stats import Bound, Sample, bootstrap_bound, metric_sample, ratio_bound
+from pytest_dflash.layers.perf.stats import (
+    Bound,
+    Sample,
+    bootstrap_bound,
+    metric_sample,
+    point_of,
+    ratio_bound,
+)
 from pytest_dflash.layers.perf.sweep.curve import (
     LATENCY_KEYS,
     Interval,
@@ -123,8 +130,7 @@ def level_point(result: LoadResult, objectives: Mapping[str, float], *, confiden
     latency: dict[str, float | None] = {}
     for key in LATENCY_KEYS:
         try:
-            sample = metric_sample(result, key)
-            latency[key] = round(float(bootstrap_bound(sample, confidence=confidence).point), 4)
+            latency[key] = round(point_of(metric_sample(result, key)), 4)  # as measured: no resampling
         except ValueError:
             latency[key] = None
     throughput = request_rate = good_req = good_tok = None
