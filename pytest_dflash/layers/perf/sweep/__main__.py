@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slo", action="append", default=[], metavar="KEY=MS",
                         help="an objective every level is judged against, e.g. ttft_p99_ms=500 (repeatable)")
     parser.add_argument("--out", type=Path, help="write the curve's JSON here")
+    parser.add_argument("--max-loop-lag-ms", type=float, default=None,
+                        help="judge each run's client saturation again with this event-loop lag limit")
     args = parser.parse_args(argv)
     slo: dict[str, float] = {}
     for item in args.slo:
@@ -27,9 +29,10 @@ def main(argv: list[str] | None = None) -> int:
             slo[key] = float(value)
         except ValueError:
             parser.error(f"--slo {item!r}: expected KEY=MS, e.g. ttft_p99_ms=500")
-    paths = [p for f in args.files for p in (sorted(f.rglob("*.json")) if f.is_dir() else [f])]
+    paths = [p for f in args.files
+             for p in (sorted([*f.rglob("*.json"), *f.rglob("*.json.gz")]) if f.is_dir() else [f])]
     try:
-        curve = curve_from_files(paths, host=args.host, slo=slo)
+        curve = curve_from_files(paths, host=args.host, slo=slo, max_loop_lag_ms=args.max_loop_lag_ms)
     except (ValueError, OSError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,8 @@ throughput (stats.py: blocks of `concurrency` requests).
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,13 +40,13 @@ from pytest_dflash.layers.perf.sweep.curve import (
     SpeedupPoint,
     SweepCurve,
 )
-from pytest_dflash.layers.perf.verdicts import judge_floor
+from pytest_dflash.layers.perf.verdicts import judge_bound, judge_floor
 from pytest_dflash.load.results import LoadResult
 from pytest_dflash.load.spec import Slo
 
 __all__ = ["KNOWN_ALGORITHMS", "algorithm_of_name", "comparison_pairs", "crossover_text", "curve_from_files",
            "curve_from_runs", "goodput_sample", "judge_slo", "level_point", "per_request_slo", "slo_outcome",
-           "speedup_bound", "speedup_curve"]
+           "speedup_bound", "speedup_curve", "with_client_limits"]
 
 
 def per_request_slo(objectives: Mapping[str, float]) -> Slo:
@@ -177,7 +179,8 @@ def crossover_text(service: str, algorithm: str, versus: str, level: int, ratio:
 def speedup_curve(service: str, algorithm: str, versus: str, versus_algorithm: str, levels: Sequence[int],
                   runs: Mapping[int, LoadResult | None], twin_runs: Mapping[int, LoadResult | None], *,
                   why_not: Mapping[int, str] | None = None, confidence: float = 0.95) -> SpeedupCurve:
-    """The speed-up level by level and the crossover: the first level whose upper bound is below 1x."""
+    """The speed-up level by level and the crossover: the first level where it is judged below 1x (its upper
+    bound under 1x, from a run long enough to judge: judge_bound's 20 resampling blocks)."""
     points: list[SpeedupPoint] = []
     crossover: int | None = None
     text: str | None = None
@@ -191,12 +194,14 @@ def speedup_curve(service: str, algorithm: str, versus: str, versus_algorithm: s
             points.append(SpeedupPoint(concurrency=level, why="the load client was saturated"))
             continue
         try:
-            ratio = _interval(speedup_bound(a, b, confidence=confidence))
+            bound = speedup_bound(a, b, confidence=confidence)
         except ValueError as exc:
             points.append(SpeedupPoint(concurrency=level, why=str(exc)))
             continue
-        points.append(SpeedupPoint(concurrency=level, ratio=ratio))
-        if crossover is None and ratio.upper is not None and ratio.upper < 1.0:
+        ratio = _interval(bound)
+        verdict = judge_bound(f"speed-up {service}/{versus} at concurrency {level}", bound, 1.0)
+        points.append(SpeedupPoint(concurrency=level, ratio=ratio, versus_1x=verdict.outcome))
+        if crossover is None and verdict.outcome == "fail":
             crossover, text = level, crossover_text(service, algorithm, versus, level, ratio)
     return SpeedupCurve(service=service, versus=versus, algorithm=algorithm,
                         versus_algorithm=versus_algorithm, points=tuple(points), crossover=crossover,
@@ -249,13 +254,51 @@ def _service_of(path: Path, doc: Mapping[str, object]) -> tuple[str, str | None]
     perf = doc.get("dflash_perf")
     if isinstance(perf, dict) and perf.get("service"):
         return str(perf["service"]), str(perf.get("algorithm") or "") or None
-    if _LEVEL_ONLY.fullmatch(path.stem):  # <service>/c16.json
+    base = run_file_stem(path)
+    if _LEVEL_ONLY.fullmatch(base):  # <service>/c16.json
         return path.parent.name, None
-    stem = _LEVEL_SUFFIX.sub("", path.stem)  # dflash-c16, dflash_16, dflash.concurrency16
-    return _LEVEL_PREFIX.sub("", stem) if stem == path.stem else stem, None  # c16-dflash
+    stem = _LEVEL_SUFFIX.sub("", base)  # dflash-c16, dflash_16, dflash.concurrency16
+    return _LEVEL_PREFIX.sub("", stem) if stem == base else stem, None  # c16-dflash
+
+
+def run_file_stem(path: Path) -> str:
+    """`dflash-c16` of `dflash-c16.json` and of `dflash-c16.json.gz`."""
+    name = path.name
+    for suffix in (".json.gz", ".json", ".gz"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def read_run_text(path: Path) -> str:
+    """A load-run file's JSON text, gunzipped when it ends in .gz (recordings are kept compressed)."""
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            return handle.read()
+    return path.read_text(encoding="utf-8")
 
 
 KNOWN_ALGORITHMS = ("NONE", "DFLASH", "DDTREE", "NGRAM", "EAGLE", "EAGLE3", "STANDALONE")
+
+
+def with_client_limits(result: LoadResult, *, max_loop_lag_ms: float | None = None,
+                       max_client_cpu: float | None = None) -> LoadResult:
+    """The run with its client's saturation judged again under other limits, from the event-loop lag p99 and
+    loop CPU it recorded (load/monitor.py's closed-loop rule); the spec then carries the limits used."""
+    spec = dataclasses.replace(
+        result.spec,
+        max_loop_lag_ms=result.spec.max_loop_lag_ms if max_loop_lag_ms is None else max_loop_lag_ms,
+        max_client_cpu=result.spec.max_client_cpu if max_client_cpu is None else max_client_cpu)
+    sat = dataclasses.replace(result.saturation, reasons=[])
+    if sat.loop_lag_p99_ms > spec.max_loop_lag_ms:
+        sat.reasons.append(f"event-loop lag p99 {sat.loop_lag_p99_ms:.1f} ms > {spec.max_loop_lag_ms:g} ms")
+    if sat.loop_cpu >= spec.max_client_cpu:
+        sat.reasons.append(f"client event loop used {sat.loop_cpu:.2f} cores >= {spec.max_client_cpu:g}")
+    if sat.schedule_lag_p99_ms is not None and sat.schedule_lag_p99_ms > spec.max_loop_lag_ms:
+        sat.reasons.append(f"open-loop send lag p99 {sat.schedule_lag_p99_ms:.1f} ms > "
+                           f"{spec.max_loop_lag_ms:g} ms")
+    sat.saturated = bool(sat.reasons)
+    return dataclasses.replace(result, spec=spec, saturation=sat)
 
 
 def algorithm_of_name(service: str) -> str | None:
@@ -268,16 +311,22 @@ def algorithm_of_name(service: str) -> str | None:
 
 
 def curve_from_files(paths: Iterable[Path], *, host: str, algorithms: Mapping[str, str] | None = None,
-                     slo: Mapping[str, float] | None = None, confidence: float = 0.95) -> SweepCurve:
+                     slo: Mapping[str, float] | None = None, confidence: float = 0.95,
+                     max_loop_lag_ms: float | None = None, max_client_cpu: float | None = None) -> SweepCurve:
     """A curve from load-run JSON files (`python -m pytest_dflash.load URL --out FILE --concurrency C`, or the
-    perf layer's per-service JSON): one per service per level, the level read from the run's own spec.
-    `algorithms` names each service's algorithm where neither the file nor the service's name does."""
+    perf layer's per-service JSON; gzipped ones too): one per service per level, the level read from the run's
+    own spec. `algorithms` names each service's algorithm where neither the file nor the service's name does.
+    `max_loop_lag_ms` / `max_client_cpu`: judge the client's saturation again from the lags and CPU each run
+    recorded, with these limits (the policy a profile's [perf] sets; a run records the limits it ran with)."""
     runs: dict[str, dict[int, LoadResult]] = {}
     named: dict[str, str] = dict(algorithms or {})
     for path in sorted(paths):
-        text = path.read_text(encoding="utf-8")
+        text = read_run_text(path)
         doc = json.loads(text)
         result = LoadResult.from_json(text)
+        if max_loop_lag_ms is not None or max_client_cpu is not None:
+            result = with_client_limits(result, max_loop_lag_ms=max_loop_lag_ms,
+                                        max_client_cpu=max_client_cpu)
         service, algorithm = _service_of(path, doc)
         level = int(result.spec.concurrency or 1)
         if level in runs.setdefault(service, {}):

@@ -167,17 +167,21 @@ class ServiceCurve:
 @dataclass(frozen=True, kw_only=True)
 class SpeedupPoint:
     """Output tok/s of a service over its twin's at one level (both resampled); None + `why` when either
-    was not measured there."""
+    was not measured there. `versus_1x`: the ratio judged against 1x on its bounds (pass: confidently
+    faster, fail: confidently slower, inconclusive: straddling 1x or too short a run, fewer than 20
+    resampling blocks); the crossover is the first `fail`."""
 
     concurrency: int
     ratio: Interval | None = None
     why: str | None = None
+    versus_1x: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SpeedupPoint:
         ratio = data.get("ratio")
         return cls(concurrency=int(data["concurrency"]),
-                   ratio=None if ratio is None else Interval.from_dict(ratio), why=data.get("why"))
+                   ratio=None if ratio is None else Interval.from_dict(ratio), why=data.get("why"),
+                   versus_1x=data.get("versus_1x"))
 
 
 @dataclass(frozen=True, kw_only=True)
