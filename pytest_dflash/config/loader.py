@@ -28,6 +28,7 @@ from pytest_dflash.config.tables.parity import parse_parity
 from pytest_dflash.config.tables.perf import parse_perf
 from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.config.tables.services import check_url, parse_service
+from pytest_dflash.config.tables.slo import parse_slo, slo_for
 from pytest_dflash.documents import loads_toml
 from pytest_dflash.errors import DocumentTooDeep, InventoryError
 from pytest_dflash.scrub.redact import mask_url_passwords, one_line
@@ -117,13 +118,24 @@ def profile_from_dict(data: Mapping[str, Any], *, source: Path, name: str | None
     parity_table = root.sub("parity")
     floors_table = root.sub("floors")
     perf_table = root.sub("perf")
+    slo_table = root.sub("slo")
     root.done()
+    floors = parse_floors(floors_table, services) if floors_table else {}
+    slo = parse_slo(slo_table, services) if slo_table else {}
+    for name, table in floors.items():
+        # a gate on the SLOs needs SLOs to judge: a loud error now, not an inconclusive test at the end
+        needs = [k for k in table if k == "max_concurrency_within_slo" or k.startswith("goodput_at.")]
+        if needs and not slo_for(slo, name):
+            key = needs[0].split(".")[0]
+            raise InventoryError(str(source), f"floors.{name}.{key}",
+                                 "needs SLOs to judge: add an [slo] table (ttft_p99_ms, tpot_p99_ms, ...)")
     return dataclasses.replace(
         profile,
         services=services,
         parity=parse_parity(parity_table, services, source.parent) if parity_table else None,
-        floors=parse_floors(floors_table, services) if floors_table else {},
+        floors=floors,
         perf=parse_perf(perf_table, services, source.parent) if perf_table else {},
+        slo=slo,
     )
 
 

@@ -280,6 +280,10 @@ PERF_OPTIONS: tuple[Opt, ...] = (
         "of {\"prompt\"} / {\"category\", \"prompt\"} per line, ShareGPT's JSON list of {\"conversations\"}, "
         "or 'builtin' (the shipped chat/code/math/summarisation/multilingual set); overrides the profile's "
         "[perf] dataset; accept length is then also reported per category", metavar="PATH"),
+    Opt("--perf-sweep", "dflash_perf_sweep",
+        "perf runs: a load sweep at these concurrency levels, e.g. 1,4,16,64 (overrides the profile's [perf] "
+        "sweep; closed loop: concurrency is the batch the GPU sees; no request-rate sweeps)",
+        metavar="LEVELS"),
     Opt("--tpot-ceiling-ms", "dflash_tpot_ceiling_ms",
         "smoke: sanity ceiling in ms on the time per output token of one streamed request (default 250, or "
         "the service's largest itl_*/tpot_* floor when higher; 'off' disables it)"),

@@ -148,6 +148,7 @@ class HostProfile:
     parity: ParitySpec | None = None
     floors: Mapping[str, Mapping[str, float | str]] = field(default_factory=dict)
     perf: Mapping[str, Any] = field(default_factory=dict)
+    slo: Mapping[str, Any] = field(default_factory=dict)  # [slo], [slo.SERVICE]: config/tables/slo.py
     # [host] become = true: commands that need root run through `sudo -n -u <become_user>` (transport.py)
     become: bool = False
     become_user: str = "root"

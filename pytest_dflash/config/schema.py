@@ -173,9 +173,32 @@ def _defs() -> dict[str, Any]:
                 # FLOOR_SETTINGS
                 "regression_pct": {**positive, "exclusiveMaximum": 100},
                 "confidence": {"type": "number", "exclusiveMinimum": 0.5, "exclusiveMaximum": 1},
+                # SWEEP_FLOORS: gates on a load sweep's curve (docs/perf.md, Sweeps)
+                "max_concurrency_within_slo": count,
+                "goodput_at": {"type": "object", "minProperties": 1,
+                               "propertyNames": {"pattern": r"^[1-9]\d*$"},
+                               "additionalProperties": positive,
+                               "description": "requests/s within the SLOs at a level: {16 = 5.0}"},
+                "crossover_vs": {"type": "string", "description": "the plain twin of the crossover gate"},
+                "speedup_up_to": count,
+                "min_speedup": positive,
             },
             "patternProperties": {LATENCY_FLOOR.pattern: positive},
-            "dependentRequired": {"speedup": ["speedup_vs"], "speedup_vs": ["speedup"]},
+            "dependentRequired": {"speedup": ["speedup_vs"], "speedup_vs": ["speedup"],
+                                  "crossover_vs": ["speedup_up_to"], "speedup_up_to": ["crossover_vs"],
+                                  "min_speedup": ["crossover_vs"]},
+        },
+        "slo_objectives": {
+            "type": "object",
+            "additionalProperties": False,
+            "patternProperties": {LATENCY_FLOOR.pattern: positive},
+        },
+        "slo": {
+            "description": "service-level objectives every level of a load sweep is judged against; "
+                         "[slo.SERVICE] overrides them for one service",
+            "type": "object",
+            "patternProperties": {LATENCY_FLOOR.pattern: positive},
+            "additionalProperties": {"$ref": "#/$defs/slo_objectives"},
         },
         "perf_service": {
             "type": "object",
@@ -202,6 +225,10 @@ def _defs() -> dict[str, Any]:
                 "max_client_cpu": positive,
                 "retries": {"type": "integer", "minimum": 0},
                 "client_procs": count,
+                "sweep": {"type": "array", "minItems": 1, "items": count,
+                          "description": "concurrency levels of a load sweep (closed loop, no rates)"},
+                "sweep_requests": count,
+                "sweep_budget": {"$ref": "#/$defs/duration"},
                 "dataset": {"type": "string",
                             "description": "prompts the load sends instead of synthetic words: a JSONL or "
                                            "ShareGPT file (relative to the profile), or \"builtin\" (the "
@@ -234,6 +261,7 @@ def profile_schema() -> dict[str, Any]:
             "parity": {"$ref": "#/$defs/parity"},
             "floors": {"type": "object", "additionalProperties": {"$ref": "#/$defs/floors"}},
             "perf": {"$ref": "#/$defs/perf"},
+            "slo": {"$ref": "#/$defs/slo"},
         },
         "$defs": _defs(),
     }

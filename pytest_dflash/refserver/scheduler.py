@@ -111,6 +111,7 @@ class Scheduler(threading.Thread):
         context_length: int,
         die_on_error: bool = True,
         step_floor_s: float = 0.0,
+        token_floor_s: float = 0.0,
         ranks: RankGroup | None = None,
     ) -> None:
         super().__init__(name="scheduler", daemon=True)
@@ -146,6 +147,9 @@ class Scheduler(threading.Thread):
         # GPU cost model (--gpu-step-ms): on a GPU one pass costs about the same for 1 or 64 tokens and
         # for 1 or many sequences (memory-bound), which is what makes speculative decoding pay off.
         self.step_floor_s = step_floor_s
+        # --gpu-token-us: each running sequence adds the cost of the tokens its pass verifies, so a big batch
+        # of speculative sequences stops being free (cost_model.py)
+        self.token_floor_s = token_floor_s
         self.sampling_kernel = _sampling_kernel(sampling_backend)
         self.init_memory_pool()
 
@@ -233,9 +237,11 @@ class Scheduler(threading.Thread):
             if self.running:
                 if self.ranks is not None:
                     self.ranks.step()
+                # the iteration's floor is charged once over the whole running batch, as one GPU pass
+                floor = self.step_floor_s + self.token_floor_s * len(self.running)
                 self.run_batch()
                 spent = time.monotonic() - started
-                step = max(spent, self.step_floor_s) * self.slow_factor
+                step = max(spent, floor) * self.slow_factor
                 if step > spent:
                     time.sleep(step - spent)
 

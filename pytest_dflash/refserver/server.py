@@ -27,7 +27,7 @@ import uvicorn
 
 from pytest_dflash.refserver import faults
 from pytest_dflash.refserver.chat_surface import think_end_ids
-from pytest_dflash.refserver.cost_model import avail_mem_gb, gpu_step_seconds, weights_gb
+from pytest_dflash.refserver.cost_model import avail_mem_gb, gpu_step_seconds, gpu_token_seconds, weights_gb
 from pytest_dflash.refserver.logs import setup_logging, uvicorn_log_config
 from pytest_dflash.refserver.model import ModelConfig, TinyLM
 from pytest_dflash.refserver.ranks import RankFaults, RankGroup
@@ -131,6 +131,7 @@ def launch_server(args: ServerArgs) -> None:
             sampling_backend=args.sampling_backend,
             context_length=args.effective_context_length,
             step_floor_s=gpu_step_seconds(args.gpu_step_ms, args.gpu_draft_ms, algo),
+            token_floor_s=gpu_token_seconds(args.gpu_token_us, algo, args.block_size, args.ddtree_budget),
             ranks=ranks,
         )
     except Exception:

@@ -108,6 +108,7 @@ class ServerArgs:
     model_seed: int = 0
     gpu_step_ms: float = 0.0
     gpu_draft_ms: float | None = None
+    gpu_token_us: float = 0.0
     inject: dict[str, float] = field(default_factory=dict)
     # SGLang's start-up warnings about speculative settings it changed, logged before the server_args line
     adjustments: list[str] = field(default_factory=list, repr=False)
@@ -269,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
            "for every running request) takes at least this long whatever the batch size; 0 = CPU speed")
     a("--gpu-draft-ms", type=float, default=None,
       help="refserver only: the drafter's pass in that model (default: --gpu-step-ms / 8)")
+    a("--gpu-token-us", type=float, default=0.0,
+      help="refserver only: what each token a pass verifies adds to an iteration (batch x tokens per "
+           "sequence: 1 for NONE, --speculative-num-draft-tokens, DDTREE's budget + 1), so speculation's "
+           "advantage falls with concurrency; 0 = a pass costs the same for any batch")
     a("--speculative-algorithm", type=str.upper, choices=SPECULATIVE_ALGORITHMS, default=None)
     a("--speculative-draft-model-path", default=None, help="accepted; the drafter is built in")
     a("--speculative-num-draft-tokens", type=int, default=None,

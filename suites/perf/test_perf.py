@@ -9,6 +9,10 @@ One load run per service (the profile's [perf] table) serves every test below. E
 message says how many more requests would decide) or REFUSED (the load client was saturated): the last two
 fail the test too — never a silent pass. Numbers go to reports/perf/<host>/<service>.json (bench_serving's
 field names), the verdict's metrics (perf.<service>.*) and the terminal summary; plots to the HTML row.
+
+With [perf] sweep (or --perf-sweep 1,4,16), the last three tests judge a load sweep of the host (every
+service at each concurrency level, interleaved): the [slo] table per level, goodput, and where speculation
+stops paying against the plain twin; the curve goes to reports/perf/<host>/sweep.json.
 """
 
 from __future__ import annotations
@@ -43,3 +47,21 @@ def test_no_regression_from_baseline(dflash_service: ServiceHandle, dflash_perf:
     """Not worse than the recorded baseline by more than regression_pct; --update-baseline records a good
     run."""
     dflash_perf.baseline_of(dflash_service)
+
+
+def test_sweep_within_slo(dflash_service: ServiceHandle, dflash_perf: PerfLayer) -> None:
+    """Load sweep ([perf] sweep): every level up to max_concurrency_within_slo meets the [slo] table, judged
+    on confidence bounds."""
+    dflash_perf.sweep_within_slo_of(dflash_service)
+
+
+def test_goodput_floor(dflash_service: ServiceHandle, dflash_perf: PerfLayer) -> None:
+    """Load sweep: requests/s within the SLOs at a level >= its floor (goodput_at = {16 = 5.0})."""
+    dflash_perf.goodput_of(dflash_service)
+
+
+@pytest.mark.dflash_services(speculative=True)
+def test_crossover(dflash_service: ServiceHandle, dflash_perf: PerfLayer) -> None:
+    """Load sweep: output tok/s over the plain twin's (crossover_vs) >= min_speedup at every level up to
+    speedup_up_to; the level where speculation stops paying is named with its bound."""
+    dflash_perf.crossover_of(dflash_service)

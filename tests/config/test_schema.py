@@ -94,9 +94,9 @@ def test_perf_and_floor_keys_match_the_validator() -> None:
 
     perf = _known_keys(copy.deepcopy(FULL), ("perf",)) - set(FULL["services"])  # service names are tables there
     assert _schema_keys("$defs", "perf") == perf
-    from pytest_dflash.config.tables.floors import FLOOR_KEYS, FLOOR_SETTINGS
+    from pytest_dflash.config.tables.floors import FLOOR_KEYS, FLOOR_SETTINGS, SWEEP_FLOORS
 
-    assert _schema_keys("$defs", "floors") == {*FLOOR_KEYS, *FLOOR_SETTINGS}
+    assert _schema_keys("$defs", "floors") == {*FLOOR_KEYS, *FLOOR_SETTINGS, *SWEEP_FLOORS}
 
 
 GOOD = """

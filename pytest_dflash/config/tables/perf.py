@@ -11,6 +11,34 @@ from pytest_dflash.config.tables.reader import Table
 
 PERF_ENDPOINTS = ("auto", "generate", "chat", "completions")
 PERF_SERVICE_KEYS = ("requests", "duration", "warmup")
+# A sweep is of concurrency levels: the perf layer's load is closed-loop, and concurrency is the batch the
+# GPU sees (where speculation's advantage is decided); a request rate would be an open loop, not run here.
+RATE_SWEEP = ("request-rate sweeps are not supported: the perf layer's load is closed-loop and a sweep's "
+              "levels are concurrencies (the batch the GPU sees), e.g. sweep = [1, 4, 16, 64]")
+
+
+def parse_sweep_levels(raw: object) -> tuple[int, ...] | str:
+    """[perf] sweep / --perf-sweep: positive integer concurrencies, sorted, distinct; or why not (a line)."""
+    if isinstance(raw, str):
+        parts: list[object] = [p.strip() for p in raw.split(",") if p.strip()]
+    elif isinstance(raw, list):
+        parts = list(raw)
+    else:
+        return f"expected a list of concurrency levels such as [1, 4, 16, 64], got {raw!r}"
+    levels: list[int] = []
+    for part in parts:
+        if isinstance(part, str) and part.isdigit():
+            part = int(part)
+        if isinstance(part, str) and any(u in part.lower() for u in ("/s", "rps", "qps", "rate")):
+            return f"{part!r}: {RATE_SWEEP}"
+        if isinstance(part, float) or (isinstance(part, str) and part.replace(".", "", 1).isdigit()):
+            return f"{part!r} is not a whole number of requests in flight ({RATE_SWEEP})"
+        if isinstance(part, bool) or not isinstance(part, int) or part < 1:
+            return f"expected concurrency levels (integers >= 1), got {part!r}"
+        levels.append(part)
+    if not levels:
+        return "expected at least one concurrency level, e.g. [1, 4, 16, 64]"
+    return tuple(sorted(set(levels)))
 
 
 def parse_perf(table: Table, services: Mapping[str, ServiceSpec],
@@ -70,6 +98,12 @@ def parse_perf(table: Table, services: Mapping[str, ServiceSpec],
             sub.done()
             per_service[key] = {k: v for k, v in entry.items() if v is not None}
     endpoint = table.choice("endpoint", PERF_ENDPOINTS)
+    sweep: tuple[int, ...] | None = None
+    if table.raw("sweep") is not None:
+        parsed = parse_sweep_levels(table.raw("sweep"))
+        if isinstance(parsed, str):
+            raise table.fail("sweep", parsed)
+        sweep = parsed
     values = {
         "endpoint": endpoint,
         "concurrency": count(table, "concurrency", 1),
@@ -86,6 +120,9 @@ def parse_perf(table: Table, services: Mapping[str, ServiceSpec],
         "retries": count(table, "retries", 0),
         "client_procs": count(table, "client_procs", 1),
         "dataset": dataset("dataset"),
+        "sweep": list(sweep) if sweep is not None else None,
+        "sweep_requests": count(table, "sweep_requests", 1),
+        "sweep_budget": duration(table, "sweep_budget"),
     }
     for name in per_service:
         table.get(name, dict)  # seen

@@ -22,6 +22,7 @@ from pytest_dflash.layers.perf.report import svg_plots
 from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.layers.perf.stats import bootstrap_bound, metric_sample
+from pytest_dflash.layers.perf.sweep.book import SweepBook
 from pytest_dflash.load.run import run_load
 from pytest_dflash.run.handle import HandleHost, ServiceHandle
 from pytest_dflash.run.state import HostContext
@@ -46,6 +47,9 @@ class PerfItem:
     runs: list[ServiceRun] = field(default_factory=list)
     measured: list[ServiceRun] = field(default_factory=list)
     judgements: list[tuple[ServiceRun, Judgement]] = field(default_factory=list)
+    # a sweep test's curve: its JUnit properties (a level each) and its lines for the report section
+    properties: list[tuple[str, float]] = field(default_factory=list)
+    sweep_lines: list[str] = field(default_factory=list)
 
     def use(self, run: ServiceRun) -> None:
         if run not in self.runs:
@@ -59,6 +63,8 @@ class PerfBook:
         self.config = config
         self.options = options
         self.runs: dict[tuple[str, str], ServiceRun] = {}
+        self.sweeps = SweepBook(load=self.load, settings=self.settings, report_dir=self.report_dir,
+                                levels=options.sweep)
 
     def report_dir(self) -> Path:
         from pytest_dflash.run.stash import RUN_KEY
@@ -74,7 +80,19 @@ class PerfBook:
             run = self.runs[key]
             item.use(run)
             return run
-        settings = self.settings(handle)
+        run = self.load(handle, self.settings(handle))
+        handle.host.run.progress(run.headline())
+        self.runs[key] = run
+        item.use(run)
+        item.measured.append(run)
+        self._compare(handle.host, run)
+        self._write_plots(run)
+        self.publish(handle.host, run)
+        return run
+
+    def load(self, handle: ServiceHandle, settings: PerfSettings) -> ServiceRun:
+        """One load run of the service with `settings` (measured again while the client was saturated),
+        neither kept nor published: `measure` keeps the service's run, a sweep (sweep/book.py) one a level."""
         progress = handle.host.run.progress
         model = handle.spec.model or "default"
         if settings.endpoint_for(handle.native) != "generate" and not handle.spec.model:
@@ -92,18 +110,10 @@ class PerfBook:
             progress(Heartbeat(f"{handle.label}: perf run so far: {done} requests ({failed} failed), "
                                f"{tokens / max(seconds, 1e-9):,.0f} tok/s, {seconds:.0f}s"))
 
-        run = ServiceRun.measure(host=handle.host.name, service=handle.name, algorithm=handle.algorithm,
-                                 url=handle.url, settings=settings, native=handle.native, model=model,
-                                 headers=headers, say=progress, flush_refused=refusal,
-                                 runner=functools.partial(run_load, so_far=so_far))
-        progress(run.headline())
-        self.runs[key] = run
-        item.use(run)
-        item.measured.append(run)
-        self._compare(handle.host, run)
-        self._write_plots(run)
-        self.publish(handle.host, run)
-        return run
+        return ServiceRun.measure(host=handle.host.name, service=handle.name, algorithm=handle.algorithm,
+                                  url=handle.url, settings=settings, native=handle.native, model=model,
+                                  headers=headers, say=progress, flush_refused=refusal,
+                                  runner=functools.partial(run_load, so_far=so_far))
 
     def _compare(self, host: HandleHost, run: ServiceRun) -> None:
         """Speed-ups between this run and the host's other runs (DDTREE vs DFLASH vs NONE)."""

@@ -48,6 +48,10 @@ def dflash_perf(request: pytest.FixtureRequest) -> PerfLayer:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report: pytest.TestReport = yield
     perf = item.stash.get(ITEM_KEY, None)
+    if perf is not None and report.when == "call" and perf.sweep_lines:  # a sweep test: its curve
+        report.sections.append(("dflash sweep", "\n".join(perf.sweep_lines)))
+        report.user_properties.append(("dflash_sweep", list(perf.sweep_lines)))  # the terminal summary's
+        item.user_properties.extend(perf.properties)
     if perf is None or report.when != "call" or not perf.runs:
         return report
     report.sections.append(("dflash perf", section_text(perf.runs, perf.judgements)))

@@ -31,6 +31,7 @@ from pytest_dflash.layers.perf.judging import confidence_of, judge_accept_length
 from pytest_dflash.layers.perf.options import PerfOptions
 from pytest_dflash.layers.perf.service_run import ServiceRun
 from pytest_dflash.layers.perf.settings import PerfSettings
+from pytest_dflash.layers.perf.sweep.checks import check_sweep
 from pytest_dflash.layers.perf.token_latency import (
     judge_token_latency,
     stream_token_latency,
@@ -177,6 +178,28 @@ class PerfLayer:
         run = self.measure(handle)
         other = self.measure_peer(handle, versus)
         self.check(run, [judge_speedup(run, other, float(floor), confidence=confidence_of(floors))])
+
+    # ---- load sweeps (layers/perf/sweep/): the host's sweep, run once, judged by the service's gates ----
+
+    def sweep_within_slo_of(self, handle: ServiceHandle) -> None:
+        """max_concurrency_within_slo: every level up to N meets the service's [slo]."""
+        __tracebackhide__ = True
+        self._sweep_gates(handle, "slo")
+
+    def goodput_of(self, handle: ServiceHandle) -> None:
+        """goodput_at = {LEVEL = req/s}: requests/s within the SLOs at a level, on its lower bound."""
+        __tracebackhide__ = True
+        self._sweep_gates(handle, "goodput")
+
+    def crossover_of(self, handle: ServiceHandle) -> None:
+        """crossover_vs + speedup_up_to (+ min_speedup): not slower than the plain twin up to a level."""
+        __tracebackhide__ = True
+        self._sweep_gates(handle, "crossover")
+
+    def _sweep_gates(self, handle: ServiceHandle, kind: str) -> None:
+        __tracebackhide__ = True
+        check_sweep(self.book.sweeps, handle, kind, node=self.node, properties=self.item.properties,
+                    lines=self.item.sweep_lines)
 
     def baseline_of(self, handle: ServiceHandle) -> None:
         """Compare with the recorded baseline, or (--update-baseline) record this run if it is good."""

@@ -28,6 +28,7 @@ class PerfOptions:
     allow_state_changes: bool = False  # --allow-state-changes (declared by the parity layer's hooks)
     tpot_ceiling_ms: float | None = None  # --tpot-ceiling-ms; None: the default / the profile's
     tpot_ceiling_off: bool = False
+    sweep: tuple[int, ...] | None = None  # --perf-sweep 1,4,16: a one-off sweep at these levels
 
 
 def _ceiling(config: pytest.Config) -> tuple[float | None, bool]:
@@ -62,6 +63,19 @@ def _dataset(config: pytest.Config) -> str | None:
     return str(path.resolve())
 
 
+def _sweep(config: pytest.Config) -> tuple[int, ...] | None:
+    """--perf-sweep 1,4,16: concurrency levels (a one-line usage error for anything else, rates too)."""
+    from pytest_dflash.config.tables.perf import parse_sweep_levels
+
+    raw = options.text(config, "dflash_perf_sweep")
+    if not raw:
+        return None
+    levels = parse_sweep_levels(raw)
+    if isinstance(levels, str):
+        raise pytest.UsageError(f"{options.where('dflash_perf_sweep')}: {levels}")
+    return levels
+
+
 def options_from_config(config: pytest.Config) -> PerfOptions:
     ceiling, ceiling_off = _ceiling(config)
     return PerfOptions(
@@ -80,4 +94,5 @@ def options_from_config(config: pytest.Config) -> PerfOptions:
         allow_state_changes=allow_state_changes(config),
         tpot_ceiling_ms=ceiling,
         tpot_ceiling_off=ceiling_off,
+        sweep=_sweep(config),
     )

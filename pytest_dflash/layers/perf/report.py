@@ -88,15 +88,22 @@ class PerfSummary:
 
     def __init__(self) -> None:
         self.latest: dict[tuple[str, str], dict[str, Any]] = {}
+        self.sweep_lines: list[str] = []  # each host's load sweep (layers/perf/sweep/), a line per curve
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for key, value in report.user_properties:
+            if key == "dflash_sweep" and isinstance(value, list):
+                self.sweep_lines += [str(v) for v in value if str(v) not in self.sweep_lines]
             if key == "dflash_perf" and isinstance(value, list):
                 for summary in value:
                     if isinstance(summary, dict):
                         self.latest[(str(summary["host"]), str(summary["service"]))] = summary
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if self.sweep_lines:
+            terminalreporter.section("dflash sweep")
+            for line in self.sweep_lines:
+                terminalreporter.write_line(line)
         if not self.latest:
             return
         terminalreporter.section("dflash perf")

@@ -1,0 +1,61 @@
+"""--gpu-token-us: a scheduler iteration over a batch costs more the more tokens it verifies (batch × tokens per
+sequence), so speculation's advantage falls with concurrency and a crossover exists on CPU; it moves with
+--speculative-num-draft-tokens and the step costs. The refserver batches concurrent requests into one
+iteration, so the cost is charged once per iteration over the running batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_dflash.load.run import run_load
+from pytest_dflash.load.spec import LoadSpec
+from pytest_dflash.refserver.cost_model import gpu_token_seconds, verified_tokens
+from pytest_dflash.refserver.launch import RefServerProcess
+
+
+@pytest.mark.parametrize(("algorithm", "block", "budget", "tokens"), [
+    ("NONE", 8, 32, 1), ("DFLASH", 8, 32, 8), ("DFLASH", 4, 32, 4), ("NGRAM", 6, 32, 6), ("DDTREE", 8, 32, 33),
+    ("DDTREE", 8, 12, 13)])
+def test_tokens_a_pass_verifies_per_sequence(algorithm: str, block: int, budget: int, tokens: int) -> None:
+    assert verified_tokens(algorithm, block, budget) == tokens
+    assert gpu_token_seconds(500, algorithm, block, budget) == pytest.approx(tokens * 500e-6)
+    assert gpu_token_seconds(0, algorithm, block, budget) == 0.0  # the default: today's flat cost
+
+
+def _tok_s(server: RefServerProcess, concurrency: int) -> float:
+    spec = LoadSpec(endpoint="generate", concurrency=concurrency, num_requests=2 * concurrency,
+                    warmup_requests=concurrency, prompt_len=8, output_len=8, max_loop_lag_ms=500,
+                    max_client_cpu=1.0)
+    result = run_load(server.url, spec)
+    assert not result.metrics["failed"]
+    return float(result.metrics["output_throughput"])
+
+
+def _speedups(token_us: str, block: str, step_ms: str = "8") -> tuple[float, float]:
+    """(speed-up at concurrency 1, at concurrency 8) of DFLASH over NONE under one cost model."""
+    cost = ("--gpu-step-ms", step_ms, "--gpu-token-us", token_us)
+    with RefServerProcess(*cost) as none, RefServerProcess(
+            *cost, "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", block) as dflash:
+        return _tok_s(dflash, 1) / _tok_s(none, 1), _tok_s(dflash, 8) / _tok_s(none, 8)
+
+
+def test_the_crossover_exists_and_moves_with_the_draft_tokens_and_the_step_cost() -> None:
+    # 8 ms steps, 1.2 ms per verified token: at concurrency 1 the draft pays (~3 tokens per pass of 8, 18.6 ms
+    # vs 9.2 ms); at 8 a DFLASH pass verifies 64 tokens (~86 ms) for ~24 committed, NONE its 8 (~18 ms) for 8.
+    # The floors stay above the CPU's work of the tiny model even on a loaded machine (docs/refserver.md).
+    low, high = _speedups("1200", "8")
+    assert low > 1.2, (low, high)
+    assert high < 0.8, (low, high)
+    # a smaller block verifies fewer tokens per pass: speculation still pays at 8 (the crossover moved up)
+    _, high_small = _speedups("1200", "3")
+    assert high_small > high * 1.3, (high, high_small)
+    # a dearer fixed step (a bigger model, memory-bound for longer) hides more of the token cost: up it goes
+    _, high_slow_step = _speedups("1200", "8", step_ms="32")
+    assert high_slow_step > high * 1.3, (high, high_slow_step)
+
+
+def test_one_iteration_serves_the_whole_batch() -> None:
+    # without a token cost a pass costs the same for 1 or 8 sequences: 8 streams get ~8x the tokens/s
+    with RefServerProcess("--gpu-step-ms", "20") as none:
+        one, eight = _tok_s(none, 1), _tok_s(none, 8)
+    assert eight > 5 * one, (one, eight)
