@@ -14,7 +14,9 @@ from pytest_dflash.layers.perf.sweep.curve import ServiceCurve, SweepCurve
 __all__ = ["host_sweep_block", "max_within_slo", "sweep_section", "swept_in_run"]
 
 OUTCOME_COLOURS = {"pass": "#1b5e20", "fail": "#8b1a1a", "inconclusive": "#7a3e00"}  # >= 7:1 on white
-CSS = ("<style>div.dflash-sweep{margin:4px 0 18px}div.dflash-sweep ul{margin:4px 0;color:#1a1a1a}"
+# pytest-html greys its headings (2.9:1): the section sets its own dark text
+CSS = ("<style>div.dflash-sweep{margin:4px 0 18px;color:#1a1a1a}div.dflash-sweep h3,div.dflash-sweep ul"
+       "{margin:4px 0;color:#1a1a1a}"
        "div.dflash-sweep-plots{display:flex;flex-wrap:wrap;gap:8px}</style>")
 
 
@@ -45,12 +47,25 @@ def _summary(curve: SweepCurve) -> list[str]:
             lines.append(f"no crossover: {speedup.service} is not confidently slower than {speedup.versus} "
                          f"at any level measured (up to concurrency {max(paid) if paid else '?'})")
     for service in curve.services:
-        if not service.slo:
-            continue
-        within = max_within_slo(service)
-        lines.append(f"{service.service}: within the SLOs up to concurrency {within}" if within is not None
-                     else f"{service.service}: no level within the SLOs (from concurrency {curve.levels[0]})")
+        if service.slo:
+            lines.append(f"{service.service}: {_slo_reach(service)}")
     return lines
+
+
+def _slo_reach(service: ServiceCurve) -> str:
+    """'within the SLOs up to concurrency 4; concurrency 8 broke them' / '…; concurrency 1 inconclusive (the
+    SLOs not confidently met)' / 'within the SLOs at every level (up to concurrency 16)'."""
+    within = max_within_slo(service)
+    reach = (f"within the SLOs up to concurrency {within}" if within is not None
+             else "no level confidently within the SLOs")
+    stop = next((p for p in service.levels if p.slo_outcome != "pass"), None)
+    if stop is None:
+        return f"within the SLOs at every level (up to concurrency {within})"
+    if not stop.measured:
+        return f"{reach}; concurrency {stop.concurrency} {stop.why or 'not run'}"
+    if stop.slo_outcome == "fail":
+        return f"{reach}; concurrency {stop.concurrency} broke them"
+    return f"{reach}; concurrency {stop.concurrency} {stop.slo_outcome} (the SLOs not confidently met)"
 
 
 def host_sweep_block(curve: SweepCurve) -> str:

@@ -80,6 +80,20 @@ def test_latency_shades_the_slo_band_draws_the_ceiling_and_crosses_the_points_th
     assert [_tips(g).split(":")[0] for g in _groups(ttft, "dflash-slo-broken")] == ["none at concurrency 8"]
 
 
+def test_a_ceiling_far_above_every_point_is_said_not_drawn_to_scale(curve: SweepCurve) -> None:
+    """An SLO of 5 s over p99s of 10-100 ms: the axis stays on the points (before: stretched to 5000, every
+    point flat on the axis), the band fills the plot, the ceiling is labelled as above this scale."""
+    loose = dataclasses.replace(curve, slo={"ttft_p99_ms": 5000.0}, services=tuple(
+        dataclasses.replace(s, slo={"ttft_p99_ms": 5000.0}) for s in curve.services))
+    root = _svg(sweep_latency_svg(loose, "ttft_p99_ms"))
+    ticks = [float(t.text or "0") for t in root.iter(f"{NS}text") if (t.get("text-anchor") == "end"
+                                                                       and (t.text or "").isdigit())]
+    assert max(ticks) < 1000, ticks
+    (ceiling,) = _groups(root, "dflash-slo-ceiling")
+    assert _text(ceiling).startswith("SLO TTFT p99 ≤ 5000 ms") and _text(ceiling).endswith("(above this scale)")
+    assert not list(ceiling.iter(f"{NS}line"))
+
+
 def test_latency_without_an_slo_has_no_band(curve: SweepCurve) -> None:
     bare = dataclasses.replace(curve, slo={}, services=tuple(dataclasses.replace(s, slo={})
                                                              for s in curve.services))
@@ -126,7 +140,9 @@ def test_the_report_section_draws_each_host_that_swept_in_this_run(curve: SweepC
     assert page.count('class="dflash-sweep"') == 1 and 'data-host="refserver"' in page
     assert ("crossover: dflash (DFLASH) is slower than none from concurrency 8 (0.78x, 95% upper bound 0.85x)"
             in page)
-    assert "dflash: no level within the SLOs" in page  # its first level's SLO checks were inconclusive
+    # its first level's p99s have no finite upper bound (30 requests): not a pass, and not said to be broken
+    assert ("dflash: no level confidently within the SLOs; concurrency 1 inconclusive (the SLOs not confidently "
+            "met)") in page
     assert page.count("<svg") == 4
     # a sweep.json an earlier run left behind is not this run's picture
     assert sweep_section(tmp_path, {"refserver": {"perf.dflash.output_throughput": 1.0}}) == ""

@@ -39,6 +39,7 @@ HALO = 'stroke="#fff" stroke-width="3" paint-order="stroke"'  # a label legible 
 # (the SLO band)
 SERIES = tuple(c for c in PALETTE if c not in ("#d62728", "#2ca02c"))
 XLABEL = "concurrency (concurrent requests, log2 scale)"
+OFF_SCALE = 3.0  # a latency SLO more than 3x the highest point is labelled at the top, not drawn to scale
 LATENCY_PLOTS = {"ttft_p99_ms": "TTFT p99", "tpot_p99_ms": "TPOT p99"}
 
 
@@ -122,13 +123,16 @@ def _not_run(c: Canvas, missing: dict[int, list[tuple[str, str]]], everyone: int
 
 
 def _ceiling(c: Canvas, value: float, text: str, broken: bool) -> None:
-    """An SLO ceiling: a dashed threshold line across the plot, labelled at its right end in dark text."""
+    """An SLO ceiling: a dashed threshold line across the plot, labelled at its right end in dark text; one
+    above the y axis is only labelled, under the plot's top edge."""
+    above = value > c.yhi
     y = c.py(min(value, c.yhi))
     colour = BROKE if broken else "#555"
-    c.parts.append(f'<g class="dflash-threshold dflash-slo-ceiling"><title>{escape(text)}</title>'
-                   f'<line x1="{c.x0}" y1="{y:.1f}" x2="{c.x1}" y2="{y:.1f}" stroke="{colour}" '
-                   f'stroke-width="1.5" stroke-dasharray="8 3"/><text x="{c.x1 - 4}" y="{y - 5:.1f}" '
-                   f'text-anchor="end" fill="{TEXT_RED if broken else "#1a1a1a"}" {HALO}>'
+    line = ("" if above else f'<line x1="{c.x0}" y1="{y:.1f}" x2="{c.x1}" y2="{y:.1f}" stroke="{colour}" '
+                             'stroke-width="1.5" stroke-dasharray="8 3"/>')
+    c.parts.append(f'<g class="dflash-threshold dflash-slo-ceiling"><title>{escape(text)}</title>{line}'
+                   f'<text x="{c.x1 - 4}" y="{y + 14 if above else y - 5:.1f}" text-anchor="end" '
+                   f'fill="{TEXT_RED if broken else "#1a1a1a"}" {HALO}>'
                    f"{escape(fit_text(text, c.x1 - c.x0 - 8))}</text></g>")
 
 
@@ -193,7 +197,9 @@ def sweep_latency_svg(curve: SweepCurve, key: str, *, width: int = WIDTH, height
         return empty_plot(title, width, height, f"no {label} measured")
     c = Canvas(title, XLABEL, f"{label} (ms)", width, height)
     xticks = _x_axis(c, curve.levels)
-    c.axes(xticks, c.set_y(0.0, _y_top([*values, *ceilings])))
+    # a ceiling far above every point would flatten them onto the axis: it is then said, not drawn to scale
+    shown = [ceiling for ceiling in ceilings if ceiling <= OFF_SCALE * max(values)]
+    c.axes(xticks, c.set_y(0.0, _y_top([*values, *shown])))
     for ceiling, services in sorted(ceilings.items()):  # the band first: points and lines go over it
         y = c.py(min(ceiling, c.yhi))
         who = "" if len(services) == len(curve.services) else f" ({', '.join(services)})"
@@ -232,7 +238,8 @@ def sweep_latency_svg(curve: SweepCurve, key: str, *, width: int = WIDTH, height
         who = "" if len(services) == len(curve.services) else f" ({', '.join(services)})"
         broken = any(chk.key == key and chk.outcome == "fail" for s in curve.services if s.service in services
                      for p in s.measured for chk in p.slo_checks)
-        _ceiling(c, ceiling, f"SLO {label}{who} ≤ {fmt(ceiling)} ms" + (": broken" if broken else ""), broken)
+        text = f"SLO {label}{who} ≤ {fmt(ceiling)} ms" + (": broken" if broken else "")
+        _ceiling(c, ceiling, text if ceiling in shown else text + " (above this scale)", broken)
     if ceilings:
         names.append("within the SLO (shaded)")
         colours.append(BAND)
