@@ -106,8 +106,8 @@ def test_the_html_report_draws_the_sweep_and_marks_the_crossover_the_curve_state
     assert "<h2>dflash load sweep</h2>" in text
     assert text.count('<div class="dflash-sweep" data-host="sweepy">') == 1
     section = text[text.index("<h2>dflash load sweep</h2>"):]
-    for title in ("sweepy: output tok/s against load", "sweepy: TTFT p99 against load",
-                  "sweepy: TPOT p99 against load", "sweepy: speed-up of dflash over none"):
+    for title in ("Output tok/s against load — sweepy", "TTFT p99 against load — sweepy",
+                  "TPOT p99 against load — sweepy", "Speed-up of dflash over none — sweepy"):
         assert f"<title>{title}</title>" in section, title
     assert section.count('class="dflash-error-bar"') >= 4  # 2 services x 2 levels of tok/s, and the speed-ups
     assert section.count('class="dflash-slo-band"') == 2 and "1× = as fast as none" in section

@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from support.svgtext import overflowing_texts
 
 from pytest_dflash.layers.perf.sweep.curve import SweepCurve
 from pytest_dflash.report.plots.sweep import (
@@ -115,6 +116,19 @@ def test_speedup_draws_the_1x_line_and_labels_the_crossover(curve: SweepCurve) -
     root = _svg(sweep_speedup_svg(curve, paying))
     assert not _groups(root, "dflash-crossover")
     assert _text(_groups(root, "dflash-no-crossover")[0]) == "no crossover up to concurrency 8"
+
+
+def test_every_sweep_picture_keeps_its_text_inside_even_with_long_names(curve: SweepCurve) -> None:
+    long = "dflash-qwen3-8b-block16-with-cuda-graphs-on-a-very-long-service-name"
+    host = "gpu-node-with-a-very-long-fully-qualified-name.rack-17.datacenter-west.example.internal"
+    renamed = dataclasses.replace(
+        curve, host=host,
+        services=tuple(dataclasses.replace(s, service=long if s.service == "dflash" else s.service)
+                       for s in curve.services),
+        speedups=tuple(dataclasses.replace(s, service=long) for s in curve.speedups))
+    for which in (curve, renamed):
+        for name, svg in sweep_plots(which).items():
+            assert overflowing_texts(svg) == [], name
 
 
 def test_sweep_plots_names_every_picture(curve: SweepCurve) -> None:

@@ -43,6 +43,18 @@ OFF_SCALE = 3.0  # a latency SLO more than 3x the highest point is labelled at t
 LATENCY_PLOTS = {"ttft_p99_ms": "TTFT p99", "tpot_p99_ms": "TPOT p99"}
 
 
+class _Plot(Canvas):
+    """A Canvas whose drawn title is fitted to the width (a host's long name shortened after a word), the
+    whole title kept as the SVG's <title>."""
+
+    def svg(self) -> str:
+        full = self.title
+        self.title = fit_text(full, self.w - 16, 13)
+        shown, drawn = self.title, super().svg()
+        self.title = full
+        return drawn.replace(f"<title>{escape(shown)}</title>", f"<title>{escape(full)}</title>", 1)
+
+
 def not_run_label(why: str | None) -> str:
     """A not-run level's short label: 'not run: budget', 'not run: early stop', 'not run: not ready'."""
     text = (why or "").lower()
@@ -142,12 +154,12 @@ def _measured(point: LevelPoint) -> bool:
 
 def sweep_throughput_svg(curve: SweepCurve, *, width: int = WIDTH, height: int = HEIGHT) -> str:
     """Output tok/s against concurrency for every service, each point with its bounds as an error bar."""
-    title = f"{curve.host}: output tok/s against load"
+    title = f"Output tok/s against load — {curve.host}"
     values = [v for s in curve.services for p in s.levels if p.output_tok_s is not None
               for v in (p.output_tok_s.point, p.output_tok_s.upper or p.output_tok_s.point)]
     if not curve.levels or not curve.services:
         return empty_plot(title, width, height, "no sweep")
-    c = Canvas(title, XLABEL, "output tokens/s (95% bounds)", width, height)
+    c = _Plot(title, XLABEL, "output tokens/s (95% bounds)", width, height)
     xticks = _x_axis(c, curve.levels)
     c.axes(xticks, c.set_y(0.0, _y_top(values)))
     missing: dict[int, list[tuple[str, str]]] = {}
@@ -190,12 +202,12 @@ def sweep_latency_svg(curve: SweepCurve, key: str, *, width: int = WIDTH, height
     a shaded band (the region within it), each point that broke it a red cross, the check's bounds as error
     bars where the SLO judged them."""
     label = LATENCY_PLOTS.get(key, key)
-    title = f"{curve.host}: {label} against load"
+    title = f"{label} against load — {curve.host}"
     ceilings = _slo_of(curve, key)
     values = [v for s in curve.services for p in s.measured for v in (p.latency.get(key),) if v is not None]
     if not values:
         return empty_plot(title, width, height, f"no {label} measured")
-    c = Canvas(title, XLABEL, f"{label} (ms)", width, height)
+    c = _Plot(title, XLABEL, f"{label} (ms)", width, height)
     xticks = _x_axis(c, curve.levels)
     # a ceiling far above every point would flatten them onto the axis: it is then said, not drawn to scale
     shown = [ceiling for ceiling in ceilings if ceiling <= OFF_SCALE * max(values)]
@@ -255,12 +267,12 @@ def sweep_speedup_svg(curve: SweepCurve, speedup: SpeedupCurve, *, width: int = 
                       height: int = HEIGHT) -> str:
     """`speedup.service`'s output tok/s over its twin's at each level with its bounds, the 1x line (as fast as
     the twin) and the crossover (the first level confidently below 1x) marked and labelled."""
-    title = f"{curve.host}: speed-up of {speedup.service} over {speedup.versus}"
+    title = f"Speed-up of {speedup.service} over {speedup.versus} — {curve.host}"
     ratios = [p.ratio for p in speedup.points if p.ratio is not None]
     if not ratios:
         return empty_plot(title, width, height, f"no level where both {speedup.service} and "
                                                 f"{speedup.versus} were measured")
-    c = Canvas(title, XLABEL, f"output tok/s ÷ {speedup.versus}'s (×, 95% bounds)", width, height)
+    c = _Plot(title, XLABEL, f"output tok/s ÷ {speedup.versus}'s (×, 95% bounds)", width, height)
     xticks = _x_axis(c, curve.levels or tuple(p.concurrency for p in speedup.points))
     top = _y_top([1.0, *(r.upper or r.point for r in ratios)])
     c.axes(xticks, c.set_y(0.0, top))
