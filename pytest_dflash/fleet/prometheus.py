@@ -32,7 +32,7 @@ from prometheus_client.metrics_core import Metric
 
 from pytest_dflash.client.deadline import bound_total_time, deadline
 from pytest_dflash.errors import ApiError
-from pytest_dflash.fleet.values import measurements
+from pytest_dflash.fleet.values import crossovers, measurements, sweep_samples
 from pytest_dflash.report.files import atomic_write
 from pytest_dflash.scrub.bounds import clip
 
@@ -64,6 +64,11 @@ METRICS: dict[str, str] = {
                                     "sampled generation succeeded)",
     "dflash_service_accept_length": "mean accept length measured on the service (speculative decoding)",
     "dflash_perf": "a measured number of the host (the verdict's metrics, no thresholds), by metric name",
+    "dflash_perf_sweep": "a load sweep's measured number, per service, concurrency level and metric "
+                         "(output_tok_s, goodput_req_s, ttft_p99_ms, speedup_vs_<twin>, ...)",
+    "dflash_perf_crossover_concurrency": "the lowest concurrency at which a speculative service is "
+                                         "confidently slower than its plain twin (absent: no crossover "
+                                         "within the sweep)",
 }
 
 
@@ -179,6 +184,14 @@ def fleet_metrics(summary: Mapping[str, Any]) -> Exposition:
     for name, host in hosts.items():
         for metric, value in measurements(host.get("metrics", {})).items():  # thresholds stay out
             _maybe(out, "dflash_perf", {"host": name, "metric": metric}, value)
+    for name, host in hosts.items():
+        metrics = host.get("metrics", {})
+        for service, level, metric, value in sweep_samples(metrics):
+            _maybe(out, "dflash_perf_sweep",
+                   {"host": name, "service": service, "level": str(level), "metric": metric}, value)
+        for service, versus, level_value in crossovers(metrics):
+            _maybe(out, "dflash_perf_crossover_concurrency",
+                   {"host": name, "service": service, "versus": versus}, level_value)
     return out
 
 

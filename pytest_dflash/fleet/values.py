@@ -82,6 +82,30 @@ _MEASURED = re.compile(
     r"|service:[^.]+\.(?:ready_s|accept_length))$")
 
 
+# A load sweep's numbers (layers/perf/sweep/book.py sweep_metrics): one per service, level and metric
+# (`perf.dflash.sweep.c16.output_tok_s`; bounds, pass flags and gates excluded), and the crossover level
+# (`perf.dflash.sweep.crossover_vs_none`): Prometheus gives them `service` and `level` labels.
+_SWEEP = re.compile(r"^perf\.([^.]+)\.sweep\.c(\d+)\.([A-Za-z0-9_]+)$")
+_CROSSOVER = re.compile(r"^perf\.([^.]+)\.sweep\.crossover_vs_([^.]+)$")
+
+
+def sweep_samples(values: Mapping[str, float]) -> list[tuple[str, int, str, float]]:
+    """(service, level, metric, value) of every sweep number among a verdict's metrics (slo_pass, a flag,
+    left out)."""
+    out = []
+    for key, value in values.items():
+        m = _SWEEP.match(key)
+        if m is not None and m.group(3) != "slo_pass":
+            out.append((m.group(1), int(m.group(2)), m.group(3), value))
+    return out
+
+
+def crossovers(values: Mapping[str, float]) -> list[tuple[str, str, float]]:
+    """(service, twin, level) of every crossover a sweep found: where the service stops paying."""
+    return [(m.group(1), m.group(2), value) for key, value in values.items()
+            if (m := _CROSSOVER.match(key)) is not None]
+
+
 def is_measurement(key: str) -> bool:
     """Whether a flattened metric key (`perf.dflash.output_throughput`) is a measured number, not a threshold,
     setting, interval or pass flag (`token_latency:none.ceiling_ms`, `perf.dflash.output_tok_s.bound`)."""

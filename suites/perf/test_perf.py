@@ -10,9 +10,9 @@ message says how many more requests would decide) or REFUSED (the load client wa
 fail the test too — never a silent pass. Numbers go to reports/perf/<host>/<service>.json (bench_serving's
 field names), the verdict's metrics (perf.<service>.*) and the terminal summary; plots to the HTML row.
 
-With [perf] sweep (or --perf-sweep 1,4,16), the last three tests judge a load sweep of the host (every service
-at each concurrency level, interleaved): the [slo] table per level, goodput, and where speculation stops paying
-against the plain twin; the curve goes to reports/perf/<host>/sweep.json.
+With [perf] sweep (or --perf-sweep 1,4,16), the last three tests judge a load sweep of the host (every
+service at each concurrency level, interleaved): the [slo] table per level, goodput, and where speculation
+stops paying against the plain twin; the curve goes to reports/perf/<host>/sweep.json.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def test_no_regression_from_baseline(dflash_service: ServiceHandle, dflash_perf:
 
 
 def test_sweep_within_slo(dflash_service: ServiceHandle, dflash_perf: PerfLayer) -> None:
-    """Load sweep ([perf] sweep): every level up to max_concurrency_within_slo meets the [slo] table, judged on
-    confidence bounds."""
+    """Load sweep ([perf] sweep): every level up to max_concurrency_within_slo meets the [slo] table, judged
+    on confidence bounds."""
     dflash_perf.sweep_within_slo_of(dflash_service)
 
 

@@ -28,9 +28,12 @@ def local_profile(directory: Path, *, slow_dflash: int | None = None, max_loop_l
     """hosts/local.toml as shipped (its [perf] and [floors] tables), optionally with slow-decode on DFLASH.
 
     Named 'perf-local': the same profile as --host local, without waiting for the host lock of other
-    self-tests that run --host local in parallel (CI runs -n 2).
+    self-tests that run --host local in parallel (CI runs -n 2). Without its load sweep: the sweep tests are then
+    skipped as not applicable (tests/e2e/test_sweep_e2e.py judges sweeps), which keeps these runs short.
     """
     text = LOCAL.read_text()
+    assert text.count("sweep = [2, 4]\n") == 1
+    text = text.replace("sweep = [2, 4]\n", "")
     if slow_dflash is not None:
         anchor = '"--speculative-algorithm", "DFLASH",'
         assert text.count(anchor) == 1
@@ -57,7 +60,7 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
     html = tmp_path / "perf.html"
     clean = run_suite("perf", "--host", str(local_profile(tmp_path / "clean")), "--update-baseline", f"--baseline-dir={baselines}", f"--html={html}")
     assert_no_crash(clean)
-    clean.assert_outcomes(passed=10, skipped=1)  # skipped: NONE has no speed-up floor
+    clean.assert_outcomes(passed=10, skipped=9)  # skipped: NONE has no speed-up floor; 8 sweep tests, no sweep
     clean.stdout.fnmatch_lines([
         "*dflash perf*",
         f"{HOST}: generate, concurrency 1, 32+32 tokens, 30 requests and 60 s",
@@ -96,7 +99,7 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
     slow = run_suite("perf", "--host", str(local_profile(tmp_path / "slow", slow_dflash=SLOW_DECODE)),
                      "-k", "not ddtree", f"--baseline-dir={baselines}", f"--junitxml={junit}", f"--html={slow_html}")
     assert_no_crash(slow)
-    slow.assert_outcomes(failed=3, passed=3, skipped=1)  # DFLASH: floors, speed-up, baseline fail; accept length holds
+    slow.assert_outcomes(failed=3, passed=3, skipped=6, deselected=7)  # DFLASH: floors, speed-up, baseline fail; accept length holds
     floor = floors("dflash")["output_tok_s"]
     slow.stdout.fnmatch_lines([
         f"E * {HOST}/dflash: output_tok_s: FAIL — * tok/s, 95% upper bound * tok/s < floor {floor:g} tok/s "
@@ -136,7 +139,7 @@ def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_th
 def test_a_too_short_run_is_inconclusive_and_fails(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     result = run_suite("perf", "--host", str(local_profile(tmp_path)), "-k", "floors and dflash", "--perf-requests", "8")
     assert_no_crash(result)
-    result.assert_outcomes(failed=1, deselected=10)
+    result.assert_outcomes(failed=1, deselected=18)
     result.stdout.fnmatch_lines([
         f"E * {HOST}/dflash: output_tok_s: INCONCLUSIVE — * tok/s from too short a run (n=8 requests; at least 20 "
         "units are needed to judge); about 12 more requests would decide",
@@ -155,7 +158,7 @@ def test_a_saturated_client_refuses_to_judge_and_says_so(run_suite, tmp_path: Pa
     result = run_suite("perf", "--host", str(local_profile(tmp_path, max_loop_lag_ms=0.001)), "-k",
                        "(floors or accept_length) and dflash", "--perf-requests", "20")
     assert_no_crash(result)
-    result.assert_outcomes(failed=1, passed=2, deselected=8)
+    result.assert_outcomes(failed=1, passed=2, deselected=16)
     result.stdout.fnmatch_lines([
         "*perf-local/dflash: the load client was saturated (event-loop lag p99 * ms > 0.001 ms*): measuring again",
         f"E * {HOST}/dflash: output_tok_s: REFUSED — no judgement: the load client was saturated (event-loop lag "
@@ -181,7 +184,7 @@ def test_a_baseline_under_the_old_lossy_host_folder_is_still_compared_and_record
     recorded = run_suite("perf", "--host", str(path), "-k", "baseline and dflash and not ddtree", "--update-baseline",
                          f"--baseline-dir={baselines}")
     assert_no_crash(recorded)
-    recorded.assert_outcomes(passed=1, deselected=10)
+    recorded.assert_outcomes(passed=1, deselected=18)
     new = baselines / "perf%5Flocal" / "dflash.json"
     assert new.is_file() and (run_suite.reports / "perf" / "perf%5Flocal" / "dflash.json").is_file()
     old = baselines / "perf_local" / "dflash.json"
@@ -190,6 +193,6 @@ def test_a_baseline_under_the_old_lossy_host_folder_is_still_compared_and_record
     compared = run_suite("perf", "--host", str(path), "-k", "baseline and dflash and not ddtree",
                          f"--baseline-dir={baselines}")
     assert_no_crash(compared)
-    compared.assert_outcomes(passed=1, deselected=10)
+    compared.assert_outcomes(passed=1, deselected=18)
     notes = verdict(run_suite.reports, file_name("perf_local"))["notes"]  # perf%5Flocal.verdict.json
     assert any(f"perf baseline read from {old}" in note and str(new) in note for note in notes), notes

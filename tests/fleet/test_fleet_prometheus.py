@@ -143,3 +143,18 @@ def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypatc
     with pytest.raises(OSError, match="disk full"):
         write_textfile(target, "new\n")
     assert target.read_text() == "old\n" and os.listdir(tmp_path) == ["dflash.prom"]
+
+
+def test_a_sweep_is_charted_per_service_and_level_and_its_crossover_named(tmp_path: Path) -> None:
+    sweep = {"c1": {"output_tok_s": 300.0, "output_tok_s.lower": 280.0, "goodput_req_s": 20.0, "slo_pass": 1.0,
+                    "speedup_vs_none": 1.4},
+             "c16": {"output_tok_s": 900.0, "ttft_p99_ms": 120.0, "speedup_vs_none": 0.8},
+             "crossover_vs_none": 16.0, "crossover_vs_none.pass": 0.0}
+    make_verdict(tmp_path / "in", "gpu-a", GREEN, metrics={"perf": {"dflash": {"sweep": sweep}}})
+    families = parse(fleet_exposition(_summary(tmp_path)))
+    series = {(s["service"], s["level"], s["metric"]): families["dflash_perf_sweep"].value(**s)
+              for s in families["dflash_perf_sweep"].series()}
+    assert series == {("dflash", "1", "output_tok_s"): 300.0, ("dflash", "1", "goodput_req_s"): 20.0,
+                      ("dflash", "1", "speedup_vs_none"): 1.4, ("dflash", "16", "output_tok_s"): 900.0,
+                      ("dflash", "16", "ttft_p99_ms"): 120.0, ("dflash", "16", "speedup_vs_none"): 0.8}
+    assert families["dflash_perf_crossover_concurrency"].value(host="gpu-a", service="dflash", versus="none") == 16
