@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from support.svgtext import overflowing_texts
 
+from pytest_dflash.layers.perf.sweep.build import curve_from_files
 from pytest_dflash.layers.perf.sweep.curve import SweepCurve
 from pytest_dflash.report.plots.sweep import (
     not_run_label,
@@ -93,6 +94,23 @@ def test_a_ceiling_far_above_every_point_is_said_not_drawn_to_scale(curve: Sweep
     (ceiling,) = _groups(root, "dflash-slo-ceiling")
     assert _text(ceiling).startswith("SLO TTFT p99 ≤ 5000 ms") and _text(ceiling).endswith("(above this scale)")
     assert not list(ceiling.iter(f"{NS}line"))
+
+
+def test_a_p90_slo_is_drawn_over_the_p90s_and_e2e_gets_its_picture() -> None:
+    """hosts/local.toml judges p90s (30 requests bound a p90 above, a p99 needs 299): the TTFT picture is
+    the p90 its SLO judges, with its band (before: the p99s, no band, the SLO nowhere), e2e gets one because an
+    SLO judges it, TPOT stays at p99 without a band."""
+    curve = curve_from_files((DATA.parents[1] / "refserver-sweep").glob("*.json"), host="refserver",
+                             slo={"ttft_p90_ms": 30.0, "e2e_p90_ms": 300.0})
+    plots = sweep_plots(curve)
+    assert list(plots) == ["throughput", "ttft_p90_ms", "tpot_p99_ms", "e2e_p90_ms", "speedup:dflash:none"]
+    ttft = _svg(plots["ttft_p90_ms"])
+    assert "TTFT p90 (ms)" in _text(ttft) and len(_groups(ttft, "dflash-slo-band")) == 1
+    assert _text(_groups(ttft, "dflash-slo-ceiling")[0]) == "SLO TTFT p90 ≤ 30 ms: broken"
+    assert [_tips(g).split(":")[0] for g in _groups(ttft, "dflash-slo-broken")] == ["dflash at concurrency 8"]
+    assert len(_groups(ttft, "dflash-error-bar")) == 6  # each p90 with its bounds, from its SLO check
+    assert not _groups(_svg(plots["tpot_p99_ms"]), "dflash-slo-band")
+    assert _groups(_svg(plots["e2e_p90_ms"]), "dflash-slo-band")
 
 
 def test_latency_without_an_slo_has_no_band(curve: SweepCurve) -> None:

@@ -13,6 +13,7 @@ dashed line and "not run: budget", the whole reason as its tooltip.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from xml.sax.saxutils import escape
 
@@ -27,8 +28,8 @@ from pytest_dflash.report.plots.canvas import (
     fmt,
 )
 
-__all__ = ["LATENCY_PLOTS", "not_run_label", "sweep_latency_svg", "sweep_plots", "sweep_speedup_svg",
-           "sweep_throughput_svg"]
+__all__ = ["LATENCY_PLOTS", "latency_keys", "latency_label", "latency_value", "not_run_label",
+           "sweep_latency_svg", "sweep_plots", "sweep_speedup_svg", "sweep_throughput_svg"]
 
 # Dark enough for text on white at >= 7:1 (the project's contrast bar): a red and a grey for labels.
 TEXT_RED, TEXT_GREY = "#8b1a1a", "#4a4a4a"
@@ -40,7 +41,8 @@ HALO = 'stroke="#fff" stroke-width="3" paint-order="stroke"'  # a label legible 
 SERIES = tuple(c for c in PALETTE if c not in ("#d62728", "#2ca02c"))
 XLABEL = "concurrency (concurrent requests, log2 scale)"
 OFF_SCALE = 3.0  # a latency SLO more than 3x the highest point is labelled at the top, not drawn to scale
-LATENCY_PLOTS = {"ttft_p99_ms": "TTFT p99", "tpot_p99_ms": "TPOT p99"}
+LATENCY_PLOTS = ("ttft", "tpot")  # always drawn; e2e and itl too where an SLO judges them
+_STAT = re.compile(r"^(?P<metric>ttft|tpot|itl|e2e)_(?P<stat>p\d+(?:\.\d+)?|median|mean)_ms$")
 
 
 class _Plot(Canvas):
@@ -53,6 +55,34 @@ class _Plot(Canvas):
         shown, drawn = self.title, super().svg()
         self.title = full
         return drawn.replace(f"<title>{escape(shown)}</title>", f"<title>{escape(full)}</title>", 1)
+
+
+def latency_label(key: str) -> str:
+    """'ttft_p90_ms' -> 'TTFT p90', 'tpot_mean_ms' -> 'TPOT mean'."""
+    found = _STAT.match(key)
+    return f"{found['metric'].upper()} {found['stat']}" if found else key
+
+
+def latency_keys(curve: SweepCurve) -> list[str]:
+    """The latency pictures of a sweep: TTFT and TPOT, and e2e / ITL where an SLO judges them, each at the
+    statistic the SLO judges (a p90 SLO is drawn over the p90s, never over the p99s), else at p99."""
+    objectives = {key for service in curve.services for key in service.slo} | set(curve.slo)
+    keys = []
+    for metric in ("ttft", "tpot", "e2e", "itl"):
+        judged = sorted(k for k in objectives if (m := _STAT.match(k)) and m["metric"] == metric)
+        if judged:
+            keys += judged
+        elif metric in LATENCY_PLOTS:
+            keys.append(f"{metric}_p99_ms")
+    return keys
+
+
+def latency_value(point: LevelPoint, key: str) -> float | None:
+    """A level's `key`: its percentile (LATENCY_KEYS), else the point its SLO check measured (ttft_p90_ms)."""
+    value = point.latency.get(key)
+    if value is None:
+        value = next((c.point for c in point.slo_checks if c.key == key), None)
+    return value
 
 
 def not_run_label(why: str | None) -> str:
@@ -201,10 +231,10 @@ def sweep_latency_svg(curve: SweepCurve, key: str, *, width: int = WIDTH, height
     """`key` (ttft_p99_ms, tpot_p99_ms) against concurrency for every service; its SLO ceiling as a line over
     a shaded band (the region within it), each point that broke it a red cross, the check's bounds as error
     bars where the SLO judged them."""
-    label = LATENCY_PLOTS.get(key, key)
+    label = latency_label(key)
     title = f"{label} against load — {curve.host}"
     ceilings = _slo_of(curve, key)
-    values = [v for s in curve.services for p in s.measured for v in (p.latency.get(key),) if v is not None]
+    values = [v for s in curve.services for p in s.measured if (v := latency_value(p, key)) is not None]
     if not values:
         return empty_plot(title, width, height, f"no {label} measured")
     c = _Plot(title, XLABEL, f"{label} (ms)", width, height)
@@ -225,7 +255,7 @@ def sweep_latency_svg(curve: SweepCurve, key: str, *, width: int = WIDTH, height
         shift = _offset(i, len(curve.services))
         line = []
         for point in service.levels:
-            value = point.latency.get(key) if point.measured else None
+            value = latency_value(point, key) if point.measured else None
             if value is None:
                 if not point.measured:
                     why = point.why or "not run"
@@ -321,11 +351,11 @@ def sweep_speedup_svg(curve: SweepCurve, speedup: SpeedupCurve, *, width: int = 
 
 
 def sweep_plots(curve: SweepCurve) -> dict[str, str]:
-    """Every picture of a host's sweep: "throughput", "ttft_p99_ms", "tpot_p99_ms" (where measured) and
-    "speedup:<service>:<twin>" for each speed-up curve."""
+    """Every picture of a host's sweep: "throughput", a latency picture per key of :func:`latency_keys`
+    (where measured: "ttft_p99_ms", "tpot_p99_ms" …) and "speedup:<service>:<twin>" for each speed-up."""
     out = {"throughput": sweep_throughput_svg(curve)}
-    for key in LATENCY_PLOTS:
-        if any(p.latency.get(key) is not None for s in curve.services for p in s.measured):
+    for key in latency_keys(curve):
+        if any(latency_value(p, key) is not None for s in curve.services for p in s.measured):
             out[key] = sweep_latency_svg(curve, key)
     for speedup in curve.speedups:
         out[f"speedup:{speedup.service}:{speedup.versus}"] = sweep_speedup_svg(curve, speedup)
