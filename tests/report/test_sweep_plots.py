@@ -110,7 +110,8 @@ def test_a_p90_slo_is_drawn_over_the_p90s_and_e2e_gets_its_picture() -> None:
     assert [_tips(g).split(":")[0] for g in _groups(ttft, "dflash-slo-broken")] == ["dflash at concurrency 8"]
     assert len(_groups(ttft, "dflash-error-bar")) == 6  # each p90 with its bounds, from its SLO check
     assert not _groups(_svg(plots["tpot_p99_ms"]), "dflash-slo-band")
-    assert _groups(_svg(plots["e2e_p90_ms"]), "dflash-slo-band")
+    e2e = _svg(plots["e2e_p90_ms"])
+    assert _groups(e2e, "dflash-slo-band") and "e2e p90 (ms)" in _text(e2e)
 
 
 def test_latency_without_an_slo_has_no_band(curve: SweepCurve) -> None:

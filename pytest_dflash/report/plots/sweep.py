@@ -58,9 +58,12 @@ class _Plot(Canvas):
 
 
 def latency_label(key: str) -> str:
-    """'ttft_p90_ms' -> 'TTFT p90', 'tpot_mean_ms' -> 'TPOT mean'."""
+    """'ttft_p90_ms' -> 'TTFT p90', 'tpot_mean_ms' -> 'TPOT mean', 'e2e_p90_ms' -> 'e2e p90'."""
     found = _STAT.match(key)
-    return f"{found['metric'].upper()} {found['stat']}" if found else key
+    if found is None:
+        return key
+    metric = found["metric"]
+    return f"{metric if metric == 'e2e' else metric.upper()} {found['stat']}"
 
 
 def latency_keys(curve: SweepCurve) -> list[str]:
