@@ -2,11 +2,11 @@
 
 Top to bottom: totals and gate (and, at the end of one shard, the hosts in other shards); the host x layer
 matrix (failing hosts first, host names unwrapped, each failing cell names its diagnosis and links to the
-host's details); trend vs the previous run (new failures, fixed, disappeared, perf regressions); diagnoses
-across the fleet; the readiness spread (each service's seconds until
-ready across the hosts, as inline SVG); one section per failing host (failures with
-diagnosis and remedy, blocked roots, failing since, what changed since its last good verdict, perf deltas,
-services); passing hosts folded at the end.
+host's details; where speculation stops paying on the host: fleet/sweeps.py); trend vs the previous run
+(new failures, fixed, disappeared, perf regressions, a crossover that moved); diagnoses across the fleet; the
+readiness spread (each service's seconds until ready across the hosts, as inline SVG); one section per failing
+host (failures with diagnosis and remedy, blocked roots, failing since, what changed since its last good
+verdict, perf deltas, services); passing hosts folded at the end.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_dflash.fleet.sweeps import crossover_line, speculation_lines
 from pytest_dflash.fleet.values import measurements, safe_name
 from pytest_dflash.report.gpus import gpu_matrix_table
 from pytest_dflash.report.perf_table import perf_table, rows_from_metrics
@@ -147,6 +148,9 @@ def _trend(trend: Mapping[str, Any] | None) -> list[str]:
                    f"{e(', '.join(trend['new_hosts']))}</li>")
     if not any(trend[k] for k in ("new_failures", "fixed", "still_failing", "disappeared", "new_hosts")):
         out.append("<li>no change in host verdicts</li>")
+    out += [f'<li class="{"bad" if c["direction"] == "worse" else "good"}">{e(crossover_line(c))}'
+            + (f' <span class="meta">(good runs: {e(", ".join(h["crossover"] for h in c["history"]))})</span>'
+               if c.get("history") else "") + "</li>" for c in trend.get("crossover") or ()]
     out.append("</ul>")
     perf = trend["perf"]
     if perf:
@@ -213,7 +217,7 @@ def _matrix(hosts: Mapping[str, Mapping[str, Any]], layers: list[str]) -> list[s
            'failing hosts only</label> <input id="filter" placeholder="filter hosts" size="24"></div>',
            '<table id="matrix"><thead><tr><th>host</th><th>verdict</th>'
            + "".join(f"<th>{e(layer_header(layer))}</th>" for layer in layers)
-           + "<th>failing since</th></tr></thead><tbody>"]
+           + "<th>where speculation stops paying</th><th>failing since</th></tr></thead><tbody>"]
     order = sorted(hosts.items(), key=lambda kv: (kv[1]["verdict"] != "fail", kv[0]))
     for name, entry in order:
         verdict = entry["verdict"]
@@ -235,9 +239,11 @@ def _matrix(hosts: Mapping[str, Mapping[str, Any]], layers: list[str]) -> list[s
             small = f"<small>{e(', '.join(ids))}</small>" if ids else ""
             cells.append(f'<td class="o o-{e(outcome)}" title="{e(tip)}">{label}{small}</td>')
         since = e(entry.get("failing_since") or "")
+        speculation = "<br>".join(map(e, speculation_lines(entry)))
         out.append(f'<tr data-host="{e(name)}" data-verdict="{e(verdict)}">'
                    f'<td><a href="#{anchor(name)}">{e(name)}</a></td>'
-                   f'<td class="{e(verdict)}">{e(verdict.upper())}</td>{"".join(cells)}<td>{since}</td></tr>')
+                   f'<td class="{e(verdict)}">{e(verdict.upper())}</td>{"".join(cells)}'
+                   f'<td class="sweep">{speculation}</td><td>{since}</td></tr>')
     out.append("</tbody></table>")
     return out
 

@@ -17,6 +17,7 @@ from pytest_dflash.fleet.html import render_html
 from pytest_dflash.fleet.junit import render_junit
 from pytest_dflash.fleet.prometheus import fleet_exposition, write_textfile
 from pytest_dflash.fleet.summary import build_summary, read_summary
+from pytest_dflash.fleet.sweeps import crossover_line
 from pytest_dflash.fleet.trend import record_good_runs, trend_line
 from pytest_dflash.fleet.verdicts import History, LoadedVerdict
 from pytest_dflash.report.files import atomic_write
@@ -113,6 +114,7 @@ def headline(summary: Mapping[str, Any], *, gate_line: bool = True) -> list[str]
         if trend["disappeared"]:
             lines.append("disappeared (no verdict this time): " + ", ".join(trend["disappeared"][:20]))
         regressions = [p for p in trend["perf"] if p["regression"]]
+        lines += [crossover_line(c) for c in trend.get("crossover") or ()][:10]
         if regressions:
             lines.append("perf regressions: " + "; ".join(trend_line(p) for p in regressions[:5]))
     shown = 0

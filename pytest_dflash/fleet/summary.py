@@ -5,7 +5,8 @@ or the shards of one) -> one summary dict with trend and history (:func:`build_s
         ──outputs.write_outputs──▶ fleet-summary.json, fleet-summary.html, fleet-junit.xml, fleet.prom
 
 The summary holds, per host, the layer matrix, the failures with their diagnoses, blocked roots, services
-(algorithm, version, readiness, accept length) and perf numbers; for a failing host, since when it fails and
+(algorithm, version, readiness, accept length), perf numbers and the load sweep (where speculation stops
+paying: fleet/sweeps.py); for a failing host, since when it fails and
 what changed since its last good verdict. `trend` compares with the previous summary: new failures, fixed
 hosts, hosts that disappeared or appeared, perf deltas.
 
@@ -25,6 +26,7 @@ from typing import Any
 from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import DocumentTooDeep
+from pytest_dflash.fleet.sweeps import sweep_entry
 from pytest_dflash.fleet.trend import build_trend, what_changed
 from pytest_dflash.fleet.values import iso, numbers
 from pytest_dflash.fleet.verdicts import FleetInputError, History, LoadedVerdict
@@ -164,6 +166,8 @@ def host_entry(verdict: LoadedVerdict) -> dict[str, Any]:
                      for name, facts in sorted((data.get("services") or {}).items())
                      if isinstance(facts, Mapping)},
         "metrics": numbers(data.get("metrics") or {}),
+        # the load sweep, per service: levels, the highest within the SLOs, the crossover per plain twin
+        "sweep": sweep_entry(numbers(data.get("metrics") or {})),
         # a multi-GPU host: each GPU, its services and what the host layer found wrong (layers/gpu/host.py)
         "gpu_matrix": dict((data.get("facts") or {}).get("gpu_matrix") or {}),
         "notes": [str(n) for n in data.get("notes", [])][:20],

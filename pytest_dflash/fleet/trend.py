@@ -1,6 +1,7 @@
 """A failing host's "what changed" since its last good verdict (also for the per-run HTML report:
 :func:`changes_since_good`, handed to report/html.py by plugin.py), and the trend against the previous summary
-(new failures, fixed hosts, hosts that disappeared or appeared, perf changes beyond the run-to-run spread).
+(new failures, fixed hosts, hosts that disappeared or appeared, perf changes beyond the run-to-run spread, a
+crossover that moved: fleet/sweeps.py).
 
 A perf number is a regression only when its change is outside what repeated good runs show (issue 26: a raw
 percentage printed `ready_s 3.975 -> 4.495 (+13.1%)` for noise and taught people to ignore the line):
@@ -25,6 +26,7 @@ import pytest
 from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.documents import loads_json
 from pytest_dflash.fleet.changes import service_changes
+from pytest_dflash.fleet.sweeps import crossover_changes
 from pytest_dflash.fleet.values import flatten, host_numbers, is_measurement, parse_time, safe_name
 
 FAILING = ("failed", "blocked")
@@ -294,6 +296,9 @@ def build_trend(hosts: Mapping[str, dict[str, Any]], previous: Mapping[str, Any]
         "disappeared": sorted(name for name in set(before) - set(hosts)
                               if not any(fnmatch.fnmatchcase(name, pattern) for pattern in excluded)),
         "perf_threshold_pct": threshold_pct,
+        # where speculation stops paying, moved (fleet/sweeps.py), with the level over the good runs
+        "crossover": crossover_changes(hosts, before, None if history_dir is None else
+                                       {name: read_good_runs(history_dir, name) for name in hosts}),
         "perf_rule": RULE,
         "perf": perf,
     }

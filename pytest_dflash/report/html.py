@@ -4,7 +4,8 @@ diagnosis as a highlighted extra in each failed row (dark on pale), Host / Layer
 Diagnosis columns (sortable, like pytest-html's own), the run's metadata in the Environment table (through
 pytest-metadata: run id, plugin version, the SGLang / torch / FlashInfer versions seen), and the host x layer
 verdict table at the top of the report, each host's cold start as a timeline (services side by side, phases
-coloured: report/plots.py) over a table of the same phases as columns, a skipped row's reason as a sentence
+coloured: report/plots.py) over a table of the same phases as columns, each host's load sweep in pictures
+(report/sweep_section.py), a skipped row's reason as a sentence
 (not pytest's (path, line, reason) tuple), and a title that names the run's hosts and verdicts instead of the
 file name. (The journal tails already appear in each row's log block, because they are report sections.)
 Registered only when pytest-html is active."""
@@ -149,6 +150,17 @@ class HtmlHooks:
                       f'class="dflash-verdict"><tr><th>host</th><th>verdict</th>'
                       f"{head}</tr>{''.join(rows)}</table>")
         prefix.append(cold_start_section(builder))
+        prefix.append(self._sweeps(builder))
+
+    def _sweeps(self, builder: VerdictBuilder) -> str:
+        """Each host's load sweep of this run, in pictures (report/sweep_section.py)."""
+        from pytest_dflash.report.sweep_section import sweep_section
+        from pytest_dflash.run.stash import RUN_KEY
+
+        run = self.config.stash.get(RUN_KEY, None)
+        if run is None:
+            return ""
+        return sweep_section(run.options.report_dir, {name: v.metrics for name, v in builder.hosts.items()})
 
     def _first_screen(self, builder: VerdictBuilder) -> str:
         """Verdict, gate and why, and what changed (report/first_screen.py), above the Environment table."""

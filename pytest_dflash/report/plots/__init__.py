@@ -8,6 +8,8 @@ plot a module:
 * cold_start.py — one host's services side by side on one clock, each bar cut into its start-up phases
   (phases.py: the phases of the verdict's `services[<svc>]["ready"]`);
 * readiness_spread.py — each service's readiness seconds across the hosts of a fleet;
+* sweep.py — a load sweep's curves (tok/s, TTFT / TPOT p99 over the SLO band, the speed-up and its
+  crossover), from layers/perf/sweep's SweepCurve;
 * canvas.py — what they share: axes, ticks, legends, thresholds, text fitted into its room.
 
 Every function returns one ``<svg>`` element (valid XML, ``xmlns`` set, a ``<title>`` for screen readers) that
