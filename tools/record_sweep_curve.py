@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from pytest_dflash.layers.perf.sweep.build import curve_from_runs
-from pytest_dflash.layers.perf.sweep.curve import LevelPoint, SpeedupPoint
+from pytest_dflash.load.curve import LevelPoint, SpeedupPoint
 from pytest_dflash.load.results import LoadResult
 
 ROOT = Path(__file__).parents[1] / "tests" / "data"

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_dflash.layers.perf.sweep.curve import ServiceCurve, SweepCurve
+from pytest_dflash.load.curve import ServiceCurve, SweepCurve
 
 __all__ = ["host_sweep_block", "max_within_slo", "sweep_section", "swept_in_run"]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from support.pytest_runs import assert_no_crash, verdict
 
-from pytest_dflash.layers.perf.sweep.curve import SweepCurve
+from pytest_dflash.load.curve import SweepCurve
 
 PROFILE = """
 [host]

@@ -16,7 +16,7 @@ from e2e_helpers import ROOT
 from support.browser import dump_dom, screenshot
 from support.pytest_runs import assert_no_crash
 
-from pytest_dflash.layers.perf.sweep.curve import SweepCurve
+from pytest_dflash.load.curve import SweepCurve
 
 PROFILE = """
 [host]

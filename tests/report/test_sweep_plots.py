@@ -13,7 +13,7 @@ import pytest
 from support.svgtext import overflowing_texts
 
 from pytest_dflash.layers.perf.sweep.build import curve_from_files
-from pytest_dflash.layers.perf.sweep.curve import SweepCurve
+from pytest_dflash.load.curve import SweepCurve
 from pytest_dflash.report.plots.sweep import (
     not_run_label,
     sweep_latency_svg,

@@ -12,7 +12,10 @@
 #
 #   run(command="BUDGET=560 bash tools/device/run_real_sweep.sh",
 #       carry=[".sglang-stage", ".device/real-ddtree", ".device/wheels"])
-# LEVELS="1 4 16 64" DURATION=6 override the sweep; PROMPT_LEN / OUTPUT_LEN the request shape.
+# LEVELS="1 4 16 64" DURATION=6 override the sweep; PROMPT_LEN / OUTPUT_LEN the request shape. REQS_X=20 measures
+# REQS_X x the level requests per level (DURATION then only caps it): 20 resampling blocks, what a judgement on
+# bounds needs. SERVICES="none dflash" starts only those. CLIENT_PROCS=4 spreads the load client over processes
+# (a 6 s level at concurrency 32+ saturated one event loop: refused at the 5 ms lag limit).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -52,7 +55,7 @@ declare -A SPEC=(
     [ngram]="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
     [dflash]="--speculative-algorithm DFLASH --speculative-draft-model-path /tmp/models_accept/draft"
     [ddtree]="--speculative-algorithm DDTREE --speculative-draft-model-path /tmp/models_accept/draft --disable-overlap-schedule --speculative-ddtree-budget 32")
-SERVICES=(none ngram dflash ddtree)
+read -r -a SERVICES <<< "${SERVICES:-none ngram dflash ddtree}"
 for s in "${SERVICES[@]}"; do
     # shellcheck disable=SC2086
     setsid env PYTHONPATH=${SITE[$s]} python3 -m sglang.launch_server "${common[@]}" --port "${PORT[$s]}" ${SPEC[$s]} \
@@ -82,8 +85,10 @@ for level in $LEVELS; do
         s=${up[$(( (k + i) % n ))]}
         [ "$(left)" -gt $(( DURATION + 40 )) ] || { say "budget spent before $s at concurrency $level"; break 2; }
         acc=""; [ "$s" = none ] || acc=--server-accept-length
+        size=(--duration "$DURATION"); [ -n "${REQS_X:-}" ] && size=(--num-requests $(( REQS_X * level )) --duration "$DURATION")
         timeout $(( DURATION + 90 )) python3 -m pytest_dflash.load "http://127.0.0.1:${PORT[$s]}" --endpoint generate \
-            --concurrency "$level" --duration "$DURATION" --warmup "$level" --prompt-len "$PROMPT_LEN" \
+            --concurrency "$level" "${size[@]}" --warmup "$level" --prompt-len "$PROMPT_LEN" \
+            --client-procs "${CLIENT_PROCS:-1}" \
             --output-len "$OUTPUT_LEN" --request-timeout 60 $acc --out "$res/runs/$s-c$level.json" \
             > "$res/runs/$s-c$level.txt" 2>&1
         say "$s c=$level rc=$? $(grep -m1 -oE '[0-9.]+ output tok/s' "$res/runs/$s-c$level.txt") $(grep -m1 -oE 'accept length [0-9.]+' "$res/runs/$s-c$level.txt")"

@@ -1,4 +1,4 @@
-"""A load sweep's pictures (layers/perf/sweep/curve.py's :class:`SweepCurve`), concurrency on a log2 x axis:
+"""A load sweep's pictures (load/curve.py's :class:`SweepCurve`), concurrency on a log2 x axis:
 
 * :func:`sweep_throughput_svg` — output tok/s of every service, each point with its bounds as an error bar;
 * :func:`sweep_latency_svg` — a latency percentile (TTFT p99, TPOT p99) of every service, the region within
@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from xml.sax.saxutils import escape
 
-from pytest_dflash.layers.perf.sweep.curve import Interval, LevelPoint, SpeedupCurve, SweepCurve
+from pytest_dflash.load.curve import Interval, LevelPoint, SpeedupCurve, SweepCurve
 from pytest_dflash.report.plots.canvas import (
     HEIGHT,
     PALETTE,

@@ -1,4 +1,4 @@
-"""The sweep's data model (layers/perf/sweep/curve.py): sweep.json round-trips, keeps not-run levels with
+"""The sweep's data model (load/curve.py): sweep.json round-trips, keeps not-run levels with
 their reason, and is strict JSON (a bound that is not finite is written as null)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from pytest_dflash.layers.perf.sweep.curve import (
+from pytest_dflash.load.curve import (
     FORMAT,
     GateResult,
     Interval,

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from pytest_dflash.layers.perf.sweep.build import curve_from_files, per_request_slo
-from pytest_dflash.layers.perf.sweep.curve import SweepCurve
 from pytest_dflash.layers.perf.sweep.gates import (
     gate_crossover,
     gate_goodput,
@@ -21,6 +20,7 @@ from pytest_dflash.layers.perf.sweep.gates import (
 )
 from pytest_dflash.layers.perf.sweep.plan import SweepPlan
 from pytest_dflash.layers.perf.sweep.run import SweepRecord, SweepService, run_sweep
+from pytest_dflash.load.curve import SweepCurve
 from pytest_dflash.load.results import LoadResult
 
 DATA = Path(__file__).parents[2] / "data" / "refserver-sweep"

@@ -19,10 +19,10 @@ from pytest_dflash.layers.perf.judging import confidence_of
 from pytest_dflash.layers.perf.service_run import ServiceRun, write_json
 from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.layers.perf.sweep.build import comparison_pairs
-from pytest_dflash.layers.perf.sweep.curve import GateResult, Interval, SweepCurve
 from pytest_dflash.layers.perf.sweep.gates import judge_gates
 from pytest_dflash.layers.perf.sweep.plan import SweepPlan
 from pytest_dflash.layers.perf.sweep.run import SweepRecord, SweepService, run_sweep
+from pytest_dflash.load.curve import GateResult, Interval, SweepCurve
 from pytest_dflash.load.results import LoadResult
 from pytest_dflash.run.handle import HandleHost, ServiceHandle
 from pytest_dflash.scrub.redact import one_line

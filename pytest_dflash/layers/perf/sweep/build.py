@@ -30,7 +30,8 @@ from pytest_dflash.layers.perf.stats import (
     point_of,
     ratio_bound,
 )
-from pytest_dflash.layers.perf.sweep.curve import (
+from pytest_dflash.layers.perf.verdicts import judge_bound, judge_floor
+from pytest_dflash.load.curve import (
     LATENCY_KEYS,
     Interval,
     LevelPoint,
@@ -40,7 +41,6 @@ from pytest_dflash.layers.perf.sweep.curve import (
     SpeedupPoint,
     SweepCurve,
 )
-from pytest_dflash.layers.perf.verdicts import judge_bound, judge_floor
 from pytest_dflash.load.results import LoadResult
 from pytest_dflash.load.spec import Slo
 

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_dflash.config.tables.slo import slo_for
 from pytest_dflash.layers.perf.sweep.book import SweepBook, curve_lines
-from pytest_dflash.layers.perf.sweep.curve import GateResult, SweepCurve
+from pytest_dflash.load.curve import GateResult, SweepCurve
 from pytest_dflash.run import skips
 from pytest_dflash.run.handle import ServiceHandle
 

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 
 from pytest_dflash.layers.perf.stats import metric_sample
 from pytest_dflash.layers.perf.sweep.build import goodput_sample, per_request_slo, speedup_curve
-from pytest_dflash.layers.perf.sweep.curve import GateResult, SpeedupCurve
 from pytest_dflash.layers.perf.sweep.run import SweepRecord
 from pytest_dflash.layers.perf.verdicts import judge_floor, judge_ratio
+from pytest_dflash.load.curve import GateResult, SpeedupCurve
 
 __all__ = ["gate_crossover", "gate_goodput", "gate_max_concurrency", "judge_gates", "levels_up_to"]
 

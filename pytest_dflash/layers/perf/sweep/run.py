@@ -21,8 +21,8 @@ from pytest_dflash.layers.perf.sweep.build import (
     slo_outcome,
     speedup_curve,
 )
-from pytest_dflash.layers.perf.sweep.curve import LevelPoint, ServiceCurve, SweepCurve
 from pytest_dflash.layers.perf.sweep.plan import SweepPlan, describe_budget
+from pytest_dflash.load.curve import LevelPoint, ServiceCurve, SweepCurve
 from pytest_dflash.load.results import LoadResult
 
 __all__ = ["SweepRecord", "SweepService", "run_sweep"]
