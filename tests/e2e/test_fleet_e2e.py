@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from e2e_helpers import write_profile
 from support.promparse import parse
 from support.pytest_runs import assert_no_crash, verdict
@@ -35,6 +36,7 @@ def _merge(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
+@pytest.mark.heavy
 def test_fleet_runs_hosts_in_parallel_one_broken_host_fails_alone(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     write_profile(tmp_path, "good", {"dflash": ("DFLASH", [])})
     write_profile(tmp_path, "sm120", {"dflash": ("DFLASH", ["--inject", "flashinfer-sm120"])})

@@ -39,6 +39,7 @@ def _dflash_failure(run_suite, result: pytest.RunResult) -> str:  # type: ignore
     return json.dumps(data) + result.stdout.str()
 
 
+@pytest.mark.heavy
 def test_local_tp_smoke_passes(run_suite) -> None:  # type: ignore[no-untyped-def]
     result = run_suite("smoke", "--host", str(LOCAL_TP))
     assert_no_crash(result)
@@ -60,6 +61,7 @@ def _junit_failure(junit: Path) -> tuple[str, dict[str, str]]:
 RANK1 = r"tensor-parallel rank TP1 \(rank 1, pid (\d+), visible GPU 1\)"
 
 
+@pytest.mark.heavy
 def test_a_rank_killed_while_serving_is_one_diagnosis_naming_rank_pid_gpu_and_signal(  # type: ignore[no-untyped-def]
         run_suite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """rank-crash=1@3: rank 1 SIGKILLed while serving; the test sees a dropped connection. Before: 'ApiError …
@@ -103,6 +105,7 @@ def test_a_rank_killed_while_serving_is_one_diagnosis_naming_rank_pid_gpu_and_si
     assert f"RANK dflash: tensor-parallel rank TP1 (rank 1, pid {pid}, visible GPU 1) died" in text
 
 
+@pytest.mark.heavy
 def test_a_rank_stopped_during_readiness_is_named_not_taken_for_a_cold_jit(  # type: ignore[no-untyped-def]
         run_suite, tmp_path: Path) -> None:
     """rank-hang=1@2: rank 1 SIGSTOPped on readiness's sampled request. Before: 'sampled phase … not answered
@@ -131,6 +134,7 @@ def test_a_rank_stopped_during_readiness_is_named_not_taken_for_a_cold_jit(  # t
     assert took < 50  # ready_timeout is 60 s: the stopped rank ended the wait
 
 
+@pytest.mark.heavy
 def test_a_rank_without_kv_cache_memory_fails_start_up_naming_it(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     result = run_suite("smoke", "--host", str(_faulty(tmp_path, "rank-oom=1")))
     assert_no_crash(result)
@@ -153,6 +157,7 @@ def test_nccl_init_that_never_ends_fails_at_its_budget_not_at_ready_timeout(run_
     assert took < 50  # ready_timeout is 60 s: the budget ended it, not readiness
 
 
+@pytest.mark.heavy
 def test_a_stopped_rank_is_engine_stuck_naming_the_rank(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """rank-hang=1@3: the rank stops (SIGSTOP) on the first request after readiness; the request runs out of
     --request-timeout (20 s here) and the stuck check names the tensor-parallel engine and the stopped rank."""
