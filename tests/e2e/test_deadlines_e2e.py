@@ -53,6 +53,7 @@ def test_a_stream_of_blank_lines_fails_within_the_request_timeout(run_suite) -> 
     assert outcomes.get("failed") == 1, outcomes
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("fault", "suite", "said", "diagnosis"), [
     ("wedge=3", "smoke", "is stuck", "engine-stuck"),  # served readiness (2 requests) and one test, then never again
     # readiness's 8 tokens fit its budget; 16 tokens do not fit 3 s

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from e2e_helpers import write_profile
 from support.promparse import parse
 from support.pytest_runs import assert_no_crash, verdict
@@ -35,6 +36,7 @@ def _merge(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
+@pytest.mark.heavy
 def test_fleet_runs_hosts_in_parallel_one_broken_host_fails_alone(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     write_profile(tmp_path, "good", {"dflash": ("DFLASH", [])})
     write_profile(tmp_path, "sm120", {"dflash": ("DFLASH", ["--inject", "flashinfer-sm120"])})
@@ -119,13 +121,8 @@ def test_fleet_runs_hosts_in_parallel_one_broken_host_fails_alone(run_suite, tmp
     assert _merge(str(reports), "--out", str(tmp_path / "g1"), "--gate", "host").returncode == 0
     excluded = _merge(str(reports), "--out", str(tmp_path / "g2"), "--gate", GATE, "--exclude", "gamma")
     assert excluded.returncode == 0 and "gate service,generation: PASSED" in excluded.stdout, excluded.stdout
-    healthy_reports = tmp_path / "healthy"
-    again = run_suite("smoke", "--fleet", f"{inventory}:healthy", "-n", "auto", "--gate", GATE,
-                      f"--dflash-report={healthy_reports}")
-    assert_no_crash(again)
-    assert again.ret == 0, again.stdout.str()[-3000:]
-    assert sorted(p.name for p in healthy_reports.glob("*.verdict.json")) == ["alpha.verdict.json",
-                                                                              "beta.verdict.json"]
+    # (a gated run that passes exits 0: test_verdict_text_e2e's; an inventory group selects its hosts:
+    # tests/config/test_inventory.py's)
     assert elapsed < 90, f"the fleet run took {elapsed:.0f}s"
 
 

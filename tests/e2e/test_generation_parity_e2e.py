@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from e2e_helpers import write_profile
 from support.pytest_runs import assert_no_crash, verdict
 
@@ -21,6 +22,7 @@ def _failures(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {f["test"].rsplit("::", 1)[1]: f for f in data["failures"]}
 
 
+@pytest.mark.heavy
 def test_clean_refservers_pass_generation_and_parity(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     extra = tmp_path / "extra.json"
     extra.write_text(json.dumps([{"name": "extra", "text": "Roses are red, violets are"}]))

@@ -172,6 +172,7 @@ def _first_screen(page: Path, tmp_path: Path) -> dict[str, str]:
     return body.attrs
 
 
+@pytest.mark.heavy
 def test_the_first_screen_says_verdict_gate_why_and_what_changed(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Two nights of one host, gated on service,generation. Night one passes. Night two its unit's command
     says 6 draft tokens instead of 8 and the service dies on its first sampled request (FlashInfer's SM 12.x

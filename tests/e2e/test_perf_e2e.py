@@ -54,6 +54,7 @@ def floors(name: str) -> dict[str, float]:
     return table
 
 
+@pytest.mark.heavy
 def test_clean_local_passes_and_records_baselines_then_slow_decode_fails_with_the_evidence(  # type: ignore[no-untyped-def]
         run_suite, tmp_path: Path) -> None:
     baselines = tmp_path / "baselines"

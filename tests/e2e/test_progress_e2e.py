@@ -35,6 +35,7 @@ def left_behind(result: pytest.RunResult) -> list[Path]:
     return list((state_root() / "progress").glob(f"{run_id.group(1)}*"))
 
 
+@pytest.mark.heavy
 def test_xdist_workers_progress_reaches_the_controller(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     good = write_profile(tmp_path, "prog-good", {"dflash": ("DFLASH", COLD)}, extra=perf_table(11))
     bad = write_profile(tmp_path, "prog-bad", {"dflash": ("DFLASH", ["--inject", "flashinfer-sm120=1"])},

@@ -84,6 +84,7 @@ def _properties(case: TestCase) -> dict[str, str]:
     return {p.name: p.value for p in props} if props is not None else {}
 
 
+@pytest.mark.heavy
 def test_junit_html_and_step_summary_from_one_failing_xdist_run(run_suite, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     profile = write_profile(tmp_path, "ci", {"none": ("NONE", []),

@@ -92,6 +92,7 @@ def test_sigterm_during_a_run_is_interrupted_never_pass(tmp_path: Path, sig: sig
     assert not (tmp_path / "history" / "term" / "last-good.verdict.json").exists()
 
 
+@pytest.mark.heavy
 def test_a_sigkilled_run_leaves_an_interrupted_verdict_not_an_old_pass(tmp_path: Path) -> None:
     stale = tmp_path / "killed.verdict.json"
     stale.write_text(json.dumps({"verdict": "pass", "host": "killed"}))  # what an earlier run left

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from e2e_helpers import write_profile
 from support.pytest_runs import assert_no_crash, verdict
 
@@ -56,6 +57,7 @@ def test_smoke_fails_a_draft_that_is_never_accepted_and_a_renamed_model(run_suit
     assert "speculation spec/working" in html.read_text()  # the served configuration, in the Environment table
 
 
+@pytest.mark.heavy
 def test_ngram_and_eagle3_beside_plain_pass_smoke_generation_and_parity(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The refserver serves NGRAM and EAGLE3 losslessly with real acceptance; every suite passes them."""
     profile = write_profile(tmp_path, "algos", {

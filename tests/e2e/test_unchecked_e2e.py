@@ -23,6 +23,7 @@ def host_name(url: str) -> str:
     return url.removeprefix("http://").replace(":", "_")  # ":" is not kept in file names
 
 
+@pytest.mark.heavy
 def test_never_accepted_drafts_fail_attached_directly_and_behind_a_flaky_server_info(run_suite) -> None:  # type: ignore[no-untyped-def]
     rule = FlakyRoute(status=503, times=2, after_generations=2)  # greedy + sampled: the readiness generations
     with RefServerProcess("--speculative-algorithm", "DFLASH", "--random-draft") as server:
@@ -71,6 +72,7 @@ def test_a_gateway_without_server_info_leaves_a_dflash_profile_partial_and_fails
     assert any("only /v1/models was compared" in note for note in data["notes"]), data["notes"]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("status", [503, 501])
 def test_a_server_info_that_keeps_failing_after_readiness_is_could_not_check_never_not_sglang(  # type: ignore[no-untyped-def]
         run_suite, status: int) -> None:

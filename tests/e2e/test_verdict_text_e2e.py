@@ -12,6 +12,7 @@ from support.pytest_runs import assert_no_crash, verdict
 from pytest_dflash.config.inventory import shard_of
 
 
+@pytest.mark.heavy
 def test_a_gate_says_what_it_ignored_once(run_suite, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Two hosts, one serving a random draft (its drafts are never accepted: smoke's perf check fails), gated on
     service,generation: exit 0 as docs/gating.md says, and ONE gate line that names the failure outside the

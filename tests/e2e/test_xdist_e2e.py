@@ -11,6 +11,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from e2e_helpers import SUITES, write_profile
 from support.pytest_runs import EXTERNAL_DFLASH_PROFILE, verdict
 
@@ -41,6 +42,7 @@ def _pytest(cwd: Path, *args: str, timeout_s: float = 240,
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+@pytest.mark.heavy
 def test_with_one_worker_a_killed_worker_ends_the_run_interrupted(tmp_path: Path) -> None:
     """`-n 1`, the worker SIGKILLed in test_greedy_generation: before, xdist's loadgroup sent the replacement
     an empty unit and the run hung after "replacing crashed worker gw0"."""

@@ -56,6 +56,7 @@ def test_the_base_install_imports_every_module_but_the_refservers_without_torch(
     assert failed == "", f"modules a plain `pip install pytest-dflash` cannot import:\n{failed}"
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(900)  # the first test of a run to need a venv builds it (~1-2 min, 2.3 GB)
 def test_the_refserver_install_imports_every_module(refserver_venv: Path, elsewhere: Path) -> None:
     failed = run(refserver_venv / "bin" / "python", "-c", WALK, cwd=elsewhere, timeout=300).stdout.strip()

@@ -76,6 +76,7 @@ def _sent(log: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(600)  # every suite against three units on a shared 2-core machine
 def test_attach_sends_only_read_only_commands(testhost: TestHost, guest: Guest, runs: Runs, tmp_path: Path) -> None:
     # Two units the test starts itself: a healthy one, and one that is SIGKILLed during the tests (so

@@ -30,6 +30,7 @@ def eight_gpus(guest: Guest) -> Iterator[None]:
         guest.sh("rm -f /usr/local/bin/nvidia-smi /usr/local/bin/dmesg", check=False)
 
 
+@pytest.mark.heavy
 def test_one_bad_gpu_of_eight_blocks_only_the_service_on_it(testhost: TestHost, guest: Guest, eight_gpus: None,
                                                            runs: Callable[..., SuiteRun], tmp_path: Path) -> None:
     units = {"ddtree": RefUnit(unit_name("g8-ddtree"), "DDTREE", gpus=(0,)),

@@ -94,6 +94,7 @@ def test_sigterm_mid_run_still_tears_down(testhost: TestHost, guest: Guest, runs
     assert guest.lock_is_free()
 
 
+@pytest.mark.heavy
 def test_killed_run_leaves_a_stale_unit_that_the_next_run_removes(testhost: TestHost, guest: Guest, runs: Runs,
                                                                    tmp_path: Path) -> None:
     spec = RefUnit(unit_name("killed"), "DFLASH")
