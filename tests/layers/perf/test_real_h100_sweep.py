@@ -90,3 +90,32 @@ def test_levels_of_a_saturated_client_are_refused_at_the_limit_recorded() -> Non
     assert ngram is not None
     level = ngram.at(128)
     assert level is not None and level.saturated
+
+
+# ---- the same pair measured long enough to judge (long/: 20 x the level requests, 4 client processes) --------
+
+LONG = DATA / "long"
+
+
+def test_levels_long_enough_to_judge_bound_the_speedup_and_pass_a_gate_up_to_32() -> None:
+    """The second recording (plain and DFLASH at 16, 32, 64; 20 x the level requests, the load spread over four
+    client processes; the device's budget ended before DFLASH at 64): no client saturated at the recorded 5 ms
+    limit, the speed-up is judged on its bounds (DFLASH pays up to 32: 1.18x at 16, 1.11x at 32, both lower
+    bounds above 1x), a gate up to 32 passes, and one up to 64 is inconclusive on the level never run."""
+    paths = sorted(LONG.glob("*.json.gz"))
+    curve = curve_from_files(paths, host="h100-long")
+    results = {(run_file_stem(p).rsplit("-c", 1)[0], int(LoadResult.from_json(read_run_text(p)).spec.concurrency
+                                                          or 1)): LoadResult.from_json(read_run_text(p))
+               for p in paths}
+    record = SweepRecord(curve=curve, results=results)
+    dflash = curve.speedup("dflash", "none")
+    assert dflash is not None and dflash.crossover is None
+    points = {p.concurrency: p for p in dflash.points}
+    for level, point in ((16, 1.177), (32, 1.112)):
+        ratio = points[level].ratio
+        assert ratio is not None and ratio.point == pytest.approx(point, abs=0.005)
+        assert ratio.lower is not None and ratio.lower > 1.0 and points[level].versus_1x == "pass"
+    assert not any(level.saturated for service in curve.services for level in service.measured)
+    assert gate_crossover(record, "dflash", "none", 32).outcome == "pass"
+    up_to_64 = gate_crossover(record, "dflash", "none", 64)
+    assert up_to_64.outcome == "inconclusive" and "64" in up_to_64.message
