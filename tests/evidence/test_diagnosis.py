@@ -206,6 +206,10 @@ def test_symptoms_diagnose_only_when_no_log_was_read_and_say_what_is_missing() -
     assert found.id == "sampling-jit-first-sampled-request"
     assert found.evidence.startswith("seen over HTTP: ServiceGone:") and found.missing == "no service log was read"
     assert found.as_dict()["missing"] == "no service log was read"
+    # the same death when the liveness probe saw the refusal before the client saw the drop (a race under load)
+    raced = ("ServiceGone: service attached is gone during readiness: first sampled generation (temperature 0.8): "
+             "POST /generate killed it: connections refused while it was in flight")
+    assert diagnose(raced, symptoms=raced, missing="m")[0].id == "sampling-jit-first-sampled-request"
     assert "missing" not in diagnose("accept len: 1.00, accept rate: 0.00\nno speculation in practice")[0].as_dict()
     zero = "AssertionError: h/dflash: no speculation in practice: accept length 1.016 (accept rate 0.000) < 1.1"
     assert [d.id for d in diagnose(zero, symptoms=zero, missing="m")] == ["draft-never-accepted"]

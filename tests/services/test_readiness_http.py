@@ -127,7 +127,9 @@ def test_death_on_the_first_sampled_request_is_conclusive_within_2s() -> None:
         time.sleep(0.05)
     assert raised - seen["died"] < 2.0
     text = str(caught.value)
-    assert f"{SAMPLED_REQUEST} killed it: no HTTP response (connection dropped), then connections refused" in text
+    # the client sees the drop, then the probe the refusal; under load the probe can see the refusal first
+    assert (f"{SAMPLED_REQUEST} killed it: no HTTP response (connection dropped), then connections refused" in text
+            or f"{SAMPLED_REQUEST} killed it: connections refused while it was in flight" in text), text
     assert "during readiness: first sampled generation" in text and "seen over HTTP" in text
     assert caught.value.request == SAMPLED_REQUEST
 
