@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from e2e_helpers import ROOT, write_profile
-from support.browser import dump_dom, screenshot
+from support.browser import dump_dom, measured_body, screenshot
 from support.pytest_runs import assert_no_crash, verdict
 
 
@@ -154,22 +154,11 @@ FIRST_SCREEN = """<script>window.addEventListener('load', function () {
 });</script>"""
 
 
-class _Body(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.attrs: dict[str, str] = {}
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "body":
-            self.attrs = {k: v or "" for k, v in attrs}
-
 
 def _first_screen(page: Path, tmp_path: Path) -> dict[str, str]:
-    measured = tmp_path / f"first-screen-{page.name}"
-    measured.write_text(page.read_text().replace("</body>", FIRST_SCREEN + "</body>", 1))
-    body = _Body()
-    body.feed(dump_dom(measured, timeout_s=120))
-    return body.attrs
+    copy = tmp_path / f"first-screen-{page.name}"
+    copy.write_text(page.read_text())
+    return measured_body(copy, FIRST_SCREEN)
 
 
 @pytest.mark.heavy

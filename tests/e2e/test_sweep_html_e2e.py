@@ -9,11 +9,10 @@ on it; here the picture must say what sweep.json says). One run, shared by every
 from __future__ import annotations
 
 import re
-from html.parser import HTMLParser
 from pathlib import Path
 
 from e2e_helpers import ROOT
-from support.browser import dump_dom, screenshot
+from support.browser import measured_body, screenshot
 from support.pytest_runs import assert_no_crash
 
 from pytest_dflash.load.curve import SweepCurve
@@ -82,15 +81,6 @@ MEASURE = """<script>window.addEventListener('load', function () {
 });</script>"""
 
 
-class _Body(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.attrs: dict[str, str] = {}
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "body":
-            self.attrs = {k: v or "" for k, v in attrs}
-
 
 def test_the_html_report_draws_the_sweep_and_marks_the_crossover_the_curve_states(  # type: ignore[no-untyped-def]
         run_suite, tmp_path: Path) -> None:
@@ -122,11 +112,9 @@ def test_the_html_report_draws_the_sweep_and_marks_the_crossover_the_curve_state
                      section)
 
     # what a person sees: every text of the section at >= 7:1, the four pictures drawn
-    measured = tmp_path / "measured.html"
-    measured.write_text(text.replace("</body>", MEASURE + "</body>", 1))
-    body = _Body()
-    body.feed(dump_dom(measured, timeout_s=120))
-    shown = body.attrs
+    page_copy = tmp_path / "sweep.html"
+    page_copy.write_text(text)
+    shown = measured_body(page_copy, MEASURE)
     assert shown["data-svgs"] == "4", shown
     assert int(shown["data-texts"]) > 20, shown
     assert float(shown["data-lowest"].split()[0]) >= 7.0, shown["data-lowest"]

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,23 @@ def screenshot(html_path: Path, png_path: Path, *, width: int = 1400, height: in
     done = _run(html_path, [f"--window-size={width},{height}", f"--screenshot={png_path.resolve()}"], timeout_s)
     assert done.returncode == 0 and png_path.is_file(), f"chromium --screenshot failed: {done.stderr[-2000:]}"
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{png_path} is not a PNG"
+
+
+class _Body(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attrs: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "body":
+            self.attrs = {k: v or "" for k, v in attrs}
+
+
+def measured_body(html_path: Path, script: str, *, timeout_s: float = 120) -> dict[str, str]:
+    """The page with `script` put before </body> (it measures what Chromium rendered and writes the numbers as
+    attributes of <body>), rendered: those attributes."""
+    measured = html_path.with_name(f"measured-{html_path.name}")
+    measured.write_text(html_path.read_text().replace("</body>", script + "</body>", 1))
+    body = _Body()
+    body.feed(dump_dom(measured, timeout_s=timeout_s))
+    return body.attrs
