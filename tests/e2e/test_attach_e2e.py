@@ -16,10 +16,11 @@ from support.pytest_runs import assert_no_crash, verdict
 
 from pytest_dflash.refserver.launch import RefServerProcess
 
-GONE = ("*ServiceGone: service attached is gone during readiness: first sampled generation (temperature 0.8, "
-        "top_k 20, top_p 0.9): POST /generate (max_new_tokens 8, temperature 0.8, top_p 0.9, top_k 20) killed it: "
-        "no HTTP response (connection dropped), then connections refused*(seen over HTTP: attached by URL, "
-        "no process to ask)*")
+# the client sees the drop and then the probe the refusal; under load the probe can see the refusal first
+GONE = re.compile(r"ServiceGone: service attached is gone during readiness: first sampled generation \(temperature "
+                  r"0\.8, top_k 20, top_p 0\.9\): POST /generate \(max_new_tokens 8, temperature 0\.8, top_p 0\.9, "
+                  r"top_k 20\) killed it: (no HTTP response \(connection dropped\), then connections refused|"
+                  r"connections refused while it was in flight).*\(seen over HTTP: attached by URL, no process to ask\)")
 
 
 def host_name(url: str) -> str:
@@ -45,7 +46,7 @@ def test_a_server_killed_by_its_first_sampled_request_fails_the_run_within_secon
     assert_no_crash(result)
     assert result.ret == 1
     assert ended - seen["died"] < 5.0, f"verdict {ended - seen['died']:.1f}s after the death"
-    result.stdout.fnmatch_lines([GONE])
+    assert GONE.search(result.stdout.str()), result.stdout.str()
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed") == 1 and outcomes.get("passed", 0) == 0, outcomes
     assert "connection refused" not in result.stdout.str().lower().replace("connections refused", "")
