@@ -107,10 +107,17 @@ def saturation_of(spec: LoadSpec, mon: Monitor, schedule_lags_ms: list[float]) -
                      loop_cpu=mon.loop_cpu, process_cpu=mon.process_cpu)
     if schedule_lags_ms:
         sat.schedule_lag_p99_ms = float(np.percentile(schedule_lags_ms, 99))
-    if p99 > spec.max_loop_lag_ms:
-        sat.reasons.append(f"event-loop lag p99 {p99:.1f} ms > {spec.max_loop_lag_ms:g} ms")
-    if mon.loop_cpu >= spec.max_client_cpu:
-        sat.reasons.append(f"client event loop used {mon.loop_cpu:.2f} cores >= {spec.max_client_cpu:g}")
+    return judge_saturation(sat, spec)
+
+
+def judge_saturation(sat: Saturation, spec: LoadSpec) -> Saturation:
+    """The closed-loop rule over the figures `sat` recorded (loop lag p99, loop CPU, open-loop send lag p99)
+    against the spec's limits: `sat` with its reasons and verdict set (a recorded run can be judged again)."""
+    sat.reasons = []
+    if sat.loop_lag_p99_ms > spec.max_loop_lag_ms:
+        sat.reasons.append(f"event-loop lag p99 {sat.loop_lag_p99_ms:.1f} ms > {spec.max_loop_lag_ms:g} ms")
+    if sat.loop_cpu >= spec.max_client_cpu:
+        sat.reasons.append(f"client event loop used {sat.loop_cpu:.2f} cores >= {spec.max_client_cpu:g}")
     if sat.schedule_lag_p99_ms is not None and sat.schedule_lag_p99_ms > spec.max_loop_lag_ms:
         sat.reasons.append(f"open-loop send lag p99 {sat.schedule_lag_p99_ms:.1f} ms > "
                            f"{spec.max_loop_lag_ms:g} ms")

@@ -41,6 +41,7 @@ from pytest_dflash.load.curve import (
     SpeedupPoint,
     SweepCurve,
 )
+from pytest_dflash.load.monitor import judge_saturation
 from pytest_dflash.load.results import LoadResult
 from pytest_dflash.load.spec import Slo
 
@@ -289,15 +290,7 @@ def with_client_limits(result: LoadResult, *, max_loop_lag_ms: float | None = No
         result.spec,
         max_loop_lag_ms=result.spec.max_loop_lag_ms if max_loop_lag_ms is None else max_loop_lag_ms,
         max_client_cpu=result.spec.max_client_cpu if max_client_cpu is None else max_client_cpu)
-    sat = dataclasses.replace(result.saturation, reasons=[])
-    if sat.loop_lag_p99_ms > spec.max_loop_lag_ms:
-        sat.reasons.append(f"event-loop lag p99 {sat.loop_lag_p99_ms:.1f} ms > {spec.max_loop_lag_ms:g} ms")
-    if sat.loop_cpu >= spec.max_client_cpu:
-        sat.reasons.append(f"client event loop used {sat.loop_cpu:.2f} cores >= {spec.max_client_cpu:g}")
-    if sat.schedule_lag_p99_ms is not None and sat.schedule_lag_p99_ms > spec.max_loop_lag_ms:
-        sat.reasons.append(f"open-loop send lag p99 {sat.schedule_lag_p99_ms:.1f} ms > "
-                           f"{spec.max_loop_lag_ms:g} ms")
-    sat.saturated = bool(sat.reasons)
+    sat = judge_saturation(dataclasses.replace(result.saturation, reasons=[]), spec)
     return dataclasses.replace(result, spec=spec, saturation=sat)
 
 
