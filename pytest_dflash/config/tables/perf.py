@@ -86,17 +86,11 @@ def parse_perf(table: Table, services: Mapping[str, ServiceSpec],
 
     out: dict[str, Any] = {}
     per_service: dict[str, dict[str, Any]] = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            if key not in services:
-                raise table.fail(key,
-                                 f"expected a service of this host ({', '.join(services)}) or a [perf] key")
-            sub = table.sub(key)
-            assert sub is not None
-            entry = {"requests": count(sub, "requests", 1), "duration": duration(sub, "duration"),
-                     "warmup": count(sub, "warmup", 0)}
-            sub.done()
-            per_service[key] = {k: v for k, v in entry.items() if v is not None}
+    for key, sub in table.service_tables(services, "a [perf] key"):
+        entry = {"requests": count(sub, "requests", 1), "duration": duration(sub, "duration"),
+                 "warmup": count(sub, "warmup", 0)}
+        sub.done()
+        per_service[key] = {k: v for k, v in entry.items() if v is not None}
     endpoint = table.choice("endpoint", PERF_ENDPOINTS)
     sweep: tuple[int, ...] | None = None
     if table.raw("sweep") is not None:

@@ -102,6 +102,19 @@ class Table:
     def items(self) -> list[tuple[str, Any]]:
         return list(self._data.items())
 
+    def service_tables(self, services: Mapping[str, Any], or_else: str) -> list[tuple[str, Table]]:
+        """The sub-tables of this table, each named after one of `services` ([perf.SERVICE], [slo.SERVICE]); a
+        sub-table named otherwise fails, saying it is neither a service nor `or_else` (a key of the table)."""
+        found: list[tuple[str, Table]] = []
+        for key, value in self._data.items():
+            if isinstance(value, dict):
+                if key not in services:
+                    raise self.fail(key,
+                                    f"expected a service of this host ({', '.join(services)}) or {or_else}")
+                found.append((key, Table(value, self._source, self.key(key))))
+                self._seen.add(key)
+        return found
+
     def done(self) -> None:
         unknown = sorted(set(self._data) - self._seen)
         if unknown:

@@ -45,15 +45,8 @@ def _objectives(table: Table, *, services: Mapping[str, ServiceSpec] | None) -> 
 
 def parse_slo(table: Table, services: Mapping[str, ServiceSpec]) -> dict[str, Any]:
     """[slo]: objectives for every service; [slo.SERVICE]: one service's, over them."""
-    per_service: dict[str, dict[str, float]] = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            if key not in services:
-                raise table.fail(key,
-                                 f"expected a service of this host ({', '.join(services)}) or an SLO key")
-            sub = table.sub(key)
-            assert sub is not None
-            per_service[key] = _objectives(sub, services=None)
+    per_service = {key: _objectives(sub, services=None)
+                   for key, sub in table.service_tables(services, "an SLO key")}
     return {"default": _objectives(table, services=services), "services": per_service}
 
 
