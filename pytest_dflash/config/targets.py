@@ -79,8 +79,8 @@ def load_targets(config: pytest.Config) -> dict[str, HostProfile]:
         log_commands = attach_log_commands(config, len(urls))
         algorithms = attach_algorithms(config, len(urls))
         for index, url in enumerate(urls):
-            profile = with_algorithm(with_log_command(attach_profile(url), log_commands[index]),
-                                     algorithms[index])
+            profile = with_declared(attach_profile(url), algorithm=algorithms[index],
+                                    log_command=log_commands[index])
             _add(profiles, profile, f"--attach {profile.services['attached'].display_url}")
         for spec in option(config, "dflash_fleet") or []:
             for profile in inventory.load_fleet(str(spec), hosts_dir):
@@ -157,21 +157,15 @@ def attach_algorithms(config: pytest.Config, attached: int) -> list[str | None]:
     return list(given)
 
 
-def with_algorithm(profile: HostProfile, algorithm: str | None) -> HostProfile:
-    """An --attach profile whose service is declared to serve `algorithm` (None: left to discovery)."""
-    if algorithm is None:
+def with_declared(profile: HostProfile, *, algorithm: str | None, log_command: str | None) -> HostProfile:
+    """An --attach profile whose service is declared to serve `algorithm` (None: left to discovery) and reads
+    its log with `log_command` (run on this machine, read-only; None: no log)."""
+    if algorithm is None and log_command is None:
         return profile
-    services = {name: dataclasses.replace(spec, algorithm=algorithm)
-                for name, spec in profile.services.items()}
-    return dataclasses.replace(profile, services=services)
-
-
-def with_log_command(profile: HostProfile, command: str | None) -> HostProfile:
-    """An --attach profile whose service reads its log with `command` (run on this machine, read-only)."""
-    if command is None:
-        return profile
-    services = {name: dataclasses.replace(spec, log_command=command)
-                for name, spec in profile.services.items()}
+    services = {name: dataclasses.replace(
+        spec, algorithm=spec.algorithm if algorithm is None else algorithm,
+        log_command=spec.log_command if log_command is None else log_command)
+        for name, spec in profile.services.items()}
     return dataclasses.replace(profile, services=services)
 
 
