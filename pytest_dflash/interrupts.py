@@ -11,6 +11,12 @@ verdict reads the latch (`received`).
 While the run stops what it started (`deferred()`), a signal is latched and not raised: a KeyboardInterrupt in
 the middle of teardown would leave services running and the verdicts unwritten. Teardown is bounded on its
 own.
+
+A KeyboardInterrupt raised by a handler can also carry a traceback entry whose line is None: CPython 3.11
+handles signals between any two instructions, including the artificial ones of exception cleanup that map to
+no line. pytest's traceback printer then fails (`tb_lineno - 1`: a TypeError inside
+pytest_keyboard_interrupt), which escapes pytest and turns an interrupted run (exit 2) into a crash (exit 1).
+`mend_traceback` gives each such entry the line its instruction follows.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-from types import FrameType
+from types import CodeType, FrameType, TracebackType
 
 _received: str | None = None  # the first signal's name, for this process
 _in_teardown = False  # it arrived inside deferred()
@@ -97,6 +103,49 @@ def raise_if_lost() -> None:
         raise KeyboardInterrupt(f"{_received} (raised again: the first one was lost in a finalizer)")
 
 
+def mend_traceback(exc: BaseException) -> TracebackType | None:
+    """Give every entry of `exc`'s traceback, and of the exceptions it chains, a line (see the module
+    docstring); returns `exc`'s mended traceback, which is also set on `exc`."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        one = todo.pop()
+        if one is None or id(one) in seen:
+            continue
+        seen.add(id(one))
+        one.__traceback__ = _with_lines(one.__traceback__)
+        todo += [one.__cause__, one.__context__, *getattr(one, "exceptions", ())]
+    return exc.__traceback__
+
+
+def _with_lines(tb: TracebackType | None) -> TracebackType | None:
+    nodes: list[TracebackType] = []
+    while tb is not None:
+        nodes.append(tb)
+        tb = tb.tb_next
+    mended: TracebackType | None = None
+    for node in reversed(nodes):  # rebuilt from the innermost entry: a node's line cannot be set in place
+        if node.tb_lineno is None:
+            node = TracebackType(mended, node.tb_frame, node.tb_lasti, _line_before(node.tb_frame.f_code,
+                                                                                     node.tb_lasti))
+        else:
+            node.tb_next = mended
+        mended = node
+    return mended
+
+
+def _line_before(code: CodeType, offset: int) -> int:
+    """The line of the last instruction at or before `offset` that has one (the function's first line if
+    none)."""
+    line = code.co_firstlineno
+    for start, _end, number in code.co_lines():
+        if start > offset:
+            break
+        if number is not None:
+            line = number
+    return line
+
+
 def reset() -> None:
     """Forget the latch (a new session in the same process: pytester's in-process runs)."""
     global _received, _delivered, _in_teardown
@@ -104,4 +153,4 @@ def reset() -> None:
 
 
 __all__ = ["deferred", "in_main_thread", "in_teardown", "install_sigint", "lost", "mark_delivered",
-           "on_signal", "raise_if_lost", "received", "reset"]
+           "mend_traceback", "on_signal", "raise_if_lost", "received", "reset"]

@@ -155,8 +155,11 @@ def pytest_cmdline_main(config: pytest.Config) -> Generator[None, Any, Any]:
     return code
 
 
+@pytest.hookimpl(tryfirst=True)  # before the terminal reporter prints its traceback
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
     interrupts.mark_delivered()  # pytest has it: the waits need not raise it again
+    if interrupts.mend_traceback(excinfo.value) is not None:
+        excinfo.traceback = pytest.ExceptionInfo.from_exception(excinfo.value).traceback
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
