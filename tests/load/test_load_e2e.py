@@ -177,8 +177,11 @@ def test_json_round_trip_and_bench_serving_names(synth: SynthFactory) -> None:
                  "duration", "concurrency", "max_concurrency", "request_goodput", "accept_length"):
         assert name in doc, name
     assert doc["request_goodput"] == pytest.approx(doc["request_throughput"])
-    assert doc["tool"] == "pytest-dflash.load" and doc["client_saturated"] is False
+    assert doc["tool"] == "pytest-dflash.load"
+    # whether the client kept up depends on the machine's load: only that the flag says what its reasons say
+    assert doc["client_saturated"] is bool(doc["saturation"]["reasons"])
     back = LoadResult.from_json(r.to_json())
+    assert back.client_saturated is r.client_saturated
     assert back.spec == spec
     assert back.metrics == r.metrics
     assert [x.ttft_ms for x in back.records] == pytest.approx([x.ttft_ms for x in r.records], abs=1e-3)
