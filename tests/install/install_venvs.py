@@ -91,9 +91,11 @@ def make_venv(wheel: Path, extras: str) -> Callable[[Path], None]:
     def make(path: Path) -> None:
         run(sys.executable, "-m", "venv", path, cwd=path.parent, timeout=120)
         requirement = f"{wheel}[{extras}]" if extras else str(wheel)
-        # -q, and pip's "Location … is ignored" warnings about this machine's partial local index dropped
-        run(path / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", requirement,
-            cwd=path.parent, timeout=900)
+        # -q, and pip's "Location … is ignored" warnings about this machine's partial local index dropped;
+        # --no-compile as .ci/run's own install: byte-compiling all of torch costs ~11 s of CPU, and the tests
+        # import a small part of it (Python compiles that on import)
+        run(path / "bin" / "python", "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check",
+            requirement, cwd=path.parent, timeout=900)
     return make
 
 
