@@ -290,7 +290,7 @@ def with_client_limits(result: LoadResult, *, max_loop_lag_ms: float | None = No
         result.spec,
         max_loop_lag_ms=result.spec.max_loop_lag_ms if max_loop_lag_ms is None else max_loop_lag_ms,
         max_client_cpu=result.spec.max_client_cpu if max_client_cpu is None else max_client_cpu)
-    sat = judge_saturation(dataclasses.replace(result.saturation, reasons=[]), spec)
+    sat = judge_saturation(dataclasses.replace(result.saturation), spec)  # a copy: the recorded one stays
     return dataclasses.replace(result, spec=spec, saturation=sat)
 
 
