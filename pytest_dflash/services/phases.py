@@ -155,15 +155,16 @@ def _rank_line(log: StartupLog, label: str, stamp: dt.datetime, message: str) ->
 
 def nccl_init_stuck(log: StartupLog, *, now: float, utc_offset_s: float,
                     budget_s: float) -> tuple[list[RankStartup], float]:
-    """The ranks still in NCCL init (`Init torch distributed begin.` without its `ends`) for longer than
-    `budget_s` at unix time `now`, and how long the longest has been; ([], 0) when none is over budget."""
-    stuck = [r for r in log.ranks.values() if r.in_nccl_init and r.nccl_begun is not None
-             and now - to_unix(r.nccl_begun, utc_offset_s) > budget_s]
-    if not stuck:
+    """Once one rank has been in NCCL init (`Init torch distributed begin.` without its `ends`) for longer
+    than `budget_s` at unix time `now`: every rank still in it, and the longest wait; ([], 0) when
+    none is over budget. A rank that began later waits on the same communicator: stuck too, not "past it"."""
+    waiting = [r for r in log.ranks.values() if r.in_nccl_init and r.nccl_begun is not None]
+    longest = max((now - to_unix(r.nccl_begun, utc_offset_s) for r in waiting if r.nccl_begun is not None),
+                  default=0.0)
+    if longest <= budget_s:
         return [], 0.0
-    stuck.sort(key=lambda r: (r.tp_rank if r.tp_rank is not None else -1, r.label))
-    longest = max(now - to_unix(r.nccl_begun, utc_offset_s) for r in stuck if r.nccl_begun is not None)
-    return stuck, longest
+    waiting.sort(key=lambda r: (r.tp_rank if r.tp_rank is not None else -1, r.label))
+    return waiting, longest
 
 
 def describe_ranks(log: StartupLog, *, now: float, utc_offset_s: float) -> str:

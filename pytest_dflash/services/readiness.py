@@ -106,13 +106,15 @@ class ReadinessWatcher(HttpWait):
                                          budget_s=self.nccl_init_budget_s)
         if not stuck:
             return
-        others = [r.label for r in startup.log.ranks.values() if r not in stuck]
+        past = [r.label for r in startup.log.ranks.values() if r.nccl_ended is not None]
+        before = [r.label for r in startup.log.ranks.values() if r.nccl_begun is None]
         raise ServiceNotReady(
             self.service.name, time.monotonic() - started,
             f"start-up: {', '.join(rank_on_gpu(r.label, self.gpus) for r in stuck)} stuck in NCCL init "
             f"(Init torch distributed begin, no 'ends') for {format_seconds(longest)}, past "
             f"nccl_init_timeout {format_seconds(self.nccl_init_budget_s)} of a tensor-parallel start-up"
-            + (f"; {', '.join(others)} got past it" if others else "; no rank got past it"),
+            + (f"; {', '.join(past)} got past it" if past else "; no rank got past it")
+            + (f"; {', '.join(before)} never reached it" if before else ""),
             self.service.logs_since(self.log_mark, self.log_lines),
             ranks=tuple(RankFault(r.tp_rank, "hangs", "in NCCL init (Init torch distributed begin, no "
                                   "'ends')", gpu=rank_gpu(r.tp_rank, self.gpus), when="start-up")

@@ -49,6 +49,16 @@ def test_a_rank_in_nccl_init_past_its_budget_is_named() -> None:
         "TP1 in NCCL init for 40.0s (TP0 done)")
 
 
+def test_a_rank_that_began_nccl_init_later_is_stuck_with_the_first_not_past_it() -> None:
+    """On a loaded host TP1 may log its `begin` a second after TP0: when TP0 crosses the budget, TP1 waits on
+    the same communicator and is named with it (CI once read 'TP0 stuck ...; TP1 got past it')."""
+    log = parse_startup("[2026-12-04 21:29:48 TP0] Init torch distributed begin.\n"
+                        "[2026-12-04 21:29:49 TP1] Init torch distributed begin.\n")
+    stuck, longest = nccl_init_stuck(log, now=EPOCH + 4.1, utc_offset_s=0.0, budget_s=4.0)
+    assert [r.label for r in stuck] == ["TP0", "TP1"] and 4.0 < longest < 4.2
+    assert nccl_init_stuck(log, now=EPOCH + 3.9, utc_offset_s=0.0, budget_s=4.0) == ([], 0.0)
+
+
 def test_a_heartbeat_names_the_slowest_rank() -> None:
     log = parse_startup(TP_LOG + "[2026-12-04 21:29:50 TP1] Init torch distributed ends. elapsed=2.0 s\n"
                         "[2026-12-04 21:29:50 TP1] Load weight begin. avail mem=139.13 GB\n")
