@@ -51,9 +51,11 @@ def test_attach_to_a_restarting_unit_fails_although_it_is_active(testhost: TestH
     if "ServiceRestarted: " in message:
         assert "restarted 1 time(s) (NRestarts " in message and "although systemd may call it active" in message
         seen_before = int(message.split("(NRestarts ")[1].split(" ->")[0])
-        # ... and it was active at the moment of the check: the evidence read right after says so
+        # ... and it was active at the moment of the check: the evidence read right after says so (on a
+        # loaded host the loop may have turned again before that read: NRestarts is at least one more)
         unit = outcome.section("service loop/dflash", test)
-        assert "ActiveState=active" in unit and f"NRestarts={seen_before + 1}" in unit, unit
+        assert "ActiveState=active" in unit or "SubState=auto-restart" in unit, unit
+        assert int(unit.split("NRestarts=")[1].split()[0]) >= seen_before + 1, unit
     else:
         assert "exited with status 1" in message and "systemd will restart it (SubState=auto-restart)" in message
         seen_before = int(outcome.section("service loop/dflash", test).split("NRestarts=")[1].split()[0])
