@@ -11,7 +11,12 @@ from typing import Any
 
 import httpx
 
-__all__ = ["proxied", "ssl_context", "tcp_refused"]
+__all__ = ["REUSE_IDLE_S", "proxied", "ssl_context", "tcp_refused"]
+
+# SGLang's uvicorn closes a connection idle for 5 s (timeout_keep_alive=5); httpx would reuse one idle for up
+# to 5 s, so a request could meet the server's close on its way in: a reset a healthy server never meant.
+# Reuse only connections idle for less than this; older ones are closed and a fresh one costs a TCP connect.
+REUSE_IDLE_S = 2.0
 
 _SSL_LOCK = threading.Lock()
 _SSL: ssl.SSLContext | None = None

@@ -41,7 +41,7 @@ from pytest_dflash.client.bodies import (
     requested_tokens,
     response_cap,
 )
-from pytest_dflash.client.connect import proxied, ssl_context, tcp_refused
+from pytest_dflash.client.connect import REUSE_IDLE_S, proxied, ssl_context, tcp_refused
 from pytest_dflash.client.deadline import CallProgress, DeadlineExceeded, bound_total_time, deadline
 from pytest_dflash.client.sampling import GREEDY, Generation, Sampling, Stream
 from pytest_dflash.client.sse import DONE, SKIP, capped_lines, sse_event
@@ -73,11 +73,12 @@ class InferenceClient:
         limit_name: str = "the client's default timeout",
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # httpx does not retry; keep-alive is fine (SGLang is uvicorn). One SSL context for every client:
-        # httpx would load the CA bundle again for each (≈ 15 ms of CPU; 64 services of a fleet worker paid a
-        # second).
+        # httpx does not retry: keep-alive is fine (SGLang is uvicorn) as long as idle connections retire
+        # before the server closes them (REUSE_IDLE_S). One SSL context for every client: httpx would load the
+        # CA bundle again for each (≈ 15 ms of CPU; 64 services of a fleet worker paid a second).
         self._http = bound_total_time(httpx.Client(base_url=base_url, timeout=timeout, headers=headers,
-                                                   verify=ssl_context()))
+                                                   verify=ssl_context(),
+                                                   limits=httpx.Limits(keepalive_expiry=REUSE_IDLE_S)))
         # A call's total deadline when it names none: the per-read timeout, now meant as total time.
         self.default_limit_s = timeout.read if timeout.read is not None else 60.0
         self.limit_name = limit_name  # how the default limit is documented ("--request-timeout")

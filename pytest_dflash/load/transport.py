@@ -25,6 +25,8 @@ from typing import cast
 
 import httpx
 
+from pytest_dflash.client.connect import REUSE_IDLE_S
+
 __all__ = ["Connection", "make_client"]
 
 
@@ -102,11 +104,16 @@ class Connection:
         self.loop = asyncio.get_running_loop()
         self.last_read_ns = 0  # arrival of the bytes returned by the last read()
         self.request_start_ns = 0  # the request (head + body, one write) handed to the kernel
+        self.idle_since = 0.0  # monotonic time it went back to the pool
 
     def usable(self) -> bool:
         """True when an idle connection can take a request (the server did not close it)."""
         p = self.p
         return not (p.lost or p.eof or p.chunks or self.transport.is_closing())
+
+    def reusable(self) -> bool:
+        """Usable, and idle for less than REUSE_IDLE_S: the server is not about to close it."""
+        return self.usable() and time.monotonic() - self.idle_since < REUSE_IDLE_S
 
     async def send(self, data: bytes, request: httpx.Request, timeout: float | None) -> None:
         p = self.p
@@ -336,7 +343,7 @@ class _H1Transport(httpx.AsyncBaseTransport):
             idle = self._idle.get(origin)
             while idle:
                 conn = idle.pop()
-                if conn.usable():
+                if conn.reusable():
                     return conn
                 self._all.discard(conn)
                 conn.close()
@@ -435,6 +442,7 @@ class _H1Transport(httpx.AsyncBaseTransport):
         if self._slots is not None:
             self._slots.release()
         if conn.usable():
+            conn.idle_since = time.monotonic()
             self._idle.setdefault(conn.origin, []).append(conn)
         else:
             self._all.discard(conn)
@@ -465,7 +473,8 @@ def make_client(base_url: str, *, limit: int | None, timeout: httpx.Timeout,
     if stamped:
         transport = _H1Transport(max_connections=limit)
     else:
-        limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit, keepalive_expiry=30.0)
+        limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit,
+                              keepalive_expiry=REUSE_IDLE_S)
         transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
     hdrs = {"content-type": "application/json", "accept": "text/event-stream"}
     hdrs.update(headers or {})
