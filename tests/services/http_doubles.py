@@ -93,7 +93,10 @@ class FaultProxy:
             def do_POST(self) -> None:
                 proxy._handle(self)
 
-        self._http = httpx.Client(base_url=self.upstream, timeout=httpx.Timeout(120.0, connect=5.0))
+        # A fresh upstream connection per request, as nginx proxies by default: a pooled one could meet the
+        # refserver's 5 s keep-alive close and turn a healthy upstream into a dropped answer.
+        self._http = httpx.Client(base_url=self.upstream, timeout=httpx.Timeout(120.0, connect=5.0),
+                                  limits=httpx.Limits(max_keepalive_connections=0))
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
