@@ -78,7 +78,7 @@ def test_the_default_is_0_5_17_and_warns_of_the_aliases_it_still_takes() -> None
     ("0.5.23", "on", False),  # not an EnvBool value: SGLang warns and keeps the default, False
 ], ids=["0.5.19-1", "0.5.23-Yes", "0.5.18-1", "0.5.23-on"])
 def test_the_health_bypass_answers_200_while_the_engine_is_wedged(version: str, value: str, bypassed: bool) -> None:
-    env = {BYPASS_ENV: value, "SGLANG_HEALTH_CHECK_TIMEOUT": "1"}
+    env = {BYPASS_ENV: value, "SGLANG_HEALTH_CHECK_TIMEOUT": "3"}  # wide apart from "at once" on a busy host
     with RefServerProcess("--mimic-version", version, "--inject", "wedge=1", env=env) as server:
         assert post(server, "/generate", GENERATE).status_code == 200  # the one request it serves
         with pytest.raises(httpx.ReadTimeout):
@@ -87,9 +87,9 @@ def test_the_health_bypass_answers_200_while_the_engine_is_wedged(version: str, 
         status = get(server, "/health_generate").status_code
         took = time.monotonic() - started
     if bypassed:  # 200 at once, no generation: a wedged engine looks healthy
-        assert status == 200 and took < 0.9, (status, took)
+        assert status == 200 and took < 2.0, (status, took)
     else:  # the 1-token generation never gets through: 503 after SGLANG_HEALTH_CHECK_TIMEOUT
-        assert status == 503 and took >= 0.9, (status, took)
+        assert status == 503 and took >= 2.9, (status, took)
 
 
 def test_a_paused_0_5_23_server_says_so_on_ready_and_ping_and_resumes() -> None:
