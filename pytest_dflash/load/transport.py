@@ -25,9 +25,12 @@ from typing import cast
 
 import httpx
 
-from pytest_dflash.client.connect import REUSE_IDLE_S
+__all__ = ["REUSE_IDLE_S", "Connection", "make_client"]
 
-__all__ = ["Connection", "make_client"]
+# SGLang's uvicorn closes a connection idle for 5 s (timeout_keep_alive=5): a request sent into that close
+# reads a reset, an error a healthy server never meant. Connections idle this long are closed instead of
+# reused (client/connect.py keeps the same rule for the checks' client; load/ may not import it).
+REUSE_IDLE_S = 2.0
 
 
 class _Protocol(asyncio.Protocol):

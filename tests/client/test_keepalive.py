@@ -21,6 +21,7 @@ import pytest
 
 from pytest_dflash.client.connect import REUSE_IDLE_S
 from pytest_dflash.client.inference import InferenceClient
+from pytest_dflash.load.transport import REUSE_IDLE_S as LOAD_REUSE_IDLE_S
 from pytest_dflash.load.transport import make_client
 
 MODELS = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
@@ -71,8 +72,9 @@ def server() -> Iterator[CountingServer]:
 RETIRED_IDLE_S = 3.0  # past REUSE_IDLE_S, still 2 s before uvicorn's close: this connection is not reused
 
 
-def test_the_retirement_comes_well_before_uvicorns_close() -> None:
-    assert REUSE_IDLE_S < RETIRED_IDLE_S <= 5.0 - 2.0  # margin for a response still on its way
+@pytest.mark.parametrize("reuse_idle_s", [REUSE_IDLE_S, LOAD_REUSE_IDLE_S], ids=["checks", "load"])
+def test_the_retirement_comes_well_before_uvicorns_close(reuse_idle_s: float) -> None:
+    assert reuse_idle_s < RETIRED_IDLE_S <= 5.0 - 2.0  # margin for a response still on its way
 
 
 @pytest.mark.parametrize(("idle_s", "connections"), [(0.2, 1), (RETIRED_IDLE_S, 2)],
