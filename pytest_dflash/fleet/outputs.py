@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.files import atomic_write
 from pytest_dflash.fleet.html import render_html
 from pytest_dflash.fleet.junit import render_junit
 from pytest_dflash.fleet.prometheus import fleet_exposition, write_textfile
@@ -20,7 +21,6 @@ from pytest_dflash.fleet.summary import build_summary, read_summary
 from pytest_dflash.fleet.sweeps import crossover_line
 from pytest_dflash.fleet.trend import record_good_runs, trend_line
 from pytest_dflash.fleet.verdicts import History, LoadedVerdict
-from pytest_dflash.report.files import atomic_write
 
 SUMMARY_JSON = "fleet-summary.json"
 SUMMARY_HTML = "fleet-summary.html"

@@ -9,7 +9,7 @@ Pushgateway push.
 its `push_to_gateway` (PUT: the pushed group is replaced as a whole). Only gauges, no sample timestamps (the
 textfile collector rejects them). Metric names are listed in `METRICS` and in docs/fleet.md.
 
-The textfile is still written by `report.files.atomic_write`, not `prometheus_client.write_to_textfile`:
+The textfile is still written by `files.atomic_write`, not `prometheus_client.write_to_textfile`:
 the latter neither fsyncs before the rename (a crash can leave an empty `.prom` in place of the last good
 one), nor sets the mode (a 0600 umask hides the file from node_exporter), nor creates the folder.
 """
@@ -32,8 +32,8 @@ from prometheus_client.metrics_core import Metric
 
 from pytest_dflash.client.deadline import bound_total_time, deadline
 from pytest_dflash.errors import ApiError
+from pytest_dflash.files import atomic_write
 from pytest_dflash.fleet.values import crossovers, measurements, sweep_samples
-from pytest_dflash.report.files import atomic_write
 from pytest_dflash.scrub.bounds import clip
 
 NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")

@@ -220,7 +220,7 @@ def record_good_runs(root: Path, hosts: Mapping[str, Mapping[str, Any]]) -> list
     was good to its good-runs.json, newest last, the last GOOD_RUNS_KEPT kept; returns the paths written.
     Good: `pass`, or `partial` (nothing failed, the run was narrowed: `suites/perf` alone is how perf is
     usually measured); never `fail` or `interrupted`."""
-    from pytest_dflash.report.files import atomic_write
+    from pytest_dflash.files import atomic_write
 
     written = []
     for name, entry in hosts.items():

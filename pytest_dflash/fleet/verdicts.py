@@ -12,8 +12,8 @@ from typing import Any
 
 from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import DocumentTooDeep
+from pytest_dflash.files import atomic_write
 from pytest_dflash.fleet.values import parse_time, safe_name
-from pytest_dflash.report.files import atomic_write
 from pytest_dflash.report.verdict import SCHEMA as VERDICT_SCHEMA
 from pytest_dflash.report.verdict import VERDICTS, LayerTally
 

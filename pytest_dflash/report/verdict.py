@@ -49,8 +49,8 @@ import pytest
 
 from pytest_dflash.config.layers import LAYERS
 from pytest_dflash.config.targets import file_name
+from pytest_dflash.files import atomic_write
 from pytest_dflash.report import gate as gate_rule
-from pytest_dflash.report.files import atomic_write
 from pytest_dflash.report.gate import gate_line as gate_line  # re-exported: the gate's one line
 from pytest_dflash.report.plots import stopped_in
 from pytest_dflash.report.ranks import rank_lines

@@ -28,6 +28,7 @@ from pytest_dflash.config.tables.kinds import KindTable
 from pytest_dflash.config.tables.reader import Table
 from pytest_dflash.documents import loads_json
 from pytest_dflash.errors import ServiceError
+from pytest_dflash.files import atomic_write
 from pytest_dflash.scrub.bounds import LOG_READ_BYTES
 from pytest_dflash.services.base import (
     Kind,
@@ -202,8 +203,9 @@ class ProcessService:
         finally:
             log.close()
         self._marker = state_root() / "markers" / f"{self.host}.{self.name}.{self._proc.pid}.json"
-        self._marker.parent.mkdir(parents=True, exist_ok=True)
-        self._marker.write_text(json.dumps({
+        # atomic: a later run's reaper that read half a marker would delete it, and this run's processes
+        # would outlive a SIGKILL of it
+        atomic_write(self._marker, json.dumps({
             "host": self.host, "service": self.name, "pid": self._proc.pid, "pgid": self._proc.pid,
             "cmdline": self._command, "run_id": self.run_id, "owner_pid": os.getpid(),
             "owner_start": start_ticks(os.getpid()), "started": time.time(), "log": str(self.log_path),

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_dflash.files import atomic_write
 from pytest_dflash.layers.perf.judgement import Comparison, Judgement
 from pytest_dflash.layers.perf.settings import PerfSettings
 from pytest_dflash.load.results import LoadResult
@@ -254,13 +253,4 @@ class ServiceRun:
 
 def write_json(path: Path, doc: Mapping[str, Any]) -> None:
     """Atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(doc, handle, indent=1, allow_nan=False)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, json.dumps(doc, indent=1, allow_nan=False) + "\n", sync=False)

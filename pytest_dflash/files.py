@@ -1,4 +1,5 @@
-"""Writing report files so that a reader (a merge, node_exporter) never sees half of one."""
+"""Writing files so that a reader never sees half of one: a report (a merge, node_exporter), a provisioning
+marker (a later run's reaper)."""
 
 from __future__ import annotations
 
