@@ -15,10 +15,14 @@ def tokens_per_second(*args: str) -> tuple[float, float]:
         body = {"text": "The quick brown fox", "sampling_params": {"max_new_tokens": 48, "temperature": 0,
                                                                     "ignore_eos": True}}
         c.post("/generate", json=body)  # warm
-        started = time.monotonic()
-        meta = c.post("/generate", json=body).json()["meta_info"]
-        elapsed = time.monotonic() - started
-        return meta["completion_tokens"] / elapsed, float(meta.get("spec_accept_length") or 1.0)
+        # best of three: a busy machine can only slow a run down (the floors are sleeps), so the fastest is the
+        # cost model's (CI once read DFLASH at 129 tok/s against ~200 and slow-decode at 70: not half)
+        rates = []
+        for _ in range(3):
+            started = time.monotonic()
+            meta = c.post("/generate", json=body).json()["meta_info"]
+            rates.append(meta["completion_tokens"] / (time.monotonic() - started))
+        return max(rates), float(meta.get("spec_accept_length") or 1.0)
 
 
 def test_floor_per_iteration() -> None:
