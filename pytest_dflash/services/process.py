@@ -281,6 +281,8 @@ def reap_stale(host: str) -> list[str]:
         except (OSError, ValueError):  # UnicodeDecodeError, JSONDecodeError, DocumentTooDeep
             marker.unlink(missing_ok=True)
             continue
+        if info.get("host") != host:
+            continue  # the glob "ct200.*" also matches host "ct200.lab", which is another host and lock
         owner = int(info.get("owner_pid", 0))
         if owner and pid_alive(owner) and start_ticks(owner) == info.get("owner_start"):
             continue  # its run is still alive: not stale
