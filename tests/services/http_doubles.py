@@ -16,10 +16,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from http.server import ThreadingHTTPServer as _StdlibThreadingHTTPServer
 from typing import Any
 
 import httpx
+
+
+class ThreadingHTTPServer(_StdlibThreadingHTTPServer):
+    """The stdlib's, with uvicorn's listen backlog (2048) instead of 5: the checks open 16 connections at once
+    (sampling_varies_with_seed). CI read a reset from the proxy during those 16 on a loaded machine; a full
+    backlog of 5 is the likeliest cause (the proxy's upstream connections are fresh since 2609f6d)."""
+
+    request_queue_size = 2048
+
 
 # httpx imports httpcore lazily, on its first transport. Do it now: pytester's teardown drops the modules first
 # imported during a test, and a second copy of httpcore raises exceptions that httpx no longer maps.
